@@ -1,0 +1,34 @@
+"""elastic-train: Ray Train's API on torch.distributed.elastic.
+
+A Ray Train script ports by changing imports::
+
+    import elastic_train                       # was: import ray.train
+    from elastic_train.torch import TorchTrainer   # was: from ray.train.torch import TorchTrainer
+"""
+
+__version__ = "0.1.0"
+
+from elastic_train.checkpoint import Checkpoint
+from elastic_train.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from elastic_train.context import TrainContext
+from elastic_train.errors import ConfigError, TrainingFailedError, WorkerFailure
+from elastic_train.result import Result
+from elastic_train.session import get_checkpoint, get_context, get_dataset_shard, report
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointConfig",
+    "ConfigError",
+    "FailureConfig",
+    "Result",
+    "RunConfig",
+    "ScalingConfig",
+    "TrainContext",
+    "TrainingFailedError",
+    "WorkerFailure",
+    "__version__",
+    "get_checkpoint",
+    "get_context",
+    "get_dataset_shard",
+    "report",
+]

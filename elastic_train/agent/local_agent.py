@@ -1,0 +1,74 @@
+"""``TrainAgent``: torch's ``LocalElasticAgent`` with two additions.
+
+1. Each incarnation of the worker group gets a *generation id*, agreed among
+   the agents through the rendezvous round's store and given to the workers
+   as ``ELASTIC_TRAIN_GENERATION``. Workers namespace their process-group keys
+   with it, so a restarted group never reads the addresses of the previous one
+   from the agent's long-lived store (the cause of torchrun's intermittent
+   ``Gloo connectFullMesh failed`` after a restart).
+2. Every failed attempt is reported to a callback before the agent restarts
+   the group, so the driver can record it in the run's history.
+
+Everything else -- rendezvous, spawning, monitoring, restart budget,
+membership changes, shutdown -- is torch.distributed.elastic's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+from elastic_train.context import AGENT_PID_ENV, GENERATION_ENV
+
+FailureCallback = Callable[[RunResult, int], None]
+
+
+@contextlib.contextmanager
+def _environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Sets environment variables for the block (the children inherit os.environ)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+class TrainAgent(LocalElasticAgent):
+    """A ``LocalElasticAgent`` that namespaces worker generations and reports failures."""
+
+    def __init__(self, *args: Any, worker_env: Mapping[str, str] | None = None,
+                 on_failure: FailureCallback | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._worker_env = dict(worker_env or {})
+        self._on_failure = on_failure
+
+    def _agree_on_generation(self, worker_group: WorkerGroup) -> str:
+        restart_count = worker_group.spec.max_restarts - self._remaining_restarts
+        key = f"elastic_train/generation/{restart_count}"
+        store = worker_group.store
+        if worker_group.group_rank == 0:
+            store.set(key, uuid.uuid4().hex)
+        return store.get(key).decode()
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        generation = self._agree_on_generation(worker_group)
+        env = {**self._worker_env, GENERATION_ENV: generation, AGENT_PID_ENV: str(os.getpid())}
+        with _environ(env):
+            return super()._start_workers(worker_group)
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        result = super()._monitor_workers(worker_group)
+        if result.is_failed() and self._on_failure is not None:
+            self._on_failure(result, self._remaining_restarts)
+        return result

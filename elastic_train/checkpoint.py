@@ -1,0 +1,126 @@
+"""``Checkpoint``: a directory of files on local disk or any fsspec store.
+
+Mirrors ``ray.train.Checkpoint``::
+
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.save(model.state_dict(), os.path.join(tmp, "model.pt"))
+        elastic_train.report({"loss": loss}, checkpoint=Checkpoint.from_directory(tmp))
+
+    checkpoint = elastic_train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as d:
+            model.load_state_dict(torch.load(os.path.join(d, "model.pt")))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import fsspec
+
+from elastic_train.errors import ConfigError
+from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.checkpoint_store import MARKER
+
+METADATA_FILE = ".metadata.json"
+
+
+class Checkpoint:
+    """A reference to a checkpoint directory; nothing is copied until asked.
+
+    Args:
+        path: The directory, a local path or a path on ``filesystem``.
+        filesystem: The fsspec filesystem holding it (default: from the path).
+    """
+
+    def __init__(self, path: str | os.PathLike,
+                 filesystem: fsspec.AbstractFileSystem | None = None):
+        path = os.fspath(path)
+        if filesystem is None:
+            filesystem, path = fsutil.resolve(path)
+        self.path: str = path
+        self.filesystem: fsspec.AbstractFileSystem = filesystem
+
+    @classmethod
+    def from_directory(cls, path: str | os.PathLike) -> Checkpoint:
+        """A checkpoint of a local directory (which must exist)."""
+        path = os.path.abspath(os.fspath(path))
+        if not os.path.isdir(path):
+            raise ConfigError(
+                f"Checkpoint.from_directory({path!r}): no such directory. Save the checkpoint's "
+                "files into a directory first, then pass that directory."
+            )
+        return cls(path)
+
+    @property
+    def _is_local(self) -> bool:
+        return fsutil.is_local(self.filesystem)
+
+    def to_directory(self, path: str | os.PathLike | None = None) -> str:
+        """Copies the checkpoint's files into ``path`` (default: a new temporary directory)."""
+        target = os.fspath(path) if path is not None else tempfile.mkdtemp(prefix="checkpoint_")
+        os.makedirs(target, exist_ok=True)
+        source = self.path.rstrip("/")
+        for remote in self.filesystem.find(source):
+            rel = remote[len(source):].lstrip("/")
+            if rel == MARKER:
+                continue
+            local = os.path.join(target, rel)
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            if self._is_local:
+                shutil.copyfile(remote, local)
+            else:
+                self.filesystem.get_file(remote, local)
+        return target
+
+    @contextlib.contextmanager
+    def as_directory(self) -> Iterator[str]:
+        """A local directory with the checkpoint's files, for the duration of the block.
+
+        A local checkpoint is yielded in place (do not modify it); a remote one
+        is downloaded into a temporary directory that is removed afterwards.
+        """
+        if self._is_local:
+            yield self.path
+            return
+        tmp = self.to_directory()
+        try:
+            yield tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def get_metadata(self) -> dict[str, Any]:
+        """The checkpoint's metadata dict (empty when none was set)."""
+        try:
+            with self.filesystem.open(fsutil.join(self.path, METADATA_FILE), "rb") as f:
+                return json.loads(f.read())
+        except FileNotFoundError:
+            return {}
+
+    def set_metadata(self, metadata: dict[str, Any]) -> None:
+        """Replaces the metadata; it must be JSON-serialisable."""
+        try:
+            data = json.dumps(metadata).encode()
+        except TypeError as exc:
+            raise ConfigError(f"Checkpoint metadata must be JSON-serialisable: {exc}") from exc
+        fsutil.write_bytes_atomic(self.filesystem, fsutil.join(self.path, METADATA_FILE), data)
+
+    def update_metadata(self, metadata: dict[str, Any]) -> None:
+        """Merges ``metadata`` into the existing metadata."""
+        self.set_metadata({**self.get_metadata(), **metadata})
+
+    def __repr__(self) -> str:
+        return f"Checkpoint(filesystem={self.filesystem.protocol!r}, path={self.path!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Checkpoint) and other.path == self.path
+                and other.filesystem == self.filesystem)
+
+    def __hash__(self) -> int:
+        return hash(self.path)

@@ -1,0 +1,99 @@
+"""What a worker knows about itself: ``get_context()`` returns a :class:`TrainContext`.
+
+The values come from the environment torch.distributed.elastic gives every
+worker (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``GROUP_RANK``, ...), the
+same variables torchrun sets.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+GENERATION_ENV = "ELASTIC_TRAIN_GENERATION"
+AGENT_PID_ENV = "ELASTIC_TRAIN_AGENT_PID"
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """The worker's place in the job, read from the elastic agent's environment."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    restart_count: int
+    use_agent_store: bool
+    generation: str
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str] = os.environ) -> WorkerEnv:
+        return cls(
+            rank=int(env["RANK"]),
+            local_rank=int(env["LOCAL_RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            local_world_size=int(env["LOCAL_WORLD_SIZE"]),
+            node_rank=int(env.get("GROUP_RANK", 0)),
+            master_addr=env["MASTER_ADDR"],
+            master_port=int(env["MASTER_PORT"]),
+            restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+            use_agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+            generation=env.get(GENERATION_ENV, env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        )
+
+
+@dataclass(frozen=True)
+class StorageInfo:
+    """Where the run is stored (the fields of Ray's ``StorageContext`` that users read)."""
+
+    storage_path: str
+    experiment_dir_name: str
+    experiment_fs_path: str
+    storage_filesystem: Any
+
+
+@dataclass(frozen=True)
+class TrainContext:
+    """Mirrors ``ray.train.get_context()``'s ``TrainContext``.
+
+    Example::
+
+        ctx = elastic_train.get_context()
+        if ctx.get_world_rank() == 0:
+            print("training on", ctx.get_world_size(), "workers")
+    """
+
+    env: WorkerEnv
+    experiment_name: str
+    storage: StorageInfo
+    metadata: Mapping[str, Any]
+
+    def get_world_rank(self) -> int:
+        return self.env.rank
+
+    def get_local_rank(self) -> int:
+        return self.env.local_rank
+
+    def get_world_size(self) -> int:
+        return self.env.world_size
+
+    def get_local_world_size(self) -> int:
+        return self.env.local_world_size
+
+    def get_node_rank(self) -> int:
+        return self.env.node_rank
+
+    def get_experiment_name(self) -> str:
+        return self.experiment_name
+
+    def get_storage(self) -> StorageInfo:
+        return self.storage
+
+    def get_metadata(self) -> dict[str, Any]:
+        """The ``metadata`` passed to the trainer."""
+        return dict(self.metadata)

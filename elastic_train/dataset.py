@@ -1,0 +1,139 @@
+"""Per-rank dataset shards: ``get_dataset_shard("train").iter_torch_batches(...)``.
+
+A shard splits a map-style torch ``Dataset`` evenly across ranks (every rank
+gets the same number of rows, so collectives stay in step), reshuffles it each
+epoch with a permutation drawn from ``(seed, epoch)`` (the same on every rank,
+so the ranks' slices never overlap) and remembers its position, which the
+session stores with each checkpoint: a resumed run continues at the same epoch
+and batch as an uninterrupted one.
+
+Ray Data shuffles only on request and its order is not reproducible; here a
+shard shuffles by default and always reproducibly (``shuffle=False`` keeps the
+dataset's order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, default_collate
+
+
+class ResumableIterable:
+    """An iterable whose position is saved with checkpoints and restored on resume.
+
+    ``epoch`` counts completed or abandoned passes; ``batch`` counts batches
+    yielded in the current pass.
+    """
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.batch = 0
+        self._resume_pending = False
+        self._in_pass = False
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batch": self.batch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+        self._resume_pending = self.batch > 0
+
+    def _begin_pass(self) -> int:
+        """Starts a pass and returns how many batches of it to skip."""
+        if self._in_pass and not self._resume_pending:
+            self.epoch += 1  # the previous pass was abandoned: this is a new epoch
+            self.batch = 0
+        skip = self.batch if self._resume_pending else 0
+        if not self._resume_pending:
+            self.batch = 0
+        self._resume_pending = False
+        self._in_pass = True
+        return skip
+
+    def _end_pass(self) -> None:
+        self.epoch += 1
+        self.batch = 0
+        self._in_pass = False
+
+
+class DatasetShard(ResumableIterable):
+    """This rank's share of a dataset passed as ``TorchTrainer(datasets={...})``."""
+
+    def __init__(self, dataset: Dataset, rank: int, world_size: int,
+                 device: torch.device, default_seed: Callable[[], int]):
+        super().__init__()
+        self.dataset = dataset
+        self.rank = rank
+        self.world_size = world_size
+        self._device = device
+        self._default_seed = default_seed
+
+    def _indices(self, shuffle: bool, seed: int) -> list[int]:
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if shuffle:
+            gen = torch.Generator().manual_seed(seed + self.epoch)
+            order = torch.randperm(n, generator=gen).tolist()
+        else:
+            order = list(range(n))
+        order = order[: n - n % self.world_size]
+        return order[self.rank :: self.world_size]
+
+    def count(self) -> int:
+        """Rows this rank gets per epoch."""
+        return len(self.dataset) // self.world_size  # type: ignore[arg-type]
+
+    def iter_torch_batches(
+        self,
+        *,
+        batch_size: int = 256,
+        dtypes: torch.dtype | dict[str, torch.dtype] | None = None,
+        device: str | torch.device = "auto",
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+        shuffle: bool = True,
+        seed: int | None = None,
+    ) -> Iterator[Any]:
+        """One epoch of batches of this rank's rows.
+
+        Args:
+            batch_size: Rows per batch (Ray's default, 256).
+            dtypes: Cast floating/int tensors to this dtype (or per-key dtypes
+                for dict batches).
+            device: ``"auto"`` moves batches to this worker's device.
+            collate_fn: Builds a batch from a list of rows (default: torch's
+                ``default_collate``).
+            drop_last: Drop the last incomplete batch.
+            shuffle: Reshuffle every epoch (reproducibly).
+            seed: Base seed of the shuffle (default: the seed given to
+                ``enable_reproducibility``, else 0).
+        """
+        skip = self._begin_pass()
+        indices = self._indices(shuffle, self._default_seed() if seed is None else seed)
+        collate = collate_fn or default_collate
+        target = self._device if device == "auto" else torch.device(device)
+        starts = range(0, len(indices), batch_size)
+        for number, start in enumerate(starts):
+            rows = indices[start : start + batch_size]
+            if drop_last and len(rows) < batch_size:
+                break
+            if number < skip:
+                continue
+            batch = _to(collate([self.dataset[i] for i in rows]), target, dtypes)
+            self.batch = number + 1
+            yield batch
+        self._end_pass()
+
+
+def _to(batch: Any, device: torch.device, dtypes: Any, key: str | None = None) -> Any:
+    """Moves (and optionally casts) every tensor in a nested batch."""
+    if isinstance(batch, torch.Tensor):
+        dtype = dtypes.get(key) if isinstance(dtypes, dict) else dtypes
+        return batch.to(device=device, dtype=dtype, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: _to(v, device, dtypes, k) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to(v, device, dtypes, key) for v in batch)
+    return batch

@@ -1,0 +1,111 @@
+"""Every exception the project raises, in one module.
+
+Workers' errors reach the driver whole: :class:`WorkerFailure` carries the
+rank, the exit code or signal and the worker's own traceback, and
+:class:`TrainingFailedError` presents them with the run's path and the way to
+resume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ConfigError(ValueError):
+    """A setting or input is invalid; raised in the driver before any process starts."""
+
+
+class StorageError(RuntimeError):
+    """The run's storage could not be read or written."""
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """One failed worker process, as the agent observed it.
+
+    ``exitcode`` is negative when the process was killed by a signal
+    (``-9`` for SIGKILL), as in ``subprocess``.
+    """
+
+    rank: int
+    local_rank: int
+    pid: int
+    exitcode: int
+    message: str
+    traceback: str | None
+    hostname: str = ""
+
+    @property
+    def signal_name(self) -> str | None:
+        """The signal's name (``"SIGKILL"``) when a signal ended the process."""
+        if self.exitcode >= 0:
+            return None
+        import signal
+
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+    def describe(self) -> str:
+        """One line: which rank ended how."""
+        how = (
+            f"was killed by {self.signal_name}"
+            if self.signal_name
+            else f"exited with code {self.exitcode}"
+        )
+        where = f" on {self.hostname}" if self.hostname else ""
+        return f"rank {self.rank} (local rank {self.local_rank}, pid {self.pid}{where}) {how}"
+
+    def to_json(self) -> dict:
+        return {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "pid": self.pid,
+            "exitcode": self.exitcode,
+            "signal": self.signal_name,
+            "message": self.message,
+            "traceback": self.traceback,
+            "hostname": self.hostname,
+        }
+
+
+class TrainingFailedError(RuntimeError):
+    """The run failed after spending its restart budget.
+
+    Mirrors ``ray.train.base_trainer.TrainingFailedError``. ``failures`` lists
+    the workers that failed in the last attempt, root cause first.
+    """
+
+    def __init__(self, message: str, failures: list[WorkerFailure] | None = None,
+                 run_path: str | None = None):
+        super().__init__(message)
+        self.failures = list(failures or [])
+        self.run_path = run_path
+
+    @classmethod
+    def from_failures(cls, failures: list[WorkerFailure], run_path: str,
+                      max_failures: int) -> TrainingFailedError:
+        """Builds the user-facing message: root cause, its traceback, how to resume."""
+        root = failures[0]
+        lines = [f"Training failed: {root.describe()}."]
+        if root.traceback:
+            lines += ["", f"Traceback of rank {root.rank}:", root.traceback.rstrip()]
+        elif root.message:
+            lines += ["", root.message]
+        for other in failures[1:]:
+            lines.append(f"Also failed: {other.describe()}.")
+        lines += [
+            "",
+            f"Run directory: {run_path}",
+            "To continue this run from its latest checkpoint, run fit() again with the same "
+            "RunConfig(name=..., storage_path=...).",
+        ]
+        if max_failures == 0:
+            lines.append(
+                "To retry automatically, set RunConfig(failure_config=FailureConfig("
+                "max_failures=N)) with N > 0, or -1 for unlimited retries."
+            )
+        else:
+            lines.append(f"The restart budget (max_failures={max_failures}) is spent.")
+        return cls("\n".join(lines), failures=failures, run_path=run_path)

@@ -1,0 +1,92 @@
+"""``Result``: what a run produced, read back from its run directory.
+
+Mirrors ``ray.train.Result``. ``metrics_dataframe`` holds every reported row
+(as Ray v1 does; Ray v2 keeps only rows of retained checkpoints).
+
+Example::
+
+    result = trainer.fit()
+    print(result.metrics["loss"], result.checkpoint)
+    df = Result.from_path("~/elastic_train_results/digits").metrics_dataframe
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+
+from elastic_train.checkpoint import Checkpoint
+from elastic_train.errors import ConfigError, TrainingFailedError
+from elastic_train.storage import RunStorage
+from elastic_train.storage import filesystem as fsutil
+
+
+@dataclass
+class Result:
+    """The outcome of a run.
+
+    Attributes:
+        metrics: The last row reported by rank 0, with auto-filled fields
+            (``training_iteration``, ``timestamp``, ``time_total_s``, ...).
+        checkpoint: The latest committed checkpoint.
+        error: The run's error when it failed.
+        path: The run directory on ``filesystem``.
+        filesystem: The fsspec filesystem of the run directory.
+        best_checkpoints: ``[(Checkpoint, metrics)]`` of the retained checkpoints, oldest first.
+        return_value: What the train function returned on rank 0.
+    """
+
+    metrics: dict[str, Any] | None
+    checkpoint: Checkpoint | None
+    error: Exception | None
+    path: str
+    filesystem: fsspec.AbstractFileSystem
+    best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = field(default_factory=list)
+    return_value: Any = None
+    metrics_history: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+    @property
+    def metrics_dataframe(self) -> Any:
+        """Every reported row as a pandas DataFrame."""
+        try:
+            import pandas as pd
+        except ImportError as exc:
+            raise ImportError("Result.metrics_dataframe needs pandas: pip install pandas "
+                              "(or elastic-train[pandas]).") from exc
+        return pd.DataFrame(self.metrics_history)
+
+    @classmethod
+    def from_storage(cls, storage: RunStorage, return_value: Any = None) -> Result:
+        rows = storage.read_metrics()
+        manifests = storage.checkpoints.committed()
+        checkpoints = [(Checkpoint(storage.checkpoints.path(m.index), storage.fs), m.metrics)
+                       for m in manifests]
+        state = storage.read_run_state() or {}
+        error = None
+        if state.get("status") == "failed":
+            error = TrainingFailedError(state.get("error") or "The run failed.",
+                                        run_path=storage.display_path)
+        return cls(
+            metrics=rows[-1] if rows else None,
+            checkpoint=checkpoints[-1][0] if checkpoints else None,
+            error=error,
+            path=storage.run_path,
+            filesystem=storage.fs,
+            best_checkpoints=checkpoints,
+            return_value=return_value,
+            metrics_history=rows,
+        )
+
+    @classmethod
+    def from_path(cls, path: str | os.PathLike,
+                  storage_filesystem: fsspec.AbstractFileSystem | None = None) -> Result:
+        """Reads a run directory (local path or fsspec URL)."""
+        fs, run_path = fsutil.resolve(os.fspath(path), storage_filesystem)
+        storage = RunStorage(fs, run_path)
+        if storage.read_run_state() is None:
+            raise ConfigError(f"Result.from_path({os.fspath(path)!r}): no run.json there, so "
+                              "it is not a run directory.")
+        return cls.from_storage(storage)

@@ -1,0 +1,320 @@
+"""The worker side of the public API: ``report``, ``get_checkpoint``, ``get_context``,
+``get_dataset_shard``.
+
+One :class:`TrainSession` lives in each worker process while the train
+function runs. Rank 0 decides, once per start, which committed checkpoint the
+group resumes from and tells every rank, so that all ranks restore the same
+state. ``report()`` is collective when any rank passes a checkpoint: the ranks
+agree on the file list (each file is uploaded by the lowest rank that has
+it), upload, and rank 0 writes the commit marker last, then applies
+retention.
+
+Example::
+
+    def train_func(config):
+        start = 0
+        if (ckpt := elastic_train.get_checkpoint()):
+            with ckpt.as_directory() as d:
+                start = torch.load(os.path.join(d, "state.pt"))["epoch"] + 1
+        for epoch in range(start, config["epochs"]):
+            ...
+            elastic_train.report({"loss": loss.item()}, checkpoint=...)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from elastic_train.backend import WorkerResources
+from elastic_train.checkpoint import Checkpoint
+from elastic_train.context import StorageInfo, TrainContext, WorkerEnv
+from elastic_train.dataset import DatasetShard, ResumableIterable
+from elastic_train.errors import ConfigError, StorageError
+from elastic_train.run_spec import RunSpec
+from elastic_train.storage import CommitManifest, RunStorage
+from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.checkpoint_store import dir_name, scan_directory
+from elastic_train.storage.retention import CheckpointRecord, score_of, to_delete
+
+logger = logging.getLogger(__name__)
+
+_session: TrainSession | None = None
+
+
+def _jsonable(value: Any, key: str) -> Any:
+    """Plain JSON values; one-element tensors and numpy scalars become numbers."""
+    if isinstance(value, (str, bool, int)) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, torch.Tensor):
+        if value.numel() == 1:
+            return _jsonable(value.item(), key)
+    elif hasattr(value, "item") and getattr(value, "size", None) == 1:  # numpy scalars
+        return _jsonable(value.item(), key)
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v, key) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v, f"{key}.{k}") for k, v in value.items()}
+    raise ConfigError(
+        f"report(): metric {key!r} has a value of type {type(value).__name__} ({value!r:.80}), "
+        "which cannot be stored as JSON: report numbers, strings or lists of them."
+    )
+
+
+class TrainSession:
+    """Per-worker state behind the public session functions."""
+
+    def __init__(self, spec: RunSpec, env: WorkerEnv, resources: WorkerResources,
+                 storage: RunStorage):
+        self.spec = spec
+        self.env = env
+        self.resources = resources
+        self.storage = storage
+        self.seed = 0
+        self.context = TrainContext(
+            env=env,
+            experiment_name=spec.experiment_name,
+            storage=StorageInfo(
+                storage_path=spec.run_config.storage_path,
+                experiment_dir_name=spec.experiment_name,
+                experiment_fs_path=storage.run_path,
+                storage_filesystem=storage.fs,
+            ),
+            metadata=spec.metadata,
+        )
+        self._shards: dict[str, DatasetShard] = {}
+        self._resumables: dict[str, ResumableIterable] = {}
+        self._loader_count = 0
+        self._committed: list[CheckpointRecord] = []
+        self._history: list[dict[str, Any]] = []
+        self._start_time = time.time()
+        self._last_report_time = self._start_time
+        restored, self._next_index, time_before = self._agree_on_restore_point()
+        self.restored = restored
+        self.iteration = restored.training_iteration if restored else 0
+        self._time_before_restore = time_before
+        self._iterations_at_start = self.iteration
+
+    # collectives over the control group
+    def _all_gather(self, obj: Any) -> list[Any]:
+        if self.env.world_size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(out, obj, group=self.resources.control_group)
+        return out
+
+    def _broadcast(self, obj: Any) -> Any:
+        if self.env.world_size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.resources.control_group)
+        return box[0]
+
+    def _agree_on_restore_point(self) -> tuple[CommitManifest | None, int, float]:
+        """Rank 0 picks the newest intact checkpoint, trims history past it, tells all."""
+        decision = None
+        if self.env.rank == 0:
+            decision = self._choose_restore_point()
+        restored, next_index, time_before = self._broadcast(decision)
+        return (CommitManifest.from_json(restored) if restored else None), next_index, time_before
+
+    def _choose_restore_point(self) -> tuple[dict | None, int, float]:
+        checkpoints = self.storage.checkpoints
+        removed = checkpoints.remove_uncommitted()
+        manifests = checkpoints.committed()
+        self._committed = [CheckpointRecord(m.index, m.metrics) for m in manifests]
+        restored = None
+        for manifest in reversed(manifests):
+            bad = checkpoints.missing_files(manifest)
+            if not bad:
+                restored = manifest
+                break
+            logger.warning("Checkpoint %s is damaged (missing or truncated: %s); using an "
+                           "earlier one.", dir_name(manifest.index), ", ".join(bad[:5]))
+        next_index = max([m.index for m in manifests] + removed + [-1]) + 1
+        rows = self.storage.read_metrics()
+        last_iteration = restored.training_iteration if restored else 0
+        kept = [r for r in rows if r.get("training_iteration", 0) <= last_iteration]
+        if len(kept) != len(rows):
+            logger.info("Dropping %d metric rows reported after the restored checkpoint.",
+                        len(rows) - len(kept))
+            self.storage.write_metrics(kept)
+        self._history = kept
+        time_before = float(kept[-1].get("time_total_s", 0.0)) if kept else 0.0
+        return (restored.__dict__ if restored else None), next_index, time_before
+
+    # resumable iterables (dataset shards, prepared data loaders)
+    def register_resumable(self, key: str, iterable: ResumableIterable) -> None:
+        """Tracks ``iterable``'s position in checkpoints and restores it now if saved."""
+        self._resumables[key] = iterable
+        if self.restored and self.restored.world_size == self.env.world_size:
+            state = self.restored.worker_states.get(str(self.env.rank), {}).get(key)
+            if state is not None:
+                iterable.load_state_dict(state)
+
+    def next_loader_key(self) -> str:
+        self._loader_count += 1
+        return f"loader:{self._loader_count - 1}"
+
+    def get_dataset_shard(self, name: str) -> DatasetShard:
+        if name not in self._shards:
+            if name not in self.spec.datasets:
+                raise KeyError(
+                    f"get_dataset_shard({name!r}): no such dataset; the trainer was given "
+                    f"{sorted(self.spec.datasets)}."
+                )
+            shard = DatasetShard(self.spec.datasets[name], self.env.rank, self.env.world_size,
+                                 self.resources.devices[0], lambda: self.seed)
+            self.register_resumable(f"dataset:{name}", shard)
+            self._shards[name] = shard
+        return self._shards[name]
+
+    def get_checkpoint(self) -> Checkpoint | None:
+        if self.restored is not None:
+            return Checkpoint(self.storage.checkpoints.path(self.restored.index), self.storage.fs)
+        return self.spec.resume_from_checkpoint
+
+    # report
+    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+        if not isinstance(metrics, dict):
+            raise ConfigError(f"report(metrics={metrics!r}): metrics must be a dict.")
+        clean = {str(k): _jsonable(v, str(k)) for k, v in metrics.items()}
+        if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+            raise ConfigError(f"report(checkpoint={checkpoint!r}) must be a Checkpoint.")
+        if checkpoint is not None and not fsutil.is_local(checkpoint.filesystem):
+            raise ConfigError(f"report(checkpoint={checkpoint!r}): pass a local directory, "
+                              "Checkpoint.from_directory(path).")
+        now = time.time()
+        self.iteration += 1
+        row = {
+            **clean,
+            "training_iteration": self.iteration,
+            "timestamp": int(now),
+            "date": time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now)),
+            "time_this_iter_s": now - self._last_report_time,
+            "time_total_s": self._time_before_restore + now - self._start_time,
+            "time_since_restore": now - self._start_time,
+            "iterations_since_restore": self.iteration - self._iterations_at_start,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+        self._last_report_time = now
+        files = scan_directory(checkpoint.path) if checkpoint is not None else None
+        if files is not None and self.env.rank == 0 and \
+                self.spec.run_config.checkpoint_config.checkpoint_score_attribute:
+            score_of(CheckpointRecord(self._next_index, clean),
+                     self.spec.run_config.checkpoint_config)
+        manifests = self._all_gather(files)
+        if any(m is not None for m in manifests):
+            row["checkpoint_dir_name"] = dir_name(self._next_index)
+            self._persist_checkpoint(manifests, checkpoint, row)
+        if self.env.rank == 0:
+            self._history.append(row)
+            self.storage.append_metrics(row, self._history)
+
+    def _persist_checkpoint(self, manifests: list[dict | None], checkpoint: Checkpoint | None,
+                            row: dict[str, Any]) -> None:
+        index = self._next_index
+        self._next_index += 1
+        owners: dict[str, int] = {}
+        for rank, files in enumerate(manifests):
+            for rel in files or {}:
+                owners.setdefault(rel, rank)
+        mine = [rel for rel, rank in owners.items() if rank == self.env.rank]
+        error = None
+        try:
+            if mine:
+                self.storage.checkpoints.upload(index, checkpoint.path, mine)
+        except Exception as exc:  # reported by every rank below
+            error = f"rank {self.env.rank}: {exc!r}"
+        states = {key: it.state_dict() for key, it in self._resumables.items()}
+        outcomes = self._all_gather((error, states))
+        errors = [e for e, _ in outcomes if e]
+        if errors:
+            raise StorageError(f"Uploading {dir_name(index)} to {self.storage.display_path} "
+                               f"failed: {'; '.join(errors)}")
+        commit_error = None
+        if self.env.rank == 0:
+            manifest = CommitManifest(
+                index=index,
+                training_iteration=self.iteration,
+                metrics=row,
+                files={rel: manifests[rank][rel] for rel, rank in owners.items()},
+                world_size=self.env.world_size,
+                worker_states={str(r): s for r, (_, s) in enumerate(outcomes)},
+            )
+            try:
+                self.storage.checkpoints.commit(manifest)
+            except Exception as exc:
+                commit_error = f"committing {dir_name(index)} failed: {exc!r}"
+            else:
+                self._apply_retention(CheckpointRecord(index, row))
+        commit_error = self._broadcast(commit_error)
+        if commit_error:
+            raise StorageError(f"{self.storage.display_path}: {commit_error}")
+        self.restored = CommitManifest(index, self.iteration, row, {}, self.env.world_size)
+
+    def _apply_retention(self, record: CheckpointRecord) -> None:
+        self._committed.append(record)
+        for index in to_delete(self._committed, self.spec.run_config.checkpoint_config):
+            try:
+                self.storage.checkpoints.delete(index)
+            except Exception:
+                logger.warning("Could not delete %s; retention will retry at the next "
+                               "checkpoint.", dir_name(index), exc_info=True)
+                continue
+            self._committed = [r for r in self._committed if r.index != index]
+
+
+def init_session(session: TrainSession) -> None:
+    global _session
+    _session = session
+
+
+def shutdown_session() -> None:
+    global _session
+    _session = None
+
+
+def get_session() -> TrainSession:
+    if _session is None:
+        raise RuntimeError(
+            "No training session: report(), get_checkpoint(), get_context() and "
+            "get_dataset_shard() work only inside a train function run by a trainer."
+        )
+    return _session
+
+
+def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+    """Reports metrics (and optionally a checkpoint) from this worker.
+
+    Every rank must call it the same number of times. Rank 0's metrics are
+    recorded; the checkpoint files of every rank that passes one are merged
+    into one committed checkpoint.
+    """
+    get_session().report(metrics, checkpoint)
+
+
+def get_checkpoint() -> Checkpoint | None:
+    """The latest committed checkpoint of this run, or the trainer's
+    ``resume_from_checkpoint`` on a fresh run, or None."""
+    return get_session().get_checkpoint()
+
+
+def get_context() -> TrainContext:
+    """This worker's :class:`TrainContext` (ranks, world size, run name, storage)."""
+    return get_session().context
+
+
+def get_dataset_shard(name: str) -> DatasetShard:
+    """This rank's shard of ``datasets[name]``."""
+    return get_session().get_dataset_shard(name)

@@ -1,0 +1,86 @@
+"""The one place that turns a storage path into an fsspec filesystem.
+
+Everything else in the project holds an ``(fs, path)`` pair and never asks
+which store it is. The two capabilities that differ between stores are
+answered here: whether a rename is atomic (local disk and NFS) or a single
+PUT is (object stores), and whether a file can be appended to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+import zlib
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+CHUNK = 1 << 20
+
+
+def resolve(storage_path: str, filesystem: fsspec.AbstractFileSystem | None = None
+            ) -> tuple[fsspec.AbstractFileSystem, str]:
+    """``(filesystem, path)`` for a local path, ``file://`` or any fsspec URL.
+
+    Local paths are expanded (``~``) and made absolute, as every worker and
+    node must see the same directory.
+    """
+    if filesystem is not None:
+        return filesystem, filesystem._strip_protocol(storage_path)
+    if "://" not in storage_path:
+        storage_path = os.path.abspath(os.path.expanduser(storage_path))
+    fs, path = fsspec.core.url_to_fs(storage_path)
+    return fs, path
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    """True for this machine's disk (and NFS mounts on it)."""
+    return isinstance(fs, LocalFileSystem)
+
+
+def display_path(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """What to show a user: a plain path for local disk, a URL otherwise."""
+    return path if is_local(fs) else fs.unstrip_protocol(path)
+
+
+def write_bytes_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+    """Readers see the old content or the new, never a part.
+
+    Local disk: write a temporary sibling, then rename over the target.
+    Object stores: one PUT is atomic; a rename there is copy+delete, which is not.
+    """
+    if is_local(fs):
+        fs.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    else:
+        fs.pipe_file(path, data)
+
+
+def write_json_atomic(fs: fsspec.AbstractFileSystem, path: str, obj: Any) -> None:
+    write_bytes_atomic(fs, path, json.dumps(obj, indent=2, sort_keys=True).encode())
+
+
+def read_json(fs: fsspec.AbstractFileSystem, path: str) -> Any:
+    with fs.open(path, "rb") as f:
+        return json.loads(f.read())
+
+
+def file_crc32(path: str) -> str:
+    """CRC-32 of a local file, streamed; detects truncated or corrupted copies."""
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
+def join(*parts: str) -> str:
+    """Join path parts with '/', the separator of every fsspec store."""
+    return "/".join(p.rstrip("/") for p in parts if p)

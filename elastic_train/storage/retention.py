@@ -1,0 +1,59 @@
+"""Top-k checkpoint retention as a pure decision, testable without storage.
+
+Given the committed checkpoints (index and metrics, oldest first), say which to
+delete: keep the ``num_to_keep`` best by the score attribute (or the most
+recent without one) and always the latest, so a run can resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from elastic_train.config import CheckpointConfig
+from elastic_train.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """What retention needs to know of a committed checkpoint."""
+
+    index: int
+    metrics: dict[str, Any]
+
+
+def score_of(record: CheckpointRecord, config: CheckpointConfig) -> float:
+    """The record's score, named in errors when the metric is missing or not a number."""
+    attr = config.checkpoint_score_attribute
+    if attr not in record.metrics:
+        raise ConfigError(
+            f"CheckpointConfig.checkpoint_score_attribute={attr!r} is not among the metrics "
+            f"reported with checkpoint {record.index} ({sorted(record.metrics)}): report it "
+            "with every checkpoint, or choose another attribute."
+        )
+    value = record.metrics[attr]
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ConfigError(
+            f"CheckpointConfig.checkpoint_score_attribute={attr!r} must name a number, "
+            f"but checkpoint {record.index} reported {value!r}."
+        )
+    return float(value)
+
+
+def ranked(records: Sequence[CheckpointRecord], config: CheckpointConfig
+           ) -> list[CheckpointRecord]:
+    """Best first: by score in the configured order, ties and no-score by recency."""
+    if config.checkpoint_score_attribute is None:
+        return sorted(records, key=lambda r: -r.index)
+    sign = -1.0 if config.checkpoint_score_order == "max" else 1.0
+    return sorted(records, key=lambda r: (sign * score_of(r, config), -r.index))
+
+
+def to_delete(records: Sequence[CheckpointRecord], config: CheckpointConfig) -> list[int]:
+    """Indices of the checkpoints retention removes (never the latest)."""
+    if config.num_to_keep is None or not records:
+        return []
+    latest = max(r.index for r in records)
+    keep = {r.index for r in ranked(records, config)[: config.num_to_keep]} | {latest}
+    return sorted(r.index for r in records if r.index not in keep)

@@ -1,0 +1,133 @@
+"""The run directory: ``<storage_path>/<name>/`` and what lives in it.
+
+::
+
+    run.json           spec, status, attempts and failures (written by the driver only)
+    metrics.jsonl      one line per report() of rank 0
+    checkpoint_NNNNNN/ committed checkpoints (see checkpoint_store)
+    logs/              per-rank logs
+
+The run directory is the source of truth for resuming: a new attempt reads
+its checkpoints and metrics from here, never from memory.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import fsspec
+
+from elastic_train.errors import ConfigError, StorageError
+from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.checkpoint_store import CheckpointStore
+
+RUN_FILE = "run.json"
+METRICS_FILE = "metrics.jsonl"
+RUN_FORMAT_VERSION = 1
+
+
+class RunStorage:
+    """One run's directory on any fsspec store.
+
+    Example::
+
+        storage = RunStorage.open("/tmp/results", "digits")
+        storage.write_run_state({"status": "running"})
+    """
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, run_path: str):
+        self.fs = fs
+        self.run_path = run_path.rstrip("/")
+        self.checkpoints = CheckpointStore(fs, self.run_path)
+
+    @classmethod
+    def open(cls, storage_path: str, name: str,
+             filesystem: fsspec.AbstractFileSystem | None = None) -> RunStorage:
+        fs, root = fsutil.resolve(storage_path, filesystem)
+        return cls(fs, fsutil.join(root, name))
+
+    @property
+    def display_path(self) -> str:
+        return fsutil.display_path(self.fs, self.run_path)
+
+    @property
+    def is_local(self) -> bool:
+        return fsutil.is_local(self.fs)
+
+    def _path(self, name: str) -> str:
+        return fsutil.join(self.run_path, name)
+
+    def ensure_writable(self) -> None:
+        """Creates the run directory and proves a write works, or says why not."""
+        probe = self._path(f".write-probe-{uuid.uuid4().hex[:8]}")
+        try:
+            if self.fs.isfile(self.run_path):
+                raise ConfigError(
+                    f"The run directory {self.display_path} is an existing file: choose "
+                    "another RunConfig(storage_path=..., name=...)."
+                )
+            self.fs.makedirs(self.run_path, exist_ok=True)
+            self.fs.pipe_file(probe, b"ok")
+            self.fs.rm(probe)
+        except ConfigError:
+            raise
+        except Exception as exc:  # the store's own error type varies
+            raise ConfigError(
+                f"Cannot write to the run directory {self.display_path}: {exc!r}. Choose a "
+                "writable RunConfig(storage_path=...) or fix its permissions."
+            ) from exc
+
+    # run.json: the driver's record of the run
+    def read_run_state(self) -> dict[str, Any] | None:
+        try:
+            state = fsutil.read_json(self.fs, self._path(RUN_FILE))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise StorageError(f"Cannot read {self._path(RUN_FILE)}: {exc!r}") from exc
+        version = state.get("format_version", 0)
+        if version > RUN_FORMAT_VERSION:
+            raise StorageError(
+                f"{self.display_path}/{RUN_FILE} has format_version {version}, newer than this "
+                f"elastic-train understands ({RUN_FORMAT_VERSION}): upgrade elastic-train."
+            )
+        return state
+
+    def write_run_state(self, state: dict[str, Any]) -> None:
+        fsutil.write_json_atomic(
+            self.fs, self._path(RUN_FILE), {**state, "format_version": RUN_FORMAT_VERSION}
+        )
+
+    # metrics.jsonl: rank 0's reports
+    def read_metrics(self) -> list[dict[str, Any]]:
+        self.fs.invalidate_cache(self.run_path)
+        try:
+            with self.fs.open(self._path(METRICS_FILE), "rb") as f:
+                text = f.read().decode()
+        except FileNotFoundError:
+            return []
+        rows = []
+        for line in text.splitlines():
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    break  # a line cut short by a crash ends the history
+        return rows
+
+    def write_metrics(self, rows: list[dict[str, Any]]) -> None:
+        data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+        fsutil.write_bytes_atomic(self.fs, self._path(METRICS_FILE), data)
+
+    def append_metrics(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        """Adds ``row``; ``history`` (every row, ``row`` last) serves stores without append."""
+        if self.is_local:
+            with open(self._path(METRICS_FILE), "a") as f:
+                f.write(json.dumps(row) + "\n")
+        else:
+            self.write_metrics(history)
+
+    def log_dir(self) -> str:
+        return self._path("logs")

@@ -1,0 +1,229 @@
+"""The framework-neutral trainer: validate, persist the spec, run the agent, collect the result.
+
+``fit()`` reads top to bottom like the layers of the design: every setting is
+checked in the driver before any process starts; the run directory is created
+and ``run.json`` written; the node agent (torch.distributed.elastic) runs the
+workers and restarts them within the failure budget; the result is read back
+from storage, the source of truth.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import cloudpickle
+import torch
+
+from elastic_train.agent import AgentSpec, Interrupted, run_agent
+from elastic_train.backend import BackendConfig
+from elastic_train.checkpoint import Checkpoint
+from elastic_train.config import RunConfig, ScalingConfig
+from elastic_train.errors import ConfigError, TrainingFailedError, WorkerFailure
+from elastic_train.result import Result
+from elastic_train.run_spec import RunSpec, check_train_function
+from elastic_train.storage import RunStorage
+from elastic_train.worker import RETURN_VALUE_FILE
+
+logger = logging.getLogger(__name__)
+
+
+def _expect(value: Any, kind: type, name: str) -> Any:
+    if value is not None and not isinstance(value, kind):
+        raise ConfigError(f"{name}={value!r} must be a {kind.__name__} (or None).")
+    return value
+
+
+def _versions() -> dict[str, str]:
+    from elastic_train import __version__
+
+    return {"elastic_train": __version__, "torch": torch.__version__,
+            "python": platform.python_version()}
+
+
+class DataParallelTrainer:
+    """Runs ``train_loop_per_worker`` on ``scaling_config.num_workers`` processes.
+
+    Framework set-up comes from ``backend_config``; ``TorchTrainer`` is this
+    trainer with a ``TorchConfig``.
+    """
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        backend_config: BackendConfig,
+        train_loop_config: dict[str, Any] | None = None,
+        scaling_config: ScalingConfig | None = None,
+        run_config: RunConfig | None = None,
+        datasets: dict[str, Any] | None = None,
+        resume_from_checkpoint: Checkpoint | None = None,
+        metadata: dict[str, Any] | None = None,
+    ):
+        check_train_function(train_loop_per_worker)
+        self.train_loop_per_worker = train_loop_per_worker
+        self.backend_config = backend_config
+        self.train_loop_config = _expect(train_loop_config, dict, "train_loop_config")
+        self.scaling_config = _expect(scaling_config, ScalingConfig, "scaling_config") \
+            or ScalingConfig()
+        self.run_config = _expect(run_config, RunConfig, "run_config") or RunConfig()
+        self.datasets = dict(_expect(datasets, dict, "datasets") or {})
+        self.resume_from_checkpoint = _expect(resume_from_checkpoint, Checkpoint,
+                                              "resume_from_checkpoint")
+        self.metadata = dict(_expect(metadata, dict, "metadata") or {})
+        self._validate()
+
+    def _validate(self) -> None:
+        for name, dataset in self.datasets.items():
+            if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+                raise ConfigError(f"datasets[{name!r}]={dataset!r} is not a map-style dataset: "
+                                  "pass a torch Dataset with __len__ and __getitem__.")
+            if len(dataset) < self.scaling_config.num_workers:
+                raise ConfigError(f"datasets[{name!r}] has {len(dataset)} rows, fewer than "
+                                  f"num_workers={self.scaling_config.num_workers}.")
+        try:
+            json.dumps(self.metadata)
+        except TypeError as exc:
+            raise ConfigError(f"metadata must be JSON-serialisable: {exc}") from exc
+        self.backend_config.validate(self.scaling_config)
+
+    def _experiment_name(self) -> str:
+        return self.run_config.name or \
+            f"{type(self).__name__}_{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+
+    def fit(self) -> Result:
+        """Runs the training to the end and returns its :class:`Result`.
+
+        Raises:
+            TrainingFailedError: the workers failed more than ``max_failures`` times.
+            KeyboardInterrupt: Ctrl-C; every worker is stopped and the run is
+                left resumable (status ``interrupted``).
+        """
+        name = self._experiment_name()
+        self.run_config.name = name
+        storage = RunStorage.open(self.run_config.storage_path, name,
+                                  self.run_config.storage_filesystem)
+        storage.ensure_writable()
+        state = self._begin_run_state(storage)
+        spec = RunSpec(
+            train_loop_per_worker=self.train_loop_per_worker,
+            train_loop_config=self.train_loop_config, backend=self.backend_config,
+            scaling_config=self.scaling_config, run_config=self.run_config,
+            experiment_name=name, datasets=self.datasets,
+            resume_from_checkpoint=self.resume_from_checkpoint, metadata=self.metadata,
+        )
+        scratch = tempfile.mkdtemp(prefix="elastic_train_")
+        try:
+            spec_path = os.path.join(scratch, "spec.pkl")
+            with open(spec_path, "wb") as f:
+                f.write(self._pickle(spec))
+            failures = self._run_workers(storage, state, spec_path, scratch)
+            return self._finish(storage, state, failures, scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    @staticmethod
+    def _pickle(spec: RunSpec) -> bytes:
+        try:
+            return cloudpickle.dumps(spec)
+        except Exception as exc:
+            raise ConfigError(
+                f"The train function, its config or the datasets cannot be pickled ({exc!r}); "
+                "workers receive them pickled. Move unpicklable objects (locks, open files, "
+                "clients) into the train function."
+            ) from exc
+
+    def _begin_run_state(self, storage: RunStorage) -> dict[str, Any]:
+        state = storage.read_run_state()
+        if state and state.get("status") == "finished":
+            raise ConfigError(
+                f"The run {storage.display_path} has already finished. Use another "
+                "RunConfig(name=...) to train again, or delete that directory."
+            )
+        now = time.time()
+        state = state or {"name": self.run_config.name, "created": now, "launches": [],
+                          "failures": []}
+        state.update({
+            "status": "running",
+            "updated": now,
+            "versions": _versions(),
+            "spec": {
+                "trainer": type(self).__name__,
+                "scaling_config": asdict(self.scaling_config),
+                "failure_config": asdict(self.run_config.failure_config),
+                "checkpoint_config": asdict(self.run_config.checkpoint_config),
+                "storage_path": self.run_config.storage_path,
+                "backend": repr(self.backend_config),
+            },
+        })
+        state["launches"].append({"started": now, "pid": os.getpid(),
+                                  "host": platform.node(), "status": "running"})
+        storage.write_run_state(state)
+        return state
+
+    def _set_status(self, storage: RunStorage, state: dict[str, Any], status: str,
+                    **extra: Any) -> None:
+        now = time.time()
+        state.update(status=status, updated=now, **extra)
+        state["launches"][-1].update(status=status, ended=now)
+        storage.write_run_state(state)
+
+    def _run_workers(self, storage: RunStorage, state: dict[str, Any], spec_path: str,
+                     scratch: str) -> list[WorkerFailure]:
+        scaling = self.scaling_config
+
+        def record_failure(failures: list[WorkerFailure], restarts_left: int) -> None:
+            logger.warning("Worker group failed: %s; %s", failures[0].describe(),
+                           f"{restarts_left} restart(s) left" if restarts_left else
+                           "no restarts left")
+            state["failures"].append({"time": time.time(), "restarts_left": restarts_left,
+                                      "workers": [f.to_json() for f in failures]})
+            storage.write_run_state(state)
+
+        agent_spec = AgentSpec(
+            entrypoint=sys.executable,
+            args=("-m", "elastic_train.worker", spec_path, scratch),
+            nproc_per_node=scaling.num_workers,
+            run_id=f"{self.run_config.name}-{uuid.uuid4().hex[:8]}",
+            max_restarts=self.run_config.failure_config.max_restarts,
+            log_dir=storage.log_dir() if storage.is_local else os.path.join(scratch, "logs"),
+            worker_env={"OMP_NUM_THREADS": str(scaling.threads_per_worker(scaling.num_workers))},
+        )
+        try:
+            return run_agent(agent_spec, on_failure=record_failure)
+        except Interrupted as exc:
+            self._set_status(storage, state, "interrupted")
+            logger.warning("Run interrupted by %s; it can be resumed by running fit() again "
+                           "with RunConfig(name=%r).", signal.Signals(exc.signum).name,
+                           self.run_config.name)
+            signal.raise_signal(exc.signum)  # the caller's own handler decides what happens
+            raise KeyboardInterrupt from None
+        except BaseException:
+            self._set_status(storage, state, "failed", error="The driver stopped unexpectedly.")
+            raise
+
+    def _finish(self, storage: RunStorage, state: dict[str, Any],
+                failures: list[WorkerFailure], scratch: str) -> Result:
+        if failures:
+            error = TrainingFailedError.from_failures(
+                failures, storage.display_path, self.run_config.failure_config.max_failures)
+            self._set_status(storage, state, "failed", error=str(error))
+            raise error
+        self._set_status(storage, state, "finished")
+        return_value = None
+        path = os.path.join(scratch, RETURN_VALUE_FILE)
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                return_value = cloudpickle.load(f)
+        return Result.from_storage(storage, return_value=return_value)
