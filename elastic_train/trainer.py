@@ -184,9 +184,10 @@ class DataParallelTrainer:
         scaling = self.scaling_config
 
         def record_failure(failures: list[WorkerFailure], restarts_left: int) -> None:
-            logger.warning("Worker group failed: %s; %s", failures[0].describe(),
-                           f"{restarts_left} restart(s) left" if restarts_left else
-                           "no restarts left")
+            unlimited = self.run_config.failure_config.max_failures == -1
+            left = "unlimited" if unlimited else restarts_left or "no"
+            logger.warning("Worker group failed: %s; %s restart(s) left.",
+                           failures[0].describe(), left)
             state["failures"].append({"time": time.time(), "restarts_left": restarts_left,
                                       "workers": [f.to_json() for f in failures]})
             storage.write_run_state(state)

@@ -10,16 +10,18 @@ how the driver gets this worker's traceback.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
+import json
 import logging
 import os
 import signal
 import sys
+import time
 import traceback
 from types import TracebackType
 
 import cloudpickle
 from fsspec.implementations.local import LocalFileSystem
-from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 
 from elastic_train.context import AGENT_PID_ENV, WorkerEnv
 from elastic_train.run_spec import RunSpec
@@ -58,6 +60,23 @@ def run(spec_path: str, result_dir: str) -> None:
     spec.backend.on_worker_shutdown()
 
 
+def write_error_file(exc: BaseException) -> None:
+    """Writes the error for the agent in torch.distributed.elastic's error-file format.
+
+    Atomically: the agent may read the file the moment this process exits or
+    a peer fails, and torch's own writer can leave it half-written then.
+    """
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {
+        "message": f"{type(exc).__name__}: {exc}",
+        "extraInfo": {"py_callstack": "".join(traceback.format_exception(exc)),
+                      "timestamp": str(int(time.time()))},
+    }}
+    fsutil.write_bytes_atomic(LocalFileSystem(), path, json.dumps(data).encode())
+
+
 def _user_frames(tb: TracebackType | None) -> TracebackType | None:
     """Drops the leading frames of this package, so the traceback starts in user code."""
     package = os.path.dirname(os.path.abspath(__file__))
@@ -75,13 +94,12 @@ def main(argv: list[str]) -> None:
     """
     die_with_agent()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    handler = get_error_handler()
-    handler.initialize()
+    faulthandler.enable()
     try:
         run(*argv)
     except BaseException as exc:  # noqa: BLE001 -- every error must reach the driver
         exc.__traceback__ = _user_frames(exc.__traceback__)
-        handler.record_exception(exc)
+        write_error_file(exc)
         traceback.print_exc()
         sys.stderr.flush()
         sys.stdout.flush()

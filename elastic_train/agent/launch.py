@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 from collections.abc import Callable, Iterator
@@ -27,6 +28,11 @@ from elastic_train.errors import WorkerFailure
 
 logger = logging.getLogger(__name__)
 
+# Errors a worker gets when a peer, not itself, failed (gloo and NCCL wording).
+_PEER_LOST = re.compile(
+    r"Connection (reset|closed) by peer|Broken pipe|remote process exited|"
+    r"NCCL communicator was aborted|Connection refused"
+)
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
@@ -67,8 +73,9 @@ class Interrupted(Exception):
 def failures_of(result: RunResult) -> list[WorkerFailure]:
     """The failed workers of a result, root cause first.
 
-    The root cause is the earliest failure that left a traceback, else the
-    earliest that was not the agent's own SIGTERM to the survivors.
+    Secondary failures -- the agent's own SIGTERM to the survivors, and
+    collectives that broke because a peer died -- come last; among the rest, a
+    failure with a traceback comes before one without, then the earliest.
     """
     out = []
     for rank, failure in result.failures.items():
@@ -82,9 +89,11 @@ def failures_of(result: RunResult) -> list[WorkerFailure]:
             message=data.get("message", "") if isinstance(data, dict) else str(failure.message),
             traceback=traceback, hostname=socket.gethostname(),
         )))
-    def rank_key(item: tuple[int, int, WorkerFailure]) -> tuple[int, int, int, int]:
+    def rank_key(item: tuple[int, int, WorkerFailure]) -> tuple[bool, bool, int, int]:
         timestamp, rank, failure = item
-        return (failure.traceback is None, failure.exitcode == -signal.SIGTERM, timestamp, rank)
+        secondary = failure.exitcode == -signal.SIGTERM or bool(
+            _PEER_LOST.search(failure.message or ""))
+        return (secondary, failure.traceback is None, timestamp, rank)
 
     return [f for _, _, f in sorted(out, key=rank_key)]
 

@@ -1,0 +1,101 @@
+"""Deterministic training jobs and fault injection for the end-to-end tests.
+
+The conftest registers this module to be pickled by value, so workers can
+run these functions without the tests directory on their path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import tempfile
+import time
+
+import torch
+from torch.utils.data import TensorDataset
+
+import elastic_train as et
+from elastic_train.torch import enable_reproducibility, prepare_model
+
+
+def make_dataset(rows: int = 96, features: int = 8) -> TensorDataset:
+    gen = torch.Generator().manual_seed(1234)
+    x = torch.randn(rows, features, generator=gen)
+    y = (x.sum(dim=1, keepdim=True) > 0).float()
+    return TensorDataset(x, y)
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _inject(config: dict, epoch: int, batch: int) -> None:
+    """Fails once, where and how ``config['fault']`` says; a marker file makes it once."""
+    fault = config.get("fault")
+    if not fault or et.get_context().get_world_rank() != fault["rank"]:
+        return
+    if (epoch, batch) != (fault["epoch"], fault.get("batch", 0)):
+        return
+    marker = fault["marker"]
+    if os.path.exists(marker):
+        return
+    open(marker, "w").close()
+    how = fault["how"]
+    if how == "raise":
+        raise RuntimeError(f"injected failure at epoch {epoch}")
+    if how == "exit":
+        os._exit(1)
+    if how == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "wait_for_kill":  # the test SIGKILLs us from outside
+        with open(fault["pid_file"], "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(120)
+
+
+def train_mlp(config: dict) -> dict:
+    """A small deterministic MLP on a dataset shard, checkpointing every epoch.
+
+    Returns rank 0's final weights digest and the epochs each attempt started at.
+    """
+    enable_reproducibility(config.get("seed", 0))
+    ctx = et.get_context()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    model = prepare_model(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    start_epoch = 0
+    checkpoint = et.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as d:
+            state = torch.load(os.path.join(d, "state.pt"), weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start_epoch = state["epoch"] + 1
+    if ctx.get_world_rank() == 0 and config.get("starts_file"):
+        with open(config["starts_file"], "a") as f:
+            f.write(f"{start_epoch}\n")
+    shard = et.get_dataset_shard("train")
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    for epoch in range(start_epoch, config.get("epochs", 5)):
+        for batch, (x, y) in enumerate(shard.iter_torch_batches(batch_size=8)):
+            _inject(config, epoch, batch)
+            loss = loss_fn(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            time.sleep(config.get("step_sleep", 0))
+        metrics = {"loss": loss.item(), "epoch": epoch,
+                   "score": config.get("scores", {}).get(str(epoch), float(epoch))}
+        with tempfile.TemporaryDirectory() as d:
+            checkpoint = None
+            if ctx.get_world_rank() == 0:
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                            "epoch": epoch}, os.path.join(d, "state.pt"))
+                checkpoint = et.Checkpoint.from_directory(d)
+            et.report(metrics, checkpoint=checkpoint)
+    return {"digest": weights_digest(model), "world_size": ctx.get_world_size()}

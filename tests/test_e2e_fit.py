@@ -1,0 +1,209 @@
+"""End-to-end: real workers under torch.distributed.elastic, 2 ranks, local storage."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import elastic_train as et
+from elastic_train.torch import TorchTrainer
+from tests import jobs
+from tests.conftest import pid_alive, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180),
+              pytest.mark.usefixtures("no_leaked_processes")]
+
+EPOCHS = 5
+
+
+def fit(storage_path, name, config=None, max_failures=0, checkpoint_config=None, **kwargs):
+    return TorchTrainer(
+        jobs.train_mlp,
+        train_loop_config={"epochs": EPOCHS, **(config or {})},
+        scaling_config=et.ScalingConfig(num_workers=2),
+        run_config=et.RunConfig(
+            storage_path=storage_path, name=name,
+            failure_config=et.FailureConfig(max_failures=max_failures),
+            checkpoint_config=checkpoint_config),
+        datasets={"train": jobs.make_dataset()},
+        **kwargs,
+    ).fit()
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    """An uninterrupted run: the reference for bit-identical resumes."""
+    storage = str(tmp_path_factory.mktemp("baseline"))
+    return fit(storage, "baseline")
+
+
+def test_result_fields(baseline):
+    result = baseline
+    assert result.error is None
+    assert result.metrics["training_iteration"] == EPOCHS
+    assert result.metrics["epoch"] == EPOCHS - 1
+    for key in ("timestamp", "time_total_s", "time_this_iter_s", "checkpoint_dir_name"):
+        assert key in result.metrics
+    assert result.checkpoint.path.endswith(f"checkpoint_{EPOCHS - 1:06d}")
+    assert os.path.exists(os.path.join(result.checkpoint.path, "state.pt"))
+    assert len(result.best_checkpoints) == EPOCHS
+    assert result.return_value["world_size"] == 2
+    assert len(result.return_value["digest"]) == 64
+    df = result.metrics_dataframe
+    assert list(df["training_iteration"]) == list(range(1, EPOCHS + 1))
+    again = et.Result.from_path(result.path)
+    assert again.metrics == result.metrics
+    assert again.checkpoint == result.checkpoint
+    with open(os.path.join(result.path, "run.json")) as f:
+        state = json.load(f)
+    assert state["status"] == "finished"
+    assert state["versions"]["torch"]
+
+
+@pytest.mark.parametrize("order,expected", [("max", {1, 3}), ("min", {0, 2})])
+def test_top_k_retention_keeps_best_and_latest(storage_path, order, expected):
+    scores = {"0": 1.0, "1": 5.0, "2": 2.0, "3": 4.0, "4": 3.0}
+    result = fit(storage_path, f"topk-{order}", config={"scores": scores},
+                 checkpoint_config=et.CheckpointConfig(
+                     num_to_keep=2, checkpoint_score_attribute="score",
+                     checkpoint_score_order=order))
+    kept = {int(c.path.rsplit("_", 1)[1]) for c, _ in result.best_checkpoints}
+    assert kept == expected | {EPOCHS - 1}
+    on_disk = sorted(d for d in os.listdir(result.path) if d.startswith("checkpoint_"))
+    assert on_disk == [f"checkpoint_{i:06d}" for i in sorted(expected | {EPOCHS - 1})]
+
+
+@pytest.mark.parametrize("how", ["raise", "exit", "sigkill"])
+def test_worker_failure_resumes_bit_identical(storage_path, tmp_path, baseline, how):
+    starts = tmp_path / "starts"
+    fault = {"rank": 1, "epoch": 2, "batch": 1, "how": how, "marker": str(tmp_path / "m")}
+    result = fit(storage_path, f"fail-{how}", max_failures=1,
+                 config={"fault": fault, "starts_file": str(starts)})
+    assert starts.read_text().split() == ["0", "2"]  # resumed after checkpoint of epoch 1
+    assert result.return_value["digest"] == baseline.return_value["digest"]
+    iterations = list(result.metrics_dataframe["training_iteration"])
+    assert iterations == list(range(1, EPOCHS + 1))
+    with open(os.path.join(result.path, "run.json")) as f:
+        failures = json.load(f)["failures"]
+    assert len(failures) == 1 and failures[0]["workers"][0]["rank"] == 1
+
+
+def test_worker_sigkilled_from_outside_mid_epoch(storage_path, tmp_path, baseline):
+    pid_file = tmp_path / "pid"
+    starts = tmp_path / "starts"
+    fault = {"rank": 0, "epoch": 3, "batch": 2, "how": "wait_for_kill",
+             "marker": str(tmp_path / "m"), "pid_file": str(pid_file)}
+
+    def killer():
+        if wait_until(lambda: pid_file.exists() and pid_file.read_text(), 120):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    result = fit(storage_path, "sigkill-outside", max_failures=2,
+                 config={"fault": fault, "starts_file": str(starts)})
+    thread.join(5)
+    assert starts.read_text().split() == ["0", "3"]
+    assert result.return_value["digest"] == baseline.return_value["digest"]
+    with open(os.path.join(result.path, "run.json")) as f:
+        failure = json.load(f)["failures"][0]["workers"][0]
+    assert failure["rank"] == 0 and failure["signal"] == "SIGKILL"
+
+
+def test_budget_exhausted_raises_with_rank_and_traceback(storage_path, tmp_path):
+    fault = {"rank": 1, "epoch": 1, "how": "raise", "marker": str(tmp_path / "m")}
+    with pytest.raises(et.TrainingFailedError) as info:
+        fit(storage_path, "exhausted", config={"fault": fault})
+    message = str(info.value)
+    assert "rank 1" in message and "exited with code 1" in message
+    assert "RuntimeError: injected failure at epoch 1" in message
+    assert "jobs.py" in message  # the worker's own traceback
+    assert "FailureConfig(max_failures=N)" in message
+    assert info.value.failures[0].rank == 1
+    result = et.Result.from_path(os.path.join(storage_path, "exhausted"))
+    assert isinstance(result.error, et.TrainingFailedError)
+    assert result.checkpoint.path.endswith("checkpoint_000000")
+
+
+def _crash_every_attempt(config):
+    """Fails the first ``crashes`` attempts right after a collective, alternating ranks."""
+    import torch
+    import torch.distributed as dist
+
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    tensor = torch.ones(1)
+    dist.all_reduce(tensor)
+    if attempt < config["crashes"] and dist.get_rank() == attempt % 2:
+        os._exit(3)
+    dist.all_reduce(tensor)
+    et.report({"attempt": attempt, "sum": tensor.item()})
+    return attempt
+
+
+def test_repeated_restarts_always_reconnect(storage_path):
+    """Plain torchrun's gloo restarts fail intermittently on stale store keys; ours must not."""
+    crashes = 6
+    result = TorchTrainer(
+        _crash_every_attempt, train_loop_config={"crashes": crashes},
+        scaling_config=et.ScalingConfig(num_workers=2),
+        run_config=et.RunConfig(storage_path=storage_path, name="restarts",
+                                failure_config=et.FailureConfig(max_failures=-1)),
+    ).fit()
+    assert result.return_value == crashes
+    assert result.metrics["sum"] == 4.0
+
+
+def test_missing_score_attribute_is_named(storage_path):
+    with pytest.raises(et.TrainingFailedError, match="checkpoint_score_attribute='accuracy'"):
+        fit(storage_path, "no-score", checkpoint_config=et.CheckpointConfig(
+            checkpoint_score_attribute="accuracy"))
+
+
+def _run_driver(storage_path, name, pid_dir):
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.driver", storage_path, name, str(pid_dir), "8"],
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def _worker_pids(pid_dir):
+    return [int(p.name.split("-")[1]) for p in pid_dir.glob("worker-*")]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_driver_stopped_leaves_no_orphans_and_resumes(storage_path, tmp_path, sig):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    driver = _run_driver(storage_path, "driver-stop", pid_dir)
+    try:
+        run_dir = os.path.join(storage_path, "driver-stop")
+        assert wait_until(lambda: os.path.exists(os.path.join(run_dir, "checkpoint_000001",
+                                                              ".commit.json")), 120)
+        workers = _worker_pids(pid_dir)
+        assert len(workers) == 2
+        driver.send_signal(sig)
+        driver.wait(60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert driver.returncode != 0
+    assert wait_until(lambda: not any(pid_alive(p) for p in workers), 30), "orphaned workers"
+    with open(os.path.join(run_dir, "run.json")) as f:
+        status = json.load(f)["status"]
+    assert status == ("interrupted" if sig == signal.SIGINT else "running")
+
+    resumed = _run_driver(storage_path, "driver-stop", pid_dir)
+    out, _ = resumed.communicate(timeout=150)
+    assert resumed.returncode == 0, out
+    starts = (pid_dir / "starts").read_text().split()
+    assert starts[0] == "0" and int(starts[-1]) >= 2
+    rows = et.Result.from_path(run_dir).metrics_dataframe
+    assert list(rows["training_iteration"]) == list(range(1, 9))
