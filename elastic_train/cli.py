@@ -1,0 +1,118 @@
+"""The ``elastic-train`` command: list runs and show one run's state.
+
+    elastic-train ls [STORAGE_PATH]        runs under a storage path (default ~/elastic_train_results)
+    elastic-train show RUN_PATH [--json]   a run's status, failures and checkpoints
+
+Exit codes: 0 success, 2 bad usage or a path that is not a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+
+from elastic_train import __version__
+from elastic_train.config import DEFAULT_STORAGE_PATH
+from elastic_train.errors import StorageError
+from elastic_train.storage import RunStorage
+from elastic_train.storage import filesystem as fsutil
+
+
+def _age(timestamp: float | None) -> str:
+    if not timestamp:
+        return "-"
+    return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _runs(storage_path: str) -> list[tuple[str, dict]]:
+    fs, root = fsutil.resolve(storage_path)
+    try:
+        entries = fs.ls(root, detail=True)
+    except FileNotFoundError:
+        return []
+    runs = []
+    for entry in entries:
+        if entry["type"] != "directory":
+            continue
+        state = RunStorage(fs, entry["name"]).read_run_state()
+        if state is not None:
+            runs.append((entry["name"].rstrip("/").rsplit("/", 1)[-1], state))
+    return sorted(runs, key=lambda r: r[1].get("created", 0))
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    runs = _runs(args.storage_path)
+    if args.json:
+        print(json.dumps([{"name": n, **s} for n, s in runs], indent=2))
+        return 0
+    if not runs:
+        print(f"No runs under {args.storage_path}")
+        return 0
+    print(f"{'NAME':40} {'STATUS':12} {'FAILURES':>8}  UPDATED")
+    for name, state in runs:
+        print(f"{name:40} {state.get('status', '?'):12} {len(state.get('failures', [])):>8}  "
+              f"{_age(state.get('updated'))}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    fs, path = fsutil.resolve(args.run_path)
+    storage = RunStorage(fs, path)
+    state = storage.read_run_state()
+    if state is None:
+        print(f"{args.run_path} is not a run directory (no run.json).", file=sys.stderr)
+        return 2
+    checkpoints = storage.checkpoints.committed()
+    if args.json:
+        print(json.dumps({**state, "checkpoints": [
+            {"index": c.index, "training_iteration": c.training_iteration,
+             "metrics": c.metrics} for c in checkpoints]}, indent=2))
+        return 0
+    print(f"run:      {storage.display_path}")
+    print(f"status:   {state.get('status')}   updated {_age(state.get('updated'))}")
+    print(f"launches: {len(state.get('launches', []))}   failures: {len(state.get('failures', []))}")
+    for failure in state.get("failures", []):
+        root = failure["workers"][0]
+        how = f"signal {root['signal']}" if root.get("signal") else f"exit code {root['exitcode']}"
+        print(f"  {_age(failure['time'])}  rank {root['rank']} {how}: {root['message'][:100]}")
+    print(f"checkpoints ({len(checkpoints)} retained):")
+    for c in checkpoints:
+        shown = {k: v for k, v in c.metrics.items() if k not in _AUTO_FIELDS}
+        print(f"  checkpoint_{c.index:06d}  iteration {c.training_iteration}  {shown}")
+    print(f"logs:     {storage.log_dir()}")
+    return 0
+
+
+_AUTO_FIELDS = {"timestamp", "date", "time_this_iter_s", "time_total_s", "time_since_restore",
+                "iterations_since_restore", "hostname", "pid", "checkpoint_dir_name",
+                "training_iteration"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="elastic-train", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"elastic-train {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ls = sub.add_parser("ls", help="list runs under a storage path")
+    ls.add_argument("storage_path", nargs="?", default=DEFAULT_STORAGE_PATH)
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.set_defaults(func=cmd_ls)
+    show = sub.add_parser("show", help="show one run")
+    show.add_argument("run_path")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
+    show.set_defaults(func=cmd_show)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except StorageError as exc:
+        print(f"elastic-train: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

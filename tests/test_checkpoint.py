@@ -1,0 +1,125 @@
+"""Checkpoint: a reference to a directory, local or on an fsspec store."""
+
+import os
+import shutil
+import uuid
+
+import fsspec
+import pytest
+
+from elastic_train import Checkpoint, ConfigError
+from elastic_train.storage.checkpoint_store import MARKER
+
+
+@pytest.fixture
+def ckpt_dir(tmp_path):
+    d = tmp_path / "ckpt"
+    (d / "sub").mkdir(parents=True)
+    (d / "model.pt").write_bytes(b"weights")
+    (d / "sub" / "opt.pt").write_bytes(b"optimizer")
+    (d / MARKER).write_text("{}")
+    return d
+
+
+@pytest.fixture
+def memory_ckpt():
+    fs = fsspec.filesystem("memory")
+    path = f"/ckpt-test-{uuid.uuid4().hex}"
+    fs.pipe_file(f"{path}/model.pt", b"weights")
+    fs.pipe_file(f"{path}/sub/opt.pt", b"optimizer")
+    fs.pipe_file(f"{path}/{MARKER}", b"{}")
+    yield Checkpoint(f"memory://{path}")
+    fs.rm(path, recursive=True)
+
+
+def files_of(directory):
+    out = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            full = os.path.join(root, name)
+            with open(full, "rb") as f:
+                out[os.path.relpath(full, directory)] = f.read()
+    return out
+
+
+EXPECTED = {"model.pt": b"weights", os.path.join("sub", "opt.pt"): b"optimizer"}
+
+
+def test_from_directory_missing_raises(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(ConfigError, match="no such directory") as info:
+        Checkpoint.from_directory(missing)
+    assert str(missing) in str(info.value)
+
+
+def test_from_directory_is_absolute_and_local(ckpt_dir, monkeypatch):
+    monkeypatch.chdir(ckpt_dir.parent)
+    ckpt = Checkpoint.from_directory("ckpt")
+    assert ckpt.path == str(ckpt_dir)
+    assert ckpt._is_local
+
+
+def test_to_directory_into_given_path_excludes_marker(ckpt_dir, tmp_path):
+    target = tmp_path / "out" / "nested"
+    assert Checkpoint.from_directory(ckpt_dir).to_directory(target) == str(target)
+    assert files_of(target) == EXPECTED
+
+
+def test_to_directory_into_fresh_temp_dir(ckpt_dir):
+    ckpt = Checkpoint.from_directory(ckpt_dir)
+    first, second = ckpt.to_directory(), ckpt.to_directory()
+    try:
+        assert first != second
+        assert files_of(first) == EXPECTED
+    finally:
+        shutil.rmtree(first)
+        shutil.rmtree(second)
+
+
+def test_as_directory_yields_local_path_itself(ckpt_dir):
+    with Checkpoint.from_directory(ckpt_dir).as_directory() as d:
+        assert d == str(ckpt_dir)
+    assert ckpt_dir.exists()
+
+
+def test_remote_as_directory_downloads_and_cleans_up(memory_ckpt):
+    assert not memory_ckpt._is_local
+    with memory_ckpt.as_directory() as d:
+        assert files_of(d) == EXPECTED
+    assert not os.path.exists(d)
+
+
+def test_metadata_roundtrip(ckpt_dir):
+    ckpt = Checkpoint.from_directory(ckpt_dir)
+    assert ckpt.get_metadata() == {}
+    ckpt.set_metadata({"epoch": 3, "tags": ["a"]})
+    assert ckpt.get_metadata() == {"epoch": 3, "tags": ["a"]}
+    ckpt.update_metadata({"epoch": 4, "lr": 0.1})
+    assert ckpt.get_metadata() == {"epoch": 4, "tags": ["a"], "lr": 0.1}
+    ckpt.set_metadata({"x": 1})
+    assert Checkpoint.from_directory(ckpt_dir).get_metadata() == {"x": 1}
+
+
+def test_metadata_on_memory_store(memory_ckpt):
+    memory_ckpt.set_metadata({"a": 1})
+    memory_ckpt.update_metadata({"b": 2})
+    assert memory_ckpt.get_metadata() == {"a": 1, "b": 2}
+
+
+def test_non_json_metadata_raises(ckpt_dir):
+    ckpt = Checkpoint.from_directory(ckpt_dir)
+    with pytest.raises(ConfigError, match="JSON"):
+        ckpt.set_metadata({"obj": object()})
+    with pytest.raises(ConfigError, match="JSON"):
+        ckpt.update_metadata({"s": {1, 2}})
+    assert ckpt.get_metadata() == {}
+
+
+def test_equality_and_hash(ckpt_dir, tmp_path):
+    a = Checkpoint.from_directory(ckpt_dir)
+    b = Checkpoint(str(ckpt_dir))
+    assert a == b and hash(a) == hash(b)
+    assert a != Checkpoint.from_directory(tmp_path)
+    assert a != str(ckpt_dir)
+    assert Checkpoint("memory://x/y") != Checkpoint("/x/y")
+    assert "path=" in repr(a)

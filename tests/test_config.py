@@ -1,0 +1,107 @@
+"""Config dataclasses: every validation raises ConfigError naming the field and value."""
+
+import pytest
+
+from elastic_train import (
+    CheckpointConfig,
+    ConfigError,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+)
+
+BAD = [
+    pytest.param(lambda: ScalingConfig(num_workers=0), ["num_workers", "0"], id="workers-0"),
+    pytest.param(lambda: ScalingConfig(num_workers=-1), ["num_workers", "-1"], id="workers-neg"),
+    pytest.param(lambda: ScalingConfig(num_workers=True), ["num_workers", "True"],
+                 id="workers-bool"),
+    pytest.param(lambda: ScalingConfig(num_workers="2"), ["num_workers", "'2'"], id="workers-str"),
+    pytest.param(lambda: ScalingConfig(resources_per_worker={"TPU": 1}),
+                 ["resources_per_worker", "'TPU'"], id="resource-unknown"),
+    pytest.param(lambda: ScalingConfig(resources_per_worker={"CPU": -2}),
+                 ["resources_per_worker['CPU']", "-2"], id="resource-negative"),
+    pytest.param(lambda: ScalingConfig(resources_per_worker={"GPU": 1}),
+                 ["resources_per_worker['GPU']", "1", "use_gpu"], id="gpu-without-use-gpu"),
+    pytest.param(lambda: ScalingConfig(use_gpu=True, resources_per_worker={"GPU": 0.3}),
+                 ["resources_per_worker['GPU']", "0.3"], id="gpu-not-packable"),
+    pytest.param(lambda: ScalingConfig(resources_per_worker={"CPU": 1.5}),
+                 ["resources_per_worker['CPU']", "1.5"], id="cpu-fractional"),
+    pytest.param(lambda: FailureConfig(max_failures=-2), ["max_failures", "-2"],
+                 id="failures-neg"),
+    pytest.param(lambda: FailureConfig(max_failures=1.5), ["max_failures", "1.5"],
+                 id="failures-float"),
+    pytest.param(lambda: CheckpointConfig(num_to_keep=0), ["num_to_keep", "0"], id="keep-0"),
+    pytest.param(lambda: CheckpointConfig(checkpoint_score_order="best"),
+                 ["checkpoint_score_order", "'best'"], id="order-best"),
+    pytest.param(lambda: CheckpointConfig(checkpoint_score_attribute=""),
+                 ["checkpoint_score_attribute", "''"], id="attribute-empty"),
+    pytest.param(lambda: RunConfig(name="a/b"), ["RunConfig.name", "'a/b'"], id="name-slash"),
+    pytest.param(lambda: RunConfig(failure_config=3), ["failure_config", "3"],
+                 id="failure-config-type"),
+]
+
+
+@pytest.mark.parametrize("make, words", BAD)
+def test_invalid_values_raise_config_error_naming_field_and_value(make, words):
+    with pytest.raises(ConfigError) as info:
+        make()
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+def test_defaults_match_ray_train():
+    assert ScalingConfig().num_workers == 1
+    assert ScalingConfig(num_workers=None).num_workers == 1
+    assert ScalingConfig().use_gpu is False
+    assert FailureConfig().max_failures == 0
+    assert CheckpointConfig().checkpoint_score_order == "max"
+    assert CheckpointConfig().num_to_keep is None
+    assert CheckpointConfig().checkpoint_score_attribute is None
+    run = RunConfig()
+    assert run.failure_config == FailureConfig()
+    assert run.checkpoint_config == CheckpointConfig()
+    assert run.storage_path
+
+
+def test_max_restarts():
+    assert FailureConfig(-1).max_restarts >= 2**31 - 1
+    assert FailureConfig(0).max_restarts == 0
+    assert FailureConfig(3).max_restarts == 3
+
+
+def test_threads_per_worker_splits_cores():
+    scaling = ScalingConfig(num_workers=2)
+    assert scaling.threads_per_worker(2, cores=8) == 4
+    assert scaling.threads_per_worker(3, cores=8) == 2
+    assert scaling.threads_per_worker(16, cores=8) == 1
+    assert scaling.threads_per_worker(2) >= 1
+
+
+def test_threads_per_worker_cpu_resource_wins():
+    scaling = ScalingConfig(num_workers=2, resources_per_worker={"CPU": 3})
+    assert scaling.threads_per_worker(2, cores=64) == 3
+
+
+@pytest.mark.parametrize("workers, gpu, needed", [
+    (1, None, 1),
+    (2, None, 2),
+    (2, 0.5, 1),
+    (3, 0.5, 2),
+    (4, 0.25, 1),
+    (5, 0.25, 2),
+    (2, 2, 4),
+])
+def test_gpus_needed(workers, gpu, needed):
+    resources = None if gpu is None else {"GPU": gpu}
+    scaling = ScalingConfig(num_workers=workers, use_gpu=True, resources_per_worker=resources)
+    assert scaling.gpus_needed() == needed
+
+
+def test_no_gpus_without_use_gpu():
+    scaling = ScalingConfig(num_workers=4)
+    assert scaling.gpus_per_worker == 0
+    assert scaling.gpus_needed() == 0

@@ -1,0 +1,255 @@
+"""Run storage and checkpoint commits, on local disk and fsspec's in-memory store."""
+
+import json
+import os
+import uuid
+import zlib
+
+import fsspec
+import pytest
+from fsspec.implementations.local import LocalFileSystem
+
+from elastic_train import ConfigError
+from elastic_train.errors import StorageError
+from elastic_train.storage import CheckpointStore, CommitManifest, RunStorage
+from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.checkpoint_store import MARKER, dir_name, scan_directory
+from elastic_train.storage.run_storage import METRICS_FILE, RUN_FILE, RUN_FORMAT_VERSION
+
+
+@pytest.fixture(params=["local", "memory"])
+def root(request, tmp_path):
+    """``(storage_path URL, fs, path)`` of an empty storage root."""
+    if request.param == "local":
+        yield str(tmp_path / "store"), LocalFileSystem(), str(tmp_path / "store")
+        return
+    fs = fsspec.filesystem("memory")
+    path = f"/elastic-train-test-{uuid.uuid4().hex}"
+    yield f"memory://{path}", fs, path
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+@pytest.fixture
+def run(root):
+    url, _, _ = root
+    return RunStorage.open(url, "run")
+
+
+@pytest.fixture
+def local_ckpt(tmp_path):
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "model.pt").write_bytes(b"weights" * 100)
+    (src / "sub" / "opt.pt").write_bytes(b"optimizer")
+    return str(src)
+
+
+def manifest(index, files, **metrics):
+    return CommitManifest(index=index, training_iteration=index + 1, metrics=metrics,
+                          files=files, world_size=2, worker_states={"0": {"epoch": 1}})
+
+
+def commit(store, index, src):
+    files = scan_directory(src)
+    store.upload(index, src, files)
+    m = manifest(index, files, loss=0.5)
+    store.commit(m)
+    return m
+
+
+def test_open_resolves_store(run, root):
+    _, fs, path = root
+    assert type(run.fs) is type(fs)
+    assert run.run_path == f"{path}/run"
+    assert run.is_local == (type(fs) is LocalFileSystem)
+
+
+def test_upload_then_commit_makes_checkpoint_visible(run, local_ckpt):
+    store = run.checkpoints
+    run.ensure_writable()
+    files = scan_directory(local_ckpt)
+    store.upload(3, local_ckpt, files)
+    assert store.committed() == []
+    m = manifest(3, files, loss=0.25)
+    store.commit(m)
+    [seen] = store.committed()
+    assert (seen.index, seen.metrics, seen.files, seen.worker_states) == \
+        (3, {"loss": 0.25}, files, {"0": {"epoch": 1}})
+    assert store.missing_files(seen) == []
+    assert run.fs.cat_file(f"{store.path(3)}/sub/opt.pt") == b"optimizer"
+
+
+def test_committed_is_oldest_first(run, local_ckpt):
+    for index in (2, 0, 1):
+        commit(run.checkpoints, index, local_ckpt)
+    assert [m.index for m in run.checkpoints.committed()] == [0, 1, 2]
+
+
+def test_committed_on_missing_run_dir_is_empty(run):
+    assert run.checkpoints.committed() == []
+    assert run.checkpoints.remove_uncommitted() == []
+
+
+def test_uncommitted_dir_is_invisible_and_removed(run, local_ckpt):
+    store = run.checkpoints
+    commit(store, 0, local_ckpt)
+    store.upload(1, local_ckpt, scan_directory(local_ckpt))
+    assert [m.index for m in store.committed()] == [0]
+    assert store.remove_uncommitted() == [1]
+    assert not run.fs.exists(store.path(1))
+    assert run.fs.exists(store.path(0))
+    assert [m.index for m in store.committed()] == [0]
+
+
+def test_delete_removes_marker_and_dir(run, local_ckpt):
+    store = run.checkpoints
+    commit(store, 0, local_ckpt)
+    commit(store, 1, local_ckpt)
+    store.delete(0)
+    assert not run.fs.exists(f"{store.path(0)}/{MARKER}")
+    assert not run.fs.exists(store.path(0))
+    assert [m.index for m in store.committed()] == [1]
+
+
+def test_missing_files_reports_truncated_and_deleted(run, local_ckpt):
+    store = run.checkpoints
+    m = commit(store, 0, local_ckpt)
+    base = store.path(0)
+    run.fs.pipe_file(f"{base}/model.pt", b"weights")  # truncated
+    assert store.missing_files(m) == ["model.pt"]
+    run.fs.rm(f"{base}/sub/opt.pt")
+    assert sorted(store.missing_files(m)) == ["model.pt", "sub/opt.pt"]
+
+
+def test_scan_directory_sizes_crc_and_no_marker(local_ckpt):
+    with open(os.path.join(local_ckpt, MARKER), "w") as f:
+        f.write("{}")
+    files = scan_directory(local_ckpt)
+    assert set(files) == {"model.pt", "sub/opt.pt"}
+    data = b"weights" * 100
+    assert files["model.pt"] == {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}
+    assert files["sub/opt.pt"]["size"] == len(b"optimizer")
+
+
+def test_dir_name_and_manifest_from_json_ignores_unknown_keys():
+    assert dir_name(7) == "checkpoint_000007"
+    data = {"index": 1, "training_iteration": 2, "metrics": {}, "files": {}, "world_size": 1,
+            "future_field": True}
+    assert CommitManifest.from_json(data).index == 1
+
+
+def test_run_state_roundtrip_adds_format_version(run):
+    assert run.read_run_state() is None
+    run.write_run_state({"status": "running", "launches": [1]})
+    assert run.read_run_state() == {"status": "running", "launches": [1],
+                                    "format_version": RUN_FORMAT_VERSION}
+
+
+def test_newer_run_format_asks_to_upgrade(run):
+    fsutil.write_json_atomic(run.fs, f"{run.run_path}/{RUN_FILE}",
+                             {"status": "running", "format_version": RUN_FORMAT_VERSION + 1})
+    with pytest.raises(StorageError, match="upgrade"):
+        run.read_run_state()
+
+
+def test_corrupt_run_state_raises_storage_error(run):
+    run.fs.makedirs(run.run_path, exist_ok=True)
+    run.fs.pipe_file(f"{run.run_path}/{RUN_FILE}", b'{"status": ')
+    with pytest.raises(StorageError, match=RUN_FILE):
+        run.read_run_state()
+
+
+def test_read_metrics_stops_at_truncated_line(run):
+    assert run.read_metrics() == []
+    run.fs.makedirs(run.run_path, exist_ok=True)
+    run.fs.pipe_file(f"{run.run_path}/{METRICS_FILE}", b'{"a": 1}\n{"a": 2}\n{"a": ')
+    assert run.read_metrics() == [{"a": 1}, {"a": 2}]
+
+
+def test_append_metrics(run):
+    run.ensure_writable()
+    history = []
+    for i in range(3):
+        row = {"training_iteration": i + 1}
+        history.append(row)
+        run.append_metrics(row, list(history))
+    assert run.read_metrics() == history
+    run.write_metrics(history[:1])
+    assert run.read_metrics() == history[:1]
+
+
+def test_ensure_writable_creates_dir_and_leaves_no_probe(run):
+    run.ensure_writable()
+    run.fs.invalidate_cache(run.run_path)
+    assert run.fs.isdir(run.run_path)
+    assert run.fs.ls(run.run_path, detail=False) == []
+
+
+def test_ensure_writable_rejects_existing_file(run):
+    run.fs.makedirs(run.run_path.rsplit("/", 1)[0], exist_ok=True)
+    run.fs.pipe_file(run.run_path, b"not a directory")
+    with pytest.raises(ConfigError, match="existing file") as info:
+        run.ensure_writable()
+    assert run.display_path in str(info.value)
+
+
+def test_ensure_writable_rejects_path_under_a_file(root):
+    url, fs, path = root
+    fs.makedirs(path, exist_ok=True)
+    fs.pipe_file(f"{path}/plain", b"x")
+    storage = RunStorage.open(f"{url}/plain", "run")
+    with pytest.raises(ConfigError, match="Cannot write"):
+        storage.ensure_writable()
+
+
+def test_ensure_writable_rejects_read_only_parent(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root ignores directory permissions")
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    parent.chmod(0o500)
+    try:
+        with pytest.raises(ConfigError, match="Cannot write"):
+            RunStorage.open(str(parent), "run").ensure_writable()
+    finally:
+        parent.chmod(0o700)
+
+
+def test_write_bytes_atomic_leaves_no_temp_file(root):
+    _, fs, path = root
+    target = f"{path}/dir/file.json"
+    fsutil.write_bytes_atomic(fs, target, b"one")
+    fsutil.write_bytes_atomic(fs, target, b"two")
+    assert fs.cat_file(target) == b"two"
+    fs.invalidate_cache(f"{path}/dir")
+    assert fs.ls(f"{path}/dir", detail=False) == [target]
+
+
+def test_write_json_atomic_roundtrip(root):
+    _, fs, path = root
+    fsutil.write_json_atomic(fs, f"{path}/x.json", {"b": 1, "a": [1, 2]})
+    assert fsutil.read_json(fs, f"{path}/x.json") == {"a": [1, 2], "b": 1}
+    assert json.loads(fs.cat_file(f"{path}/x.json")) == {"a": [1, 2], "b": 1}
+
+
+def test_resolve_expands_home_and_relative(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    fs, path = fsutil.resolve("~/results")
+    assert fsutil.is_local(fs)
+    assert path == str(tmp_path / "results")
+    monkeypatch.chdir(tmp_path)
+    _, path = fsutil.resolve("rel/dir")
+    assert os.path.isabs(path) and path == str(tmp_path / "rel" / "dir")
+
+
+def test_resolve_url_and_explicit_filesystem():
+    fs, path = fsutil.resolve("memory://bucket/x")
+    assert not fsutil.is_local(fs) and path == "/bucket/x"
+    assert fsutil.display_path(fs, path) == "memory:///bucket/x"
+    mem = fsspec.filesystem("memory")
+    assert fsutil.resolve("memory://a/b", mem) == (mem, "/a/b")
+
+
+def test_join():
+    assert fsutil.join("/a/", "b", "", "c") == "/a/b/c"
