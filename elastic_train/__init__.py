@@ -13,11 +13,18 @@ from elastic_train.config import CheckpointConfig, FailureConfig, RunConfig, Sca
 from elastic_train.context import TrainContext
 from elastic_train.errors import ConfigError, TrainingFailedError, WorkerFailure
 from elastic_train.result import Result
-from elastic_train.session import get_checkpoint, get_context, get_dataset_shard, report
+from elastic_train.session import (
+    CheckpointUploadMode,
+    get_checkpoint,
+    get_context,
+    get_dataset_shard,
+    report,
+)
 
 __all__ = [
     "Checkpoint",
     "CheckpointConfig",
+    "CheckpointUploadMode",
     "ConfigError",
     "FailureConfig",
     "Result",

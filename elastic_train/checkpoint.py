@@ -15,6 +15,8 @@ Mirrors ``ray.train.Checkpoint``::
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -29,6 +31,8 @@ from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import MARKER
 
 METADATA_FILE = ".metadata.json"
+# Set for workers: the node-local directory where remote checkpoints are cached.
+CACHE_ENV = "ELASTIC_TRAIN_CHECKPOINT_CACHE"
 
 
 class Checkpoint:
@@ -83,17 +87,52 @@ class Checkpoint:
     def as_directory(self) -> Iterator[str]:
         """A local directory with the checkpoint's files, for the duration of the block.
 
-        A local checkpoint is yielded in place (do not modify it); a remote one
-        is downloaded into a temporary directory that is removed afterwards.
+        A local checkpoint is yielded in place (do not modify it). A remote one
+        is downloaded: inside a worker, once per node into the run's node-local
+        cache, which the node's ranks share; elsewhere into a temporary
+        directory that is removed afterwards.
         """
         if self._is_local:
             yield self.path
+            return
+        cached = self._cached_copy()
+        if cached is not None:
+            yield cached
             return
         tmp = self.to_directory()
         try:
             yield tmp
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def _cache_entry(self) -> str | None:
+        root = os.environ.get(CACHE_ENV)
+        if not root:
+            return None
+        url = self.filesystem.unstrip_protocol(self.path)
+        return os.path.join(root, hashlib.sha256(url.encode()).hexdigest()[:20])
+
+    def _cached_copy(self) -> str | None:
+        """The node's copy of this checkpoint, downloaded by the first rank that asks."""
+        entry = self._cache_entry()
+        if entry is None:
+            return None
+        os.makedirs(os.path.dirname(entry), exist_ok=True)
+        with open(entry + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.exists(entry + ".complete"):
+                shutil.rmtree(entry, ignore_errors=True)
+                self.to_directory(entry)
+                open(entry + ".complete", "w").close()
+        return entry
+
+    def drop_cached_copy(self) -> None:
+        """Forgets the node's copy (e.g. after it failed verification)."""
+        entry = self._cache_entry()
+        if entry is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(entry + ".complete")
+            shutil.rmtree(entry, ignore_errors=True)
 
     def get_metadata(self) -> dict[str, Any]:
         """The checkpoint's metadata dict (empty when none was set)."""

@@ -1,6 +1,6 @@
 """The ``elastic-train`` command: list runs and show one run's state.
 
-    elastic-train ls [STORAGE_PATH]        runs under a storage path (default ~/elastic_train_results)
+    elastic-train ls [STORAGE_PATH]        runs under a storage path (~/elastic_train_results)
     elastic-train show RUN_PATH [--json]   a run's status, failures and checkpoints
 
 Exit codes: 0 success, 2 bad usage or a path that is not a run.
@@ -72,7 +72,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     print(f"run:      {storage.display_path}")
     print(f"status:   {state.get('status')}   updated {_age(state.get('updated'))}")
-    print(f"launches: {len(state.get('launches', []))}   failures: {len(state.get('failures', []))}")
+    launches, failures = len(state.get("launches", [])), len(state.get("failures", []))
+    print(f"launches: {launches}   failures: {failures}")
     for failure in state.get("failures", []):
         root = failure["workers"][0]
         how = f"signal {root['signal']}" if root.get("signal") else f"exit code {root['exitcode']}"

@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_train.errors import ConfigError
 
 DEFAULT_STORAGE_PATH = os.path.join("~", "elastic_train_results")
+
+
+def _is_whole(x: float) -> bool:
+    return abs(x - round(x)) < 1e-6
 
 
 def _require(condition: bool, message: str) -> None:
@@ -67,6 +71,11 @@ class ScalingConfig:
             f"ScalingConfig.num_workers={self.num_workers!r} is invalid: "
             "it must be an integer >= 1, e.g. ScalingConfig(num_workers=2).",
         )
+        _require(
+            self.resources_per_worker is None or isinstance(self.resources_per_worker, dict),
+            f"ScalingConfig.resources_per_worker={self.resources_per_worker!r} must be a dict "
+            "such as {'CPU': 2, 'GPU': 0.5}.",
+        )
         resources = dict(self.resources_per_worker or {})
         for key, value in resources.items():
             _require(
@@ -86,7 +95,7 @@ class ScalingConfig:
                 f"ScalingConfig.resources_per_worker['GPU']={gpus!r} needs use_gpu=True.",
             )
             _require(
-                (gpus < 1 and (1 / gpus).is_integer()) or float(gpus).is_integer(),
+                _is_whole(1 / gpus if gpus < 1 else gpus),
                 f"ScalingConfig.resources_per_worker['GPU']={gpus!r} cannot be packed on whole "
                 "devices: use a whole number, or a fraction 1/n such as 0.5 or 0.25.",
             )
@@ -164,7 +173,8 @@ class CheckpointConfig:
     def __post_init__(self) -> None:
         _require(
             self.num_to_keep is None
-            or (isinstance(self.num_to_keep, int) and self.num_to_keep >= 1),
+            or (isinstance(self.num_to_keep, int) and not isinstance(self.num_to_keep, bool)
+                and self.num_to_keep >= 1),
             f"CheckpointConfig.num_to_keep={self.num_to_keep!r} is invalid: use None to keep "
             "every checkpoint or an integer >= 1.",
         )
@@ -193,6 +203,12 @@ class RunConfig:
             (default ``~/elastic_train_results``).
         storage_filesystem: An ``fsspec`` filesystem to use instead of the
             one the URL implies.
+        storage_options: Keyword arguments for the URL's fsspec filesystem
+            (for S3: ``endpoint_url``, ``key``, ``secret``, ``client_kwargs``,
+            anything s3fs takes). Never written to ``run.json`` or logs.
+        storage_retry_timeout_s: How long transient storage errors (refused
+            or reset connections, timeouts, 5xx, throttling) are retried, with
+            exponential backoff, before the operation fails the run.
         failure_config: Restart budget; see :class:`FailureConfig`.
         checkpoint_config: Retention; see :class:`CheckpointConfig`.
     """
@@ -200,6 +216,8 @@ class RunConfig:
     name: str | None = None
     storage_path: str | None = None
     storage_filesystem: Any = None
+    storage_options: dict[str, Any] | None = field(default=None, repr=False)
+    storage_retry_timeout_s: float = 120.0
     failure_config: FailureConfig | None = None
     checkpoint_config: CheckpointConfig | None = None
 
@@ -223,6 +241,16 @@ class RunConfig:
             f"RunConfig.storage_path={self.storage_path!r} must be a path or URL string.",
         )
         self.storage_path = os.fspath(self.storage_path)
+        _require(
+            self.storage_options is None or isinstance(self.storage_options, dict),
+            "RunConfig.storage_options must be a dict of fsspec filesystem arguments.",
+        )
+        _require(
+            isinstance(self.storage_retry_timeout_s, (int, float))
+            and self.storage_retry_timeout_s >= 0,
+            f"RunConfig.storage_retry_timeout_s={self.storage_retry_timeout_s!r} is invalid: "
+            "use a number of seconds >= 0.",
+        )
         _require(
             self.name is None or (isinstance(self.name, str) and self.name.strip("./") != ""
                                   and "/" not in self.name),

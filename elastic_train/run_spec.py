@@ -23,9 +23,9 @@ def check_train_function(fn: Callable[..., Any]) -> None:
     params = [
         p for p in inspect.signature(fn).parameters.values()
         if p.default is inspect.Parameter.empty
-        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
     ]
-    if len(params) > 1:
+    if len(params) > 1 or any(p.kind is p.KEYWORD_ONLY for p in params):
         raise ConfigError(
             f"train_loop_per_worker {getattr(fn, '__name__', fn)!r} takes "
             f"{len(params)} required arguments ({', '.join(p.name for p in params)}): it must "

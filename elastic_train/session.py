@@ -23,11 +23,13 @@ Example::
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import os
 import socket
 import time
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -41,12 +43,29 @@ from elastic_train.errors import ConfigError, StorageError
 from elastic_train.run_spec import RunSpec
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.checkpoint_store import dir_name, scan_directory
+from elastic_train.storage.checkpoint_store import dir_name, mismatched_files, scan_directory
 from elastic_train.storage.retention import CheckpointRecord, score_of, to_delete
+from elastic_train.storage.uploader import CheckpointUploader, UploadJob
 
 logger = logging.getLogger(__name__)
 
 _session: TrainSession | None = None
+
+
+class CheckpointUploadMode(str, enum.Enum):
+    """When ``report(checkpoint=...)`` returns (Ray Train v2's names).
+
+    ``ASYNC`` (our default): once the checkpoint's files are staged on local
+    disk; the upload and the commit run in the background, at most one
+    checkpoint ahead (a further report waits). Training does not stall on the
+    network, and nothing is lost: a checkpoint becomes visible only when
+    committed, a crash before that resumes from the previous one, and the run
+    ends only after every pending upload is committed.
+    ``SYNC``: after the checkpoint is committed on every rank (Ray v2's default).
+    """
+
+    SYNC = "SYNC"
+    ASYNC = "ASYNC"
 
 
 def _jsonable(value: Any, key: str) -> Any:
@@ -74,7 +93,7 @@ class TrainSession:
     """Per-worker state behind the public session functions."""
 
     def __init__(self, spec: RunSpec, env: WorkerEnv, resources: WorkerResources,
-                 storage: RunStorage):
+                 storage: RunStorage, staging_dir: str):
         self.spec = spec
         self.env = env
         self.resources = resources
@@ -98,6 +117,8 @@ class TrainSession:
         self._history: list[dict[str, Any]] = []
         self._start_time = time.time()
         self._last_report_time = self._start_time
+        self.uploader = CheckpointUploader(storage.checkpoints, env.rank, staging_dir,
+                                           on_commit=self._apply_retention)
         restored, self._next_index, time_before = self._agree_on_restore_point()
         self.restored = restored
         self.iteration = restored.training_iteration if restored else 0
@@ -127,19 +148,28 @@ class TrainSession:
         restored, next_index, time_before = self._broadcast(decision)
         return (CommitManifest.from_json(restored) if restored else None), next_index, time_before
 
+    def _intact(self, manifest: CommitManifest) -> bool:
+        """Whether every file of the checkpoint matches its manifest (size and CRC-32).
+
+        A remote checkpoint is checked on the node's cached copy, which the
+        ranks of this node then load from.
+        """
+        checkpoint = Checkpoint(self.storage.checkpoints.path(manifest.index), self.storage.fs)
+        with checkpoint.as_directory() as local:
+            bad = mismatched_files(local, manifest)
+        if bad:
+            checkpoint.drop_cached_copy()
+            logger.warning("Checkpoint %s is damaged (files not matching its manifest: %s); "
+                           "resuming from an earlier one.", dir_name(manifest.index),
+                           ", ".join(bad[:5]))
+        return not bad
+
     def _choose_restore_point(self) -> tuple[dict | None, int, float]:
         checkpoints = self.storage.checkpoints
         removed = checkpoints.remove_uncommitted()
         manifests = checkpoints.committed()
         self._committed = [CheckpointRecord(m.index, m.metrics) for m in manifests]
-        restored = None
-        for manifest in reversed(manifests):
-            bad = checkpoints.missing_files(manifest)
-            if not bad:
-                restored = manifest
-                break
-            logger.warning("Checkpoint %s is damaged (missing or truncated: %s); using an "
-                           "earlier one.", dir_name(manifest.index), ", ".join(bad[:5]))
+        restored = next((m for m in reversed(manifests) if self._intact(m)), None)
         next_index = max([m.index for m in manifests] + removed + [-1]) + 1
         rows = self.storage.read_metrics()
         last_iteration = restored.training_iteration if restored else 0
@@ -147,10 +177,11 @@ class TrainSession:
         if len(kept) != len(rows):
             logger.info("Dropping %d metric rows reported after the restored checkpoint.",
                         len(rows) - len(kept))
-            self.storage.write_metrics(kept)
+        # Rewritten at every start: this also drops a line a crash cut short.
+        self.storage.write_metrics(kept)
         self._history = kept
         time_before = float(kept[-1].get("time_total_s", 0.0)) if kept else 0.0
-        return (restored.__dict__ if restored else None), next_index, time_before
+        return (asdict(restored) if restored else None), next_index, time_before
 
     # resumable iterables (dataset shards, prepared data loaders)
     def register_resumable(self, key: str, iterable: ResumableIterable) -> None:
@@ -184,7 +215,9 @@ class TrainSession:
         return self.spec.resume_from_checkpoint
 
     # report
-    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
+               checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.ASYNC
+               ) -> None:
         if not isinstance(metrics, dict):
             raise ConfigError(f"report(metrics={metrics!r}): metrics must be a dict.")
         clean = {str(k): _jsonable(v, str(k)) for k, v in metrics.items()}
@@ -193,6 +226,8 @@ class TrainSession:
         if checkpoint is not None and not fsutil.is_local(checkpoint.filesystem):
             raise ConfigError(f"report(checkpoint={checkpoint!r}): pass a local directory, "
                               "Checkpoint.from_directory(path).")
+        mode = CheckpointUploadMode(checkpoint_upload_mode)
+        self.uploader.raise_if_failed()
         now = time.time()
         self.iteration += 1
         row = {
@@ -209,62 +244,49 @@ class TrainSession:
         }
         self._last_report_time = now
         files = scan_directory(checkpoint.path) if checkpoint is not None else None
-        if files is not None and self.env.rank == 0 and \
-                self.spec.run_config.checkpoint_config.checkpoint_score_attribute:
-            score_of(CheckpointRecord(self._next_index, clean),
-                     self.spec.run_config.checkpoint_config)
-        manifests = self._all_gather(files)
-        if any(m is not None for m in manifests):
+        config = self.spec.run_config.checkpoint_config
+        if files is not None and self.env.rank == 0 and config.checkpoint_score_attribute:
+            score_of(CheckpointRecord(self._next_index, clean), config)
+        states = {key: it.state_dict() for key, it in self._resumables.items()}
+        gathered = self._all_gather((files, states))
+        if any(f is not None for f, _ in gathered):
             row["checkpoint_dir_name"] = dir_name(self._next_index)
-            self._persist_checkpoint(manifests, checkpoint, row)
+            self._persist_checkpoint(gathered, checkpoint, row, mode)
         if self.env.rank == 0:
             self._history.append(row)
             self.storage.append_metrics(row, self._history)
 
-    def _persist_checkpoint(self, manifests: list[dict | None], checkpoint: Checkpoint | None,
-                            row: dict[str, Any]) -> None:
+    def _persist_checkpoint(self, gathered: list[tuple[dict | None, dict]],
+                            checkpoint: Checkpoint | None, row: dict[str, Any],
+                            mode: CheckpointUploadMode) -> None:
+        """Each file goes up from the lowest rank that has it; rank 0 commits after all."""
         index = self._next_index
         self._next_index += 1
         owners: dict[str, int] = {}
-        for rank, files in enumerate(manifests):
+        for rank, (files, _) in enumerate(gathered):
             for rel in files or {}:
                 owners.setdefault(rel, rank)
-        mine = [rel for rel, rank in owners.items() if rank == self.env.rank]
-        error = None
-        try:
-            if mine:
-                self.storage.checkpoints.upload(index, checkpoint.path, mine)
-        except Exception as exc:  # reported by every rank below
-            error = f"rank {self.env.rank}: {exc!r}"
-        states = {key: it.state_dict() for key, it in self._resumables.items()}
-        outcomes = self._all_gather((error, states))
-        errors = [e for e, _ in outcomes if e]
-        if errors:
-            raise StorageError(f"Uploading {dir_name(index)} to {self.storage.display_path} "
-                               f"failed: {'; '.join(errors)}")
-        commit_error = None
+        manifest = None
         if self.env.rank == 0:
             manifest = CommitManifest(
-                index=index,
-                training_iteration=self.iteration,
-                metrics=row,
-                files={rel: manifests[rank][rel] for rel, rank in owners.items()},
+                index=index, training_iteration=self.iteration, metrics=row,
+                files={rel: gathered[rank][0][rel] for rel, rank in owners.items()},
                 world_size=self.env.world_size,
-                worker_states={str(r): s for r, (_, s) in enumerate(outcomes)},
+                worker_states={str(r): states for r, (_, states) in enumerate(gathered)},
             )
-            try:
-                self.storage.checkpoints.commit(manifest)
-            except Exception as exc:
-                commit_error = f"committing {dir_name(index)} failed: {exc!r}"
-            else:
-                self._apply_retention(CheckpointRecord(index, row))
-        commit_error = self._broadcast(commit_error)
-        if commit_error:
-            raise StorageError(f"{self.storage.display_path}: {commit_error}")
-        self.restored = CommitManifest(index, self.iteration, row, {}, self.env.world_size)
+        job = UploadJob(index=index,
+                        relpaths=[rel for rel, rank in owners.items() if rank == self.env.rank],
+                        owner_ranks=sorted(set(owners.values())), manifest=manifest)
+        self.uploader.submit(job, checkpoint.path if checkpoint is not None else None)
+        if mode is CheckpointUploadMode.SYNC:
+            errors = [e for e in self._all_gather(self.uploader.wait_for(index)) if e]
+            if errors:
+                raise StorageError(f"{self.storage.display_path}: {'; '.join(errors)}")
+            self.restored = CommitManifest(index, self.iteration, row, {}, self.env.world_size)
 
-    def _apply_retention(self, record: CheckpointRecord) -> None:
-        self._committed.append(record)
+    def _apply_retention(self, manifest: CommitManifest) -> None:
+        """Runs on rank 0's upload thread after each commit."""
+        self._committed.append(CheckpointRecord(manifest.index, manifest.metrics))
         for index in to_delete(self._committed, self.spec.run_config.checkpoint_config):
             try:
                 self.storage.checkpoints.delete(index)
@@ -273,6 +295,10 @@ class TrainSession:
                                "checkpoint.", dir_name(index), exc_info=True)
                 continue
             self._committed = [r for r in self._committed if r.index != index]
+
+    def finish(self) -> None:
+        """Waits for pending uploads and commits (the run ends only when they are stored)."""
+        self.uploader.close()
 
 
 def init_session(session: TrainSession) -> None:
@@ -294,14 +320,16 @@ def get_session() -> TrainSession:
     return _session
 
 
-def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
+           checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.ASYNC) -> None:
     """Reports metrics (and optionally a checkpoint) from this worker.
 
     Every rank must call it the same number of times. Rank 0's metrics are
     recorded; the checkpoint files of every rank that passes one are merged
-    into one committed checkpoint.
+    into one committed checkpoint. See :class:`CheckpointUploadMode` for when
+    the call returns.
     """
-    get_session().report(metrics, checkpoint)
+    get_session().report(metrics, checkpoint, checkpoint_upload_mode)
 
 
 def get_checkpoint() -> Checkpoint | None:

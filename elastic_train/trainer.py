@@ -9,6 +9,7 @@ from storage, the source of truth.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ import torch
 
 from elastic_train.agent import AgentSpec, Interrupted, run_agent
 from elastic_train.backend import BackendConfig
-from elastic_train.checkpoint import Checkpoint
+from elastic_train.checkpoint import CACHE_ENV, Checkpoint
 from elastic_train.config import RunConfig, ScalingConfig
 from elastic_train.errors import ConfigError, TrainingFailedError, WorkerFailure
 from elastic_train.result import Result
@@ -111,25 +112,25 @@ class DataParallelTrainer:
                 left resumable (status ``interrupted``).
         """
         name = self._experiment_name()
-        self.run_config.name = name
-        storage = RunStorage.open(self.run_config.storage_path, name,
-                                  self.run_config.storage_filesystem)
-        storage.ensure_writable()
-        state = self._begin_run_state(storage)
+        run_config = dataclasses.replace(self.run_config, name=name)
         spec = RunSpec(
             train_loop_per_worker=self.train_loop_per_worker,
             train_loop_config=self.train_loop_config, backend=self.backend_config,
-            scaling_config=self.scaling_config, run_config=self.run_config,
+            scaling_config=self.scaling_config, run_config=run_config,
             experiment_name=name, datasets=self.datasets,
             resume_from_checkpoint=self.resume_from_checkpoint, metadata=self.metadata,
         )
+        pickled = self._pickle(spec)
+        storage = RunStorage.for_run(run_config, name)
+        storage.ensure_writable()
+        state = self._begin_run_state(storage, run_config)
         scratch = tempfile.mkdtemp(prefix="elastic_train_")
         try:
             spec_path = os.path.join(scratch, "spec.pkl")
             with open(spec_path, "wb") as f:
-                f.write(self._pickle(spec))
-            failures = self._run_workers(storage, state, spec_path, scratch)
-            return self._finish(storage, state, failures, scratch)
+                f.write(pickled)
+            failures = self._run_workers(storage, state, run_config, spec_path, scratch)
+            return self._finish(storage, state, run_config, failures, scratch)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -144,7 +145,7 @@ class DataParallelTrainer:
                 "clients) into the train function."
             ) from exc
 
-    def _begin_run_state(self, storage: RunStorage) -> dict[str, Any]:
+    def _begin_run_state(self, storage: RunStorage, run_config: RunConfig) -> dict[str, Any]:
         state = storage.read_run_state()
         if state and state.get("status") == "finished":
             raise ConfigError(
@@ -152,7 +153,7 @@ class DataParallelTrainer:
                 "RunConfig(name=...) to train again, or delete that directory."
             )
         now = time.time()
-        state = state or {"name": self.run_config.name, "created": now, "launches": [],
+        state = state or {"name": run_config.name, "created": now, "launches": [],
                           "failures": []}
         state.update({
             "status": "running",
@@ -161,9 +162,9 @@ class DataParallelTrainer:
             "spec": {
                 "trainer": type(self).__name__,
                 "scaling_config": asdict(self.scaling_config),
-                "failure_config": asdict(self.run_config.failure_config),
-                "checkpoint_config": asdict(self.run_config.checkpoint_config),
-                "storage_path": self.run_config.storage_path,
+                "failure_config": asdict(run_config.failure_config),
+                "checkpoint_config": asdict(run_config.checkpoint_config),
+                "storage_path": run_config.storage_path,
                 "backend": repr(self.backend_config),
             },
         })
@@ -179,12 +180,12 @@ class DataParallelTrainer:
         state["launches"][-1].update(status=status, ended=now)
         storage.write_run_state(state)
 
-    def _run_workers(self, storage: RunStorage, state: dict[str, Any], spec_path: str,
-                     scratch: str) -> list[WorkerFailure]:
+    def _run_workers(self, storage: RunStorage, state: dict[str, Any], run_config: RunConfig,
+                     spec_path: str, scratch: str) -> list[WorkerFailure]:
         scaling = self.scaling_config
 
         def record_failure(failures: list[WorkerFailure], restarts_left: int) -> None:
-            unlimited = self.run_config.failure_config.max_failures == -1
+            unlimited = run_config.failure_config.max_failures == -1
             left = "unlimited" if unlimited else restarts_left or "no"
             logger.warning("Worker group failed: %s; %s restart(s) left.",
                            failures[0].describe(), left)
@@ -196,10 +197,13 @@ class DataParallelTrainer:
             entrypoint=sys.executable,
             args=("-m", "elastic_train.worker", spec_path, scratch),
             nproc_per_node=scaling.num_workers,
-            run_id=f"{self.run_config.name}-{uuid.uuid4().hex[:8]}",
-            max_restarts=self.run_config.failure_config.max_restarts,
+            run_id=f"{run_config.name}-{uuid.uuid4().hex[:8]}",
+            max_restarts=run_config.failure_config.max_restarts,
             log_dir=storage.log_dir() if storage.is_local else os.path.join(scratch, "logs"),
-            worker_env={"OMP_NUM_THREADS": str(scaling.threads_per_worker(scaling.num_workers))},
+            worker_env={
+                "OMP_NUM_THREADS": str(scaling.threads_per_worker(scaling.num_workers)),
+                CACHE_ENV: os.path.join(scratch, "checkpoint_cache"),
+            },
         )
         try:
             return run_agent(agent_spec, on_failure=record_failure)
@@ -207,18 +211,18 @@ class DataParallelTrainer:
             self._set_status(storage, state, "interrupted")
             logger.warning("Run interrupted by %s; it can be resumed by running fit() again "
                            "with RunConfig(name=%r).", signal.Signals(exc.signum).name,
-                           self.run_config.name)
+                           run_config.name)
             signal.raise_signal(exc.signum)  # the caller's own handler decides what happens
             raise KeyboardInterrupt from None
         except BaseException:
             self._set_status(storage, state, "failed", error="The driver stopped unexpectedly.")
             raise
 
-    def _finish(self, storage: RunStorage, state: dict[str, Any],
+    def _finish(self, storage: RunStorage, state: dict[str, Any], run_config: RunConfig,
                 failures: list[WorkerFailure], scratch: str) -> Result:
         if failures:
             error = TrainingFailedError.from_failures(
-                failures, storage.display_path, self.run_config.failure_config.max_failures)
+                failures, storage.display_path, run_config.failure_config.max_failures)
             self._set_status(storage, state, "failed", error=str(error))
             raise error
         self._set_status(storage, state, "finished")

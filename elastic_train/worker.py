@@ -48,11 +48,13 @@ def run(spec_path: str, result_dir: str) -> None:
     env = WorkerEnv.from_environ()
     with open(spec_path, "rb") as f:
         spec: RunSpec = cloudpickle.load(f)
-    storage = RunStorage.open(spec.run_config.storage_path, spec.experiment_name,
-                              spec.run_config.storage_filesystem)
+    storage = RunStorage.for_run(spec.run_config, spec.experiment_name)
     resources = spec.backend.on_worker_start(env, spec.scaling_config)
-    init_session(TrainSession(spec, env, resources, storage))
+    staging = os.path.join(result_dir, "staging")
+    session = TrainSession(spec, env, resources, storage, staging)
+    init_session(session)
     value = spec.call_train_function()
+    session.finish()
     if env.rank == 0:
         fsutil.write_bytes_atomic(LocalFileSystem(), os.path.join(result_dir, RETURN_VALUE_FILE),
                                   cloudpickle.dumps(value))

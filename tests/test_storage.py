@@ -10,10 +10,16 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 
 from elastic_train import ConfigError
+from elastic_train.checkpoint import Checkpoint
 from elastic_train.errors import StorageError
 from elastic_train.storage import CheckpointStore, CommitManifest, RunStorage
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.checkpoint_store import MARKER, dir_name, scan_directory
+from elastic_train.storage.checkpoint_store import (
+    MARKER,
+    dir_name,
+    mismatched_files,
+    scan_directory,
+)
 from elastic_train.storage.run_storage import METRICS_FILE, RUN_FILE, RUN_FORMAT_VERSION
 
 
@@ -76,13 +82,14 @@ def test_upload_then_commit_makes_checkpoint_visible(run, local_ckpt):
     [seen] = store.committed()
     assert (seen.index, seen.metrics, seen.files, seen.worker_states) == \
         (3, {"loss": 0.25}, files, {"0": {"epoch": 1}})
-    assert store.missing_files(seen) == []
+    assert mismatched_files(Checkpoint(store.path(3), run.fs).to_directory(), seen) == []
     assert run.fs.cat_file(f"{store.path(3)}/sub/opt.pt") == b"optimizer"
 
 
 def test_committed_is_oldest_first(run, local_ckpt):
+    store = CheckpointStore(run.fs, run.run_path)  # a second handle on the same run
     for index in (2, 0, 1):
-        commit(run.checkpoints, index, local_ckpt)
+        commit(store, index, local_ckpt)
     assert [m.index for m in run.checkpoints.committed()] == [0, 1, 2]
 
 
@@ -112,14 +119,22 @@ def test_delete_removes_marker_and_dir(run, local_ckpt):
     assert [m.index for m in store.committed()] == [1]
 
 
-def test_missing_files_reports_truncated_and_deleted(run, local_ckpt):
+def test_mismatched_files_reports_truncated_corrupted_and_deleted(run, local_ckpt, tmp_path):
     store = run.checkpoints
     m = commit(store, 0, local_ckpt)
     base = store.path(0)
+
+    def bad():
+        return sorted(mismatched_files(Checkpoint(base, run.fs).to_directory(
+            str(tmp_path / f"copy{len(os.listdir(tmp_path))}")), m))
+
     run.fs.pipe_file(f"{base}/model.pt", b"weights")  # truncated
-    assert store.missing_files(m) == ["model.pt"]
+    assert bad() == ["model.pt"]
+    size = m.files["model.pt"]["size"]
+    run.fs.pipe_file(f"{base}/model.pt", b"x" * size)  # same size, other bytes
+    assert bad() == ["model.pt"]
     run.fs.rm(f"{base}/sub/opt.pt")
-    assert sorted(store.missing_files(m)) == ["model.pt", "sub/opt.pt"]
+    assert bad() == ["model.pt", "sub/opt.pt"]
 
 
 def test_scan_directory_sizes_crc_and_no_marker(local_ckpt):
@@ -253,3 +268,14 @@ def test_resolve_url_and_explicit_filesystem():
 
 def test_join():
     assert fsutil.join("/a/", "b", "", "c") == "/a/b/c"
+
+
+def test_append_after_repair_of_truncated_line_is_readable(run):
+    """A crash can cut the last line short; each session start rewrites the history first."""
+    run.fs.makedirs(run.run_path, exist_ok=True)
+    run.fs.pipe_file(f"{run.run_path}/{METRICS_FILE}", b'{"training_iteration": 1}\n{"tra')
+    history = run.read_metrics()
+    run.write_metrics(history)
+    row = {"training_iteration": 2}
+    run.append_metrics(row, history + [row])
+    assert run.read_metrics() == history + [row]

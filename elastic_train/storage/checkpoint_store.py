@@ -9,7 +9,9 @@ marker first, so a reader never sees half a checkpoint.
 
 The protocol is the same on every fsspec store: files are written into their
 final place (no directory rename, which object stores cannot do atomically)
-and the marker is one small atomic write.
+and the marker is one small atomic write. Ranks announce a finished upload
+with a marker under ``.uploads/`` that the committing rank waits for. Every
+operation is retried on transient errors (see :mod:`.retry`).
 """
 
 from __future__ import annotations
@@ -18,18 +20,24 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import fsspec
 
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 MARKER = ".commit.json"
+UPLOADS_DIR = ".uploads"
 _DIR_RE = re.compile(r"^checkpoint_(\d{6,})$")
+# Files per batch sent at once: bounds the memory s3fs uses for concurrent multipart uploads.
+UPLOAD_BATCH = 4
 
 
 def dir_name(index: int) -> str:
@@ -66,80 +74,129 @@ def scan_directory(local_dir: str) -> dict[str, dict[str, Any]]:
     return files
 
 
+def mismatched_files(local_dir: str, manifest: CommitManifest) -> list[str]:
+    """Files of a local copy whose size or CRC-32 differs from the manifest."""
+    bad = []
+    for rel, info in manifest.files.items():
+        path = os.path.join(local_dir, rel)
+        if not os.path.isfile(path) or os.path.getsize(path) != info["size"] \
+                or fsutil.file_crc32(path) != info["crc32"]:
+            bad.append(rel)
+    return bad
+
+
 class CheckpointStore:
     """Reads, writes, commits and deletes the checkpoints of one run."""
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, run_path: str):
+    def __init__(self, fs: fsspec.AbstractFileSystem, run_path: str,
+                 retry: RetryPolicy | None = None):
         self.fs = fs
         self.run_path = run_path
+        self.retry = retry or RetryPolicy()
+
+    @property
+    def display_path(self) -> str:
+        return fsutil.display_path(self.fs, self.run_path)
+
+    def _retry(self, what: str, fn: Callable[[], T]) -> T:
+        return self.retry.call(what, self.display_path, fn)
 
     def path(self, index: int) -> str:
         return fsutil.join(self.run_path, dir_name(index))
 
     def _checkpoint_dirs(self) -> dict[int, str]:
-        self.fs.invalidate_cache(self.run_path)
-        try:
-            entries = self.fs.ls(self.run_path, detail=False)
-        except FileNotFoundError:
-            return {}
+        def listing() -> list[str]:
+            self.fs.invalidate_cache(self.run_path)
+            try:
+                return self.fs.ls(self.run_path, detail=False)
+            except FileNotFoundError:
+                return []
+
         dirs = {}
-        for entry in entries:
+        for entry in self._retry("listing checkpoints", listing):
             match = _DIR_RE.match(entry.rstrip("/").rsplit("/", 1)[-1])
             if match:
                 dirs[int(match.group(1))] = entry.rstrip("/")
         return dirs
 
+    def _read_manifest(self, path: str) -> CommitManifest | None:
+        def read() -> CommitManifest | None:
+            try:
+                return CommitManifest.from_json(
+                    fsutil.read_json(self.fs, fsutil.join(path, MARKER)))
+            except FileNotFoundError:
+                return None
+
+        return self._retry("reading a commit marker", read)
+
     def committed(self) -> list[CommitManifest]:
         """Every committed checkpoint, oldest first."""
-        manifests = []
-        for _, path in sorted(self._checkpoint_dirs().items()):
-            marker = fsutil.join(path, MARKER)
-            try:
-                manifests.append(CommitManifest.from_json(fsutil.read_json(self.fs, marker)))
-            except FileNotFoundError:
-                continue
-        return manifests
+        manifests = [self._read_manifest(p) for _, p in sorted(self._checkpoint_dirs().items())]
+        return [m for m in manifests if m is not None]
 
     def remove_uncommitted(self) -> list[int]:
         """Deletes leftovers of interrupted uploads; returns their indices."""
         removed = []
         for index, path in sorted(self._checkpoint_dirs().items()):
-            if not self.fs.exists(fsutil.join(path, MARKER)):
+            if self._read_manifest(path) is None:
                 logger.info("Removing uncommitted checkpoint directory %s", path)
-                self.fs.rm(path, recursive=True)
+                self._retry("removing an uncommitted checkpoint",
+                            lambda p=path: self.fs.rm(p, recursive=True))
                 removed.append(index)
+        uploads = fsutil.join(self.run_path, UPLOADS_DIR)
+        if self._retry("listing upload markers", lambda: self.fs.exists(uploads)):
+            self._retry("removing upload markers", lambda: self.fs.rm(uploads, recursive=True))
         return removed
 
-    def upload(self, index: int, local_dir: str, relpaths: Iterable[str]) -> None:
+    def upload(self, index: int, local_dir: str, relpaths: list[str]) -> None:
         """Copies the named files of ``local_dir`` into checkpoint ``index``."""
         target = self.path(index)
-        for rel in relpaths:
-            remote = fsutil.join(target, rel)
-            self.fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
-            self.fs.put_file(os.path.join(local_dir, rel), remote)
+        local = [os.path.join(local_dir, rel) for rel in relpaths]
+        remote = [fsutil.join(target, rel) for rel in relpaths]
+        for directory in sorted({r.rsplit("/", 1)[0] for r in remote}):
+            self._retry("creating a checkpoint directory",
+                        lambda d=directory: self.fs.makedirs(d, exist_ok=True))
+        for start in range(0, len(local), UPLOAD_BATCH):
+            batch = slice(start, start + UPLOAD_BATCH)
+            self._retry(f"uploading {dir_name(index)}",
+                        lambda b=batch: self.fs.put(local[b], remote[b]))
+
+    def _upload_mark(self, index: int, rank: int | None = None) -> str:
+        name = dir_name(index) + (f".rank{rank}" if rank is not None else "")
+        return fsutil.join(self.run_path, UPLOADS_DIR, name)
+
+    def mark_uploaded(self, index: int, rank: int) -> None:
+        """Announces that ``rank`` finished uploading its files of checkpoint ``index``."""
+        self._retry("writing an upload marker", lambda: fsutil.write_bytes_atomic(
+            self.fs, self._upload_mark(index, rank), b""))
+
+    def uploaded_ranks(self, index: int) -> set[int]:
+        prefix = self._upload_mark(index) + ".rank"
+
+        def listing() -> list[str]:
+            directory = fsutil.join(self.run_path, UPLOADS_DIR)
+            self.fs.invalidate_cache(directory)
+            try:
+                return self.fs.ls(directory, detail=False)
+            except FileNotFoundError:
+                return []
+
+        names = self._retry("listing upload markers", listing)
+        return {int(n.rsplit(".rank", 1)[1]) for n in names if n.startswith(prefix)}
+
+    def clear_upload_marks(self, index: int) -> None:
+        for rank in self.uploaded_ranks(index):
+            self._retry("removing an upload marker",
+                        lambda r=rank: self.fs.rm(self._upload_mark(index, r)))
 
     def commit(self, manifest: CommitManifest) -> None:
         """Makes checkpoint ``manifest.index`` visible: the marker is written last."""
-        fsutil.write_json_atomic(
-            self.fs, fsutil.join(self.path(manifest.index), MARKER), asdict(manifest)
-        )
+        marker = fsutil.join(self.path(manifest.index), MARKER)
+        self._retry(f"committing {dir_name(manifest.index)}", lambda: fsutil.write_json_atomic(
+            self.fs, marker, asdict(manifest)))
 
     def delete(self, index: int) -> None:
         """Removes a whole checkpoint, marker first so it vanishes for readers at once."""
         path = self.path(index)
-        self.fs.rm(fsutil.join(path, MARKER))
-        self.fs.rm(path, recursive=True)
-
-    def missing_files(self, manifest: CommitManifest) -> list[str]:
-        """Files the manifest lists that are absent or of the wrong size."""
-        base = self.path(manifest.index)
-        self.fs.invalidate_cache(base)
-        bad = []
-        for rel, info in manifest.files.items():
-            try:
-                size = self.fs.size(fsutil.join(base, rel))
-            except FileNotFoundError:
-                size = None
-            if size != info["size"]:
-                bad.append(rel)
-        return bad
+        self._retry(f"deleting {dir_name(index)}", lambda: self.fs.rm(fsutil.join(path, MARKER)))
+        self._retry(f"deleting {dir_name(index)}", lambda: self.fs.rm(path, recursive=True))

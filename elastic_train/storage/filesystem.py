@@ -20,18 +20,19 @@ from fsspec.implementations.local import LocalFileSystem
 CHUNK = 1 << 20
 
 
-def resolve(storage_path: str, filesystem: fsspec.AbstractFileSystem | None = None
-            ) -> tuple[fsspec.AbstractFileSystem, str]:
+def resolve(storage_path: str, filesystem: fsspec.AbstractFileSystem | None = None,
+            options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
     """``(filesystem, path)`` for a local path, ``file://`` or any fsspec URL.
 
     Local paths are expanded (``~``) and made absolute, as every worker and
-    node must see the same directory.
+    node must see the same directory. ``options`` go to the filesystem's
+    constructor (endpoint, credentials, ...).
     """
     if filesystem is not None:
         return filesystem, filesystem._strip_protocol(storage_path)
     if "://" not in storage_path:
         storage_path = os.path.abspath(os.path.expanduser(storage_path))
-    fs, path = fsspec.core.url_to_fs(storage_path)
+    fs, path = fsspec.core.url_to_fs(storage_path, **(options or {}))
     return fs, path
 
 

@@ -15,13 +15,20 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import fsspec
 
 from elastic_train.errors import ConfigError, StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import CheckpointStore
+from elastic_train.storage.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from elastic_train.config import RunConfig
+
+T = TypeVar("T")
 
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
@@ -37,16 +44,30 @@ class RunStorage:
         storage.write_run_state({"status": "running"})
     """
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, run_path: str):
+    def __init__(self, fs: fsspec.AbstractFileSystem, run_path: str,
+                 retry: RetryPolicy | None = None):
         self.fs = fs
         self.run_path = run_path.rstrip("/")
-        self.checkpoints = CheckpointStore(fs, self.run_path)
+        self.retry = retry or RetryPolicy()
+        self.checkpoints = CheckpointStore(fs, self.run_path, self.retry)
 
     @classmethod
     def open(cls, storage_path: str, name: str,
-             filesystem: fsspec.AbstractFileSystem | None = None) -> RunStorage:
-        fs, root = fsutil.resolve(storage_path, filesystem)
-        return cls(fs, fsutil.join(root, name))
+             filesystem: fsspec.AbstractFileSystem | None = None,
+             options: dict[str, Any] | None = None,
+             retry: RetryPolicy | None = None) -> RunStorage:
+        fs, root = fsutil.resolve(storage_path, filesystem, options)
+        return cls(fs, fsutil.join(root, name), retry)
+
+    @classmethod
+    def for_run(cls, run_config: RunConfig, name: str) -> RunStorage:
+        """The run directory a ``RunConfig`` names."""
+        return cls.open(run_config.storage_path, name, run_config.storage_filesystem,
+                        run_config.storage_options,
+                        RetryPolicy(budget_s=run_config.storage_retry_timeout_s))
+
+    def _retry(self, what: str, fn: Callable[[], T]) -> T:
+        return self.retry.call(what, self.display_path, fn)
 
     @property
     def display_path(self) -> str:
@@ -81,12 +102,19 @@ class RunStorage:
 
     # run.json: the driver's record of the run
     def read_run_state(self) -> dict[str, Any] | None:
+        def read() -> dict[str, Any] | None:
+            self.fs.invalidate_cache(self.run_path)
+            try:
+                return fsutil.read_json(self.fs, self._path(RUN_FILE))
+            except FileNotFoundError:
+                return None
+
         try:
-            state = fsutil.read_json(self.fs, self._path(RUN_FILE))
-        except FileNotFoundError:
-            return None
+            state = self._retry("reading run.json", read)
         except (OSError, ValueError) as exc:
             raise StorageError(f"Cannot read {self._path(RUN_FILE)}: {exc!r}") from exc
+        if state is None:
+            return None
         version = state.get("format_version", 0)
         if version > RUN_FORMAT_VERSION:
             raise StorageError(
@@ -96,18 +124,21 @@ class RunStorage:
         return state
 
     def write_run_state(self, state: dict[str, Any]) -> None:
-        fsutil.write_json_atomic(
-            self.fs, self._path(RUN_FILE), {**state, "format_version": RUN_FORMAT_VERSION}
-        )
+        data = {**state, "format_version": RUN_FORMAT_VERSION}
+        self._retry("writing run.json",
+                    lambda: fsutil.write_json_atomic(self.fs, self._path(RUN_FILE), data))
 
     # metrics.jsonl: rank 0's reports
     def read_metrics(self) -> list[dict[str, Any]]:
-        self.fs.invalidate_cache(self.run_path)
-        try:
-            with self.fs.open(self._path(METRICS_FILE), "rb") as f:
-                text = f.read().decode()
-        except FileNotFoundError:
-            return []
+        def read() -> str:
+            self.fs.invalidate_cache(self.run_path)
+            try:
+                with self.fs.open(self._path(METRICS_FILE), "rb") as f:
+                    return f.read().decode()
+            except FileNotFoundError:
+                return ""
+
+        text = self._retry("reading metrics.jsonl", read)
         rows = []
         for line in text.splitlines():
             if line.strip():
@@ -119,10 +150,15 @@ class RunStorage:
 
     def write_metrics(self, rows: list[dict[str, Any]]) -> None:
         data = "".join(json.dumps(r) + "\n" for r in rows).encode()
-        fsutil.write_bytes_atomic(self.fs, self._path(METRICS_FILE), data)
+        self._retry("writing metrics.jsonl", lambda: fsutil.write_bytes_atomic(
+            self.fs, self._path(METRICS_FILE), data))
 
     def append_metrics(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
-        """Adds ``row``; ``history`` (every row, ``row`` last) serves stores without append."""
+        """Adds ``row``; ``history`` (every row, ``row`` last) serves stores without append.
+
+        Object stores cannot append, so there the whole history is written again
+        in one atomic PUT.
+        """
         if self.is_local:
             with open(self._path(METRICS_FILE), "a") as f:
                 f.write(json.dumps(row) + "\n")

@@ -32,7 +32,7 @@ def worker_devices(local_rank: int, gpus_per_worker: float) -> list[torch.device
     if gpus_per_worker == 0:
         return [torch.device("cpu")]
     if gpus_per_worker < 1:
-        return [torch.device("cuda", int(local_rank * gpus_per_worker))]
+        return [torch.device("cuda", int(local_rank * gpus_per_worker + 1e-6))]
     count = int(gpus_per_worker)
     return [torch.device("cuda", local_rank * count + i) for i in range(count)]
 

@@ -1,0 +1,83 @@
+"""Retries of storage operations: exponential backoff with full jitter, within a time budget.
+
+Only transient errors are retried -- refused or reset connections, timeouts,
+HTTP 5xx and throttling; a missing file or a permission error fails at once.
+When the budget is spent, :class:`~elastic_train.errors.StorageError` names the
+operation, the storage URL and the last error.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from elastic_train.errors import StorageError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_TRANSIENT_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE,
+                     errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EAGAIN}
+_TRANSIENT_WORDS = ("connect", "timeout", "timed out", "throttl", "slowdown", "slow down",
+                    "service unavailable", "internal error", "internalerror", "503", "500",
+                    "502", "504", "reset by peer", "broken pipe", "temporarily")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause) looks like a passing network or server fault."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError,
+                            NotADirectoryError, FileExistsError)):
+            return False
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return True
+        if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
+            return True
+        status = getattr(exc, "response", None)
+        if isinstance(status, dict):
+            code = status.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            if code >= 500 or code == 429:
+                return True
+        text = f"{type(exc).__name__} {exc}".lower()
+        if any(word in text for word in _TRANSIENT_WORDS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Backoff from ``base_delay_s`` doubling up to ``max_delay_s``, for ``budget_s`` in all."""
+
+    budget_s: float = 120.0
+    base_delay_s: float = 0.2
+    max_delay_s: float = 5.0
+
+    def call(self, what: str, where: str, fn: Callable[[], T]) -> T:
+        """Runs ``fn``, retrying transient errors; ``what``/``where`` name it in errors."""
+        deadline = time.monotonic() + self.budget_s
+        attempt = 0
+        while True:
+            try:
+                return fn()
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                attempt += 1
+                delay = random.uniform(0, min(self.max_delay_s, self.base_delay_s * 2**attempt))
+                if time.monotonic() + delay > deadline:
+                    raise StorageError(
+                        f"{what} at {where} failed after {attempt} attempts over "
+                        f"{self.budget_s:.0f}s of retries; last error: {exc!r}"
+                    ) from exc
+                logger.warning("%s at %s failed (%r); retry %d in %.1fs", what, where, exc,
+                               attempt, delay)
+                time.sleep(delay)

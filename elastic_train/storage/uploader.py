@@ -1,0 +1,125 @@
+"""Background checkpoint uploads and the commit that follows them.
+
+``report()`` hands each rank's share of a checkpoint to its
+:class:`CheckpointUploader`: the files are copied into a local staging area
+(so the user's directory can go away) and queued. A background thread uploads
+them, then writes this rank's *done* marker under ``<run>/.uploads/``. Rank 0's
+job waits for the done markers of every rank that owns files, writes the
+commit marker, removes the done markers and applies retention. The queue is
+bounded: when uploads fall behind, ``report()`` waits instead of filling the disk.
+
+Coordination goes through storage, not collectives, so the background thread
+never touches the process group the training uses.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from elastic_train.errors import StorageError
+from elastic_train.storage.checkpoint_store import CheckpointStore, CommitManifest, dir_name
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class UploadJob:
+    """One rank's part of checkpoint ``index``; ``manifest`` is set on the committing rank."""
+
+    index: int
+    relpaths: list[str]
+    owner_ranks: list[int]
+    manifest: CommitManifest | None = None
+    staged_dir: str | None = None
+
+
+class CheckpointUploader:
+    """Uploads this rank's checkpoint files in the background and (rank 0) commits them."""
+
+    def __init__(self, store: CheckpointStore, rank: int, staging_root: str,
+                 on_commit: Callable[[CommitManifest], None], max_pending: int = 1):
+        self.store = store
+        self.rank = rank
+        self.staging_root = staging_root
+        self.on_commit = on_commit
+        self._queue: queue.Queue[UploadJob | None] = queue.Queue(maxsize=max_pending)
+        self._done: dict[int, str | None] = {}
+        self._cond = threading.Condition()
+        self._error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="checkpoint-uploader",
+                                        daemon=True)
+        self._thread.start()
+
+    def submit(self, job: UploadJob, source_dir: str | None) -> None:
+        """Stages the job's files from ``source_dir`` and queues it (blocks when full)."""
+        self.raise_if_failed()
+        if job.relpaths:
+            job.staged_dir = os.path.join(self.staging_root, f"{dir_name(job.index)}.r{self.rank}")
+            for rel in job.relpaths:
+                target = os.path.join(job.staged_dir, rel)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                shutil.copyfile(os.path.join(source_dir, rel), target)
+        self._queue.put(job)
+
+    def wait_for(self, index: int) -> str | None:
+        """Waits until job ``index`` is done here; returns its error, if any."""
+        with self._cond:
+            self._cond.wait_for(lambda: index in self._done)
+            return self._done[index]
+
+    def raise_if_failed(self) -> None:
+        if self._error:
+            raise StorageError(self._error)
+
+    def close(self) -> None:
+        """Waits for every queued job, stops the thread, raises the first upload error."""
+        self._queue.put(None)
+        self._thread.join()
+        self.raise_if_failed()
+
+    def _run(self) -> None:
+        while (job := self._queue.get()) is not None:
+            error = None
+            try:
+                self._process(job)
+            except Exception as exc:  # surfaced by the next report() or close()
+                error = f"checkpoint {dir_name(job.index)} (rank {self.rank}): {exc}"
+                logger.error("Upload failed: %s", error)
+            finally:
+                if job.staged_dir:
+                    shutil.rmtree(job.staged_dir, ignore_errors=True)
+            with self._cond:
+                self._done[job.index] = error
+                if error and not self._error:
+                    self._error = error
+                self._cond.notify_all()
+
+    def _process(self, job: UploadJob) -> None:
+        if job.relpaths:
+            self.store.upload(job.index, job.staged_dir, job.relpaths)
+        if self.rank in job.owner_ranks:
+            self.store.mark_uploaded(job.index, self.rank)
+        if job.manifest is not None:
+            self._wait_for_owners(job)
+            self.store.commit(job.manifest)
+            self.store.clear_upload_marks(job.index)
+            self.on_commit(job.manifest)
+
+    def _wait_for_owners(self, job: UploadJob) -> None:
+        deadline = time.monotonic() + self.store.retry.budget_s
+        delay = 0.01
+        while missing := set(job.owner_ranks) - self.store.uploaded_ranks(job.index):
+            if time.monotonic() > deadline:
+                raise StorageError(
+                    f"ranks {sorted(missing)} did not finish uploading {dir_name(job.index)} "
+                    f"to {self.store.display_path} within {self.store.retry.budget_s:.0f}s")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+

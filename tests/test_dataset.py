@@ -1,0 +1,148 @@
+"""DatasetShard: even, disjoint, reproducible, resumable per-rank shards."""
+
+import pytest
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from elastic_train.dataset import DatasetShard
+
+CPU = torch.device("cpu")
+
+
+def dataset(n=23):
+    x = torch.arange(n)
+    return TensorDataset(x, x * 10)
+
+
+def shard(ds=None, rank=0, world_size=1, seed=0):
+    return DatasetShard(ds if ds is not None else dataset(), rank, world_size, CPU, lambda: seed)
+
+
+def rows(s, **kwargs):
+    """The ``x`` values of one epoch, in order."""
+    batches = list(s.iter_torch_batches(batch_size=kwargs.pop("batch_size", 4), **kwargs))
+    return torch.cat([b[0] for b in batches]).tolist() if batches else []
+
+
+@pytest.mark.parametrize("n, world_size", [(23, 3), (24, 4), (5, 5), (7, 2)])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_shards_disjoint_equal_and_cover(n, world_size, shuffle):
+    ds = dataset(n)
+    parts = [rows(shard(ds, r, world_size), shuffle=shuffle) for r in range(world_size)]
+    per_rank = n // world_size
+    assert all(len(p) == per_rank for p in parts)
+    assert all(shard(ds, r, world_size).count() == per_rank for r in range(world_size))
+    seen = [x for p in parts for x in p]
+    assert len(set(seen)) == len(seen) == per_rank * world_size
+    assert set(seen) <= set(range(n))
+
+
+def test_same_seed_and_epoch_same_order_new_epoch_new_order():
+    a, b = shard(seed=7), shard(seed=7)
+    first = rows(a)
+    assert first == rows(b)
+    assert rows(shard(seed=8)) != first
+    second = rows(a)
+    assert a.epoch == 2
+    assert second != first and sorted(second) == sorted(first)
+    assert rows(b) == second
+
+
+def test_explicit_seed_overrides_default():
+    assert rows(shard(seed=0), seed=5) == rows(shard(seed=5))
+
+
+def test_no_shuffle_keeps_dataset_order():
+    s = shard(dataset(10), rank=1, world_size=3)
+    assert rows(s, shuffle=False) == [1, 4, 7]
+    assert rows(s, shuffle=False) == [1, 4, 7]
+    assert rows(shard(dataset(10)), shuffle=False) == list(range(10))
+
+
+def test_drop_last():
+    s = shard(dataset(10))
+    sizes = [len(b[0]) for b in s.iter_torch_batches(batch_size=4, shuffle=False)]
+    assert sizes == [4, 4, 2]
+    sizes = [len(b[0]) for b in s.iter_torch_batches(batch_size=4, drop_last=True)]
+    assert sizes == [4, 4]
+    assert s.epoch == 2
+
+
+def test_dtypes_cast():
+    s = shard(dataset(8))
+    x, y = next(iter(s.iter_torch_batches(batch_size=4, dtypes=torch.float32)))
+    assert x.dtype == y.dtype == torch.float32
+    assert x.device == CPU
+
+
+class DictDataset(Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return {"x": torch.tensor([float(i)]), "y": torch.tensor(i)}
+
+
+def test_per_key_dtypes_for_dict_batches():
+    s = shard(DictDataset())
+    batch = next(iter(s.iter_torch_batches(batch_size=3, dtypes={"x": torch.float16})))
+    assert batch["x"].dtype == torch.float16
+    assert batch["y"].dtype == torch.int64
+    assert batch["x"].shape == (3, 1)
+
+
+def test_collate_fn():
+    s = shard(dataset(6))
+    batches = list(s.iter_torch_batches(batch_size=4, shuffle=False,
+                                        collate_fn=lambda items: len(items)))
+    assert batches == [4, 2]
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 6])
+def test_state_dict_resumes_at_batch_k(k):
+    ds = dataset(23)
+    reference = shard(ds, rank=1, world_size=2, seed=3)
+    rows(reference)  # epoch 0
+    expected = list(reference.iter_torch_batches(batch_size=2))  # epoch 1: 6 batches
+
+    interrupted = shard(ds, rank=1, world_size=2, seed=3)
+    rows(interrupted)
+    it = interrupted.iter_torch_batches(batch_size=2)
+    for _ in range(k):
+        next(it)
+    state = interrupted.state_dict()
+    assert state == {"epoch": 1, "batch": k}
+
+    resumed = shard(ds, rank=1, world_size=2, seed=3)
+    resumed.load_state_dict(state)
+    rest = list(resumed.iter_torch_batches(batch_size=2))
+    assert len(rest) == len(expected) - k
+    for got, want in zip(rest, expected[k:], strict=True):
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert resumed.state_dict() == {"epoch": 2, "batch": 0}
+    assert rows(resumed) == rows(reference)  # the next epoch matches too
+
+
+def test_abandoned_iteration_starts_next_epoch():
+    reference = shard(seed=1)
+    epoch0, epoch1 = rows(reference), rows(reference)
+
+    s = shard(seed=1)
+    it = s.iter_torch_batches(batch_size=4)
+    first = next(it)
+    next(it)
+    assert first[0].tolist() == epoch0[:4]
+    assert s.state_dict() == {"epoch": 0, "batch": 2}
+    assert rows(s) == epoch1
+    assert s.state_dict() == {"epoch": 2, "batch": 0}
+
+
+def test_abandoned_resumed_iteration_starts_next_epoch():
+    reference = shard(seed=1)
+    rows(reference)
+    epoch1 = rows(reference)
+    s = shard(seed=1)
+    s.load_state_dict({"epoch": 0, "batch": 1})
+    next(iter(s.iter_torch_batches(batch_size=4)))
+    assert s.state_dict() == {"epoch": 0, "batch": 2}
+    assert rows(s) == epoch1

@@ -1,0 +1,116 @@
+"""Worker failures: descriptions, the user-facing error, and root-cause ranking."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from elastic_train import TrainingFailedError, WorkerFailure
+from elastic_train.agent.launch import failures_of
+
+TRACEBACK = 'Traceback (most recent call last):\n  File "train.py", line 3\nValueError: boom\n'
+
+
+def worker(rank=1, exitcode=1, traceback=TRACEBACK, message="ValueError: boom", **kwargs):
+    return WorkerFailure(rank=rank, local_rank=rank, pid=4242, exitcode=exitcode,
+                         message=message, traceback=traceback, **kwargs)
+
+
+def test_describe_exit_code():
+    failure = worker(exitcode=3)
+    assert failure.signal_name is None
+    assert failure.describe() == "rank 1 (local rank 1, pid 4242) exited with code 3"
+
+
+def test_describe_sigkill_and_host():
+    failure = worker(exitcode=-9, hostname="node7")
+    assert failure.signal_name == "SIGKILL"
+    assert failure.describe() == "rank 1 (local rank 1, pid 4242 on node7) was killed by SIGKILL"
+    assert failure.to_json()["signal"] == "SIGKILL"
+
+
+def test_unknown_signal_number():
+    assert worker(exitcode=-200).signal_name == "signal 200"
+
+
+@pytest.mark.parametrize("max_failures, hint", [
+    (0, "FailureConfig(max_failures=N)"),
+    (3, "max_failures=3) is spent"),
+])
+def test_training_failed_message(max_failures, hint):
+    failures = [worker(rank=1), worker(rank=0, exitcode=-15, traceback=None)]
+    error = TrainingFailedError.from_failures(failures, "/results/run", max_failures)
+    text = str(error)
+    assert "rank 1" in text and "exited with code 1" in text
+    assert "Traceback of rank 1:" in text and "ValueError: boom" in text
+    assert "Also failed: rank 0" in text and "SIGTERM" in text
+    assert "Run directory: /results/run" in text
+    assert "fit() again" in text
+    assert hint in text
+    assert error.failures == failures and error.run_path == "/results/run"
+
+
+def test_training_failed_message_without_traceback_shows_message():
+    error = TrainingFailedError.from_failures(
+        [worker(traceback=None, message="Signal 9 received")], "/r", 0)
+    assert "Signal 9 received" in str(error)
+    assert "Traceback of" not in str(error)
+
+
+def process_failure(local_rank, exitcode=1, message="", timestamp=0, traceback=None,
+                    error_message=None):
+    data = {}
+    if traceback is not None or error_message is not None:
+        extra = {"timestamp": "1"}
+        if traceback is not None:
+            extra["py_callstack"] = traceback
+        data = {"message": {"message": error_message or "", "extraInfo": extra}}
+    return SimpleNamespace(local_rank=local_rank, pid=1000 + local_rank, exitcode=exitcode,
+                           message=message, timestamp=timestamp, error_file_data=data)
+
+
+def ranks(failures):
+    return [f.rank for f in failures_of(SimpleNamespace(failures=dict(enumerate(failures))))]
+
+
+def test_peer_lost_message_ranks_after_root_cause():
+    peer = process_failure(0, timestamp=1, traceback=TRACEBACK,
+                           error_message="RuntimeError: Connection reset by peer")
+    root = process_failure(1, timestamp=2, traceback=TRACEBACK, error_message="ValueError: boom")
+    assert ranks([peer, root]) == [1, 0]
+
+
+def test_peer_lost_plain_message_ranks_after_root_cause():
+    peer = process_failure(0, timestamp=1, message="gloo: Connection closed by peer")
+    root = process_failure(1, timestamp=2, exitcode=-9, message="Signal 9 (SIGKILL)")
+    assert ranks([peer, root]) == [1, 0]
+
+
+def test_sigterm_ranks_after_root_cause():
+    terminated = process_failure(0, exitcode=-15, timestamp=1, message="Signal 15 (SIGTERM)")
+    root = process_failure(1, exitcode=2, timestamp=5, message="exit 2")
+    assert ranks([terminated, root]) == [1, 0]
+
+
+def test_traceback_ranks_before_no_traceback():
+    bare = process_failure(0, exitcode=-9, timestamp=1, message="Signal 9 (SIGKILL)")
+    with_tb = process_failure(1, timestamp=2, traceback=TRACEBACK, error_message="boom")
+    assert ranks([bare, with_tb]) == [1, 0]
+
+
+def test_ties_rank_by_timestamp_then_rank():
+    a, b, c = (process_failure(i, timestamp=t, traceback=TRACEBACK) for i, t in
+               enumerate([3, 1, 1]))
+    assert ranks([a, b, c]) == [1, 2, 0]
+
+
+def test_failures_of_fields():
+    [failure] = failures_of(SimpleNamespace(failures={
+        3: process_failure(1, exitcode=1, timestamp=1, traceback=TRACEBACK,
+                           error_message="ValueError: boom", message="ignored"),
+    }))
+    assert (failure.rank, failure.local_rank, failure.pid, failure.exitcode) == (3, 1, 1001, 1)
+    assert failure.message == "ValueError: boom"
+    assert failure.traceback == TRACEBACK
+    [bare] = failures_of(SimpleNamespace(failures={0: process_failure(0, -9, "Signal 9")}))
+    assert bare.message == "Signal 9" and bare.traceback is None
+    assert bare.signal_name == "SIGKILL"
