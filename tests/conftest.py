@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import cloudpickle
+import fsspec
 import pytest
 
+import elastic_train as et
+from elastic_train.storage import RunStorage
 from tests import jobs
+from tests.servers import SERVER_PIDS, MotoS3Server, s3_options
 
 cloudpickle.register_pickle_by_value(jobs)
 
@@ -57,7 +64,7 @@ def no_leaked_processes():
     """Fails the test if it leaves a child process behind; kills such children."""
     before = set(child_pids(os.getpid()))
     yield
-    leaked = [p for p in child_pids(os.getpid()) if p not in before]
+    leaked = [p for p in child_pids(os.getpid()) if p not in before | SERVER_PIDS]
     if leaked and wait_until(lambda: not [p for p in leaked if pid_alive(p)], 10):
         return
     for pid in leaked:
@@ -66,3 +73,48 @@ def no_leaked_processes():
         except ProcessLookupError:
             pass
     assert not leaked, f"processes left behind: {leaked}"
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """moto's S3 server, one per test session."""
+    server = MotoS3Server()
+    yield server.endpoint
+    server.stop()
+
+
+_buckets = itertools.count()
+
+
+@dataclass
+class StorageUnderTest:
+    """A storage location tests run against: a local directory or an S3 bucket."""
+
+    url: str
+    options: dict[str, Any] | None
+    fs: fsspec.AbstractFileSystem
+
+    def run_config(self, name: str, **kwargs: Any) -> et.RunConfig:
+        return et.RunConfig(storage_path=self.url, storage_options=self.options, name=name,
+                            **kwargs)
+
+    def run(self, name: str) -> RunStorage:
+        return RunStorage.open(self.url, name, options=self.options)
+
+
+def make_storage(kind: str, tmp_path, endpoint: str | None) -> StorageUnderTest:
+    if kind == "local":
+        url = str(tmp_path / "results")
+        return StorageUnderTest(url, None, fsspec.filesystem("file"))
+    options = s3_options(endpoint)
+    fs = fsspec.filesystem("s3", **options)
+    bucket = f"test-{os.getpid()}-{next(_buckets)}"
+    fs.mkdir(bucket)
+    return StorageUnderTest(f"s3://{bucket}/results", options, fs)
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage(request, tmp_path):
+    """The same test on local disk and on S3 (moto's server, through s3fs)."""
+    endpoint = request.getfixturevalue("s3_endpoint") if request.param == "s3" else None
+    return make_storage(request.param, tmp_path, endpoint)

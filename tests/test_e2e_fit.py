@@ -22,15 +22,20 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180),
 EPOCHS = 5
 
 
-def fit(storage_path, name, config=None, max_failures=0, checkpoint_config=None, **kwargs):
+def fit(storage, name, config=None, max_failures=0, checkpoint_config=None, **kwargs):
+    """Runs the deterministic job; ``storage`` is a StorageUnderTest or a local path."""
+    failure_config = et.FailureConfig(max_failures=max_failures)
+    if isinstance(storage, str):
+        run_config = et.RunConfig(storage_path=storage, name=name, failure_config=failure_config,
+                                  checkpoint_config=checkpoint_config)
+    else:
+        run_config = storage.run_config(name, failure_config=failure_config,
+                                        checkpoint_config=checkpoint_config)
     return TorchTrainer(
         jobs.train_mlp,
         train_loop_config={"epochs": EPOCHS, **(config or {})},
         scaling_config=et.ScalingConfig(num_workers=2),
-        run_config=et.RunConfig(
-            storage_path=storage_path, name=name,
-            failure_config=et.FailureConfig(max_failures=max_failures),
-            checkpoint_config=checkpoint_config),
+        run_config=run_config,
         datasets={"train": jobs.make_dataset()},
         **kwargs,
     ).fit()
@@ -38,53 +43,55 @@ def fit(storage_path, name, config=None, max_failures=0, checkpoint_config=None,
 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory):
-    """An uninterrupted run: the reference for bit-identical resumes."""
-    storage = str(tmp_path_factory.mktemp("baseline"))
-    return fit(storage, "baseline")
+    """An uninterrupted run on local disk: the reference for bit-identical resumes."""
+    return fit(str(tmp_path_factory.mktemp("baseline")), "baseline")
 
 
-def test_result_fields(baseline):
-    result = baseline
+def test_result_fields(storage):
+    result = fit(storage, "fields")
     assert result.error is None
     assert result.metrics["training_iteration"] == EPOCHS
     assert result.metrics["epoch"] == EPOCHS - 1
     for key in ("timestamp", "time_total_s", "time_this_iter_s", "checkpoint_dir_name"):
         assert key in result.metrics
     assert result.checkpoint.path.endswith(f"checkpoint_{EPOCHS - 1:06d}")
-    assert os.path.exists(os.path.join(result.checkpoint.path, "state.pt"))
+    assert result.filesystem.exists(f"{result.checkpoint.path}/state.pt")
+    with result.checkpoint.as_directory() as d:
+        assert os.path.getsize(os.path.join(d, "state.pt")) > 0
     assert len(result.best_checkpoints) == EPOCHS
     assert result.return_value["world_size"] == 2
     assert len(result.return_value["digest"]) == 64
     df = result.metrics_dataframe
     assert list(df["training_iteration"]) == list(range(1, EPOCHS + 1))
-    again = et.Result.from_path(result.path)
+    again = et.Result.from_path(result.path, storage_filesystem=result.filesystem)
     assert again.metrics == result.metrics
     assert again.checkpoint == result.checkpoint
-    with open(os.path.join(result.path, "run.json")) as f:
-        state = json.load(f)
+    state = storage.run("fields").read_run_state()
     assert state["status"] == "finished"
     assert state["versions"]["torch"]
 
 
 @pytest.mark.parametrize("order,expected", [("max", {1, 3}), ("min", {0, 2})])
-def test_top_k_retention_keeps_best_and_latest(storage_path, order, expected):
+def test_top_k_retention_keeps_best_and_latest(storage, order, expected):
     scores = {"0": 1.0, "1": 5.0, "2": 2.0, "3": 4.0, "4": 3.0}
-    result = fit(storage_path, f"topk-{order}", config={"scores": scores},
+    result = fit(storage, f"topk-{order}", config={"scores": scores},
                  checkpoint_config=et.CheckpointConfig(
                      num_to_keep=2, checkpoint_score_attribute="score",
                      checkpoint_score_order=order))
     kept = {int(c.path.rsplit("_", 1)[1]) for c, _ in result.best_checkpoints}
     assert kept == expected | {EPOCHS - 1}
-    on_disk = sorted(d for d in os.listdir(result.path) if d.startswith("checkpoint_"))
+    result.filesystem.invalidate_cache()
+    on_disk = sorted(p.rsplit("/", 1)[1] for p in result.filesystem.ls(result.path, detail=False)
+                     if p.rsplit("/", 1)[1].startswith("checkpoint_"))
     assert on_disk == [f"checkpoint_{i:06d}" for i in sorted(expected | {EPOCHS - 1})]
 
 
 @pytest.mark.parametrize("how,mode", [("raise", "SYNC"), ("exit", "SYNC"), ("sigkill", "SYNC"),
                                       ("sigkill", "ASYNC")])
-def test_worker_failure_resumes_bit_identical(storage_path, tmp_path, baseline, how, mode):
+def test_worker_failure_resumes_bit_identical(storage, tmp_path, baseline, how, mode):
     starts = tmp_path / "starts"
     fault = {"rank": 1, "epoch": 2, "batch": 1, "how": how, "marker": str(tmp_path / "m")}
-    result = fit(storage_path, f"fail-{how}", max_failures=1,
+    result = fit(storage, f"fail-{how}", max_failures=1,
                  config={"fault": fault, "starts_file": str(starts), "upload_mode": mode})
     # SYNC: resumed right after the checkpoint of epoch 1. ASYNC: that checkpoint may
     # still have been uploading when the worker died; then it resumes one epoch earlier.
@@ -93,8 +100,7 @@ def test_worker_failure_resumes_bit_identical(storage_path, tmp_path, baseline, 
     assert result.return_value["digest"] == baseline.return_value["digest"]
     iterations = list(result.metrics_dataframe["training_iteration"])
     assert iterations == list(range(1, EPOCHS + 1))
-    with open(os.path.join(result.path, "run.json")) as f:
-        failures = json.load(f)["failures"]
+    failures = storage.run(f"fail-{how}").read_run_state()["failures"]
     assert len(failures) == 1 and failures[0]["workers"][0]["rank"] == 1
 
 

@@ -1,0 +1,123 @@
+"""Starts a throwaway single-member etcd server for tests.
+
+The server listens on 127.0.0.1 only, on ports the OS picked as free, keeps its
+data in a temporary directory, and is started without ``--enable-v2`` so that
+tests see the v3 API only (what etcd 3.6 serves). ``stop()`` ends exactly the
+process this helper started, by its pid.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def etcd_binary() -> str | None:
+    """Returns the path of the ``etcd`` executable, or None when it is not installed."""
+    found = shutil.which("etcd")
+    if found:
+        return found
+    return "/usr/bin/etcd" if Path("/usr/bin/etcd").is_file() else None
+
+
+def _free_port() -> int:
+    """Returns a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class EtcdServer:
+    """One etcd process on 127.0.0.1 with its own data dir; use ``start()``/``stop()``."""
+
+    def __init__(self, binary: str, start_timeout: float = 30.0) -> None:
+        self.binary = binary
+        self.start_timeout = start_timeout
+        self.client_port = _free_port()
+        self.peer_port = _free_port()
+        self.args: list[str] = []
+        self._data_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._log: tempfile.SpooledTemporaryFile[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """The client endpoint as ``host:port``, the form RendezvousParameters takes."""
+        return f"127.0.0.1:{self.client_port}"
+
+    @property
+    def url(self) -> str:
+        """The client URL (HTTP, no TLS)."""
+        return f"http://{self.endpoint}"
+
+    def start(self) -> None:
+        """Starts etcd and returns once it answers ``/health``; raises if it does not in time."""
+        self._data_dir = tempfile.TemporaryDirectory(prefix="etcd-test-")
+        peer_url = f"http://127.0.0.1:{self.peer_port}"
+        self.args = [
+            self.binary,
+            "--name", "test",
+            "--data-dir", self._data_dir.name,
+            "--listen-client-urls", self.url,
+            "--advertise-client-urls", self.url,
+            "--listen-peer-urls", peer_url,
+            "--initial-advertise-peer-urls", peer_url,
+            "--initial-cluster", f"test={peer_url}",
+            "--initial-cluster-state", "new",
+        ]
+        self._log = tempfile.SpooledTemporaryFile(max_size=1 << 20)
+        self._proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                break
+            if self.get("/health")[0] == 200:
+                return
+            time.sleep(0.1)
+        log = self.output()
+        self.stop()
+        raise RuntimeError(f"etcd did not become healthy in {self.start_timeout}s:\n{log}")
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        """HTTP GET on the client URL; returns (status, body), status 0 if unreachable."""
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=2) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+        except OSError:
+            return 0, b""
+
+    def output(self) -> str:
+        """What etcd wrote to stdout/stderr so far (for failure messages)."""
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    @property
+    def pid(self) -> int | None:
+        """The pid of the etcd process, or None before ``start()``."""
+        return None if self._proc is None else self._proc.pid
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stops our etcd process (SIGTERM, then SIGKILL after ``grace`` seconds), idempotent."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self._data_dir is not None:
+            self._data_dir.cleanup()
+            self._data_dir = None
