@@ -56,8 +56,8 @@ class CheckpointUploadMode(str, enum.Enum):
     """When ``report(checkpoint=...)`` returns (Ray Train v2's names).
 
     ``ASYNC`` (our default): once the checkpoint's files are staged on local
-    disk; the upload and the commit run in the background, at most one
-    checkpoint ahead (a further report waits). Training does not stall on the
+    disk; the upload and the commit run in the background, with at most one
+    checkpoint uploading and one queued (a further report waits). Training does not stall on the
     network, and nothing is lost: a checkpoint becomes visible only when
     committed, a crash before that resumes from the previous one, and the run
     ends only after every pending upload is committed.

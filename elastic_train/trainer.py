@@ -31,7 +31,7 @@ from elastic_train.agent import AgentSpec, Interrupted, run_agent
 from elastic_train.backend import BackendConfig
 from elastic_train.checkpoint import CACHE_ENV, Checkpoint
 from elastic_train.config import RunConfig, ScalingConfig
-from elastic_train.errors import ConfigError, TrainingFailedError, WorkerFailure
+from elastic_train.errors import ConfigError, StorageError, TrainingFailedError, WorkerFailure
 from elastic_train.result import Result
 from elastic_train.run_spec import RunSpec, check_train_function
 from elastic_train.storage import RunStorage
@@ -175,10 +175,22 @@ class DataParallelTrainer:
 
     def _set_status(self, storage: RunStorage, state: dict[str, Any], status: str,
                     **extra: Any) -> None:
+        """Records the outcome in run.json. Only "finished" must be stored: recording a
+        failure is best effort, so an unreachable store cannot hide the real error."""
         now = time.time()
         state.update(status=status, updated=now, **extra)
         state["launches"][-1].update(status=status, ended=now)
-        storage.write_run_state(state)
+        self._write_state(storage, state, required=status == "finished")
+
+    @staticmethod
+    def _write_state(storage: RunStorage, state: dict[str, Any], required: bool) -> None:
+        try:
+            storage.write_run_state(state)
+        except StorageError:
+            if required:
+                raise
+            logger.warning("Could not update %s/run.json (status %r).", storage.display_path,
+                           state["status"], exc_info=True)
 
     def _run_workers(self, storage: RunStorage, state: dict[str, Any], run_config: RunConfig,
                      spec_path: str, scratch: str) -> list[WorkerFailure]:
@@ -191,7 +203,7 @@ class DataParallelTrainer:
                            failures[0].describe(), left)
             state["failures"].append({"time": time.time(), "restarts_left": restarts_left,
                                       "workers": [f.to_json() for f in failures]})
-            storage.write_run_state(state)
+            self._write_state(storage, state, required=False)
 
         agent_spec = AgentSpec(
             entrypoint=sys.executable,

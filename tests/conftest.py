@@ -15,6 +15,7 @@ import pytest
 
 import elastic_train as et
 from elastic_train.storage import RunStorage
+from elastic_train.torch import TorchTrainer
 from tests import jobs
 from tests.servers import SERVER_PIDS, MotoS3Server, s3_options
 
@@ -118,3 +119,32 @@ def storage(request, tmp_path):
     """The same test on local disk and on S3 (moto's server, through s3fs)."""
     endpoint = request.getfixturevalue("s3_endpoint") if request.param == "s3" else None
     return make_storage(request.param, tmp_path, endpoint)
+
+
+EPOCHS = 5
+
+
+def fit(storage, name, config=None, max_failures=0, checkpoint_config=None,
+        storage_retry_timeout_s=120.0, **kwargs):
+    """Runs the deterministic job; ``storage`` is a StorageUnderTest or a local path."""
+    settings = {"failure_config": et.FailureConfig(max_failures=max_failures),
+                "checkpoint_config": checkpoint_config,
+                "storage_retry_timeout_s": storage_retry_timeout_s}
+    if isinstance(storage, str):
+        run_config = et.RunConfig(storage_path=storage, name=name, **settings)
+    else:
+        run_config = storage.run_config(name, **settings)
+    return TorchTrainer(
+        jobs.train_mlp,
+        train_loop_config={"epochs": EPOCHS, **(config or {})},
+        scaling_config=et.ScalingConfig(num_workers=2),
+        run_config=run_config,
+        datasets={"train": jobs.make_dataset()},
+        **kwargs,
+    ).fit()
+
+
+@pytest.fixture(scope="session")
+def baseline(tmp_path_factory):
+    """An uninterrupted run on local disk: the reference for bit-identical resumes."""
+    return fit(str(tmp_path_factory.mktemp("baseline")), "baseline")

@@ -97,6 +97,10 @@ def train_mlp(config: dict) -> dict:
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                             "epoch": epoch}, os.path.join(d, "state.pt"))
                 checkpoint = et.Checkpoint.from_directory(d)
+            elif config.get("ballast_mb"):  # a large file from another rank: slow uploads
+                with open(os.path.join(d, "ballast.bin"), "wb") as f:
+                    f.write(os.urandom(config["ballast_mb"] << 20))
+                checkpoint = et.Checkpoint.from_directory(d)
             et.report(metrics, checkpoint=checkpoint,
                       checkpoint_upload_mode=config.get("upload_mode", "ASYNC"))
     return {"digest": weights_digest(model), "world_size": ctx.get_world_size()}

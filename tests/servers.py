@@ -14,7 +14,6 @@ import threading
 import time
 import urllib.request
 
-
 # Long-lived servers shared by many tests: the per-test leak check ignores them.
 SERVER_PIDS: set[int] = set()
 

@@ -13,39 +13,10 @@ import pytest
 
 import elastic_train as et
 from elastic_train.torch import TorchTrainer
-from tests import jobs
-from tests.conftest import pid_alive, wait_until
+from tests.conftest import EPOCHS, fit, pid_alive, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180),
               pytest.mark.usefixtures("no_leaked_processes")]
-
-EPOCHS = 5
-
-
-def fit(storage, name, config=None, max_failures=0, checkpoint_config=None, **kwargs):
-    """Runs the deterministic job; ``storage`` is a StorageUnderTest or a local path."""
-    failure_config = et.FailureConfig(max_failures=max_failures)
-    if isinstance(storage, str):
-        run_config = et.RunConfig(storage_path=storage, name=name, failure_config=failure_config,
-                                  checkpoint_config=checkpoint_config)
-    else:
-        run_config = storage.run_config(name, failure_config=failure_config,
-                                        checkpoint_config=checkpoint_config)
-    return TorchTrainer(
-        jobs.train_mlp,
-        train_loop_config={"epochs": EPOCHS, **(config or {})},
-        scaling_config=et.ScalingConfig(num_workers=2),
-        run_config=run_config,
-        datasets={"train": jobs.make_dataset()},
-        **kwargs,
-    ).fit()
-
-
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    """An uninterrupted run on local disk: the reference for bit-identical resumes."""
-    return fit(str(tmp_path_factory.mktemp("baseline")), "baseline")
-
 
 def test_result_fields(storage):
     result = fit(storage, "fields")
