@@ -2,8 +2,10 @@
 
     elastic-train ls [STORAGE_PATH]        runs under a storage path (~/elastic_train_results)
     elastic-train show RUN_PATH [--json]   a run's status, failures and checkpoints
+    elastic-train restore RUN_PATH         continue an interrupted or failed run
 
-Exit codes: 0 success, 2 bad usage or a path that is not a run.
+Exit codes: 0 success, 1 the run failed, 2 bad usage or a path that is not a run,
+130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 
 from elastic_train import __version__
 from elastic_train.config import DEFAULT_STORAGE_PATH
-from elastic_train.errors import StorageError
+from elastic_train.errors import ConfigError, StorageError, TrainingFailedError
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 
@@ -91,6 +93,36 @@ _AUTO_FIELDS = {"timestamp", "date", "time_this_iter_s", "time_total_s", "time_s
                 "training_iteration"}
 
 
+def _options(pairs: list[str]) -> dict[str, str] | None:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--storage-option {pair!r}: use KEY=VALUE, e.g. "
+                              "--storage-option endpoint_url=http://127.0.0.1:9000")
+        options[key] = value
+    return options or None
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from elastic_train.torch import TorchTrainer
+
+    options = _options(args.storage_option)
+    if not TorchTrainer.can_restore(args.run_path, storage_options=options):
+        print(f"{args.run_path} cannot be restored: it is not a run directory, or its run "
+              "has already finished (see `elastic-train show`).", file=sys.stderr)
+        return 2
+    try:
+        result = TorchTrainer.restore(args.run_path, storage_options=options).fit()
+    except TrainingFailedError as exc:
+        print(f"elastic-train: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    print(f"finished: {result.path}  iteration {result.metrics.get('training_iteration')}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="elastic-train", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"elastic-train {__version__}")
@@ -103,6 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("run_path")
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.set_defaults(func=cmd_show)
+    restore = sub.add_parser("restore", help="continue an interrupted or failed run",
+                             epilog="example: elastic-train restore ~/elastic_train_results/run1")
+    restore.add_argument("run_path")
+    restore.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                         help="an fsspec option of the storage (repeatable); credentials "
+                              "are never stored, so pass them again here or in the "
+                              "environment")
+    restore.set_defaults(func=cmd_restore)
     return parser
 
 
@@ -110,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except StorageError as exc:
+    except (StorageError, ConfigError) as exc:
         print(f"elastic-train: {exc}", file=sys.stderr)
         return 2
 

@@ -35,6 +35,7 @@ from elastic_train.errors import ConfigError, StorageError, TrainingFailedError,
 from elastic_train.result import Result
 from elastic_train.run_spec import RunSpec, check_train_function
 from elastic_train.storage import RunStorage
+from elastic_train.storage import filesystem as fsutil
 from elastic_train.worker import RETURN_VALUE_FILE
 
 logger = logging.getLogger(__name__)
@@ -46,11 +47,28 @@ def _expect(value: Any, kind: type, name: str) -> Any:
     return value
 
 
+def _function_name(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
 def _versions() -> dict[str, str]:
     from elastic_train import __version__
 
     return {"elastic_train": __version__, "torch": torch.__version__,
             "python": platform.python_version()}
+
+
+def _storage_at(path: str | os.PathLike, filesystem: Any,
+                options: dict[str, Any] | None) -> RunStorage:
+    fs, run_path = fsutil.resolve(os.fspath(path), filesystem, options)
+    return RunStorage(fs, run_path)
+
+
+def _trainer_arguments(spec: RunSpec) -> dict[str, Any]:
+    """The keyword arguments every trainer takes, from a stored spec."""
+    return {"train_loop_config": spec.train_loop_config, "scaling_config": spec.scaling_config,
+            "run_config": spec.run_config, "datasets": spec.datasets,
+            "resume_from_checkpoint": spec.resume_from_checkpoint, "metadata": spec.metadata}
 
 
 class DataParallelTrainer:
@@ -83,7 +101,64 @@ class DataParallelTrainer:
         self.resume_from_checkpoint = _expect(resume_from_checkpoint, Checkpoint,
                                               "resume_from_checkpoint")
         self.metadata = dict(_expect(metadata, dict, "metadata") or {})
+        self._replaces_function = False  # set by restore() when given a new train function
         self._validate()
+
+    @classmethod
+    def _from_spec(cls, spec: RunSpec) -> DataParallelTrainer:
+        return cls(spec.train_loop_per_worker, backend_config=spec.backend,
+                   **_trainer_arguments(spec))
+
+    @classmethod
+    def restore(cls, path: str | os.PathLike, *,
+                train_loop_per_worker: Callable[..., Any] | None = None,
+                train_loop_config: dict[str, Any] | None = None,
+                datasets: dict[str, Any] | None = None,
+                storage_filesystem: Any = None,
+                storage_options: dict[str, Any] | None = None) -> DataParallelTrainer:
+        """A trainer that continues the run stored at ``path`` (Ray Train v1's API).
+
+        Everything is read from the run directory; pass only what cannot be
+        stored or must change: the train function or its config, the
+        datasets, and the storage credentials (never stored).
+
+        Example::
+
+            if TorchTrainer.can_restore(path):
+                result = TorchTrainer.restore(path).fit()
+        """
+        storage = _storage_at(path, storage_filesystem, storage_options)
+        if storage.read_run_state() is None:
+            raise ConfigError(f"Cannot restore {os.fspath(path)!r}: it is not a run directory "
+                              "(no run.json). Pass the directory of one run, "
+                              "<storage_path>/<name>.")
+        spec: RunSpec = storage.read_trainable()
+        fs, run_path = storage.fs, storage.run_path
+        spec.run_config = dataclasses.replace(
+            spec.run_config, name=run_path.rsplit("/", 1)[1],
+            storage_path=fsutil.display_path(fs, run_path.rsplit("/", 1)[0]),
+            storage_filesystem=storage_filesystem, storage_options=storage_options)
+        if train_loop_per_worker is not None:
+            spec.train_loop_per_worker = train_loop_per_worker
+        if train_loop_config is not None:
+            spec.train_loop_config = train_loop_config
+        if datasets is not None:
+            spec.datasets = datasets
+        trainer = cls._from_spec(spec)
+        trainer._replaces_function = train_loop_per_worker is not None
+        return trainer
+
+    @classmethod
+    def can_restore(cls, path: str | os.PathLike, storage_filesystem: Any = None,
+                    storage_options: dict[str, Any] | None = None) -> bool:
+        """Whether ``path`` is a run that :meth:`restore` can continue: a run directory
+        whose run did not finish. False for a finished run, another directory, or no path."""
+        try:
+            storage = _storage_at(path, storage_filesystem, storage_options)
+            state = storage.read_run_state()
+        except (ConfigError, StorageError, OSError):
+            return False
+        return bool(state) and state.get("status") != "finished" and storage.has_trainable()
 
     def _validate(self) -> None:
         for name, dataset in self.datasets.items():
@@ -124,6 +199,10 @@ class DataParallelTrainer:
         storage = RunStorage.for_run(run_config, name)
         storage.ensure_writable()
         state = self._begin_run_state(storage, run_config)
+        # For restore(path): the spec without what must never be stored (credentials).
+        storage.write_trainable(self._pickle(dataclasses.replace(
+            spec, run_config=dataclasses.replace(run_config, storage_filesystem=None,
+                                                 storage_options=None))))
         scratch = tempfile.mkdtemp(prefix="elastic_train_")
         try:
             spec_path = os.path.join(scratch, "spec.pkl")
@@ -152,6 +231,15 @@ class DataParallelTrainer:
                 f"The run {storage.display_path} has already finished. Use another "
                 "RunConfig(name=...) to train again, or delete that directory."
             )
+        stored_fn = (state or {}).get("spec", {}).get("train_function")
+        if stored_fn and not self._replaces_function and \
+                stored_fn != _function_name(self.train_loop_per_worker):
+            raise ConfigError(
+                f"The run {storage.display_path} was started with the train function "
+                f"{stored_fn!r}, not {_function_name(self.train_loop_per_worker)!r}; its "
+                "checkpoints may not fit. Use another RunConfig(name=...) for a new run, or "
+                "resume with the original function (TorchTrainer.restore(path))."
+            )
         now = time.time()
         state = state or {"name": run_config.name, "created": now, "launches": [],
                           "failures": []}
@@ -161,6 +249,7 @@ class DataParallelTrainer:
             "versions": _versions(),
             "spec": {
                 "trainer": type(self).__name__,
+                "train_function": _function_name(self.train_loop_per_worker),
                 "scaling_config": asdict(self.scaling_config),
                 "failure_config": asdict(run_config.failure_config),
                 "checkpoint_config": asdict(run_config.checkpoint_config),

@@ -35,9 +35,14 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 
 def _inject(config: dict, epoch: int, batch: int) -> None:
-    """Fails once, where and how ``config['fault']`` says; a marker file makes it once."""
-    fault = config.get("fault")
-    if not fault or et.get_context().get_world_rank() != fault["rank"]:
+    """Fails once per fault, where and how ``config['fault']`` (or each of
+    ``config['faults']``) says; a marker file makes each happen once."""
+    for fault in config.get("faults", [config["fault"]] if config.get("fault") else []):
+        _inject_one(fault, epoch, batch)
+
+
+def _inject_one(fault: dict, epoch: int, batch: int) -> None:
+    if et.get_context().get_world_rank() != fault["rank"]:
         return
     if (epoch, batch) != (fault["epoch"], fault.get("batch", 0)):
         return
@@ -75,32 +80,42 @@ def train_mlp(config: dict) -> dict:
             state = torch.load(os.path.join(d, "state.pt"), weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        start_epoch = state["epoch"] + 1
+        # A mid-epoch checkpoint resumes in its epoch; the shard continues at its batch.
+        start_epoch = state["epoch"] + (1 if state.get("epoch_done", True) else 0)
     if ctx.get_world_rank() == 0 and config.get("starts_file"):
         with open(config["starts_file"], "a") as f:
             f.write(f"{start_epoch}\n")
     shard = et.get_dataset_shard("train")
     loss_fn = torch.nn.BCEWithLogitsLoss()
     for epoch in range(start_epoch, config.get("epochs", 5)):
-        for batch, (x, y) in enumerate(shard.iter_torch_batches(batch_size=8)):
+        for x, y in shard.iter_torch_batches(batch_size=8):
+            batch = shard.state_dict()["batch"] - 1  # index in the epoch, also after a resume
             _inject(config, epoch, batch)
             loss = loss_fn(model(x), y)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             time.sleep(config.get("step_sleep", 0))
-        metrics = {"loss": loss.item(), "epoch": epoch,
-                   "score": config.get("scores", {}).get(str(epoch), float(epoch))}
-        with tempfile.TemporaryDirectory() as d:
-            checkpoint = None
-            if ctx.get_world_rank() == 0:
-                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                            "epoch": epoch}, os.path.join(d, "state.pt"))
-                checkpoint = et.Checkpoint.from_directory(d)
-            elif config.get("ballast_mb"):  # a large file from another rank: slow uploads
-                with open(os.path.join(d, "ballast.bin"), "wb") as f:
-                    f.write(os.urandom(config["ballast_mb"] << 20))
-                checkpoint = et.Checkpoint.from_directory(d)
-            et.report(metrics, checkpoint=checkpoint,
-                      checkpoint_upload_mode=config.get("upload_mode", "ASYNC"))
+            every = config.get("checkpoint_every_batches")
+            if every and (batch + 1) % every == 0:
+                _report(config, model, optimizer, epoch, loss, epoch_done=False)
+        _report(config, model, optimizer, epoch, loss, epoch_done=True)
     return {"digest": weights_digest(model), "world_size": ctx.get_world_size()}
+
+
+def _report(config: dict, model, optimizer, epoch: int, loss, epoch_done: bool) -> None:
+    """Reports metrics with a checkpoint from rank 0 (and optional ballast from others)."""
+    metrics = {"loss": loss.item(), "epoch": epoch,
+               "score": config.get("scores", {}).get(str(epoch), float(epoch))}
+    with tempfile.TemporaryDirectory() as d:
+        checkpoint = None
+        if et.get_context().get_world_rank() == 0:
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "epoch": epoch, "epoch_done": epoch_done}, os.path.join(d, "state.pt"))
+            checkpoint = et.Checkpoint.from_directory(d)
+        elif config.get("ballast_mb"):  # a large file from another rank: slow uploads
+            with open(os.path.join(d, "ballast.bin"), "wb") as f:
+                f.write(os.urandom(config["ballast_mb"] << 20))
+            checkpoint = et.Checkpoint.from_directory(d)
+        et.report(metrics, checkpoint=checkpoint,
+                  checkpoint_upload_mode=config.get("upload_mode", "ASYNC"))

@@ -3,6 +3,7 @@
 ::
 
     run.json           spec, status, attempts and failures (written by the driver only)
+    trainable.pkl      the train function and settings, pickled (for restore)
     metrics.jsonl      one line per report() of rank 0
     checkpoint_NNNNNN/ committed checkpoints (see checkpoint_store)
     logs/              per-rank logs
@@ -18,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import cloudpickle
 import fsspec
 
 from elastic_train.errors import ConfigError, StorageError
@@ -32,6 +34,7 @@ T = TypeVar("T")
 
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
+TRAINABLE_FILE = "trainable.pkl"
 RUN_FORMAT_VERSION = 1
 
 
@@ -164,6 +167,22 @@ class RunStorage:
                 f.write(json.dumps(row) + "\n")
         else:
             self.write_metrics(history)
+
+    # trainable.pkl: the pickled RunSpec, so restore(path) needs no code
+    def write_trainable(self, data: bytes) -> None:
+        self._retry("writing trainable.pkl", lambda: fsutil.write_bytes_atomic(
+            self.fs, self._path(TRAINABLE_FILE), data))
+
+    def read_trainable(self) -> Any:
+        def read() -> bytes:
+            with self.fs.open(self._path(TRAINABLE_FILE), "rb") as f:
+                return f.read()
+
+        return cloudpickle.loads(self._retry("reading trainable.pkl", read))
+
+    def has_trainable(self) -> bool:
+        return self._retry("looking for trainable.pkl",
+                           lambda: self.fs.exists(self._path(TRAINABLE_FILE)))
 
     def log_dir(self) -> str:
         return self._path("logs")

@@ -21,8 +21,9 @@ from typing import Any
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.config import RunConfig, ScalingConfig
 from elastic_train.errors import ConfigError
+from elastic_train.run_spec import RunSpec
 from elastic_train.torch.config import TorchConfig
-from elastic_train.trainer import DataParallelTrainer
+from elastic_train.trainer import DataParallelTrainer, _trainer_arguments
 
 
 class TorchTrainer(DataParallelTrainer):
@@ -67,3 +68,8 @@ class TorchTrainer(DataParallelTrainer):
             resume_from_checkpoint=resume_from_checkpoint,
             metadata=metadata,
         )
+
+    @classmethod
+    def _from_spec(cls, spec: RunSpec) -> TorchTrainer:
+        return cls(spec.train_loop_per_worker, torch_config=spec.backend,
+                   **_trainer_arguments(spec))

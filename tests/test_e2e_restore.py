@@ -1,0 +1,130 @@
+"""Restoring interrupted runs: driver SIGKILLed then TorchTrainer.restore / the CLI,
+restore from S3, two worker kills within one epoch with mid-epoch checkpoints."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import elastic_train as et
+from elastic_train.torch import TorchTrainer
+from tests import jobs
+from tests.conftest import fit, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300),
+              pytest.mark.usefixtures("no_leaked_processes")]
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def driver(storage_path, name, pid_dir, epochs=8):
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.driver", storage_path, name, str(pid_dir), str(epochs)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def run_driver_to_end(storage_path, name, pid_dir) -> str:
+    proc = driver(storage_path, name, pid_dir)
+    out, _ = proc.communicate(timeout=200)
+    assert proc.returncode == 0, out
+    return next(line.split()[1] for line in out.splitlines() if line.startswith("DIGEST"))
+
+
+def kill_driver_after_checkpoint(storage_path, name, pid_dir, index=2):
+    proc = driver(storage_path, name, pid_dir)
+    try:
+        marker = os.path.join(storage_path, name, f"checkpoint_{index:06d}", ".commit.json")
+        assert wait_until(lambda: os.path.exists(marker), 150)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("how", ["api", "cli"])
+def test_restore_after_driver_sigkill_is_bit_identical(storage_path, tmp_path, how):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    uninterrupted = run_driver_to_end(storage_path, "straight", pids)
+    kill_driver_after_checkpoint(storage_path, "killed", pids)
+    run_path = os.path.join(storage_path, "killed")
+    assert TorchTrainer.can_restore(run_path)
+    if how == "api":
+        result = TorchTrainer.restore(run_path).fit()
+        digest = result.return_value["digest"]
+    else:
+        cli = subprocess.run([sys.executable, "-m", "elastic_train.cli", "restore", run_path],
+                             cwd=REPO, capture_output=True, text=True, timeout=200)
+        assert cli.returncode == 0, cli.stdout + cli.stderr
+        digest = None
+        result = et.Result.from_path(run_path)
+    if digest is not None:
+        assert digest == uninterrupted
+    assert list(result.metrics_dataframe["training_iteration"]) == list(range(1, 9))
+    assert not TorchTrainer.can_restore(run_path)  # finished now
+    state = result_state(run_path)
+    assert state["status"] == "finished" and len(state["launches"]) == 2
+
+
+def result_state(run_path):
+    from elastic_train.storage import RunStorage
+    from elastic_train.storage import filesystem as fsutil
+
+    fs, path = fsutil.resolve(run_path)
+    return RunStorage(fs, path).read_run_state()
+
+
+def test_can_restore(storage_path, tmp_path):
+    assert not TorchTrainer.can_restore(tmp_path / "missing")
+    assert not TorchTrainer.can_restore(tmp_path)  # a directory, not a run
+    fit(storage_path, "done", config={"epochs": 1})
+    assert not TorchTrainer.can_restore(os.path.join(storage_path, "done"))
+    with pytest.raises(et.ConfigError, match="already finished"):
+        fit(storage_path, "done", config={"epochs": 1})
+
+
+def test_restore_from_s3_after_failure(storage, tmp_path, baseline):
+    if storage.options is None:
+        pytest.skip("covered on local disk by the driver tests")
+    fault = {"rank": 1, "epoch": 2, "how": "raise", "marker": str(tmp_path / "m")}
+    with pytest.raises(et.TrainingFailedError):
+        fit(storage, "s3-restore", config={"fault": fault, "upload_mode": "SYNC"})
+    url = f"{storage.url}/s3-restore"
+    assert TorchTrainer.can_restore(url, storage_options=storage.options)
+    result = TorchTrainer.restore(url, storage_options=storage.options).fit()
+    assert result.return_value["digest"] == baseline.return_value["digest"]
+    assert list(result.metrics_dataframe["training_iteration"]) == list(range(1, 6))
+
+
+def test_two_kills_in_one_epoch_with_mid_epoch_checkpoints(storage_path, tmp_path):
+    """The data position is part of each mid-epoch checkpoint: resumes are exact."""
+    config = {"checkpoint_every_batches": 2, "upload_mode": "SYNC"}
+    straight = fit(storage_path, "mid-straight", config=config)
+    starts = tmp_path / "starts"
+    faults = [{"rank": 1, "epoch": 2, "batch": 3, "how": "sigkill", "marker": str(tmp_path / "a")},
+              {"rank": 0, "epoch": 2, "batch": 5, "how": "sigkill", "marker": str(tmp_path / "b")}]
+    result = fit(storage_path, "mid-killed", max_failures=2,
+                 config={**config, "faults": faults, "starts_file": str(starts)})
+    assert starts.read_text().split() == ["0", "2", "2"]
+    assert result.return_value["digest"] == straight.return_value["digest"]
+    rows = result.metrics_dataframe
+    assert list(rows["training_iteration"]) == list(straight.metrics_dataframe[
+        "training_iteration"])
+
+
+def test_restore_with_a_new_train_function_and_a_changed_one(storage_path, tmp_path):
+    fault = {"rank": 0, "epoch": 1, "how": "raise", "marker": str(tmp_path / "m")}
+    with pytest.raises(et.TrainingFailedError):
+        fit(storage_path, "changed", config={"fault": fault})
+    with pytest.raises(et.ConfigError, match="was started with the train function"):
+        TorchTrainer(lambda: None, run_config=et.RunConfig(
+            storage_path=storage_path, name="changed")).fit()
+    result = TorchTrainer.restore(os.path.join(storage_path, "changed"),
+                                  train_loop_per_worker=jobs.train_mlp).fit()
+    assert result.metrics["training_iteration"] == 5
