@@ -13,7 +13,6 @@ import dataclasses
 import json
 import logging
 import os
-import platform
 import shutil
 import signal
 import sys
@@ -25,7 +24,6 @@ from dataclasses import asdict
 from typing import Any
 
 import cloudpickle
-import torch
 
 from elastic_train.agent import AgentSpec, Interrupted, run_agent
 from elastic_train.backend import BackendConfig
@@ -33,6 +31,7 @@ from elastic_train.checkpoint import CACHE_ENV, Checkpoint
 from elastic_train.config import RunConfig, ScalingConfig
 from elastic_train.errors import ConfigError, StorageError, TrainingFailedError, WorkerFailure
 from elastic_train.result import Result
+from elastic_train.run_record import RunRecord
 from elastic_train.run_spec import RunSpec, check_train_function
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
@@ -49,13 +48,6 @@ def _expect(value: Any, kind: type, name: str) -> Any:
 
 def _function_name(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
-
-
-def _versions() -> dict[str, str]:
-    from elastic_train import __version__
-
-    return {"elastic_train": __version__, "torch": torch.__version__,
-            "python": platform.python_version()}
 
 
 def _storage_at(path: str | os.PathLike, filesystem: Any,
@@ -198,7 +190,9 @@ class DataParallelTrainer:
         pickled = self._pickle(spec)
         storage = RunStorage.for_run(run_config, name)
         storage.ensure_writable()
-        state = self._begin_run_state(storage, run_config)
+        record = RunRecord.begin(storage, name, self._describe(run_config), None
+                                 if self._replaces_function else
+                                 ("train_function", _function_name(self.train_loop_per_worker)))
         # For restore(path): the spec without what must never be stored (credentials).
         storage.write_trainable(self._pickle(dataclasses.replace(
             spec, run_config=dataclasses.replace(run_config, storage_filesystem=None,
@@ -208,8 +202,8 @@ class DataParallelTrainer:
             spec_path = os.path.join(scratch, "spec.pkl")
             with open(spec_path, "wb") as f:
                 f.write(pickled)
-            failures = self._run_workers(storage, state, run_config, spec_path, scratch)
-            return self._finish(storage, state, run_config, failures, scratch)
+            failures = self._run_workers(storage, record, run_config, spec_path, scratch)
+            return self._finish(storage, record, run_config, failures, scratch)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -224,75 +218,25 @@ class DataParallelTrainer:
                 "clients) into the train function."
             ) from exc
 
-    def _begin_run_state(self, storage: RunStorage, run_config: RunConfig) -> dict[str, Any]:
-        state = storage.read_run_state()
-        if state and state.get("status") == "finished":
-            raise ConfigError(
-                f"The run {storage.display_path} has already finished. Use another "
-                "RunConfig(name=...) to train again, or delete that directory."
-            )
-        stored_fn = (state or {}).get("spec", {}).get("train_function")
-        if stored_fn and not self._replaces_function and \
-                stored_fn != _function_name(self.train_loop_per_worker):
-            raise ConfigError(
-                f"The run {storage.display_path} was started with the train function "
-                f"{stored_fn!r}, not {_function_name(self.train_loop_per_worker)!r}; its "
-                "checkpoints may not fit. Use another RunConfig(name=...) for a new run, or "
-                "resume with the original function (TorchTrainer.restore(path))."
-            )
-        now = time.time()
-        state = state or {"name": run_config.name, "created": now, "launches": [],
-                          "failures": []}
-        state.update({
-            "status": "running",
-            "updated": now,
-            "versions": _versions(),
-            "spec": {
-                "trainer": type(self).__name__,
-                "train_function": _function_name(self.train_loop_per_worker),
-                "scaling_config": asdict(self.scaling_config),
-                "failure_config": asdict(run_config.failure_config),
-                "checkpoint_config": asdict(run_config.checkpoint_config),
-                "storage_path": run_config.storage_path,
-                "backend": repr(self.backend_config),
-            },
-        })
-        state["launches"].append({"started": now, "pid": os.getpid(),
-                                  "host": platform.node(), "status": "running"})
-        storage.write_run_state(state)
-        return state
+    def _describe(self, run_config: RunConfig) -> dict[str, Any]:
+        """The spec recorded in run.json (no credentials)."""
+        return {
+            "trainer": type(self).__name__,
+            "train_function": _function_name(self.train_loop_per_worker),
+            "scaling_config": asdict(self.scaling_config),
+            "failure_config": asdict(run_config.failure_config),
+            "checkpoint_config": asdict(run_config.checkpoint_config),
+            "storage_path": run_config.storage_path,
+            "backend": repr(self.backend_config),
+        }
 
-    def _set_status(self, storage: RunStorage, state: dict[str, Any], status: str,
-                    **extra: Any) -> None:
-        """Records the outcome in run.json. Only "finished" must be stored: recording a
-        failure is best effort, so an unreachable store cannot hide the real error."""
-        now = time.time()
-        state.update(status=status, updated=now, **extra)
-        state["launches"][-1].update(status=status, ended=now)
-        self._write_state(storage, state, required=status == "finished")
-
-    @staticmethod
-    def _write_state(storage: RunStorage, state: dict[str, Any], required: bool) -> None:
-        try:
-            storage.write_run_state(state)
-        except StorageError:
-            if required:
-                raise
-            logger.warning("Could not update %s/run.json (status %r).", storage.display_path,
-                           state["status"], exc_info=True)
-
-    def _run_workers(self, storage: RunStorage, state: dict[str, Any], run_config: RunConfig,
+    def _run_workers(self, storage: RunStorage, record: RunRecord, run_config: RunConfig,
                      spec_path: str, scratch: str) -> list[WorkerFailure]:
         scaling = self.scaling_config
 
         def record_failure(failures: list[WorkerFailure], restarts_left: int) -> None:
-            unlimited = run_config.failure_config.max_failures == -1
-            left = "unlimited" if unlimited else restarts_left or "no"
-            logger.warning("Worker group failed: %s; %s restart(s) left.",
-                           failures[0].describe(), left)
-            state["failures"].append({"time": time.time(), "restarts_left": restarts_left,
-                                      "workers": [f.to_json() for f in failures]})
-            self._write_state(storage, state, required=False)
+            record.record_failure(failures, restarts_left,
+                                  unlimited=run_config.failure_config.max_failures == -1)
 
         agent_spec = AgentSpec(
             entrypoint=sys.executable,
@@ -309,24 +253,24 @@ class DataParallelTrainer:
         try:
             return run_agent(agent_spec, on_failure=record_failure)
         except Interrupted as exc:
-            self._set_status(storage, state, "interrupted")
+            record.set_status("interrupted")
             logger.warning("Run interrupted by %s; it can be resumed by running fit() again "
                            "with RunConfig(name=%r).", signal.Signals(exc.signum).name,
                            run_config.name)
             signal.raise_signal(exc.signum)  # the caller's own handler decides what happens
             raise KeyboardInterrupt from None
         except BaseException:
-            self._set_status(storage, state, "failed", error="The driver stopped unexpectedly.")
+            record.set_status("failed", error="The driver stopped unexpectedly.")
             raise
 
-    def _finish(self, storage: RunStorage, state: dict[str, Any], run_config: RunConfig,
+    def _finish(self, storage: RunStorage, record: RunRecord, run_config: RunConfig,
                 failures: list[WorkerFailure], scratch: str) -> Result:
         if failures:
             error = TrainingFailedError.from_failures(
                 failures, storage.display_path, run_config.failure_config.max_failures)
-            self._set_status(storage, state, "failed", error=str(error))
+            record.set_status("failed", error=str(error))
             raise error
-        self._set_status(storage, state, "finished")
+        record.set_status("finished")
         return_value = None
         path = os.path.join(scratch, RETURN_VALUE_FILE)
         if os.path.exists(path):
