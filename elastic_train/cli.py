@@ -3,6 +3,7 @@
     elastic-train ls [STORAGE_PATH]        runs under a storage path (~/elastic_train_results)
     elastic-train show RUN_PATH [--json]   a run's status, failures and checkpoints
     elastic-train restore RUN_PATH         continue an interrupted or failed run
+    elastic-train launch [torchrun flags] SCRIPT [ARGS]   run a script on this node, as torchrun
 
 Exit codes: 0 success, 1 the run failed, 2 bad usage or a path that is not a run,
 130 interrupted (Ctrl-C).
@@ -13,10 +14,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
+from typing import Any
 
 from elastic_train import __version__
-from elastic_train.config import DEFAULT_STORAGE_PATH
+from elastic_train.config import DEFAULT_STORAGE_PATH, CheckpointConfig
 from elastic_train.errors import ConfigError, StorageError, TrainingFailedError
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
@@ -123,6 +126,86 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
+    """A flag under torchrun's both spellings (--nproc-per-node and --nproc_per_node)."""
+    names = [f"--{name}"] + ([f"--{name.replace('-', '_')}"] if "-" in name else [])
+    parser.add_argument(*names, **kwargs)
+
+
+def add_launch_parser(sub: Any) -> None:
+    launch = sub.add_parser(
+        "launch", help="run a training script on this node (torchrun's flags)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Runs SCRIPT on --nproc-per-node workers of this node under "
+                    "torch.distributed.elastic, like torchrun. Scripts that call "
+                    "elastic_train.report()/get_checkpoint() get checkpoints in "
+                    "--storage-path/--name, retention and resume; relaunching with the same "
+                    "--name continues an interrupted run.",
+        epilog="examples:\n"
+               "  elastic-train launch --standalone --nproc-per-node 2 train.py --lr 0.1\n"
+               "  elastic-train launch --nnodes 2:4 --nproc-per-node 8 --rdzv-backend etcd \\\n"
+               "      --rdzv-endpoint etcd-host:2379 --rdzv-id job42 train.py\n"
+               "environment: every flag can also be set as PET_<FLAG> (PET_NPROC_PER_NODE=2), "
+               "as with torchrun.")
+    env = os.environ.get
+    _flag(launch, "nnodes", default=env("PET_NNODES", "1"), help="N or MIN:MAX (default 1)")
+    _flag(launch, "nproc-per-node", type=int, default=int(env("PET_NPROC_PER_NODE", "1")))
+    _flag(launch, "rdzv-backend", default=env("PET_RDZV_BACKEND", "c10d"),
+          help="c10d (default), static, or etcd / etcd-v3 (etcd's v3 API)")
+    _flag(launch, "rdzv-endpoint", default=env("PET_RDZV_ENDPOINT", ""))
+    _flag(launch, "rdzv-id", default=env("PET_RDZV_ID"),
+          help="the job's id, the same on every node (required with several nodes)")
+    _flag(launch, "rdzv-conf", default=env("PET_RDZV_CONF", ""), help="k1=v1,k2=v2")
+    _flag(launch, "standalone", action="store_true", help="single node, local rendezvous")
+    _flag(launch, "max-restarts", type=int, default=int(env("PET_MAX_RESTARTS", "0")),
+          help="restarts after failures (-1: unlimited)")
+    _flag(launch, "max-failures", type=int, dest="max_restarts",
+          help="Ray-style alias of --max-restarts")
+    _flag(launch, "monitor-interval", type=float,
+          default=float(env("PET_MONITOR_INTERVAL", "0.1")))
+    _flag(launch, "node-rank", type=int, default=int(env("PET_NODE_RANK", "0")),
+          help="this node's rank (static rendezvous)")
+    _flag(launch, "master-addr", default=env("PET_MASTER_ADDR", "127.0.0.1"))
+    _flag(launch, "master-port", type=int, default=int(env("PET_MASTER_PORT", "29500")))
+    _flag(launch, "local-addr", default=env("PET_LOCAL_ADDR"))
+    _flag(launch, "log-dir", default=env("PET_LOG_DIR"),
+          help="per-rank logs (default: the run directory's logs/)")
+    _flag(launch, "tee", default=env("PET_TEE", "3"),
+          help="0: logs to files only; 1, 2, 3: also to the console (default)")
+    _flag(launch, "redirects", default=env("PET_REDIRECTS", "3"),
+          help="accepted for torchrun compatibility: output always goes to the log files")
+    _flag(launch, "storage-path", default=env("PET_STORAGE_PATH", DEFAULT_STORAGE_PATH))
+    _flag(launch, "name", default=env("PET_NAME"),
+          help="the run's name (default: the rdzv id with several nodes, else a timestamp)")
+    _flag(launch, "num-to-keep", type=int, default=None, help="checkpoints to keep")
+    _flag(launch, "checkpoint-score-attribute", default=None)
+    _flag(launch, "checkpoint-score-order", default="max", choices=("max", "min"))
+    launch.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module")
+    _flag(launch, "no-python", action="store_true", help="run SCRIPT as a program")
+    launch.add_argument("script")
+    launch.add_argument("script_args", nargs=argparse.REMAINDER)
+    launch.set_defaults(func=cmd_launch)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from elastic_train.launcher import LaunchSettings, launch
+
+    settings = LaunchSettings(
+        target=args.script, target_args=args.script_args, module=args.module,
+        no_python=args.no_python, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
+        rdzv_backend=args.rdzv_backend, rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_id=args.rdzv_id, rdzv_conf=args.rdzv_conf, standalone=args.standalone,
+        max_restarts=args.max_restarts, monitor_interval=args.monitor_interval,
+        node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
+        local_addr=args.local_addr, log_dir=args.log_dir, tee=args.tee != "0",
+        storage_path=args.storage_path, name=args.name,
+        checkpoint=CheckpointConfig(num_to_keep=args.num_to_keep,
+                                    checkpoint_score_attribute=args.checkpoint_score_attribute,
+                                    checkpoint_score_order=args.checkpoint_score_order),
+    )
+    return launch(settings, sys.argv[2:] if sys.argv[1:2] == ["launch"] else [])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="elastic-train", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"elastic-train {__version__}")
@@ -143,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "are never stored, so pass them again here or in the "
                               "environment")
     restore.set_defaults(func=cmd_restore)
+    add_launch_parser(sub)
     return parser
 
 

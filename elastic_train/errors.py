@@ -84,8 +84,12 @@ class TrainingFailedError(RuntimeError):
         self.run_path = run_path
 
     @classmethod
-    def from_failures(cls, failures: list[WorkerFailure], run_path: str,
-                      max_failures: int) -> TrainingFailedError:
+    def from_failures(cls, failures: list[WorkerFailure], run_path: str, max_failures: int,
+                      resume_hint: str = "run fit() again with the same "
+                                         "RunConfig(name=..., storage_path=...)",
+                      retry_hint: str = "set RunConfig(failure_config=FailureConfig("
+                                        "max_failures=N)) with N > 0, or -1 for unlimited "
+                                        "retries") -> TrainingFailedError:
         """Builds the user-facing message: root cause, its traceback, how to resume."""
         root = failures[0]
         lines = [f"Training failed: {root.describe()}."]
@@ -98,14 +102,10 @@ class TrainingFailedError(RuntimeError):
         lines += [
             "",
             f"Run directory: {run_path}",
-            "To continue this run from its latest checkpoint, run fit() again with the same "
-            "RunConfig(name=..., storage_path=...).",
+            f"To continue this run from its latest checkpoint, {resume_hint}.",
         ]
         if max_failures == 0:
-            lines.append(
-                "To retry automatically, set RunConfig(failure_config=FailureConfig("
-                "max_failures=N)) with N > 0, or -1 for unlimited retries."
-            )
+            lines.append(f"To retry automatically, {retry_hint}.")
         else:
             lines.append(f"The restart budget (max_failures={max_failures}) is spent.")
         return cls("\n".join(lines), failures=failures, run_path=run_path)

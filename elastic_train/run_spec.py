@@ -39,9 +39,13 @@ def takes_config(fn: Callable[..., Any]) -> bool:
 
 @dataclass
 class RunSpec:
-    """The driver's description of a run, read by every worker."""
+    """The driver's description of a run, read by every worker.
 
-    train_loop_per_worker: Callable[..., Any]
+    ``train_loop_per_worker`` is None for scripts run by ``elastic-train launch``,
+    which run themselves.
+    """
+
+    train_loop_per_worker: Callable[..., Any] | None
     train_loop_config: dict[str, Any] | None
     backend: BackendConfig
     scaling_config: ScalingConfig

@@ -29,6 +29,7 @@ import math
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -50,6 +51,7 @@ from elastic_train.storage.uploader import CheckpointUploader, UploadJob
 logger = logging.getLogger(__name__)
 
 _session: TrainSession | None = None
+_session_factory: Callable[[], TrainSession] | None = None
 
 
 class CheckpointUploadMode(str, enum.Enum):
@@ -311,7 +313,21 @@ def shutdown_session() -> None:
     _session = None
 
 
+def set_session_factory(factory: Callable[[], TrainSession]) -> None:
+    """Makes the first session call build the session (scripts under ``elastic-train launch``)."""
+    global _session_factory
+    _session_factory = factory
+
+
+def current_session() -> TrainSession | None:
+    """The session if one was started, without starting one."""
+    return _session
+
+
 def get_session() -> TrainSession:
+    global _session
+    if _session is None and _session_factory is not None:
+        _session = _session_factory()
     if _session is None:
         raise RuntimeError(
             "No training session: report(), get_checkpoint(), get_context() and "

@@ -6,6 +6,7 @@ import itertools
 import os
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ import elastic_train as et
 from elastic_train.storage import RunStorage
 from elastic_train.torch import TorchTrainer
 from tests import jobs
+from tests.etcd_server import EtcdServer, etcd_binary
 from tests.servers import SERVER_PIDS, MotoS3Server, s3_options
 
 cloudpickle.register_pickle_by_value(jobs)
@@ -148,3 +150,24 @@ def fit(storage, name, config=None, max_failures=0, checkpoint_config=None,
 def baseline(tmp_path_factory):
     """An uninterrupted run on local disk: the reference for bit-identical resumes."""
     return fit(str(tmp_path_factory.mktemp("baseline")), "baseline")
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[EtcdServer]:
+    """A real etcd server for the test session, always stopped afterwards."""
+    binary = etcd_binary()
+    if binary is None:
+        pytest.skip("the etcd binary is not installed (apt-get install etcd-server)")
+    server = EtcdServer(binary)
+    try:
+        server.start()
+        SERVER_PIDS.add(server.pid)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd_endpoint(etcd_server: EtcdServer) -> str:
+    """The session's etcd server as "127.0.0.1:<port>"."""
+    return etcd_server.endpoint

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from elastic_train import TrainingFailedError, WorkerFailure
-from elastic_train.agent.launch import failures_of
+from elastic_train.agent.failures import failures_of
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "train.py", line 3\nValueError: boom\n'
 

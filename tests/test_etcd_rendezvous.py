@@ -27,7 +27,7 @@ from torch.distributed.elastic.rendezvous.registry import (
     handler_registry,
 )
 
-from tests.etcd_server import EtcdServer, etcd_binary
+from tests.etcd_server import EtcdServer
 
 pytest.importorskip("etcd3gw", reason="etcd3gw is not installed (pip install etcd3gw)")
 
@@ -37,26 +37,6 @@ from elastic_train.agent.rendezvous.etcd_v3 import (  # noqa: E402
     EtcdV3Store,
     create_backend,
 )
-
-
-@pytest.fixture(scope="module")
-def etcd_server() -> Iterator[EtcdServer]:
-    """A real etcd server for this module, always stopped afterwards."""
-    binary = etcd_binary()
-    if binary is None:
-        pytest.skip("the etcd binary is not installed (apt-get install etcd-server)")
-    server = EtcdServer(binary)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def etcd_endpoint(etcd_server: EtcdServer) -> str:
-    """The module's etcd server as "127.0.0.1:<port>"."""
-    return etcd_server.endpoint
 
 
 def _params(endpoint: str, run_id: str | None = None, **config: object) -> RendezvousParameters:
@@ -322,14 +302,21 @@ def test_username_and_password(etcd_server: EtcdServer) -> None:
         with pytest.raises(RendezvousConnectionError) as denied:
             create_backend(_params(server.endpoint, username="root", password="wrong"))
         assert "wrong" not in str(denied.value)
-        with pytest.raises(RendezvousConnectionError):
-            create_backend(_params(server.endpoint))  # no credentials
+        anonymous, _ = create_backend(_params(server.endpoint))  # leases need no auth on 3.4
+        try:
+            with pytest.raises(RendezvousConnectionError):
+                anonymous.set_state(b"state")
+        finally:
+            anonymous.close()
 
-        backend, store = create_backend(_params(server.endpoint, username="root", password="s3cret"))
+        params = _params(server.endpoint, username="root", password="s3cret")
+        backend, store = create_backend(params)
         try:
             assert backend.set_state(b"state")[2]
             store.set("k", b"v")
             assert store.get("k") == b"v"
+            backend._keyspace.client.session._token = "expired"  # etcd answers 401: log in again
+            assert backend.get_state() is not None
         finally:
             backend.close()
     finally:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import signal
-import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -23,16 +21,12 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
+from elastic_train.agent.failures import failures_of
 from elastic_train.agent.local_agent import TrainAgent
 from elastic_train.errors import WorkerFailure
 
 logger = logging.getLogger(__name__)
 
-# Errors a worker gets when a peer, not itself, failed (gloo and NCCL wording).
-_PEER_LOST = re.compile(
-    r"Connection (reset|closed) by peer|Broken pipe|remote process exited|"
-    r"NCCL communicator was aborted|Connection refused"
-)
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
@@ -60,6 +54,7 @@ class AgentSpec:
     log_line_prefix_template: str = "[rank${rank}]: "
     worker_env: dict[str, str] = field(default_factory=dict)
     shutdown_timeout: int = 15
+    local_addr: str | None = None
 
 
 class Interrupted(Exception):
@@ -68,34 +63,6 @@ class Interrupted(Exception):
     def __init__(self, signum: int):
         super().__init__(f"stopped by {signal.Signals(signum).name}")
         self.signum = signum
-
-
-def failures_of(result: RunResult) -> list[WorkerFailure]:
-    """The failed workers of a result, root cause first.
-
-    Secondary failures -- the agent's own SIGTERM to the survivors, and
-    collectives that broke because a peer died -- come last; among the rest, a
-    failure with a traceback comes before one without, then the earliest.
-    """
-    out = []
-    for rank, failure in result.failures.items():
-        traceback = None
-        data = failure.error_file_data.get("message") if failure.error_file_data else None
-        if isinstance(data, dict):
-            traceback = data.get("extraInfo", {}).get("py_callstack")
-        out.append((failure.timestamp, rank, WorkerFailure(
-            rank=rank, local_rank=failure.local_rank, pid=failure.pid,
-            exitcode=failure.exitcode,
-            message=data.get("message", "") if isinstance(data, dict) else str(failure.message),
-            traceback=traceback, hostname=socket.gethostname(),
-        )))
-    def rank_key(item: tuple[int, int, WorkerFailure]) -> tuple[bool, bool, int, int]:
-        timestamp, rank, failure = item
-        secondary = failure.exitcode == -signal.SIGTERM or bool(
-            _PEER_LOST.search(failure.message or ""))
-        return (secondary, failure.traceback is None, timestamp, rank)
-
-    return [f for _, _, f in sorted(out, key=rank_key)]
 
 
 @contextlib.contextmanager
@@ -129,23 +96,26 @@ def _restored_signal_handlers() -> Iterator[None]:
 
 
 def run_agent(spec: AgentSpec,
-              on_failure: Callable[[list[WorkerFailure], int], None] | None = None
+              on_failure: Callable[[list[WorkerFailure], int], None] | None = None,
+              on_rendezvous: Callable[[int, int], None] | None = None,
               ) -> list[WorkerFailure]:
     """Runs the workers to the end; returns the final failures (empty on success).
 
     ``on_failure(failures, restarts_left)`` is called for every failed attempt,
-    including the last. Raises :class:`Interrupted` after a SIGINT/SIGTERM, once
-    every worker is stopped.
+    including the last; ``on_rendezvous(group_rank, nodes)`` after every
+    rendezvous. Raises :class:`Interrupted` after a SIGINT/SIGTERM, once every
+    worker is stopped.
     """
     params = RendezvousParameters(
         backend=spec.rdzv_backend, endpoint=spec.rdzv_endpoint, run_id=spec.run_id,
-        min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, **spec.rdzv_configs,
+        min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, local_addr=spec.local_addr,
+        **spec.rdzv_configs,
     )
     rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
     worker_spec = WorkerSpec(
         role="trainer", local_world_size=spec.nproc_per_node, entrypoint=spec.entrypoint,
         args=spec.args, rdzv_handler=rdzv_handler, max_restarts=spec.max_restarts,
-        monitor_interval=spec.monitor_interval,
+        monitor_interval=spec.monitor_interval, local_addr=spec.local_addr,
     )
     logs = DefaultLogsSpecs(log_dir=spec.log_dir, tee=Std.ALL if spec.tee else Std.NONE)
 
@@ -157,7 +127,7 @@ def run_agent(spec: AgentSpec,
         spec=worker_spec, logs_specs=logs, start_method="spawn",
         log_line_prefix_template=spec.log_line_prefix_template,
         shutdown_timeout=spec.shutdown_timeout, worker_env=spec.worker_env,
-        on_failure=report,
+        on_failure=report, on_rendezvous=on_rendezvous,
     )
     with _restored_signal_handlers(), _quiet_torch_agent_logs():
         try:

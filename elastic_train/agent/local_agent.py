@@ -7,7 +7,13 @@
    from the agent's long-lived store (the cause of torchrun's intermittent
    ``Gloo connectFullMesh failed`` after a restart).
 2. Every failed attempt is reported to a callback before the agent restarts
-   the group, so the driver can record it in the run's history.
+   the group, so the driver can record it in the run's history; every
+   rendezvous is reported too (this node's group rank and the node count).
+3. Only this node's own failures spend its restart budget. When every failed
+   worker here failed because of a peer (a node that left, a worker elsewhere
+   that crashed), the restart is free: the node whose worker crashed charges
+   its own budget, and a lost node is a membership change (counted in
+   ``membership_changes``), not a failure of the job.
 
 Everything else -- rendezvous, spawning, monitoring, restart budget,
 membership changes, shutdown -- is torch.distributed.elastic's own.
@@ -24,9 +30,11 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
+from elastic_train.agent.failures import failures_of, is_secondary
 from elastic_train.context import AGENT_PID_ENV, GENERATION_ENV
 
 FailureCallback = Callable[[RunResult, int], None]
+RendezvousCallback = Callable[[int, int], None]
 
 
 @contextlib.contextmanager
@@ -48,10 +56,21 @@ class TrainAgent(LocalElasticAgent):
     """A ``LocalElasticAgent`` that namespaces worker generations and reports failures."""
 
     def __init__(self, *args: Any, worker_env: Mapping[str, str] | None = None,
-                 on_failure: FailureCallback | None = None, **kwargs: Any):
+                 on_failure: FailureCallback | None = None,
+                 on_rendezvous: RendezvousCallback | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._worker_env = dict(worker_env or {})
         self._on_failure = on_failure
+        self._on_rendezvous = on_rendezvous
+        self.membership_changes = 0
+
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        previous = worker_group.group_world_size
+        super()._rendezvous(worker_group)
+        if previous is not None and worker_group.group_world_size != previous:
+            self.membership_changes += 1
+        if self._on_rendezvous is not None:
+            self._on_rendezvous(worker_group.group_rank, worker_group.group_world_size)
 
     def _agree_on_generation(self, worker_group: WorkerGroup) -> str:
         restart_count = worker_group.spec.max_restarts - self._remaining_restarts
@@ -69,6 +88,9 @@ class TrainAgent(LocalElasticAgent):
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result = super()._monitor_workers(worker_group)
-        if result.is_failed() and self._on_failure is not None:
-            self._on_failure(result, self._remaining_restarts)
+        if result.is_failed():
+            if all(is_secondary(f) for f in failures_of(result)):
+                self._remaining_restarts += 1  # a peer's failure: free restart
+            if self._on_failure is not None:
+                self._on_failure(result, self._remaining_restarts)
         return result

@@ -136,9 +136,9 @@ class EtcdV3Keyspace:
         data, meta = found[0]
         return EtcdValue(data, int(meta["mod_revision"]))
 
-    def put(self, key: bytes, data: bytes, mod_revision: int | None = None) -> tuple[
-        EtcdValue | None, bool
-    ]:
+    def put(
+        self, key: bytes, data: bytes, mod_revision: int | None = None
+    ) -> tuple[EtcdValue | None, bool]:
         """Puts ``data`` under ``key`` in one transaction, returning (value after it, whether put).
 
         With ``mod_revision`` the put happens only if the key was last modified at
@@ -171,7 +171,8 @@ class EtcdV3Keyspace:
         kvs = result["responses"][0]["response_range"].get("kvs")
         if not kvs:
             return None, False
-        return EtcdValue(base64.b64decode(kvs[0].get("value", "")), int(kvs[0]["mod_revision"])), False
+        kv = kvs[0]
+        return EtcdValue(base64.b64decode(kv.get("value", "")), int(kv["mod_revision"])), False
 
     def delete(self, key: bytes) -> bool:
         """Deletes the key; returns whether it existed."""
@@ -186,8 +187,7 @@ class EtcdV3Keyspace:
     def close(self) -> None:
         """Stops refreshing the lease (idempotent); the keys expire a TTL after the last node."""
         self._closed.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join()
+        self._thread.join()
 
 
 class EtcdV3RendezvousBackend(RendezvousBackend):
@@ -213,7 +213,9 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
         value = self._keyspace.get(self._key)
         return None if value is None else (value.data, value.mod_revision)
 
-    def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool] | None:
+    def set_state(
+        self, state: bytes, token: Token | None = None
+    ) -> tuple[bytes, Token, bool] | None:
         """See base class; returns None only if the state is absent and could not be set."""
         value, succeeded = self._keyspace.put(self._key, state, 0 if token is None else int(token))
         return None if value is None else (value.data, value.mod_revision, succeeded)
@@ -272,7 +274,9 @@ class EtcdV3Store(Store):
             if done:
                 return total
 
-    def compare_set(self, key: str, expected_value: str | bytes, desired_value: str | bytes) -> bytes:
+    def compare_set(
+        self, key: str, expected_value: str | bytes, desired_value: str | bytes
+    ) -> bytes:
         """c10d's compare-and-set: sets ``desired_value`` if the key holds ``expected_value``
         (an empty one also matching an absent key); returns the key's value afterwards, or
         ``expected_value`` if the key is absent and was not set (as TCPStore does)."""
@@ -303,7 +307,7 @@ class EtcdV3Store(Store):
                 return [value.data for value in values if value]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                missing = [key for key, value in zip(keys, values) if value is None]
+                missing = [key for key, value in zip(keys, values, strict=True) if value is None]
                 raise DistStoreError(f"Timed out after {timeout} waiting for etcd keys {missing}")
             time.sleep(min(delay, remaining))
             delay = min(2 * delay, _MAX_POLL_INTERVAL)
@@ -342,7 +346,9 @@ class _AuthSession(requests.Session):
         with self._lock:
             if self._token is None or self._token == stale:
                 assert self.login_url is not None
-                response = self.post(self.login_url, json=self._credentials, timeout=DEFAULT_TIMEOUT)
+                response = self.post(
+                    self.login_url, json=self._credentials, timeout=DEFAULT_TIMEOUT
+                )
                 response.raise_for_status()
                 self._token = str(response.json()["token"])
             return self._token
@@ -385,6 +391,6 @@ def create_backend(params: RendezvousParameters) -> tuple[EtcdV3RendezvousBacken
     ``timeout`` (seconds per etcd request, default 10). The backend is named after
     ``params.backend``, as torch's registry requires.
     """
-    lease_ttl = params.get_as_int("lease_ttl", DEFAULT_LEASE_TTL)
-    keyspace = EtcdV3Keyspace(_create_client(params), params.run_id, lease_ttl or DEFAULT_LEASE_TTL)
+    lease_ttl = int(params.get("lease_ttl", DEFAULT_LEASE_TTL))
+    keyspace = EtcdV3Keyspace(_create_client(params), params.run_id, lease_ttl)
     return EtcdV3RendezvousBackend(keyspace, params.backend), EtcdV3Store(keyspace)

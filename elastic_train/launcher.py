@@ -1,0 +1,226 @@
+"""``elastic-train launch``: torchrun's command line, with checkpoints, run records and resume.
+
+One launcher process runs on each node. It validates its settings, records
+the run in ``run.json`` (on the node that is group rank 0 after rendezvous),
+and runs this node's agent; the workers run the user's script unchanged, with
+torchrun's environment. Scripts that call ``elastic_train.report`` /
+``get_checkpoint`` get checkpoints, retention and resume.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+
+from elastic_train.agent import AgentSpec, Interrupted, run_agent
+from elastic_train.checkpoint import CACHE_ENV
+from elastic_train.config import CheckpointConfig
+from elastic_train.errors import ConfigError, TrainingFailedError, WorkerFailure
+from elastic_train.run_record import RunRecord
+from elastic_train.script_worker import LAUNCH_ENV
+from elastic_train.storage import RunStorage
+
+logger = logging.getLogger(__name__)
+
+# Recovery-oriented defaults (torch's: 5 s keep-alive x 3 and a 30 s last call, so
+# survivors wait ~45 s for a dead node). Any of them can be set with --rdzv-conf.
+FAST_RDZV_DEFAULTS = {"keep_alive_interval": 1, "keep_alive_max_attempt": 3,
+                      "last_call_timeout": 2, "join_timeout": 600}
+BACKEND_ALIASES = {"etcd-v3": "etcd-v3", "etcd": "etcd-v3"}
+
+
+def parse_nnodes(value: str) -> tuple[int, int]:
+    """``"2"`` -> (2, 2); ``"1:4"`` -> (1, 4)."""
+    try:
+        low, _, high = value.partition(":")
+        bounds = (int(low), int(high or low))
+    except ValueError:
+        bounds = (0, 0)
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise ConfigError(f"--nnodes={value!r} is invalid: use N or MIN:MAX with "
+                          "1 <= MIN <= MAX, e.g. --nnodes 2 or --nnodes 1:4.")
+    return bounds
+
+
+def parse_rdzv_conf(value: str) -> dict[str, object]:
+    """``"k1=v1,k2=v2"`` -> dict, numbers converted."""
+    conf: dict[str, object] = {}
+    for item in filter(None, value.split(",")):
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--rdzv-conf item {item!r} is invalid: use key=value pairs "
+                              "separated by commas, e.g. --rdzv-conf join_timeout=60,timeout=30.")
+        try:
+            conf[key] = int(raw)
+        except ValueError:
+            try:
+                conf[key] = float(raw)
+            except ValueError:
+                conf[key] = raw
+    return conf
+
+
+@dataclass
+class LaunchSettings:
+    """Everything ``elastic-train launch`` was told (torchrun's flags plus ours)."""
+
+    target: str
+    target_args: list[str] = field(default_factory=list)
+    module: bool = False
+    no_python: bool = False
+    nnodes: str = "1"
+    nproc_per_node: int = 1
+    rdzv_backend: str = "c10d"
+    rdzv_endpoint: str = ""
+    rdzv_id: str | None = None
+    rdzv_conf: str = ""
+    standalone: bool = False
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    local_addr: str | None = None
+    log_dir: str | None = None
+    tee: bool = True
+    storage_path: str = os.path.join("~", "elastic_train_results")
+    name: str | None = None
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def __post_init__(self) -> None:
+        self.min_nodes, self.max_nodes = parse_nnodes(self.nnodes)
+        if self.nproc_per_node < 1:
+            raise ConfigError(f"--nproc-per-node={self.nproc_per_node} is invalid: use >= 1.")
+        if self.max_restarts < -1:
+            raise ConfigError(f"--max-restarts={self.max_restarts} is invalid: use >= 0, "
+                              "or -1 for unlimited.")
+        if not (self.module or self.no_python) and not os.path.isfile(self.target):
+            raise ConfigError(f"The training script {self.target!r} does not exist. Pass a "
+                              "script path, or -m MODULE, or --no-python PROGRAM.")
+        self.rdzv_backend = BACKEND_ALIASES.get(self.rdzv_backend, self.rdzv_backend)
+        if self.rdzv_backend not in ("c10d", "static", "etcd-v3"):
+            raise ConfigError(f"--rdzv-backend={self.rdzv_backend!r} is not supported: use "
+                              "c10d (default), static, or etcd (etcd-v3).")
+        self.rdzv_configs = parse_rdzv_conf(self.rdzv_conf)
+        if self.standalone:
+            self.rdzv_backend, self.rdzv_endpoint = "c10d", "127.0.0.1:0"
+            self.min_nodes = self.max_nodes = 1
+        if self.max_nodes == 1 and not self.rdzv_endpoint:
+            self.rdzv_endpoint = "127.0.0.1:0"
+        if self.rdzv_id is None:
+            if self.max_nodes > 1:
+                raise ConfigError(
+                    "--rdzv-id is required with more than one node: every node of one job "
+                    "must pass the same unique id (torchrun's default, the literal 'none', "
+                    "would join unrelated jobs), e.g. --rdzv-id job-$(date +%s).")
+            self.rdzv_id = f"single-{uuid.uuid4().hex[:12]}"
+        if self.rdzv_backend != "static" and not self.rdzv_endpoint:
+            raise ConfigError(f"--rdzv-endpoint is required for --rdzv-backend "
+                              f"{self.rdzv_backend} with --nnodes {self.nnodes}, "
+                              "e.g. --rdzv-endpoint host0:29400.")
+        if self.rdzv_backend == "static":
+            self.rdzv_endpoint = f"{self.master_addr}:{self.master_port}"
+            self.rdzv_configs.setdefault("rank", self.node_rank)
+        else:
+            for key, value in FAST_RDZV_DEFAULTS.items():
+                self.rdzv_configs.setdefault(key, value)
+        self.name = self.name or (self.rdzv_id if self.max_nodes > 1 else
+                                  f"launch_{time.strftime('%Y-%m-%d_%H-%M-%S')}")
+
+    def worker_command(self) -> tuple[str, tuple[str, ...]]:
+        """The agent's entrypoint and arguments for one worker."""
+        if self.no_python:
+            return self.target, tuple(self.target_args)
+        target = ("-m", self.target) if self.module else (self.target,)
+        return sys.executable, ("-u", "-m", "elastic_train.script_worker", *target,
+                                *self.target_args)
+
+    def identity(self) -> list[str]:
+        """What must not change when a run is resumed: the program and its arguments."""
+        prefix = ["-m"] if self.module else (["--no-python"] if self.no_python else [])
+        return [*prefix, self.target, *self.target_args]
+
+
+def launch(settings: LaunchSettings, argv: list[str]) -> int:
+    """Runs this node's part of the job. Returns the process exit code."""
+    storage = RunStorage.open(settings.storage_path, settings.name)
+    storage.ensure_writable()
+    if settings.rdzv_backend == "etcd-v3":
+        from elastic_train.agent.rendezvous import register
+
+        register()
+    if settings.rdzv_backend != "static":
+        # Scripts join their process group through env:// against the agent's store;
+        # a store shared across restarts serves stale addresses to a restarted gloo
+        # group. Unshared, each incarnation gets a fresh store on rank 0.
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    record: list[RunRecord] = []
+    spec = {"command": ["elastic-train", "launch", *argv], "identity": settings.identity(),
+            "launch": {k: v for k, v in asdict(settings).items() if k != "checkpoint"},
+            "checkpoint_config": asdict(settings.checkpoint)}
+
+    def on_rendezvous(group_rank: int, group_world_size: int) -> None:
+        if group_rank == 0 and not record:
+            record.append(RunRecord.begin(storage, settings.name, spec,
+                                          ("identity", settings.identity())))
+
+    def on_failure(failures: list[WorkerFailure], restarts_left: int) -> None:
+        for r in record:
+            r.record_failure(failures, restarts_left, unlimited=settings.max_restarts == -1)
+
+    scratch = tempfile.mkdtemp(prefix="elastic_train_launch_")
+    entrypoint, args = settings.worker_command()
+    worker_env = {
+        LAUNCH_ENV: json.dumps({"storage_path": settings.storage_path, "name": settings.name,
+                                "checkpoint_config": asdict(settings.checkpoint),
+                                "staging_dir": os.path.join(scratch, "staging")}),
+        CACHE_ENV: os.path.join(scratch, "checkpoint_cache"),
+    }
+    if settings.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+        worker_env["OMP_NUM_THREADS"] = "1"  # as torchrun does
+    agent_spec = AgentSpec(
+        entrypoint=entrypoint, args=args, nproc_per_node=settings.nproc_per_node,
+        run_id=settings.rdzv_id, max_restarts=2**31 - 1 if settings.max_restarts == -1
+        else settings.max_restarts,
+        min_nodes=settings.min_nodes, max_nodes=settings.max_nodes,
+        rdzv_backend=settings.rdzv_backend, rdzv_endpoint=settings.rdzv_endpoint,
+        rdzv_configs=settings.rdzv_configs, monitor_interval=settings.monitor_interval,
+        log_dir=settings.log_dir or (os.path.join(storage.log_dir(), socket.gethostname())
+                                     if storage.is_local else os.path.join(scratch, "logs")),
+        tee=settings.tee, worker_env=worker_env,
+        log_line_prefix_template="[rank${rank}]: " if settings.max_nodes == 1
+        else "[node${hostname} rank${rank}]: ",
+        local_addr=settings.local_addr,
+    )
+    try:
+        failures = run_agent(agent_spec, on_failure=on_failure, on_rendezvous=on_rendezvous)
+    except Interrupted as exc:
+        for r in record:
+            r.set_status("interrupted")
+        print(f"elastic-train: stopped by {signal.Signals(exc.signum).name}; resume with: "
+              f"{shlex.join(spec['command'])}", file=sys.stderr)
+        return 128 + exc.signum
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if failures:
+        error = TrainingFailedError.from_failures(
+            failures, storage.display_path, settings.max_restarts,
+            resume_hint=f"run the same command again: {shlex.join(spec['command'])}",
+            retry_hint="pass --max-restarts N (or -1 for unlimited)")
+        for r in record:
+            r.set_status("failed", error=str(error))
+        print(f"elastic-train: {error}", file=sys.stderr)
+        return 1
+    for r in record:
+        r.set_status("finished")
+    return 0

@@ -1,0 +1,92 @@
+"""What every worker process does first and last, whatever it runs.
+
+It dies with its agent (``PR_SET_PDEATHSIG``), so a killed agent or driver
+leaves no orphan; and an error ends it at once after the traceback is written
+to torch.distributed.elastic's error file, which is how the driver learns the
+worker's own traceback.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from types import TracebackType
+
+from fsspec.implementations.local import LocalFileSystem
+
+from elastic_train.context import AGENT_PID_ENV
+from elastic_train.storage import filesystem as fsutil
+
+_PR_SET_PDEATHSIG = 1
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def die_with_agent() -> None:
+    """Asks the kernel to SIGKILL this process when the agent dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    agent_pid = os.environ.get(AGENT_PID_ENV)
+    if agent_pid is not None and os.getppid() != int(agent_pid):
+        os._exit(1)  # the agent died before the request took effect
+
+
+def write_error_file(exc: BaseException) -> None:
+    """Writes the error for the agent in torch.distributed.elastic's error-file format.
+
+    Atomically: the agent may read the file the moment this process exits or
+    a peer fails, and torch's own writer can leave it half-written then.
+    """
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {
+        "message": f"{type(exc).__name__}: {exc}",
+        "extraInfo": {"py_callstack": "".join(traceback.format_exception(exc)),
+                      "timestamp": str(int(time.time()))},
+    }}
+    fsutil.write_bytes_atomic(LocalFileSystem(), path, json.dumps(data).encode())
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """Drops the leading frames of this package and runpy, so the traceback starts in
+    user code."""
+    first = tb
+    while tb is not None and (tb.tb_frame.f_code.co_filename.startswith(_PACKAGE + os.sep)
+                              or tb.tb_frame.f_code.co_filename == "<frozen runpy>"):
+        tb = tb.tb_next
+    return tb or first
+
+
+def run_worker(main: Callable[[], None]) -> None:
+    """Runs ``main`` as a worker; on error, records the traceback and exits at once.
+
+    A failed worker does not tear down its process group: peers may be blocked
+    in a collective with it, and the agent stops the whole group anyway.
+    """
+    die_with_agent()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    faulthandler.enable()
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code in (None, 0):
+            raise
+        write_error_file(exc)
+        raise
+    except BaseException as exc:  # noqa: BLE001 -- every error must reach the driver
+        exc.__traceback__ = _user_frames(exc.__traceback__)
+        write_error_file(exc)
+        traceback.print_exc()
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)

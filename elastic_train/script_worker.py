@@ -1,0 +1,77 @@
+"""A worker of ``elastic-train launch``: runs the user's script as ``__main__``.
+
+``python -m elastic_train.script_worker [-m] TARGET [ARGS...]``. The script
+gets exactly torchrun's environment; if it calls ``elastic_train.report``,
+``get_checkpoint`` or ``get_context``, the session is built on that first call
+from the settings the launcher put in ``ELASTIC_TRAIN_LAUNCH`` (after the
+script has initialised its process group), and pending checkpoint uploads are
+waited for when the script ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import runpy
+import sys
+
+import torch
+import torch.distributed as dist
+
+from elastic_train.backend import WorkerResources
+from elastic_train.config import CheckpointConfig, RunConfig, ScalingConfig
+from elastic_train.context import WorkerEnv
+from elastic_train.process import run_worker
+from elastic_train.run_spec import RunSpec
+from elastic_train.session import TrainSession, current_session, set_session_factory
+from elastic_train.storage import RunStorage
+from elastic_train.torch.config import TorchConfig
+
+LAUNCH_ENV = "ELASTIC_TRAIN_LAUNCH"
+
+
+def _script_session() -> TrainSession:
+    settings = json.loads(os.environ[LAUNCH_ENV])
+    env = WorkerEnv.from_environ()
+    if env.world_size > 1 and not dist.is_initialized():
+        raise RuntimeError(
+            "Call torch.distributed.init_process_group() before the first "
+            "elastic_train.report()/get_checkpoint()/get_context() in a launched script: "
+            "the ranks agree on the checkpoint to resume from through the process group."
+        )
+    control = None
+    if dist.is_initialized():
+        gloo = dist.get_backend() == "gloo"
+        control = dist.group.WORLD if gloo else dist.new_group(backend="gloo")
+    device = torch.device("cuda", torch.cuda.current_device()) \
+        if torch.cuda.is_available() and torch.cuda.is_initialized() else torch.device("cpu")
+    run_config = RunConfig(storage_path=settings["storage_path"], name=settings["name"],
+                           checkpoint_config=CheckpointConfig(**settings["checkpoint_config"]))
+    spec = RunSpec(train_loop_per_worker=None, train_loop_config=None, backend=TorchConfig(),
+                   scaling_config=ScalingConfig(num_workers=env.local_world_size),
+                   run_config=run_config, experiment_name=settings["name"])
+    session = TrainSession(spec, env, WorkerResources([device], control),
+                           RunStorage.for_run(run_config, settings["name"]),
+                           settings["staging_dir"])
+    atexit.register(session.finish)  # also when the script calls sys.exit()
+    return session
+
+
+def main(argv: list[str]) -> None:
+    if LAUNCH_ENV in os.environ:
+        set_session_factory(_script_session)
+    if argv[0] == "-m":
+        sys.argv = argv[1:]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = argv
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+        runpy.run_path(argv[0], run_name="__main__")
+    session = current_session()
+    if session is not None:
+        session.finish()  # an upload error fails this worker
+
+
+if __name__ == "__main__":
+    run_worker(lambda: main(sys.argv[1:]))

@@ -1,0 +1,77 @@
+"""A torchrun-style training script for ``elastic-train launch`` tests.
+
+    launch_script.py OUT_DIR EPOCHS [--crash-at EPOCH] [--sleep S]
+
+It initialises its own process group (as under torchrun), uses
+elastic_train.get_checkpoint()/report() for resume, and records each start
+(epoch and world size) in OUT_DIR/starts; rank 0 prints the final digest.
+"""
+
+import argparse
+import hashlib
+import os
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import elastic_train as et
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("epochs", type=int)
+    parser.add_argument("--crash-at", type=int, default=-1)
+    parser.add_argument("--sleep", type=float, default=0.0)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    start = 0
+    checkpoint = et.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as d:
+            state = torch.load(os.path.join(d, "state.pt"), weights_only=True)
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = state["epoch"] + 1
+    if rank == 0:
+        with open(os.path.join(args.out, "starts"), "a") as f:
+            f.write(f"{start} {world}\n")
+    with open(os.path.join(args.out, f"pid-{os.getpid()}"), "w") as f:
+        f.write(str(os.getpid()))
+    for epoch in range(start, args.epochs):
+        gen = torch.Generator().manual_seed(epoch)
+        x = torch.randn(8, 4, generator=gen)
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        marker = os.path.join(args.out, "crashed")
+        if epoch == args.crash_at and rank == world - 1 and not os.path.exists(marker):
+            open(marker, "w").close()
+            raise RuntimeError(f"crash at epoch {epoch}")
+        time.sleep(args.sleep)
+        with tempfile.TemporaryDirectory() as d:
+            ckpt = None
+            if rank == 0:
+                torch.save({"model": model.module.state_dict(),
+                            "optimizer": optimizer.state_dict(), "epoch": epoch},
+                           os.path.join(d, "state.pt"))
+                ckpt = et.Checkpoint.from_directory(d)
+            et.report({"loss": loss.item(), "epoch": epoch, "world_size": world},
+                      checkpoint=ckpt, checkpoint_upload_mode="SYNC")
+    if rank == 0:
+        digest = hashlib.sha256(b"".join(
+            t.detach().numpy().tobytes() for t in model.module.state_dict().values()))
+        print("DIGEST", digest.hexdigest(), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

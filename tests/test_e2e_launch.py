@@ -1,0 +1,175 @@
+"""``elastic-train launch``: torchrun scripts unchanged, checkpoints and resume for scripts
+that use elastic_train, and several agents on this machine forming one elastic job
+(c10d and etcd v3), losing a node and taking one back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from elastic_train.storage import RunStorage
+from elastic_train.storage import filesystem as fsutil
+from tests.conftest import pid_alive, wait_until
+from tests.servers import free_port, stop_process
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
+              pytest.mark.usefixtures("no_leaked_processes")]
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "tests", "launch_script.py")
+CLI = [sys.executable, "-m", "elastic_train.cli"]
+
+
+def launch(*args, out=None):
+    return subprocess.Popen([*CLI, "launch", *map(str, args)], cwd=REPO, text=True,
+                            stdout=out or subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def starts(out_dir):
+    path = out_dir / "starts"
+    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()] \
+        if path.exists() else []
+
+
+def run_state(storage_path, name):
+    fs, path = fsutil.resolve(os.path.join(storage_path, name))
+    return RunStorage(fs, path).read_run_state()
+
+
+def worker_pids(out_dir):
+    return [int(p.name.split("-")[1]) for p in out_dir.glob("pid-*")]
+
+
+def test_plain_torchrun_script_runs_unchanged():
+    proc = launch("--standalone", "--nproc-per-node", 2, "tests/plain_torchrun_script.py")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "[rank0]: ENV rank=0 world=2 sum=2 missing=[]" in out
+    assert "[rank1]: ENV rank=1 world=2 sum=2 missing=[]" in out
+
+
+def test_crash_restarts_and_resumes_from_checkpoint(storage_path, tmp_path):
+    proc = launch("--nproc-per-node", 2, "--max-restarts", 1, "--storage-path", storage_path,
+                  "--name", "crash", SCRIPT, tmp_path, 5, "--crash-at", 2)
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode == 0, out
+    assert starts(tmp_path) == [(0, 2), (2, 2)]
+    state = run_state(storage_path, "crash")
+    assert state["status"] == "finished" and len(state["failures"]) == 1
+    assert "RuntimeError: crash at epoch 2" in state["failures"][0]["workers"][0]["message"]
+
+
+def test_budget_spent_exit_code_and_message(storage_path, tmp_path):
+    proc = launch("--nproc-per-node", 2, "--storage-path", storage_path, "--name", "spent",
+                  SCRIPT, tmp_path, 5, "--crash-at", 1)
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode == 1
+    assert "rank 1" in out and "crash at epoch 1" in out
+    assert "run the same command again" in out and "--max-restarts N" in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"], "--rdzv-id is required"),
+    (["--nnodes", "3:2"], "--nnodes='3:2' is invalid"),
+    (["--rdzv-backend", "zookeeper"], "not supported"),
+    (["--rdzv-conf", "novalue"], "--rdzv-conf item 'novalue'"),
+])
+def test_bad_flags_fail_before_anything_starts(args, message, tmp_path):
+    proc = launch(*args, SCRIPT, tmp_path, 1)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and message in out, out
+    assert not (tmp_path / "starts").exists()
+
+
+def test_missing_script_is_named(tmp_path):
+    proc = launch("--standalone", tmp_path / "nope.py")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "nope.py" in out and "does not exist" in out
+
+
+def test_relaunch_after_launcher_sigkill_resumes_bit_identical(storage_path, tmp_path):
+    straight_dir, killed_dir = tmp_path / "straight", tmp_path / "killed"
+    straight_dir.mkdir()
+    killed_dir.mkdir()
+    args = ("--nproc-per-node", 2, "--storage-path", storage_path)
+    proc = launch(*args, "--name", "straight", SCRIPT, straight_dir, 8)
+    out, _ = proc.communicate(timeout=150)
+    digest = next(line.split()[-1] for line in out.splitlines() if "DIGEST" in line)
+
+    proc = launch(*args, "--name", "killed", SCRIPT, killed_dir, 8, "--sleep", 0.3)
+    try:
+        marker = os.path.join(storage_path, "killed", "checkpoint_000002", ".commit.json")
+        assert wait_until(lambda: os.path.exists(marker), 120)
+        workers = worker_pids(killed_dir)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        stop_process(proc)
+    assert wait_until(lambda: not any(pid_alive(p) for p in workers), 30), "orphans"
+    proc = launch(*args, "--name", "killed", SCRIPT, killed_dir, 8, "--sleep", 0.3)
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode == 0, out
+    assert starts(killed_dir)[0] == (0, 2) and starts(killed_dir)[-1][0] >= 3
+    assert f"DIGEST {digest}" in out
+    state = run_state(storage_path, "killed")
+    assert state["status"] == "finished" and len(state["launches"]) == 2
+
+
+def _cluster(tmp_path, storage_path, backend_args, name, nodes=3, epochs=40):
+    out_dir = tmp_path / name
+    out_dir.mkdir()
+    logs = []
+
+    def node(i):
+        log = open(tmp_path / f"{name}-node{i}.log", "w")
+        logs.append(log)
+        return launch("--nnodes", "2:3", "--nproc-per-node", 1, *backend_args,
+                      "--rdzv-id", name, "--storage-path", storage_path, SCRIPT, out_dir,
+                      epochs, "--sleep", 0.25, out=log)
+
+    return out_dir, node, logs
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", ["c10d", "etcd"])
+def test_three_agents_lose_one_and_take_one_back(request, storage_path, tmp_path, backend):
+    if backend == "etcd":
+        endpoint = request.getfixturevalue("etcd_endpoint")
+        backend_args = ["--rdzv-backend", "etcd", "--rdzv-endpoint", endpoint]
+    else:
+        backend_args = ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    out_dir, node, logs = _cluster(tmp_path, storage_path, backend_args, f"job-{backend}")
+    procs = [node(0)]
+    try:
+        if backend == "c10d":  # node 0 hosts the c10d store: start it first, keep it alive
+            time.sleep(2)
+        procs += [node(1), node(2)]
+        assert wait_until(lambda: starts(out_dir)[:1] == [(0, 3)], 90)
+        assert wait_until(lambda: os.path.exists(os.path.join(
+            storage_path, f"job-{backend}", "checkpoint_000002", ".commit.json")), 60)
+        killed_at = time.monotonic()
+        procs[2].send_signal(signal.SIGKILL)  # an agent dies; its worker dies with it
+        assert wait_until(lambda: any(w == 2 for _, w in starts(out_dir)), 60)
+        recovery = time.monotonic() - killed_at
+        procs.append(node(3))  # a node comes back
+        assert wait_until(lambda: starts(out_dir)[-1][1] == 3 and len(starts(out_dir)) >= 3,
+                          90)
+        for proc in procs[:2] + procs[3:]:
+            assert proc.wait(150) == 0
+    finally:
+        for proc in procs:
+            stop_process(proc)
+        for log in logs:
+            log.close()
+    sizes = [w for _, w in starts(out_dir)]
+    assert sizes[0] == 3 and 2 in sizes and sizes[-1] == 3
+    resumed = [s for s, w in starts(out_dir)][1]
+    assert resumed >= 3  # from the latest checkpoint, not from scratch
+    assert recovery < 30, f"took {recovery:.1f}s to resume on the survivors"
+    state = run_state(storage_path, f"job-{backend}")
+    assert state["status"] == "finished"
