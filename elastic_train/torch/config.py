@@ -42,7 +42,8 @@ class TorchConfig(BackendConfig):
     """Mirrors ``ray.train.torch.TorchConfig``.
 
     Args:
-        backend: ``"gloo"`` or ``"nccl"``; default nccl with GPUs, else gloo.
+        backend: ``"gloo"`` or ``"nccl"``; default nccl with whole GPUs, else
+            gloo (also for fractional GPUs, which NCCL cannot share).
         init_method: ``"env"`` or ``"tcp"``, accepted for compatibility. Both
             reach the rendezvous store the elastic agent gives the workers.
         timeout_s: Timeout of collectives and of joining the group, seconds.
@@ -53,7 +54,11 @@ class TorchConfig(BackendConfig):
     timeout_s: int = 1800
 
     def backend_for(self, scaling: ScalingConfig) -> str:
-        return self.backend or ("nccl" if scaling.use_gpu else "gloo")
+        """nccl with whole GPUs per worker, else gloo: NCCL refuses two ranks on one device,
+        so fractional GPUs use gloo (Ray's own example pairs GPU 0.5 with gloo)."""
+        if self.backend:
+            return self.backend
+        return "nccl" if scaling.use_gpu and scaling.gpus_per_worker >= 1 else "gloo"
 
     def validate(self, scaling: ScalingConfig) -> None:
         backend = self.backend_for(scaling)
@@ -68,6 +73,11 @@ class TorchConfig(BackendConfig):
         if backend == "nccl" and not scaling.use_gpu:
             raise ConfigError("TorchConfig.backend='nccl' needs GPUs: set "
                               "ScalingConfig(use_gpu=True) or use backend='gloo'.")
+        if backend == "nccl" and 0 < scaling.gpus_per_worker < 1:
+            raise ConfigError(
+                f"TorchConfig.backend='nccl' cannot share a GPU between workers "
+                f"(resources_per_worker['GPU']={scaling.gpus_per_worker}): NCCL refuses two "
+                "ranks on one device. Use backend='gloo' (or None), or whole GPUs.")
         if scaling.use_gpu:
             have = torch.cuda.device_count() if torch.cuda.is_available() else 0
             need = scaling.gpus_needed()
