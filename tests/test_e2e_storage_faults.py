@@ -90,10 +90,11 @@ def test_worker_killed_during_upload_leaves_no_partial_checkpoint(storage, tmp_p
                  config={"fault": fault, "starts_file": str(starts),
                          "ballast_mb": 24, "upload_mode": "ASYNC"})
     assert result.return_value["digest"] == baseline.return_value["digest"]
-    # Up to two checkpoints can be in flight (one uploading, one queued): the restart
-    # resumes after the latest one that was committed, whichever that was.
+    # Up to two checkpoints can be in flight (one uploading, one queued), and on a loaded
+    # machine slow uploads may have committed none yet: the restart resumes after the
+    # latest committed one, whichever that was, and ends bit-identical all the same.
     restarted_at = int(starts.read_text().split()[1])
-    assert 1 <= restarted_at <= 3
+    assert 0 <= restarted_at <= 3
     storage.fs.invalidate_cache()
     for path in storage.fs.ls(f"{storage.url}/kill-upload", detail=False):
         if path.rsplit("/", 1)[1].startswith("checkpoint_"):
