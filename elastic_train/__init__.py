@@ -8,6 +8,12 @@ A Ray Train script ports by changing imports::
 
 __version__ = "0.1.0"
 
+from elastic_train.callbacks import (
+    CSVLoggerCallback,
+    RunContext,
+    TensorBoardLoggerCallback,
+    UserCallback,
+)
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from elastic_train.context import TrainContext
@@ -22,6 +28,10 @@ from elastic_train.session import (
 )
 
 __all__ = [
+    "CSVLoggerCallback",
+    "RunContext",
+    "TensorBoardLoggerCallback",
+    "UserCallback",
     "Checkpoint",
     "CheckpointConfig",
     "CheckpointUploadMode",

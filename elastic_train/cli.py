@@ -87,7 +87,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     for c in checkpoints:
         shown = {k: v for k, v in c.metrics.items() if k not in _AUTO_FIELDS}
         print(f"  checkpoint_{c.index:06d}  iteration {c.training_iteration}  {shown}")
-    print(f"logs:     {storage.log_dir()}")
+    print(f"logs:     {fsutil.display_path(fs, storage.log_dir())}")
     return 0
 
 
@@ -170,10 +170,17 @@ def add_launch_parser(sub: Any) -> None:
     _flag(launch, "local-addr", default=env("PET_LOCAL_ADDR"))
     _flag(launch, "log-dir", default=env("PET_LOG_DIR"),
           help="per-rank logs (default: the run directory's logs/)")
+    _flag(launch, "local-ranks-filter", default=env("PET_LOCAL_RANKS_FILTER", ""),
+          help="show only these local ranks' output on the console, e.g. 0 or 0,1 "
+               "(the log files keep every rank's)")
+    _flag(launch, "redirects", default=env("PET_REDIRECTS", "0"),
+          help="as torchrun: streams to send only to the log files (0 none, 1 stdout, "
+               "2 stderr, 3 both)")
     _flag(launch, "tee", default=env("PET_TEE", "3"),
-          help="0: logs to files only; 1, 2, 3: also to the console (default)")
-    _flag(launch, "redirects", default=env("PET_REDIRECTS", "3"),
-          help="accepted for torchrun compatibility: output always goes to the log files")
+          help="as torchrun: redirected streams also shown on the console (default 3)")
+    _flag(launch, "quiet", action="store_true", help="no live status line")
+    _flag(launch, "verbose", action="store_true",
+          help="also show torch.distributed.elastic's agent logs")
     _flag(launch, "storage-path", default=env("PET_STORAGE_PATH", DEFAULT_STORAGE_PATH))
     _flag(launch, "name", default=env("PET_NAME"),
           help="the run's name (default: the rdzv id with several nodes, else a timestamp)")
@@ -187,6 +194,18 @@ def add_launch_parser(sub: Any) -> None:
     launch.set_defaults(func=cmd_launch)
 
 
+_STREAMS = {"0": set(), "1": {"stdout"}, "2": {"stderr"}, "3": {"stdout", "stderr"}}
+
+
+def console_streams(redirects: str, tee: str) -> frozenset[str]:
+    """Streams shown on the console: those not redirected, plus the teed ones."""
+    for flag, value in (("--redirects", redirects), ("--tee", tee)):
+        if value not in _STREAMS:
+            raise ConfigError(f"{flag}={value!r} is invalid: use 0, 1, 2 or 3.")
+    shown = {"stdout", "stderr"} - _STREAMS[redirects] | _STREAMS[tee]
+    return frozenset(shown)
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
     from elastic_train.launcher import LaunchSettings, launch
 
@@ -197,7 +216,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
         rdzv_id=args.rdzv_id, rdzv_conf=args.rdzv_conf, standalone=args.standalone,
         max_restarts=args.max_restarts, monitor_interval=args.monitor_interval,
         node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
-        local_addr=args.local_addr, log_dir=args.log_dir, tee=args.tee != "0",
+        local_addr=args.local_addr, log_dir=args.log_dir,
+        local_ranks_filter={int(r) for r in args.local_ranks_filter.split(",") if r} or None,
+        verbose=0 if args.quiet else (2 if args.verbose else 1),
+        console_streams=console_streams(args.redirects, args.tee),
         storage_path=args.storage_path, name=args.name,
         checkpoint=CheckpointConfig(num_to_keep=args.num_to_keep,
                                     checkpoint_score_attribute=args.checkpoint_score_attribute,

@@ -209,6 +209,11 @@ class RunConfig:
         storage_retry_timeout_s: How long transient storage errors (refused
             or reset connections, timeouts, 5xx, throttling) are retried, with
             exponential backoff, before the operation fails the run.
+        callbacks: Driver-side :class:`~elastic_train.UserCallback` objects
+            (e.g. ``CSVLoggerCallback()``, ``TensorBoardLoggerCallback()``).
+        verbose: 0 prints nothing but the workers' output, 1 (default) adds a
+            live status line (plain periodic lines when stdout is not a
+            terminal), 2 also shows torch.distributed.elastic's agent logs.
         failure_config: Restart budget; see :class:`FailureConfig`.
         checkpoint_config: Retention; see :class:`CheckpointConfig`.
     """
@@ -220,6 +225,8 @@ class RunConfig:
     storage_retry_timeout_s: float = 120.0
     failure_config: FailureConfig | None = None
     checkpoint_config: CheckpointConfig | None = None
+    callbacks: list[Any] | None = None
+    verbose: int = 1
 
     def __post_init__(self) -> None:
         if self.failure_config is None:
@@ -241,6 +248,9 @@ class RunConfig:
             f"RunConfig.storage_path={self.storage_path!r} must be a path or URL string.",
         )
         self.storage_path = os.fspath(self.storage_path)
+        self.callbacks = list(self.callbacks or [])
+        _require(self.verbose in (0, 1, 2),
+                 f"RunConfig.verbose={self.verbose!r} is invalid: use 0, 1 or 2.")
         _require(
             self.storage_options is None or isinstance(self.storage_options, dict),
             "RunConfig.storage_options must be a dict of fsspec filesystem arguments.",

@@ -22,13 +22,14 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from elastic_train.agent import AgentSpec, Interrupted, run_agent
+from elastic_train.agent import AgentSpec, Interrupted
 from elastic_train.checkpoint import CACHE_ENV
 from elastic_train.config import CheckpointConfig
-from elastic_train.errors import ConfigError, TrainingFailedError, WorkerFailure
+from elastic_train.errors import ConfigError, TrainingFailedError
 from elastic_train.run_record import RunRecord
 from elastic_train.script_worker import LAUNCH_ENV
 from elastic_train.storage import RunStorage
+from elastic_train.supervisor import RunSupervisor
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +93,9 @@ class LaunchSettings:
     master_port: int = 29500
     local_addr: str | None = None
     log_dir: str | None = None
-    tee: bool = True
+    local_ranks_filter: set[int] | None = None
+    console_streams: frozenset[str] = frozenset({"stdout", "stderr"})
+    verbose: int = 1
     storage_path: str = os.path.join("~", "elastic_train_results")
     name: str | None = None
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -164,20 +167,16 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
         # a store shared across restarts serves stale addresses to a restarted gloo
         # group. Unshared, each incarnation gets a fresh store on rank 0.
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    record: list[RunRecord] = []
     spec = {"command": ["elastic-train", "launch", *argv], "identity": settings.identity(),
-            "launch": {k: v for k, v in asdict(settings).items() if k != "checkpoint"},
+            "launch": {k: sorted(v) if isinstance(v, (set, frozenset)) else v
+                       for k, v in asdict(settings).items() if k != "checkpoint"},
             "checkpoint_config": asdict(settings.checkpoint)}
-
-    def on_rendezvous(group_rank: int, group_world_size: int) -> None:
-        if group_rank == 0 and not record:
-            record.append(RunRecord.begin(storage, settings.name, spec,
-                                          ("identity", settings.identity())))
-
-    def on_failure(failures: list[WorkerFailure], restarts_left: int) -> None:
-        for r in record:
-            r.record_failure(failures, restarts_left, unlimited=settings.max_restarts == -1)
-
+    RunRecord.check_resumable(storage, ("identity", settings.identity()))
+    supervisor = RunSupervisor(
+        storage, settings.name, settings.max_restarts == -1, verbose=settings.verbose,
+        local_ranks=settings.local_ranks_filter, streams=settings.console_streams,
+        begin_record=lambda: RunRecord.begin(storage, settings.name, spec,
+                                             ("identity", settings.identity())))
     scratch = tempfile.mkdtemp(prefix="elastic_train_launch_")
     entrypoint, args = settings.worker_command()
     worker_env = {
@@ -197,16 +196,11 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
         rdzv_configs=settings.rdzv_configs, monitor_interval=settings.monitor_interval,
         log_dir=settings.log_dir or (os.path.join(storage.log_dir(), socket.gethostname())
                                      if storage.is_local else os.path.join(scratch, "logs")),
-        tee=settings.tee, worker_env=worker_env,
-        log_line_prefix_template="[rank${rank}]: " if settings.max_nodes == 1
-        else "[node${hostname} rank${rank}]: ",
-        local_addr=settings.local_addr,
+        agent_logs=settings.verbose >= 2, worker_env=worker_env, local_addr=settings.local_addr,
     )
     try:
-        failures = run_agent(agent_spec, on_failure=on_failure, on_rendezvous=on_rendezvous)
+        failures = supervisor.run(agent_spec)
     except Interrupted as exc:
-        for r in record:
-            r.set_status("interrupted")
         print(f"elastic-train: stopped by {signal.Signals(exc.signum).name}; resume with: "
               f"{shlex.join(spec['command'])}", file=sys.stderr)
         return 128 + exc.signum
@@ -217,10 +211,10 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
             failures, storage.display_path, settings.max_restarts,
             resume_hint=f"run the same command again: {shlex.join(spec['command'])}",
             retry_hint="pass --max-restarts N (or -1 for unlimited)")
-        for r in record:
-            r.set_status("failed", error=str(error))
+        if supervisor.record is not None:
+            supervisor.record.set_status("failed", error=str(error))
         print(f"elastic-train: {error}", file=sys.stderr)
         return 1
-    for r in record:
-        r.set_status("finished")
+    if supervisor.record is not None:
+        supervisor.record.set_status("finished")
     return 0

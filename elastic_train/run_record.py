@@ -51,6 +51,20 @@ class RunRecord:
         ``identity`` is a ``(spec key, value)`` that must match a stored run's
         (the train function, or the launched command) for it to be resumed.
         """
+        state = cls.check_resumable(storage, identity)
+        now = time.time()
+        state = state or {"name": name, "created": now, "launches": [], "failures": []}
+        state.update(status="running", updated=now, versions=versions(), spec=spec)
+        state["launches"].append({"started": now, "pid": os.getpid(),
+                                  "host": platform.node(), "status": "running"})
+        record = cls(storage, state)
+        record._write(required=True)
+        return record
+
+    @staticmethod
+    def check_resumable(storage: RunStorage, identity: tuple[str, Any] | None
+                        ) -> dict[str, Any] | None:
+        """The stored state, if the run may be (re)started here; else a ConfigError."""
         state = storage.read_run_state()
         if state and state.get("status") == "finished":
             raise ConfigError(
@@ -67,14 +81,7 @@ class RunRecord:
                     "run, or resume it as it was (TorchTrainer.restore(path) or "
                     "elastic-train restore PATH)."
                 )
-        now = time.time()
-        state = state or {"name": name, "created": now, "launches": [], "failures": []}
-        state.update(status="running", updated=now, versions=versions(), spec=spec)
-        state["launches"].append({"started": now, "pid": os.getpid(),
-                                  "host": platform.node(), "status": "running"})
-        record = cls(storage, state)
-        record._write(required=True)
-        return record
+        return state
 
     def record_failure(self, failures: list[WorkerFailure], restarts_left: int,
                        unlimited: bool) -> None:

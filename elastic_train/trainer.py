@@ -25,8 +25,9 @@ from typing import Any
 
 import cloudpickle
 
-from elastic_train.agent import AgentSpec, Interrupted, run_agent
+from elastic_train.agent import AgentSpec, Interrupted
 from elastic_train.backend import BackendConfig
+from elastic_train.callbacks import UserCallback
 from elastic_train.checkpoint import CACHE_ENV, Checkpoint
 from elastic_train.config import RunConfig, ScalingConfig
 from elastic_train.errors import ConfigError, StorageError, TrainingFailedError, WorkerFailure
@@ -35,6 +36,7 @@ from elastic_train.run_record import RunRecord
 from elastic_train.run_spec import RunSpec, check_train_function
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.supervisor import RunSupervisor
 from elastic_train.worker import RETURN_VALUE_FILE
 
 logger = logging.getLogger(__name__)
@@ -153,6 +155,10 @@ class DataParallelTrainer:
         return bool(state) and state.get("status") != "finished" and storage.has_trainable()
 
     def _validate(self) -> None:
+        for callback in self.run_config.callbacks:
+            if not isinstance(callback, UserCallback):
+                raise ConfigError(f"RunConfig.callbacks has {callback!r}, which is not a "
+                                  "UserCallback: subclass elastic_train.UserCallback.")
         for name, dataset in self.datasets.items():
             if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
                 raise ConfigError(f"datasets[{name!r}]={dataset!r} is not a map-style dataset: "
@@ -183,7 +189,8 @@ class DataParallelTrainer:
         spec = RunSpec(
             train_loop_per_worker=self.train_loop_per_worker,
             train_loop_config=self.train_loop_config, backend=self.backend_config,
-            scaling_config=self.scaling_config, run_config=run_config,
+            scaling_config=self.scaling_config,
+            run_config=dataclasses.replace(run_config, callbacks=[]),  # driver-side only
             experiment_name=name, datasets=self.datasets,
             resume_from_checkpoint=self.resume_from_checkpoint, metadata=self.metadata,
         )
@@ -233,11 +240,9 @@ class DataParallelTrainer:
     def _run_workers(self, storage: RunStorage, record: RunRecord, run_config: RunConfig,
                      spec_path: str, scratch: str) -> list[WorkerFailure]:
         scaling = self.scaling_config
-
-        def record_failure(failures: list[WorkerFailure], restarts_left: int) -> None:
-            record.record_failure(failures, restarts_left,
-                                  unlimited=run_config.failure_config.max_failures == -1)
-
+        supervisor = RunSupervisor(
+            storage, run_config.name, run_config.failure_config.max_failures == -1,
+            record=record, callbacks=run_config.callbacks, verbose=run_config.verbose)
         agent_spec = AgentSpec(
             entrypoint=sys.executable,
             args=("-m", "elastic_train.worker", spec_path, scratch),
@@ -245,23 +250,20 @@ class DataParallelTrainer:
             run_id=f"{run_config.name}-{uuid.uuid4().hex[:8]}",
             max_restarts=run_config.failure_config.max_restarts,
             log_dir=storage.log_dir() if storage.is_local else os.path.join(scratch, "logs"),
+            agent_logs=run_config.verbose >= 2,
             worker_env={
                 "OMP_NUM_THREADS": str(scaling.threads_per_worker(scaling.num_workers)),
                 CACHE_ENV: os.path.join(scratch, "checkpoint_cache"),
             },
         )
         try:
-            return run_agent(agent_spec, on_failure=record_failure)
+            return supervisor.run(agent_spec)
         except Interrupted as exc:
-            record.set_status("interrupted")
             logger.warning("Run interrupted by %s; it can be resumed by running fit() again "
                            "with RunConfig(name=%r).", signal.Signals(exc.signum).name,
                            run_config.name)
             signal.raise_signal(exc.signum)  # the caller's own handler decides what happens
             raise KeyboardInterrupt from None
-        except BaseException:
-            record.set_status("failed", error="The driver stopped unexpectedly.")
-            raise
 
     def _finish(self, storage: RunStorage, record: RunRecord, run_config: RunConfig,
                 failures: list[WorkerFailure], scratch: str) -> Result:

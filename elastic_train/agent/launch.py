@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,6 +35,9 @@ class AgentSpec:
 
     ``entrypoint``/``args`` is the worker command; ``worker_env`` is added to
     each worker's environment on top of what torch.distributed.elastic sets.
+    Workers write to their log files under ``log_dir`` only; the driver's
+    console shows them (see :mod:`elastic_train.console`). ``agent_logs``
+    shows torch.distributed.elastic's own logs too.
     """
 
     entrypoint: str
@@ -50,8 +52,7 @@ class AgentSpec:
     rdzv_configs: dict[str, object] = field(default_factory=dict)
     monitor_interval: float = 0.1
     log_dir: str | None = None
-    tee: bool = True
-    log_line_prefix_template: str = "[rank${rank}]: "
+    agent_logs: bool = False
     worker_env: dict[str, str] = field(default_factory=dict)
     shutdown_timeout: int = 15
     local_addr: str | None = None
@@ -67,13 +68,7 @@ class Interrupted(Exception):
 
 @contextlib.contextmanager
 def _quiet_torch_agent_logs() -> Iterator[None]:
-    """torch's agent logs every step at WARNING/ERROR; the driver reports outcomes itself.
-
-    Set ``ELASTIC_TRAIN_AGENT_LOGS=1`` to see them while debugging the engine.
-    """
-    if os.environ.get("ELASTIC_TRAIN_AGENT_LOGS") == "1":
-        yield
-        return
+    """torch's agent logs every step at WARNING/ERROR; the driver reports outcomes itself."""
     elastic = logging.getLogger("torch.distributed.elastic")
     saved = elastic.level
     elastic.setLevel(logging.CRITICAL)
@@ -117,7 +112,7 @@ def run_agent(spec: AgentSpec,
         args=spec.args, rdzv_handler=rdzv_handler, max_restarts=spec.max_restarts,
         monitor_interval=spec.monitor_interval, local_addr=spec.local_addr,
     )
-    logs = DefaultLogsSpecs(log_dir=spec.log_dir, tee=Std.ALL if spec.tee else Std.NONE)
+    logs = DefaultLogsSpecs(log_dir=spec.log_dir, redirects=Std.ALL, tee=Std.NONE)
 
     def report(result: RunResult, restarts_left: int) -> None:
         if on_failure is not None:
@@ -125,11 +120,11 @@ def run_agent(spec: AgentSpec,
 
     agent = TrainAgent(
         spec=worker_spec, logs_specs=logs, start_method="spawn",
-        log_line_prefix_template=spec.log_line_prefix_template,
         shutdown_timeout=spec.shutdown_timeout, worker_env=spec.worker_env,
         on_failure=report, on_rendezvous=on_rendezvous,
     )
-    with _restored_signal_handlers(), _quiet_torch_agent_logs():
+    quiet = contextlib.nullcontext() if spec.agent_logs else _quiet_torch_agent_logs()
+    with _restored_signal_handlers(), quiet:
         try:
             result = agent.run()
         except SignalException as exc:

@@ -184,5 +184,10 @@ class RunStorage:
         return self._retry("looking for trainable.pkl",
                            lambda: self.fs.exists(self._path(TRAINABLE_FILE)))
 
+    def upload_logs(self, local_dir: str) -> None:
+        """Copies a local log directory into the run's ``logs/`` (remote stores)."""
+        self._retry("uploading logs", lambda: self.fs.put(
+            local_dir.rstrip("/") + "/", self.log_dir() + "/", recursive=True))
+
     def log_dir(self) -> str:
         return self._path("logs")

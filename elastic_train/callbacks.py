@@ -1,0 +1,143 @@
+"""Driver-side callbacks: ``RunConfig(callbacks=[...])``, in Ray Train v2's shape.
+
+The driver watches the run directory while the workers train and calls
+``after_report`` for every row rank 0 reports (``metrics`` is a one-element
+list: rank 0's row; Ray passes one dict per worker) and ``after_exception``
+when the run fails. Built in: :class:`CSVLoggerCallback` (``progress.csv``) and
+:class:`TensorBoardLoggerCallback` (``tensorboard/``), both in the run directory.
+
+Example::
+
+    class PrintLoss(elastic_train.UserCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            print("loss", metrics[0]["loss"])
+
+    RunConfig(callbacks=[PrintLoss(), CSVLoggerCallback()])
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from elastic_train.checkpoint import Checkpoint
+from elastic_train.storage import RunStorage
+from elastic_train.storage import filesystem as fsutil
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What a callback knows about the run."""
+
+    run_name: str
+    storage: RunStorage
+
+    @property
+    def run_path(self) -> str:
+        return self.storage.display_path
+
+
+class UserCallback:
+    """Base class of callbacks; override the hooks you need."""
+
+    def after_report(self, run_context: RunContext, metrics: list[dict[str, Any]],
+                     checkpoint: Checkpoint | None) -> None:
+        """After each report of rank 0 (``metrics[0]``), with its checkpoint if any."""
+
+    def after_exception(self, run_context: RunContext,
+                        worker_exceptions: dict[int, Exception]) -> None:
+        """When the run fails: the exceptions of the failed workers, by rank."""
+
+    def after_run(self, run_context: RunContext) -> None:
+        """When the run ends, however it ends (flush and upload files here)."""
+
+
+def numeric_items(row: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in row.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+class CSVLoggerCallback(UserCallback):
+    """Writes every reported row to ``<run>/progress.csv`` (one column per metric)."""
+
+    FILE = "progress.csv"
+
+    def __init__(self) -> None:
+        self._rows: list[dict[str, Any]] = []
+
+    def after_report(self, run_context: RunContext, metrics: list[dict[str, Any]],
+                     checkpoint: Checkpoint | None) -> None:
+        self._rows.append(metrics[0])
+
+    def after_run(self, run_context: RunContext) -> None:
+        if not self._rows:
+            return
+        columns = list(dict.fromkeys(k for row in self._rows for k in row))
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(self._rows)
+        storage = run_context.storage
+        fsutil.write_bytes_atomic(storage.fs, fsutil.join(storage.run_path, self.FILE),
+                                  text.getvalue().encode())
+
+
+class TensorBoardLoggerCallback(UserCallback):
+    """Writes numeric metrics as TensorBoard scalars to ``<run>/tensorboard/``.
+
+    Needs the ``tensorboard`` package (``pip install elastic-train[tensorboard]``).
+    The step is ``training_iteration``. For remote storage the event file is
+    written locally and uploaded when the run ends.
+    """
+
+    DIR = "tensorboard"
+
+    def __init__(self) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise ImportError("TensorBoardLoggerCallback needs tensorboard: pip install "
+                              "tensorboard (or elastic-train[tensorboard]).") from exc
+        self._writer_class = SummaryWriter
+        self._writer: Any = None
+        self._local_dir: str | None = None
+
+    def _writer_for(self, storage: RunStorage) -> Any:
+        if self._writer is None:
+            if storage.is_local:
+                self._local_dir = fsutil.join(storage.run_path, self.DIR)
+            else:
+                self._local_dir = tempfile.mkdtemp(prefix="elastic_train_tb_")
+            self._writer = self._writer_class(log_dir=self._local_dir)
+        return self._writer
+
+    def after_report(self, run_context: RunContext, metrics: list[dict[str, Any]],
+                     checkpoint: Checkpoint | None) -> None:
+        row = metrics[0]
+        writer = self._writer_for(run_context.storage)
+        step = int(row.get("training_iteration", 0))
+        for key, value in numeric_items(row).items():
+            if key not in ("training_iteration", "timestamp", "pid"):
+                writer.add_scalar(key, value, global_step=step)
+        writer.flush()
+
+    def after_run(self, run_context: RunContext) -> None:
+        if self._writer is None:
+            return
+        self._writer.close()
+        storage = run_context.storage
+        if not storage.is_local:
+            target = fsutil.join(storage.run_path, self.DIR)
+            for name in os.listdir(self._local_dir):
+                storage.fs.put_file(os.path.join(self._local_dir, name),
+                                    fsutil.join(target, name))
+            shutil.rmtree(self._local_dir, ignore_errors=True)
+        self._writer = None

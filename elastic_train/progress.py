@@ -1,0 +1,171 @@
+"""The driver's live view of a run, and the feed of its callbacks.
+
+:class:`RunMonitor` runs a background thread that prints the workers' output
+(see :mod:`.console`), polls the run directory (the same ``metrics.jsonl``
+that ``Result.metrics_dataframe`` reads, on any store), calls the callbacks
+for each new report, and shows progress: a status line kept at the bottom of
+a terminal, or a plain line at most every few seconds when stdout is a pipe
+or a file (CI, logs). No dependency: a status line needs neither rich nor tqdm.
+
+``verbose``: 0 shows nothing, 1 (default) shows progress, 2 also shows
+torch.distributed.elastic's own agent logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+from elastic_train.callbacks import RunContext, UserCallback
+from elastic_train.checkpoint import Checkpoint
+from elastic_train.console import Console, LogTail
+from elastic_train.errors import WorkerFailure
+
+logger = logging.getLogger(__name__)
+
+_SKIP = {"timestamp", "date", "time_this_iter_s", "time_since_restore", "hostname", "pid",
+         "iterations_since_restore", "checkpoint_dir_name", "training_iteration",
+         "time_total_s"}
+
+
+def _format(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+class RunMonitor:
+    """Watches one run while it trains; ``start()`` then ``stop()``.
+
+    Example::
+
+        monitor = RunMonitor(context, callbacks=[CSVLoggerCallback()], verbose=1)
+        monitor.start()
+        ...  # the agent runs; monitor.note_rendezvous / note_failure from its callbacks
+        monitor.stop()
+    """
+
+    def __init__(self, context: RunContext, callbacks: list[UserCallback], log_dir: str,
+                 verbose: int = 1, stream: TextIO | None = None,
+                 local_ranks: set[int] | None = None,
+                 streams: frozenset[str] = frozenset({"stdout", "stderr"}),
+                 interval_s: float = 1.0,
+                 plain_every_s: float = 10.0, nproc_per_node: int = 1):
+        self.context = context
+        self.callbacks = list(callbacks)
+        self.verbose = verbose
+        self.console = Console(stream or sys.stdout)
+        self.interval_s = interval_s
+        self.plain_every_s = plain_every_s
+        self._group_rank, self._nodes, self._nproc = 0, 1, nproc_per_node
+        self.tail = LogTail(log_dir, self.console, self._prefix, local_ranks, streams)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = time.monotonic()
+        self._last_iteration = 0
+        self._last_row: dict[str, Any] | None = None
+        self._workers = "starting"
+        self._restarts = 0
+        self._last_plain = time.monotonic()  # the first plain line after plain_every_s
+        self._shown = ""
+
+    def _prefix(self, local_rank: int) -> str:
+        rank = self._group_rank * self._nproc + local_rank
+        return f"[node{self._group_rank} rank{rank}]: " if self._nodes > 1 else f"[rank{rank}]: "
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="run-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Takes a last look (so no output or report is missed), runs ``after_run``."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.tail.poll(final=True)
+        self._poll_metrics()
+        self._render(final=True)
+        self.console.end_status()
+        for callback in self.callbacks:
+            try:
+                callback.after_run(self.context)
+            except Exception:
+                logger.exception("Callback %r failed in after_run", callback)
+
+    def note_rendezvous(self, group_rank: int, nodes: int) -> None:
+        self._group_rank, self._nodes = group_rank, nodes
+        workers = nodes * self._nproc
+        self._workers = f"{workers} workers" + (f" on {nodes} nodes" if nodes > 1 else "")
+
+    def note_failure(self, failures: list[WorkerFailure], restarting: bool) -> None:
+        """A failed attempt; ``restarting`` unless the budget is spent (then the callbacks'
+        ``after_exception`` runs)."""
+        self._restarts += 1 if restarting else 0
+        self._workers = "restarting" if restarting else "failed"
+        if not restarting:
+            exceptions = {f.rank: RuntimeError(f.traceback or f.message or f.describe())
+                          for f in failures}
+            for callback in self.callbacks:
+                try:
+                    callback.after_exception(self.context, exceptions)
+                except Exception:
+                    logger.exception("Callback %r failed in after_exception", callback)
+
+    def _loop(self) -> None:
+        next_poll = 0.0
+        while not self._stop.wait(0.1):
+            self.tail.poll()
+            if time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + self.interval_s
+                try:
+                    self._poll_metrics()
+                except Exception:  # storage blips must not stop the run
+                    logger.debug("Progress poll failed", exc_info=True)
+                self._render()
+
+    def _poll_metrics(self) -> None:
+        rows = self.context.storage.read_metrics()
+        if rows and rows[-1].get("training_iteration", 0) < self._last_iteration:
+            self._last_iteration = rows[-1]["training_iteration"]  # history trimmed on resume
+        for row in rows:
+            iteration = row.get("training_iteration", 0)
+            if iteration <= self._last_iteration:
+                continue
+            self._last_iteration = iteration
+            self._last_row = row
+            checkpoint = None
+            if row.get("checkpoint_dir_name"):
+                checkpoint = Checkpoint(f"{self.context.storage.run_path}/"
+                                        f"{row['checkpoint_dir_name']}",
+                                        self.context.storage.fs)
+            for callback in self.callbacks:
+                try:
+                    callback.after_report(self.context, [row], checkpoint)
+                except Exception:
+                    logger.exception("Callback %r failed in after_report", callback)
+
+    def status_line(self) -> str:
+        elapsed = time.monotonic() - self._started
+        parts = [f"[elastic-train] {self.context.run_name}", f"{elapsed:.0f}s", self._workers]
+        if self._last_row:
+            parts.append(f"iter {self._last_row.get('training_iteration')}")
+            parts += [f"{k} {_format(v)}" for k, v in self._last_row.items()
+                      if k not in _SKIP and isinstance(v, (int, float, str))][:4]
+            if self._last_row.get("checkpoint_dir_name"):
+                parts.append(f"ckpt {self._last_row['checkpoint_dir_name']}")
+        if self._restarts:
+            parts.append(f"restarts {self._restarts}")
+        return " | ".join(parts)
+
+    def _render(self, final: bool = False) -> None:
+        if not self.verbose:
+            return
+        line = self.status_line()
+        if self.console.tty:
+            self.console.status(line)
+        elif line != self._shown and (final or time.monotonic() - self._last_plain
+                                      >= self.plain_every_s):
+            self.console.lines([line])
+            self._last_plain = time.monotonic()
+            self._shown = line

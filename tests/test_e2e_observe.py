@@ -1,0 +1,121 @@
+"""Seeing the run: callbacks, CSV and TensorBoard files, the non-terminal progress
+lines, rank-prefixed output, and the run browser (ls/show) on local and S3 runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import elastic_train as et
+from elastic_train.callbacks import CSVLoggerCallback, TensorBoardLoggerCallback
+from tests.conftest import EPOCHS, fit
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
+              pytest.mark.usefixtures("no_leaked_processes")]
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLI = [sys.executable, "-m", "elastic_train.cli"]
+
+
+class Recorder(et.UserCallback):
+    def __init__(self):
+        self.reports, self.exceptions, self.ended = [], {}, False
+
+    def after_report(self, run_context, metrics, checkpoint):
+        self.reports.append((metrics[0]["training_iteration"], checkpoint))
+
+    def after_exception(self, run_context, worker_exceptions):
+        self.exceptions.update(worker_exceptions)
+
+    def after_run(self, run_context):
+        self.ended = True
+
+
+def test_callbacks_csv_and_tensorboard(storage, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    recorder = Recorder()
+    result = fit(storage, "observed",
+                 callbacks=[recorder, CSVLoggerCallback(), TensorBoardLoggerCallback()])
+    assert [i for i, _ in recorder.reports] == list(range(1, EPOCHS + 1))
+    assert all(c is not None for _, c in recorder.reports) and recorder.ended
+    fs = result.filesystem
+    csv_lines = fs.cat_file(f"{result.path}/progress.csv").decode().splitlines()
+    assert csv_lines[0].startswith("loss,epoch") and len(csv_lines) == EPOCHS + 1
+    events = tmp_path / "tb"
+    fs.get(f"{result.path}/tensorboard/", str(events) + "/", recursive=True)
+    accumulator = EventAccumulator(str(events))
+    accumulator.Reload()
+    losses = accumulator.Scalars("loss")
+    assert [e.step for e in losses] == list(range(1, EPOCHS + 1))
+    assert losses[-1].value == pytest.approx(result.metrics["loss"], rel=1e-5)
+
+
+def test_after_exception_gets_the_failed_ranks(storage_path, tmp_path):
+    recorder = Recorder()
+    fault = {"rank": 1, "epoch": 1, "how": "raise", "marker": str(tmp_path / "m")}
+    with pytest.raises(et.TrainingFailedError):
+        fit(storage_path, "observed-fail", config={"fault": fault}, callbacks=[recorder])
+    assert "injected failure" in str(recorder.exceptions[1]) and recorder.ended
+
+
+def test_bad_callback_is_refused_before_start(storage_path):
+    with pytest.raises(et.ConfigError, match="not a UserCallback"):
+        fit(storage_path, "bad-callback", callbacks=[print])
+
+
+def test_piped_output_has_rank_prefixes_and_plain_progress_lines(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "examples/digits.py", "--epochs", "3", "--storage-path",
+         str(tmp_path), "--name", "piped"],
+        cwd=REPO, capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("[rank0]: epoch 2:") for line in lines)
+    status = [line for line in lines if line.startswith("[elastic-train] piped")]
+    assert status and "iter 3" in status[-1]
+    assert "\r" not in proc.stdout and "\033[" not in proc.stdout  # no terminal codes
+
+
+def test_ls_and_show_on_finished_failed_and_interrupted_runs(storage, tmp_path):
+    fit(storage, "done", config={"epochs": 2})
+    fault = {"rank": 0, "epoch": 1, "how": "raise", "marker": str(tmp_path / "m")}
+    with pytest.raises(et.TrainingFailedError):
+        fit(storage, "broken", config={"fault": fault, "epochs": 2, "upload_mode": "SYNC"})
+    run = storage.run("broken")
+    state = run.read_run_state()
+    run.write_run_state({**state, "status": "interrupted"})  # as Ctrl-C leaves it
+    env = {**os.environ}
+    if storage.options:
+        env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                   AWS_ENDPOINT_URL=storage.options["endpoint_url"],
+                   AWS_DEFAULT_REGION="us-west-2")
+    ls = subprocess.run([*CLI, "ls", storage.url, "--json"], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=60)
+    assert ls.returncode == 0, ls.stderr
+    statuses = {r["name"]: r["status"] for r in json.loads(ls.stdout)}
+    assert statuses == {"done": "finished", "broken": "interrupted"}
+    table = subprocess.run([*CLI, "ls", storage.url], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=60).stdout
+    assert "done" in table and "finished" in table and "interrupted" in table
+    show = subprocess.run([*CLI, "show", f"{storage.url}/broken"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert show.returncode == 0, show.stderr
+    assert "rank 0 exit code 1: RuntimeError: injected failure at epoch 1" in show.stdout
+    assert "checkpoint_000000" in show.stdout
+    missing = subprocess.run([*CLI, "show", str(tmp_path / "nothing")], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "not a run directory" in missing.stderr
+
+
+def test_launch_local_ranks_filter(tmp_path):
+    proc = subprocess.run([*CLI, "launch", "--standalone", "--nproc-per-node", "2",
+                           "--local-ranks-filter", "1", "tests/plain_torchrun_script.py"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[rank1]: ENV rank=1" in proc.stdout and "[rank0]:" not in proc.stdout
