@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import threading
 from collections.abc import Callable
 from typing import TextIO
@@ -38,6 +39,8 @@ class Console:
         """Shows ``text`` as the status line (terminals only)."""
         if not self.tty:
             return
+        # One row only: "\r\033[K" clears one row, so a wrapped line would leave copies.
+        text = text[: shutil.get_terminal_size((120, 24)).columns - 1]
         with self._lock:
             self._status = text
             self.stream.write("\r\033[K" + text)

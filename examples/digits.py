@@ -18,9 +18,20 @@ from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, TensorDataset
 
 import elastic_train
-from elastic_train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from elastic_train.torch import TorchTrainer, enable_reproducibility, prepare_data_loader, \
-    prepare_model
+from elastic_train import (
+    CheckpointConfig,
+    CSVLoggerCallback,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    TensorBoardLoggerCallback,
+)
+from elastic_train.torch import (
+    TorchTrainer,
+    enable_reproducibility,
+    prepare_data_loader,
+    prepare_model,
+)
 
 
 def load_splits() -> tuple[TensorDataset, TensorDataset]:
@@ -87,7 +98,11 @@ def main() -> None:
     parser.add_argument("--storage-path", default=None)
     parser.add_argument("--name", default=None)
     parser.add_argument("--max-failures", type=int, default=2)
+    parser.add_argument("--tensorboard", action="store_true",
+                        help="also write TensorBoard scalars (needs the tensorboard package)")
     args = parser.parse_args()
+    callbacks = [CSVLoggerCallback()] + ([TensorBoardLoggerCallback()] if args.tensorboard
+                                         else [])
 
     trainer = TorchTrainer(
         train_func,
@@ -97,6 +112,7 @@ def main() -> None:
             name=args.name,
             storage_path=args.storage_path,
             failure_config=FailureConfig(max_failures=args.max_failures),
+            callbacks=callbacks,
             checkpoint_config=CheckpointConfig(
                 num_to_keep=2, checkpoint_score_attribute="accuracy",
                 checkpoint_score_order="max"),
