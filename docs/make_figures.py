@@ -49,7 +49,7 @@ def curve_png(run_dir: str, out: str) -> None:
         values = [s.value for s in scalars]
         high = max(values + [1.0])
         points = [(left + (right - left) * (x - steps[0]) / max(1, steps[-1] - steps[0]),
-                   bottom - (bottom - top) * v / high) for x, v in zip(steps, values)]
+                   bottom - (bottom - top) * v / high) for x, v in zip(steps, values, strict=True)]
         draw.line(points, fill=color, width=3)
         draw.text((points[-1][0] - 90, points[-1][1] - 20), f"{tag} {values[-1]:.3f}",
                   font=font, fill=color)
