@@ -161,6 +161,9 @@ def add_launch_parser(sub: Any) -> None:
           help="restarts after failures (-1: unlimited)")
     _flag(launch, "max-failures", type=int, dest="max_restarts",
           help="Ray-style alias of --max-restarts")
+    _flag(launch, "hang-timeout", type=float, default=None,
+          help="restart the job when a worker makes no progress (no report or batch) for "
+               "this many seconds")
     _flag(launch, "monitor-interval", type=float,
           default=float(env("PET_MONITOR_INTERVAL", "0.1")))
     _flag(launch, "node-rank", type=int, default=int(env("PET_NODE_RANK", "0")),
@@ -220,6 +223,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         local_ranks_filter={int(r) for r in args.local_ranks_filter.split(",") if r} or None,
         verbose=0 if args.quiet else (2 if args.verbose else 1),
         console_streams=console_streams(args.redirects, args.tee),
+        hang_timeout_s=args.hang_timeout,
         storage_path=args.storage_path, name=args.name,
         checkpoint=CheckpointConfig(num_to_keep=args.num_to_keep,
                                     checkpoint_score_attribute=args.checkpoint_score_attribute,

@@ -135,11 +135,24 @@ class FailureConfig:
             is killed. ``0`` (the default, as in Ray) fails at the first
             error; ``-1`` retries without limit. Each restart relaunches the
             whole group, which resumes from the latest committed checkpoint.
+        hang_timeout_s: Our addition (Ray has none): a worker that makes no
+            progress -- no ``report()``, no batch from a dataset shard or a
+            prepared data loader -- for this long is declared hung; the agent
+            saves every stale rank's Python stack, stops the group and restarts
+            it like a crash (instead of waiting 30 minutes for a collective's
+            timeout). ``None`` (default) turns it off.
     """
 
     max_failures: int = 0
+    hang_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
+        _require(
+            self.hang_timeout_s is None
+            or (isinstance(self.hang_timeout_s, (int, float)) and self.hang_timeout_s > 0),
+            f"FailureConfig.hang_timeout_s={self.hang_timeout_s!r} is invalid: use None (off) "
+            "or a number of seconds > 0, longer than your slowest step.",
+        )
         _require(
             isinstance(self.max_failures, int) and not isinstance(self.max_failures, bool)
             and self.max_failures >= -1,

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from elastic_train import heartbeat
+
 
 class ResumableIterable:
     """An iterable whose position is saved with checkpoints and restored on resume.
@@ -123,6 +125,7 @@ class DatasetShard(ResumableIterable):
                 continue
             batch = _to(collate([self.dataset[i] for i in rows]), target, dtypes)
             self.batch = number + 1
+            heartbeat.beat()
             yield batch
         self._end_pass()
 

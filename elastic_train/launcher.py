@@ -96,6 +96,7 @@ class LaunchSettings:
     local_ranks_filter: set[int] | None = None
     console_streams: frozenset[str] = frozenset({"stdout", "stderr"})
     verbose: int = 1
+    hang_timeout_s: float | None = None
     storage_path: str = os.path.join("~", "elastic_train_results")
     name: str | None = None
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -197,6 +198,7 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
         log_dir=settings.log_dir or (os.path.join(storage.log_dir(), socket.gethostname())
                                      if storage.is_local else os.path.join(scratch, "logs")),
         agent_logs=settings.verbose >= 2, worker_env=worker_env, local_addr=settings.local_addr,
+        hang_timeout_s=settings.hang_timeout_s,
     )
     try:
         failures = supervisor.run(agent_spec)

@@ -22,6 +22,7 @@ from types import TracebackType
 
 from fsspec.implementations.local import LocalFileSystem
 
+from elastic_train import heartbeat
 from elastic_train.context import AGENT_PID_ENV
 from elastic_train.storage import filesystem as fsutil
 
@@ -76,6 +77,7 @@ def run_worker(main: Callable[[], None]) -> None:
     die_with_agent()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     faulthandler.enable()
+    heartbeat.arm()
     try:
         main()
     except SystemExit as exc:

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from elastic_train import heartbeat
 from elastic_train.backend import WorkerResources
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.context import StorageInfo, TrainContext, WorkerEnv
@@ -230,6 +231,7 @@ class TrainSession:
                               "Checkpoint.from_directory(path).")
         mode = CheckpointUploadMode(checkpoint_upload_mode)
         self.uploader.raise_if_failed()
+        heartbeat.beat()
         now = time.time()
         self.iteration += 1
         row = {

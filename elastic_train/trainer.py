@@ -251,6 +251,7 @@ class DataParallelTrainer:
             max_restarts=run_config.failure_config.max_restarts,
             log_dir=storage.log_dir() if storage.is_local else os.path.join(scratch, "logs"),
             agent_logs=run_config.verbose >= 2,
+            hang_timeout_s=run_config.failure_config.hang_timeout_s,
             worker_env={
                 "OMP_NUM_THREADS": str(scaling.threads_per_worker(scaling.num_workers)),
                 CACHE_ENV: os.path.join(scratch, "checkpoint_cache"),

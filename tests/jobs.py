@@ -57,6 +57,8 @@ def _inject_one(fault: dict, epoch: int, batch: int) -> None:
         os._exit(1)
     if how == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if how == "deadlock":  # never reach the collective the other ranks wait in
+        time.sleep(3600)
     if how == "wait_for_kill":  # the test SIGKILLs us from outside
         with open(fault["pid_file"], "w") as f:
             f.write(str(os.getpid()))

@@ -13,6 +13,7 @@ import pytest
 
 import elastic_train as et
 from elastic_train.torch import TorchTrainer
+from tests import jobs
 from tests.conftest import EPOCHS, fit, pid_alive, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180),
@@ -188,3 +189,27 @@ def test_driver_stopped_leaves_no_orphans_and_resumes(storage_path, tmp_path, si
     assert starts[0] == "0" and int(starts[-1]) >= 2
     rows = et.Result.from_path(run_dir).metrics_dataframe
     assert list(rows["training_iteration"]) == list(range(1, 9))
+
+
+def test_worker_deadlocked_in_all_reduce_is_restarted(storage_path, tmp_path, baseline):
+    """Rank 1 never joins a collective: rank 0 blocks in all_reduce. Both stop making
+    progress; the agent dumps their stacks, stops them and restarts within the timeout."""
+    fault = {"rank": 1, "epoch": 2, "batch": 1, "how": "deadlock", "marker": str(tmp_path / "m")}
+    starts = tmp_path / "starts"
+    result = TorchTrainer(
+        jobs.train_mlp,
+        train_loop_config={"epochs": EPOCHS, "fault": fault, "starts_file": str(starts),
+                           "upload_mode": "SYNC"},
+        scaling_config=et.ScalingConfig(num_workers=2),
+        run_config=et.RunConfig(storage_path=storage_path, name="hang",
+                                failure_config=et.FailureConfig(max_failures=1,
+                                                                hang_timeout_s=4)),
+        datasets={"train": jobs.make_dataset()},
+    ).fit()
+    assert starts.read_text().split() == ["0", "2"]
+    assert result.return_value["digest"] == baseline.return_value["digest"]
+    with open(os.path.join(result.path, "run.json")) as f:
+        workers = json.load(f)["failures"][0]["workers"]
+    hung = {w["rank"]: w for w in workers}
+    assert "HangError: rank 1 made no progress" in hung[1]["message"]
+    assert "jobs.py" in hung[1]["traceback"]  # its Python stack, taken before the kill

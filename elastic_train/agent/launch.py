@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
 from elastic_train.agent.failures import failures_of
+from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.agent.local_agent import TrainAgent
 from elastic_train.errors import WorkerFailure
 
@@ -56,6 +58,7 @@ class AgentSpec:
     worker_env: dict[str, str] = field(default_factory=dict)
     shutdown_timeout: int = 15
     local_addr: str | None = None
+    hang_timeout_s: float | None = None
 
 
 class Interrupted(Exception):
@@ -122,6 +125,8 @@ def run_agent(spec: AgentSpec,
         spec=worker_spec, logs_specs=logs, start_method="spawn",
         shutdown_timeout=spec.shutdown_timeout, worker_env=spec.worker_env,
         on_failure=report, on_rendezvous=on_rendezvous,
+        hang_watch=HangWatch(os.path.join(logs.root_log_dir, "progress"), spec.hang_timeout_s)
+        if spec.hang_timeout_s else None,
     )
     quiet = contextlib.nullcontext() if spec.agent_logs else _quiet_torch_agent_logs()
     with _restored_signal_handlers(), quiet:

@@ -27,11 +27,13 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from elastic_train.agent.failures import failures_of, is_secondary
+from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.context import AGENT_PID_ENV, GENERATION_ENV
+from elastic_train.heartbeat import PROGRESS_DIR_ENV
 
 FailureCallback = Callable[[RunResult, int], None]
 RendezvousCallback = Callable[[int, int], None]
@@ -57,8 +59,10 @@ class TrainAgent(LocalElasticAgent):
 
     def __init__(self, *args: Any, worker_env: Mapping[str, str] | None = None,
                  on_failure: FailureCallback | None = None,
-                 on_rendezvous: RendezvousCallback | None = None, **kwargs: Any):
+                 on_rendezvous: RendezvousCallback | None = None,
+                 hang_watch: HangWatch | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        self._hang_watch = hang_watch
         self._worker_env = dict(worker_env or {})
         self._on_failure = on_failure
         self._on_rendezvous = on_rendezvous
@@ -83,11 +87,21 @@ class TrainAgent(LocalElasticAgent):
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         generation = self._agree_on_generation(worker_group)
         env = {**self._worker_env, GENERATION_ENV: generation, AGENT_PID_ENV: str(os.getpid())}
+        if self._hang_watch is not None:
+            self._hang_watch.reset([w.global_rank for w in worker_group.workers])
+            env[PROGRESS_DIR_ENV] = self._hang_watch.progress_dir
         with _environ(env):
             return super()._start_workers(worker_group)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result = super()._monitor_workers(worker_group)
+        if self._hang_watch is not None and result.state == WorkerState.HEALTHY \
+                and self._pcontext is not None:
+            pids = self._pcontext.pids()
+            self._hang_watch.check({
+                w.global_rank: (pids[w.local_rank], self._pcontext.error_files[w.local_rank])
+                for w in worker_group.workers if w.local_rank in pids})
+            # The killed workers show up as failures at the next check.
         if result.is_failed():
             if all(is_secondary(f) for f in failures_of(result)):
                 self._remaining_restarts += 1  # a peer's failure: free restart

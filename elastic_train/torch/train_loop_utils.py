@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
+from elastic_train import heartbeat
 from elastic_train.dataset import ResumableIterable, _to
 from elastic_train.errors import ConfigError
 from elastic_train.session import get_session
@@ -112,6 +113,7 @@ class _PreparedDataLoader(ResumableIterable):
             if number < skip:
                 continue
             self.batch = number + 1
+            heartbeat.beat()
             yield _to(batch, self.device, None) if self.device is not None else batch
         self._end_pass()
 

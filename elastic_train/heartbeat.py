@@ -1,0 +1,58 @@
+"""Worker progress, as the agent sees it: a file per rank touched when the worker advances.
+
+A worker beats when it reports and when it takes a batch from a dataset shard
+or a prepared data loader (at most once a second, one ``utime`` call). The
+agent declares a hang when a rank's file is older than
+``FailureConfig(hang_timeout_s)``. The worker also arms ``faulthandler`` on
+SIGUSR1, so the agent can have each rank write its Python stack before it
+kills a hung group.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import time
+
+PROGRESS_DIR_ENV = "ELASTIC_TRAIN_PROGRESS_DIR"
+STACK_SIGNAL = signal.SIGUSR1
+_last = 0.0
+_stack_file = None
+
+
+def progress_file(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rank{rank}.beat")
+
+
+def stack_file(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rank{rank}.stack")
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def arm() -> None:
+    """At worker start: the first beat, and the stack dump on SIGUSR1."""
+    global _stack_file
+    directory = os.environ.get(PROGRESS_DIR_ENV)
+    if not directory:
+        return
+    os.makedirs(directory, exist_ok=True)
+    _stack_file = open(stack_file(directory, _rank()), "w")  # noqa: SIM115 -- for the process
+    faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True)
+    beat(force=True)
+
+
+def beat(force: bool = False) -> None:
+    """Marks progress (cheap: at most one file touch a second)."""
+    global _last
+    directory = os.environ.get(PROGRESS_DIR_ENV)
+    now = time.monotonic()
+    if not directory or (not force and now - _last < 1.0):
+        return
+    _last = now
+    path = progress_file(directory, _rank())
+    with open(path, "a"):
+        os.utime(path)
