@@ -84,7 +84,7 @@ class RunMonitor:
         if self._thread is not None:
             self._thread.join()
         self.tail.poll(final=True)
-        self._poll_metrics()
+        self._poll_metrics_safely()
         self._render(final=True)
         self.console.end_status()
         for callback in self.callbacks:
@@ -118,11 +118,14 @@ class RunMonitor:
             self.tail.poll()
             if time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + self.interval_s
-                try:
-                    self._poll_metrics()
-                except Exception:  # storage blips must not stop the run
-                    logger.debug("Progress poll failed", exc_info=True)
+                self._poll_metrics_safely()
                 self._render()
+
+    def _poll_metrics_safely(self) -> None:
+        try:
+            self._poll_metrics()
+        except Exception:  # an unreachable store must not stop the run or hide its error
+            logger.debug("Progress poll failed", exc_info=True)
 
     def _poll_metrics(self) -> None:
         rows = self.context.storage.read_metrics()
