@@ -24,6 +24,9 @@ from elastic_train.errors import ConfigError, StorageError, TrainingFailedError
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 
+EXIT_CODES = ("exit codes: 0 success, 1 the run failed, 2 bad usage or not a run, "
+              "128+N stopped by signal N (130: Ctrl-C)")
+
 
 def _age(timestamp: float | None) -> str:
     if not timestamp:
@@ -146,7 +149,7 @@ def add_launch_parser(sub: Any) -> None:
                "  elastic-train launch --nnodes 2:4 --nproc-per-node 8 --rdzv-backend etcd \\\n"
                "      --rdzv-endpoint etcd-host:2379 --rdzv-id job42 train.py\n"
                "environment: every flag can also be set as PET_<FLAG> (PET_NPROC_PER_NODE=2), "
-               "as with torchrun.")
+               "as with torchrun.\n" + EXIT_CODES)
     env = os.environ.get
     _flag(launch, "nnodes", default=env("PET_NNODES", "1"), help="N or MIN:MAX (default 1)")
     _flag(launch, "nproc-per-node", type=int, default=int(env("PET_NPROC_PER_NODE", "1")))
@@ -233,19 +236,30 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="elastic-train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="elastic-train", description=__doc__.splitlines()[0], epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"elastic-train {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    ls = sub.add_parser("ls", help="list runs under a storage path")
+    ls = sub.add_parser("ls", help="list runs under a storage path",
+                        epilog="examples:\n  elastic-train ls\n  elastic-train ls "
+                               "s3://bucket/experiments --json\n" + EXIT_CODES,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ls.add_argument("storage_path", nargs="?", default=DEFAULT_STORAGE_PATH)
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(func=cmd_ls)
-    show = sub.add_parser("show", help="show one run")
+    show = sub.add_parser("show", help="show one run",
+                          epilog="examples:\n  elastic-train show "
+                                 "~/elastic_train_results/digits\n  elastic-train show "
+                                 "s3://bucket/experiments/resnet --json\n" + EXIT_CODES,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     show.add_argument("run_path")
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.set_defaults(func=cmd_show)
     restore = sub.add_parser("restore", help="continue an interrupted or failed run",
-                             epilog="example: elastic-train restore ~/elastic_train_results/run1")
+                             epilog="example: elastic-train restore "
+                                    "~/elastic_train_results/run1\n" + EXIT_CODES,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     restore.add_argument("run_path")
     restore.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                          help="an fsspec option of the storage (repeatable); credentials "
