@@ -48,6 +48,7 @@ from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import dir_name, mismatched_files, scan_directory
 from elastic_train.storage.retention import CheckpointRecord, score_of, to_delete
 from elastic_train.storage.uploader import CheckpointUploader, UploadJob
+from elastic_train.verify_resume import maybe_fail_after_report
 
 logger = logging.getLogger(__name__)
 
@@ -259,6 +260,8 @@ class TrainSession:
         if self.env.rank == 0:
             self._history.append(row)
             self.storage.append_metrics(row, self._history)
+        maybe_fail_after_report(self.iteration, self.env.rank, self.env.world_size,
+                                self.env.restart_count)
 
     def _persist_checkpoint(self, gathered: list[tuple[dict | None, dict]],
                             checkpoint: Checkpoint | None, row: dict[str, Any],

@@ -1,6 +1,6 @@
 """A torchrun-style training script for ``elastic-train launch`` tests.
 
-    launch_script.py OUT_DIR EPOCHS [--crash-at EPOCH] [--sleep S]
+    launch_script.py OUT_DIR EPOCHS [--crash-at EPOCH] [--sleep S] [--forget-optimizer]
 
 It initialises its own process group (as under torchrun), uses
 elastic_train.get_checkpoint()/report() for resume, and records each start
@@ -26,19 +26,22 @@ def main() -> None:
     parser.add_argument("epochs", type=int)
     parser.add_argument("--crash-at", type=int, default=-1)
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--forget-optimizer", action="store_true",
+                        help="a resume bug on purpose: do not restore the optimizer state")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(4, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     start = 0
     checkpoint = et.get_checkpoint()
     if checkpoint:
         with checkpoint.as_directory() as d:
             state = torch.load(os.path.join(d, "state.pt"), weights_only=True)
         model.module.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        if not args.forget_optimizer:
+            optimizer.load_state_dict(state["optimizer"])
         start = state["epoch"] + 1
     if rank == 0:
         with open(os.path.join(args.out, "starts"), "a") as f:
