@@ -174,6 +174,13 @@ class TrainSession:
         manifests = checkpoints.committed()
         self._committed = [CheckpointRecord(m.index, m.metrics) for m in manifests]
         restored = next((m for m in reversed(manifests) if self._intact(m)), None)
+        if restored and restored.world_size != self.env.world_size:
+            logger.warning(
+                "Resuming from %s, written by %d workers, with %d: your checkpoint files are "
+                "loaded as they are, but dataset shards and prepared data loaders start "
+                "the checkpoint's epoch again from its beginning with the new split, so "
+                "the result will not be bit-identical to a run of fixed size.",
+                dir_name(restored.index), restored.world_size, self.env.world_size)
         next_index = max([m.index for m in manifests] + removed + [-1]) + 1
         rows = self.storage.read_metrics()
         last_iteration = restored.training_iteration if restored else 0
@@ -191,10 +198,15 @@ class TrainSession:
     def register_resumable(self, key: str, iterable: ResumableIterable) -> None:
         """Tracks ``iterable``'s position in checkpoints and restores it now if saved."""
         self._resumables[key] = iterable
-        if self.restored and self.restored.world_size == self.env.world_size:
+        if not self.restored:
+            return
+        if self.restored.world_size == self.env.world_size:
             state = self.restored.worker_states.get(str(self.env.rank), {}).get(key)
-            if state is not None:
-                iterable.load_state_dict(state)
+        else:  # another split of the data: keep the epoch, start it from its beginning
+            state = self.restored.worker_states.get("0", {}).get(key)
+            state = state and {"epoch": state["epoch"], "batch": 0}
+        if state is not None:
+            iterable.load_state_dict(state)
 
     def next_loader_key(self) -> str:
         self._loader_count += 1
