@@ -2,7 +2,7 @@
 
     elastic-train ls [STORAGE_PATH]        runs under a storage path (~/elastic_train_results)
     elastic-train show RUN_PATH [--json]   a run's status, failures and checkpoints
-    elastic-train restore RUN_PATH         continue an interrupted or failed run
+    elastic-train restore RUN_PATH         continue an interrupted or failed run (fit() or launch)
     elastic-train launch [torchrun flags] SCRIPT [ARGS]   run a script on this node, as torchrun
 
 Exit codes: 0 success, 1 the run failed, 2 bad usage or a path that is not a run,
@@ -114,6 +114,13 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from elastic_train.torch import TorchTrainer
 
     options = _options(args.storage_option)
+    fs, path = fsutil.resolve(args.run_path, options=options)
+    state = RunStorage(fs, path).read_run_state() or {}
+    command = state.get("spec", {}).get("command")
+    if command and state.get("status") != "finished":  # a run of `elastic-train launch`
+        print(f"elastic-train: relaunching {' '.join(command)}", file=sys.stderr)
+        os.chdir(state["spec"].get("cwd", os.getcwd()))
+        return main(command[1:])
     if not TorchTrainer.can_restore(args.run_path, storage_options=options):
         print(f"{args.run_path} cannot be restored: it is not a run directory, or its run "
               "has already finished (see `elastic-train show`).", file=sys.stderr)
@@ -232,7 +239,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
                                     checkpoint_score_attribute=args.checkpoint_score_attribute,
                                     checkpoint_score_order=args.checkpoint_score_order),
     )
-    return launch(settings, sys.argv[2:] if sys.argv[1:2] == ["launch"] else [])
+    return launch(settings, args.argv[args.argv.index("launch") + 1:])
 
 
 def cmd_verify_resume(args: argparse.Namespace) -> int:
@@ -299,7 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    args.argv = argv
     try:
         return args.func(args)
     except (StorageError, ConfigError) as exc:

@@ -168,7 +168,10 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
         # a store shared across restarts serves stale addresses to a restarted gloo
         # group. Unshared, each incarnation gets a fresh store on rank 0.
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    spec = {"command": ["elastic-train", "launch", *argv], "identity": settings.identity(),
+    # The command that continues this run: the same flags, name and storage made explicit.
+    command = ["elastic-train", "launch", "--name", settings.name, "--storage-path",
+               settings.storage_path, *argv]
+    spec = {"command": command, "cwd": os.getcwd(), "identity": settings.identity(),
             "launch": {k: sorted(v) if isinstance(v, (set, frozenset)) else v
                        for k, v in asdict(settings).items() if k != "checkpoint"},
             "checkpoint_config": asdict(settings.checkpoint)}

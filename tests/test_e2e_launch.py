@@ -92,7 +92,8 @@ def test_missing_script_is_named(tmp_path):
     assert proc.returncode == 2 and "nope.py" in out and "does not exist" in out
 
 
-def test_relaunch_after_launcher_sigkill_resumes_bit_identical(storage_path, tmp_path):
+@pytest.mark.parametrize("how", ["relaunch", "restore"])
+def test_relaunch_after_launcher_sigkill_resumes_bit_identical(storage_path, tmp_path, how):
     straight_dir, killed_dir = tmp_path / "straight", tmp_path / "killed"
     straight_dir.mkdir()
     killed_dir.mkdir()
@@ -111,7 +112,12 @@ def test_relaunch_after_launcher_sigkill_resumes_bit_identical(storage_path, tmp
     finally:
         stop_process(proc)
     assert wait_until(lambda: not any(pid_alive(p) for p in workers), 30), "orphans"
-    proc = launch(*args, "--name", "killed", SCRIPT, killed_dir, 8, "--sleep", 0.3)
+    if how == "relaunch":
+        proc = launch(*args, "--name", "killed", SCRIPT, killed_dir, 8, "--sleep", 0.3)
+    else:  # the stored command, from the run directory alone
+        proc = subprocess.Popen([*CLI, "restore", os.path.join(storage_path, "killed")],
+                                cwd=str(tmp_path), text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
     out, _ = proc.communicate(timeout=150)
     assert proc.returncode == 0, out
     assert starts(killed_dir)[0] == (0, 2) and starts(killed_dir)[-1][0] >= 3
