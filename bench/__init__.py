@@ -1,0 +1,1 @@
+"""Benchmark suite: elastic-train against bare torchrun (``python -m bench``)."""

@@ -1,0 +1,54 @@
+"""Driver script for variant (c): the workload through ``TorchTrainer(...).fit()``.
+
+Usage (what the harness runs, from the repository root)::
+
+    python -m bench.et_driver '<WorkloadConfig JSON>' NUM_WORKERS STORAGE_DIR MAX_FAILURES
+
+The train function uses :class:`bench.et_hooks.ReportHooks` (report + checkpoint
+every epoch, optionally metrics every step, resume from ``get_checkpoint()``)
+and ``prepare_model`` for DDP. Threads per worker come from
+``ScalingConfig(resources_per_worker={"CPU": threads})``, matching the
+``torch.set_num_threads`` of the torchrun worker.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import elastic_train
+from bench.et_hooks import ReportHooks
+from bench.events import EventLog, write_pid_file
+from bench.workload import WorkloadConfig, build_model, train
+from elastic_train import FailureConfig, RunConfig, ScalingConfig
+from elastic_train.torch import TorchTrainer, prepare_model
+
+
+def train_func(config: dict[str, Any]) -> float:
+    cfg = WorkloadConfig.from_json(config["workload"])
+    rank = elastic_train.get_context().get_world_rank()
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    write_pid_file(cfg.events_dir, rank, restart)
+    log = EventLog(cfg.events_dir, rank, restart)
+    log.process_started()
+    log.emit("train_start")
+    model = prepare_model(build_model(cfg))
+    return train(cfg, model, rank, ReportHooks(cfg, rank, log), log)
+
+
+def main(argv: list[str]) -> None:
+    config_json, workers, storage, max_failures = argv
+    cfg = WorkloadConfig.from_json(config_json)
+    TorchTrainer(
+        train_func,
+        train_loop_config={"workload": config_json},
+        scaling_config=ScalingConfig(num_workers=int(workers),
+                                     resources_per_worker={"CPU": cfg.threads}),
+        run_config=RunConfig(name="bench", storage_path=storage,
+                             failure_config=FailureConfig(max_failures=int(max_failures))),
+    ).fit()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,207 @@
+"""One run of one variant, and the numbers derived from it.
+
+:func:`measure` runs a variant in a fresh temporary directory (events,
+checkpoints and elastic-train storage all live there and are deleted
+afterwards) and turns the harness's launch/end times, the workers' events and
+the sampled memory into a :class:`Sample`. With a :class:`FaultPlan` it also
+SIGKILLs rank 1 in the middle of an epoch (figure 4).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from bench import procs
+from bench.events import Events, read_pid
+from bench.variants import REPO, Variant, base_env, command
+from bench.workload import WorkloadConfig
+
+KILLED_RANK = 1
+
+
+@dataclass
+class Sample:
+    """Everything measured in one run (seconds, MiB); None where it does not apply."""
+
+    variant: str
+    workers: int
+    ok: bool
+    error: str = ""
+    cold_first_step_s: float | None = None
+    cold_end_s: float | None = None
+    steps_per_s: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    agent_rss_mb: float | None = None
+    worker_rss_mb: dict[int, float] = field(default_factory=dict)
+    save_s: list[float] = field(default_factory=list)
+    report_s: list[float] = field(default_factory=list)
+    checkpoint_total_s: list[float] = field(default_factory=list)  # save + report + cleanup
+    step_report_s: list[float] = field(default_factory=list)  # mean per call, per epoch
+    epoch_s: list[float] = field(default_factory=list)  # durations of epochs 2..N
+    checkpoint_mb: float | None = None
+    recovery_s: float | None = None
+    recovery_phases: dict[str, float] = field(default_factory=dict)
+    foreign_cores: float | None = None  # CPU other processes used during the run
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """Figure 4's fault: SIGKILL rank 1 ``delay_s`` after rank 0 ends epoch ``after_epoch``;
+    give up on the run if rank 0 has not stepped again ``recover_within_s`` after the kill."""
+
+    after_epoch: int
+    delay_s: float
+    recover_within_s: float
+
+
+class Killer:
+    """A poll callback: SIGKILLs rank 1 ``delay_s`` after rank 0 ends epoch ``after_epoch``,
+    then stops the run if rank 0 has not stepped again within ``recover_within_s``
+    (a restart that hangs would otherwise hold the suite until the run's timeout)."""
+
+    def __init__(self, events_dir: str, plan: FaultPlan):
+        self.events_dir = events_dir
+        self.after_epoch = plan.after_epoch
+        self.delay_s = plan.delay_s
+        self.recover_within_s = plan.recover_within_s
+        self.armed_at: float | None = None
+        self.recovered = False
+
+    def __call__(self, result: procs.RunResult) -> str | None:
+        killed = result.marks.get("killed")
+        if killed is not None:
+            if self.recovered or time.time() - killed < self.recover_within_s:
+                return None
+            if Events.read(self.events_dir).time_of("first_step", rank=0, restart=1):
+                self.recovered = True
+                return None
+            return f"no first step within {self.recover_within_s:.0f} s of the kill"
+        if self.armed_at is None:
+            ends = Events.read(self.events_dir).select("epoch_end")
+            if any(e["epoch"] >= self.after_epoch for e in ends):
+                self.armed_at = time.time()
+            return None
+        pid = read_pid(self.events_dir, KILLED_RANK, 0)
+        if pid is None or time.time() < self.armed_at + self.delay_s:
+            return None
+        result.marks["killed"] = time.time()
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return None
+
+
+_PHASES = (("agent: launch/detect → worker process start", "proc_start"),
+           ("worker: imports", "imported"),
+           ("worker: process group (+ elastic-train session)", "train_start"),
+           ("worker: model, DDP, restore", "restored"),
+           ("worker: first step", "first_step"))
+
+
+def phase_order(name: str) -> int:
+    """Sort key of a (possibly merged) phase name: its first phase's position."""
+    first = name.split(" + ")[0]
+    return next((i for i, (label, _) in enumerate(_PHASES) if label == first), len(_PHASES))
+
+
+def _phases(ev: Events, origin: float, restart: int) -> dict[str, float]:
+    """Rank 0's start-up split into phases, from ``origin`` (launch or kill) onwards.
+
+    A phase whose closing event the variant does not write (``imported`` under
+    elastic-train's API, where user code starts after the session) is merged into
+    the next one, under both names.
+    """
+    out: dict[str, float] = {}
+    previous = origin
+    pending: list[str] = []
+    for name, event in _PHASES:
+        t = ev.time_of(event, rank=0, restart=restart)
+        pending.append(name)
+        if t is None:
+            continue
+        out[" + ".join(pending)] = t - previous
+        previous, pending = t, []
+    return out
+
+
+def _epoch_durations(ev: Events, cfg: WorkloadConfig) -> list[float]:
+    """Durations of epochs 2..N on rank 0, end to end (report/checkpoint included)."""
+    ends = {e["epoch"]: e["t"] for e in ev.select("epoch_end")}
+    return [ends[e] - ends[e - 1] for e in range(1, cfg.epochs) if e in ends and e - 1 in ends]
+
+
+def _steady_steps_per_s(durations: list[float], cfg: WorkloadConfig) -> float | None:
+    """Steps per epoch over the median epoch duration.
+
+    The median, not the total, so that a burst of load from another process on the
+    machine during one epoch does not decide the figure.
+    """
+    return cfg.steps_per_epoch / statistics.median(durations) if durations else None
+
+
+def _fill(sample: Sample, result: procs.RunResult, ev: Events, cfg: WorkloadConfig) -> None:
+    sample.foreign_cores = result.foreign_cores
+    first = ev.time_of("first_step")
+    if first is not None:
+        sample.cold_first_step_s = first - result.launched
+        sample.phases = _phases(ev, result.launched, 0)
+    if result.ok:
+        sample.cold_end_s = result.ended - result.launched
+    sample.epoch_s = _epoch_durations(ev, cfg)
+    sample.steps_per_s = _steady_steps_per_s(sample.epoch_s, cfg)
+    pids = ev.pids_by_rank()
+    rank_of = {pid: rank for rank, ps in pids.items() for pid in ps}
+    sample.agent_rss_mb = result.peak_rss_mb.get(result.root_pid)
+    for pid, rss in result.peak_rss_mb.items():
+        if pid in rank_of:
+            rank = rank_of[pid]
+            sample.worker_rss_mb[rank] = max(rss, sample.worker_rss_mb.get(rank, 0.0))
+    sample.save_s = [e["dt"] for e in ev.select("save")]
+    sample.report_s = [e["dt"] for e in ev.select("report")]
+    sample.checkpoint_total_s = [e["total"] for e in ev.select("report") if "total" in e] \
+        or sample.save_s
+    sample.step_report_s = [e["dt"] / e["n"] for e in ev.select("step_reports")]
+    sizes = [e["bytes"] for e in ev.select("save") if "bytes" in e]
+    sample.checkpoint_mb = sizes[0] / 2**20 if sizes else None
+    killed = result.marks.get("killed")
+    back = ev.time_of("first_step", rank=0, restart=1)
+    if killed is not None and back is not None:
+        sample.recovery_s = back - killed
+        sample.recovery_phases = _phases(ev, killed, 1)
+
+
+def measure(variant: Variant, base: WorkloadConfig, workers: int, timeout_s: float,
+            max_restarts: int = 0, fault: FaultPlan | None = None) -> Sample:
+    """Runs ``variant`` once and returns its :class:`Sample` (``ok=False`` with the
+    output's tail in ``error`` if it failed or timed out)."""
+    workdir = tempfile.mkdtemp(prefix=f"bench_{variant.key}_")
+    try:
+        events_dir = os.path.join(workdir, "events")
+        cfg = variant.workload(base).replace(events_dir=events_dir,
+                                             ckpt_dir=os.path.join(workdir, "ckpt"))
+        os.makedirs(cfg.events_dir)
+        os.makedirs(cfg.ckpt_dir)
+        cmd = command(variant, cfg, workers, os.path.join(workdir, "storage"), max_restarts)
+        killer = Killer(events_dir, fault) if fault is not None else None
+        result = procs.run(cmd, base_env(cfg.threads), cwd=REPO, timeout_s=timeout_s,
+                           log_path=os.path.join(workdir, "output.log"), on_poll=killer)
+        sample = Sample(variant=variant.key, workers=workers, ok=result.ok)
+        if not result.ok:
+            fd, kept = tempfile.mkstemp(prefix=f"bench-failed-{variant.key}-", suffix=".log")
+            os.close(fd)
+            shutil.copyfile(os.path.join(workdir, "output.log"), kept)
+            why = result.stopped or ("timed out" if result.timed_out
+                                     else f"exit code {result.returncode}")
+            sample.error = f"{why} (full output: {kept}): ...{result.output_tail[-1500:]}"
+        _fill(sample, result, Events.read(events_dir), cfg)
+        return sample
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+

@@ -1,0 +1,66 @@
+"""The two profiles: ``full`` (the numbers in BENCHMARKS.md) and ``smoke`` (CI).
+
+Sizes are chosen for a 2-core CPU: with 2 workers x 1 thread, one optimizer
+step of the ``full`` MLP (512 -> 1024 -> 1024 -> 10, batch 128 per worker,
+~1.6 M parameters) takes ~30 ms with gloo. ``smoke`` only proves that every
+code path still runs: tiny model, one repetition, 2 epochs, no recovery or
+scaling runs, a 1 MiB instead of ~100 MB checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bench.measure import FaultPlan
+from bench.workload import WorkloadConfig
+
+FIGURES = ("cold_start", "steps", "checkpoint", "recovery", "memory", "scaling")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Workloads and repetitions of every figure.
+
+    ``main`` serves figures 1, 2 and 5 (the same runs); ``checkpoint_payload_mb``
+    is added to the state of the figure 3 runs to bring it to ~100 MB.
+    """
+
+    name: str
+    repeat: int
+    workers: int
+    timeout_s: float
+    main: WorkloadConfig
+    checkpoint: WorkloadConfig
+    recovery: WorkloadConfig
+    scaling: WorkloadConfig
+    scaling_workers: tuple[int, ...]
+    figures: tuple[str, ...] = field(default=FIGURES)
+    fault: FaultPlan = field(default=FaultPlan(after_epoch=0, delay_s=0.3,
+                                               recover_within_s=30.0))
+
+
+_FULL_MODEL = WorkloadConfig(input_dim=512, hidden=1024, layers=2, batch=128)
+
+FULL = Profile(
+    name="full", repeat=3, workers=2, timeout_s=300,
+    main=_FULL_MODEL.replace(steps_per_epoch=25, epochs=6),
+    # model + momentum = 12.6 MB; the payload brings the checkpoint to ~100 MB.
+    checkpoint=_FULL_MODEL.replace(steps_per_epoch=5, epochs=4, payload_mb=88),
+    recovery=_FULL_MODEL.replace(steps_per_epoch=25, epochs=3),
+    scaling=_FULL_MODEL.replace(steps_per_epoch=15, epochs=4),
+    scaling_workers=(1, 2, 4),
+)
+
+_TINY_MODEL = WorkloadConfig(input_dim=32, hidden=64, layers=2, batch=16)
+
+SMOKE = Profile(
+    name="smoke", repeat=1, workers=2, timeout_s=120,
+    main=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2),
+    checkpoint=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2, payload_mb=1),
+    recovery=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2),
+    scaling=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2),
+    scaling_workers=(1, 2),
+    figures=("cold_start", "steps", "checkpoint", "memory"),
+)
+
+PROFILES = {p.name: p for p in (FULL, SMOKE)}

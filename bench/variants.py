@@ -1,0 +1,100 @@
+"""The variants under test and the exact command line that runs each one.
+
+(a) bare torchrun, no checkpoints -- the floor ((a') the same with a
+    per-restart store prefix, for figure 4);
+(b) torchrun with a hand-written ``torch.save`` per epoch;
+(c) elastic-train's Python API, ``TorchTrainer(...).fit()``;
+(d) ``elastic-train launch``, only when the installed CLI has that command.
+
+Every variant runs the same :mod:`bench.workload` with one torch thread per
+worker (``OMP_NUM_THREADS`` and ``torch.set_num_threads`` for torchrun,
+``resources_per_worker={"CPU": threads}`` for elastic-train).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from bench.workload import WorkloadConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER_SCRIPT = os.path.join(REPO, "bench", "torchrun_worker.py")
+ELASTIC_TRAIN_CLI = os.path.join(os.path.dirname(sys.executable), "elastic-train")
+
+
+class Harness(str, enum.Enum):
+    """What starts the workers."""
+
+    TORCHRUN = "torchrun"
+    ET_API = "elastic-train API"
+    ET_LAUNCH = "elastic-train launch"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One column of the comparison: a harness plus the workload switches it uses."""
+
+    key: str
+    label: str
+    harness: Harness
+    checkpoint: bool
+    report_every: str = "epoch"
+    namespaced_store: bool = False
+
+    def workload(self, base: WorkloadConfig) -> WorkloadConfig:
+        return base.replace(checkpoint=self.checkpoint, report_every=self.report_every,
+                            report_api=self.harness is not Harness.TORCHRUN,
+                            namespaced_store=self.namespaced_store)
+
+
+FLOOR = Variant("a", "(a) torchrun, no checkpoint", Harness.TORCHRUN, checkpoint=False)
+# Figure 4 only: bare torchrun's gloo restarts fail, this is what they cost when they work.
+FLOOR_NS = Variant("a-ns", "(a') torchrun, no checkpoint, store prefix per restart",
+                   Harness.TORCHRUN, checkpoint=False, namespaced_store=True)
+TORCH_SAVE = Variant("b", "(b) torchrun + torch.save/epoch", Harness.TORCHRUN, checkpoint=True)
+ET_EPOCH = Variant("c", "(c) elastic-train API, report+ckpt/epoch", Harness.ET_API,
+                   checkpoint=True)
+ET_STEP = Variant("c-step", "(c) elastic-train API, +metrics report/step", Harness.ET_API,
+                  checkpoint=True, report_every="step")
+ET_LAUNCH = Variant("d", "(d) elastic-train launch, report+ckpt/epoch", Harness.ET_LAUNCH,
+                    checkpoint=True)
+
+
+@functools.lru_cache(maxsize=1)
+def launch_help() -> str | None:
+    """The help text of ``elastic-train launch``, or None if the command does not exist."""
+    try:
+        proc = subprocess.run([ELASTIC_TRAIN_CLI, "launch", "--help"], capture_output=True,
+                              text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def base_env(threads: int) -> dict[str, str]:
+    """The environment of every variant: the repo importable, N torch threads."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    env["OMP_NUM_THREADS"] = str(threads)
+    env.pop("ELASTIC_TRAIN_AGENT_LOGS", None)
+    return env
+
+
+def command(variant: Variant, cfg: WorkloadConfig, workers: int, storage_dir: str,
+            max_restarts: int) -> list[str]:
+    """The command line of one run; ``cfg`` already names its events/checkpoint dirs."""
+    py = sys.executable
+    if variant.harness is Harness.TORCHRUN:
+        return [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                str(workers), "--max-restarts", str(max_restarts), WORKER_SCRIPT, cfg.to_json()]
+    if variant.harness is Harness.ET_API:
+        return [py, "-m", "bench.et_driver", cfg.to_json(), str(workers), storage_dir,
+                str(max_restarts)]
+    return [ELASTIC_TRAIN_CLI, "launch", "--standalone", "--nproc-per-node", str(workers),
+            "--max-restarts", str(max_restarts), "--storage-path", storage_dir,
+            "--name", "bench", WORKER_SCRIPT, cfg.to_json()]

@@ -1,0 +1,163 @@
+"""The deterministic DDP workload every variant runs: an MLP on synthetic data.
+
+Both harnesses -- the torchrun worker script and the elastic-train driver --
+call :func:`train` with their own :class:`Hooks` (what to do after a step,
+after an epoch, and how to resume), so the measured loop is the same code.
+The data is generated in-process from a seeded ``torch.Generator``: each rank
+gets its own fixed shard, reused every epoch, and the labels come from a fixed
+random "teacher" so the loss actually goes down.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from bench.events import EventLog
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """Sizes and switches of one run; JSON-serialisable so it can go on a command line.
+
+    ``payload_mb`` adds a fixed tensor to the checkpointed state (figure 3 uses
+    it to reach ~100 MB without making every step slow). ``report_every`` is
+    ``"epoch"`` or ``"step"`` (metrics-only reports every step, the checkpoint
+    still once per epoch). ``upload_mode`` is elastic-train's
+    ``checkpoint_upload_mode``. ``checkpoint`` turns per-epoch checkpoints off.
+    ``report_api`` makes the torchrun-style worker script use elastic-train's
+    ``report()``/``get_checkpoint()`` instead of its own ``torch.save`` (d).
+    ``namespaced_store`` makes it join the process group through a store prefixed
+    with the restart count (the workaround for torchrun's failing gloo restarts).
+    """
+
+    input_dim: int = 512
+    hidden: int = 1024
+    layers: int = 2
+    classes: int = 10
+    batch: int = 128
+    steps_per_epoch: int = 20
+    epochs: int = 4
+    seed: int = 1234
+    lr: float = 0.05
+    threads: int = 1
+    payload_mb: int = 0
+    checkpoint: bool = True
+    report_api: bool = False
+    namespaced_store: bool = False
+    report_every: str = "epoch"
+    upload_mode: str = "ASYNC"
+    events_dir: str = ""
+    ckpt_dir: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkloadConfig:
+        return cls(**json.loads(text))
+
+    def replace(self, **changes: Any) -> WorkloadConfig:
+        return WorkloadConfig(**{**asdict(self), **changes})
+
+
+class Hooks(Protocol):
+    """What a harness adds around the shared loop."""
+
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+        """Loads the latest saved state, if any; returns the epoch to start at."""
+
+    def after_step(self, epoch: int, step: int, loss: float) -> None:
+        """Called after every optimizer step."""
+
+    def after_epoch(self, epoch: int, loss: float, state: dict[str, Any]) -> None:
+        """Called after every epoch with the state to checkpoint."""
+
+
+def build_model(cfg: WorkloadConfig) -> nn.Module:
+    """The MLP, initialised identically on every rank."""
+    torch.manual_seed(cfg.seed)
+    dims = [cfg.input_dim] + [cfg.hidden] * cfg.layers
+    blocks: list[nn.Module] = []
+    for d_in, d_out in zip(dims[:-1], dims[1:], strict=True):
+        blocks += [nn.Linear(d_in, d_out), nn.ReLU()]
+    blocks.append(nn.Linear(dims[-1], cfg.classes))
+    return nn.Sequential(*blocks)
+
+
+def make_optimizer(cfg: WorkloadConfig, model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+
+
+def make_shard(cfg: WorkloadConfig, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's fixed synthetic inputs and teacher labels (one epoch's worth)."""
+    teacher = torch.randn(cfg.input_dim, cfg.classes,
+                          generator=torch.Generator().manual_seed(cfg.seed))
+    gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank + 1)
+    x = torch.randn(cfg.steps_per_epoch * cfg.batch, cfg.input_dim, generator=gen)
+    return x, (x @ teacher).argmax(dim=1)
+
+
+def make_payload(cfg: WorkloadConfig) -> torch.Tensor | None:
+    """The extra checkpoint bytes (``payload_mb`` MiB of seeded noise), or None."""
+    if cfg.payload_mb <= 0:
+        return None
+    numel = cfg.payload_mb * 2**20 // 4
+    return torch.randn(numel, generator=torch.Generator().manual_seed(cfg.seed + 7))
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside a DistributedDataParallel wrapper (or the model itself)."""
+    inner = getattr(model, "module", model)
+    return inner if isinstance(inner, nn.Module) else model
+
+
+def checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int,
+                     payload: torch.Tensor | None) -> dict[str, Any]:
+    """What both harnesses save: model, optimizer, epoch (and the payload, if any)."""
+    state: dict[str, Any] = {"model": unwrap(model).state_dict(),
+                             "optimizer": optimizer.state_dict(), "epoch": epoch}
+    if payload is not None:
+        state["payload"] = payload
+    return state
+
+
+def load_state(state: dict[str, Any], model: nn.Module,
+               optimizer: torch.optim.Optimizer) -> int:
+    """Restores a :func:`checkpoint_state` dict; returns the next epoch."""
+    unwrap(model).load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["epoch"]) + 1
+
+
+def train(cfg: WorkloadConfig, model: nn.Module, rank: int, hooks: Hooks, log: EventLog) -> float:
+    """Runs the epochs from the resume point; returns the last loss.
+
+    ``model`` is already wrapped for data parallelism by the caller.
+    """
+    optimizer = make_optimizer(cfg, model)
+    start = hooks.restore(model, optimizer)
+    log.emit("restored", epoch=start)
+    x, y = make_shard(cfg, rank)
+    payload = make_payload(cfg)
+    loss_fn = nn.CrossEntropyLoss()
+    loss_value = float("nan")
+    for epoch in range(start, cfg.epochs):
+        for step in range(cfg.steps_per_epoch):
+            rows = slice(step * cfg.batch, (step + 1) * cfg.batch)
+            loss = loss_fn(model(x[rows]), y[rows])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            loss_value = loss.item()
+            log.step_done()
+            hooks.after_step(epoch, step, loss_value)
+        state = checkpoint_state(model, optimizer, epoch, payload) if cfg.checkpoint else {}
+        hooks.after_epoch(epoch, loss_value, state)
+        log.emit("epoch_end", epoch=epoch, loss=loss_value)
+    log.emit("done")
+    return loss_value
