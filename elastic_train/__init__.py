@@ -17,13 +17,20 @@ from elastic_train.callbacks import (
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from elastic_train.context import TrainContext
-from elastic_train.errors import ConfigError, TrainingFailedError, WorkerFailure
+from elastic_train.errors import (
+    ConfigError,
+    PreemptionError,
+    TrainingFailedError,
+    WorkerFailure,
+)
+from elastic_train.preemption import PreemptionInfo
 from elastic_train.result import Result
 from elastic_train.session import (
     CheckpointUploadMode,
     get_checkpoint,
     get_context,
     get_dataset_shard,
+    get_preemption_info,
     report,
 )
 
@@ -37,6 +44,8 @@ __all__ = [
     "CheckpointUploadMode",
     "ConfigError",
     "FailureConfig",
+    "PreemptionError",
+    "PreemptionInfo",
     "Result",
     "RunConfig",
     "ScalingConfig",
@@ -47,5 +56,6 @@ __all__ = [
     "get_checkpoint",
     "get_context",
     "get_dataset_shard",
+    "get_preemption_info",
     "report",
 ]

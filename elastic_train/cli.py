@@ -174,6 +174,13 @@ def add_launch_parser(sub: Any) -> None:
     _flag(launch, "hang-timeout", type=float, default=None,
           help="restart the job when a worker makes no progress (no report or batch) for "
                "this many seconds")
+    _flag(launch, "preemption-grace", type=float, default=float(env("PET_PREEMPTION_GRACE", "25")),
+          help="on SIGTERM, seconds the workers get to commit a checkpoint before they are "
+               "killed (default 25)")
+    _flag(launch, "max-preemption-failures", type=int,
+          default=int(env("PET_MAX_PREEMPTION_FAILURES", "-1")),
+          help="restarts after preemptions, not charged to --max-restarts (default -1: "
+               "unlimited)")
     _flag(launch, "monitor-interval", type=float,
           default=float(env("PET_MONITOR_INTERVAL", "0.1")))
     _flag(launch, "node-rank", type=int, default=int(env("PET_NODE_RANK", "0")),
@@ -233,7 +240,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         local_ranks_filter={int(r) for r in args.local_ranks_filter.split(",") if r} or None,
         verbose=0 if args.quiet else (2 if args.verbose else 1),
         console_streams=console_streams(args.redirects, args.tee),
-        hang_timeout_s=args.hang_timeout,
+        hang_timeout_s=args.hang_timeout, preemption_grace_s=args.preemption_grace,
+        max_preemption_failures=args.max_preemption_failures,
         storage_path=args.storage_path, name=args.name,
         checkpoint=CheckpointConfig(num_to_keep=args.num_to_keep,
                                     checkpoint_score_attribute=args.checkpoint_score_attribute,

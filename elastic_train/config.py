@@ -141,10 +141,21 @@ class FailureConfig:
             saves every stale rank's Python stack, stops the group and restarts
             it like a crash (instead of waiting 30 minutes for a collective's
             timeout). ``None`` (default) turns it off.
+        max_preemption_failures: Restarts allowed after a node was preempted
+            (its workers got a SIGTERM notice, then were stopped), as in Ray
+            Train v2; they do not spend ``max_failures``. ``-1`` (default):
+            unlimited.
+        preemption_grace_s: Our addition: when the agent itself gets a
+            SIGTERM, its workers get the notice and this long to commit a
+            just-in-time checkpoint (see :func:`elastic_train.get_preemption_info`)
+            before they are killed. The default, 25 s, fits inside
+            Kubernetes' default 30 s termination grace period.
     """
 
     max_failures: int = 0
     hang_timeout_s: float | None = None
+    max_preemption_failures: int = -1
+    preemption_grace_s: float = 25.0
 
     def __post_init__(self) -> None:
         _require(
@@ -158,6 +169,19 @@ class FailureConfig:
             and self.max_failures >= -1,
             f"FailureConfig.max_failures={self.max_failures!r} is invalid: use 0 for no "
             "retries, a positive number of retries, or -1 for unlimited retries.",
+        )
+        _require(
+            isinstance(self.max_preemption_failures, int)
+            and not isinstance(self.max_preemption_failures, bool)
+            and self.max_preemption_failures >= -1,
+            f"FailureConfig.max_preemption_failures={self.max_preemption_failures!r} is invalid: "
+            "use -1 (unlimited, the default), 0 or a positive number of restarts.",
+        )
+        _require(
+            isinstance(self.preemption_grace_s, (int, float))
+            and not isinstance(self.preemption_grace_s, bool) and self.preemption_grace_s >= 0,
+            f"FailureConfig.preemption_grace_s={self.preemption_grace_s!r} is invalid: use a "
+            "number of seconds >= 0, shorter than your scheduler's own grace period.",
         )
 
     @property

@@ -104,8 +104,19 @@ class TrainingFailedError(RuntimeError):
             f"Run directory: {run_path}",
             f"To continue this run from its latest checkpoint, {resume_hint}.",
         ]
-        if max_failures == 0:
+        if cls is PreemptionError:
+            lines.append(f"The preemption budget (max_preemption_failures={max_failures}) is "
+                         "spent: the job's nodes were preempted more often than that.")
+        elif max_failures == 0:
             lines.append(f"To retry automatically, {retry_hint}.")
         else:
             lines.append(f"The restart budget (max_failures={max_failures}) is spent.")
         return cls("\n".join(lines), failures=failures, run_path=run_path)
+
+
+class PreemptionError(TrainingFailedError):
+    """The run stopped because its nodes were preempted more often than allowed.
+
+    Mirrors ``ray.train.PreemptionError``: preemptions spend
+    ``FailureConfig.max_preemption_failures``, not ``max_failures``.
+    """

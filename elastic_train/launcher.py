@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from elastic_train.agent import AgentSpec, Interrupted
 from elastic_train.checkpoint import CACHE_ENV
 from elastic_train.config import CheckpointConfig
-from elastic_train.errors import ConfigError, TrainingFailedError
+from elastic_train.errors import ConfigError, PreemptionError, TrainingFailedError
 from elastic_train.run_record import RunRecord
 from elastic_train.script_worker import LAUNCH_ENV
 from elastic_train.storage import RunStorage
@@ -97,6 +97,8 @@ class LaunchSettings:
     console_streams: frozenset[str] = frozenset({"stdout", "stderr"})
     verbose: int = 1
     hang_timeout_s: float | None = None
+    preemption_grace_s: float = 25.0
+    max_preemption_failures: int = -1
     storage_path: str = os.path.join("~", "elastic_train_results")
     name: str | None = None
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -202,6 +204,8 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
                                      if storage.is_local else os.path.join(scratch, "logs")),
         agent_logs=settings.verbose >= 2, worker_env=worker_env, local_addr=settings.local_addr,
         hang_timeout_s=settings.hang_timeout_s,
+        preemption_grace_s=settings.preemption_grace_s,
+        max_preemptions=settings.max_preemption_failures,
     )
     try:
         failures = supervisor.run(agent_spec)
@@ -212,8 +216,10 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if failures:
-        error = TrainingFailedError.from_failures(
-            failures, storage.display_path, settings.max_restarts,
+        preempted = supervisor.preempted_out
+        error = (PreemptionError if preempted else TrainingFailedError).from_failures(
+            failures, storage.display_path,
+            settings.max_preemption_failures if preempted else settings.max_restarts,
             resume_hint=f"run the same command again: {shlex.join(spec['command'])}",
             retry_hint="pass --max-restarts N (or -1 for unlimited)")
         if supervisor.record is not None:

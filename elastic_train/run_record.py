@@ -84,11 +84,14 @@ class RunRecord:
         return state
 
     def record_failure(self, failures: list[WorkerFailure], restarts_left: int,
-                       unlimited: bool) -> None:
+                       unlimited: bool, kind: str = "failure") -> None:
+        """Appends a failed attempt; ``kind`` is the budget it spent: "failure" (a
+        crash here), "peer" (a worker on another node; free) or "preemption"."""
         left = "unlimited" if unlimited else restarts_left or "no"
-        logger.warning("Worker group failed: %s; %s restart(s) left.",
+        logger.warning("Worker group failed (%s): %s; %s restart(s) left.", kind,
                        failures[0].describe(), left)
         self.state["failures"].append({"time": time.time(), "restarts_left": restarts_left,
+                                       "kind": kind,
                                        "workers": [f.to_json() for f in failures]})
         self._write(required=False)
 

@@ -36,12 +36,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elastic_train import heartbeat
+from elastic_train import heartbeat, preemption
 from elastic_train.backend import WorkerResources
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.context import StorageInfo, TrainContext, WorkerEnv
 from elastic_train.dataset import DatasetShard, ResumableIterable
 from elastic_train.errors import ConfigError, StorageError
+from elastic_train.preemption import PreemptionInfo
 from elastic_train.run_spec import RunSpec
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage import filesystem as fsutil
@@ -121,6 +122,8 @@ class TrainSession:
         self._history: list[dict[str, Any]] = []
         self._start_time = time.time()
         self._last_report_time = self._start_time
+        self._preemption: PreemptionInfo | None = None
+        preemption.install()
         self.uploader = CheckpointUploader(storage.checkpoints, env.rank, staging_dir,
                                            on_commit=self._apply_retention)
         restored, self._next_index, time_before = self._agree_on_restore_point()
@@ -230,6 +233,21 @@ class TrainSession:
             return Checkpoint(self.storage.checkpoints.path(self.restored.index), self.storage.fs)
         return self.spec.resume_from_checkpoint
 
+    # preemption notices
+    def _note_preemption(self, notices: list[tuple[int, str, float] | None]
+                         ) -> PreemptionInfo | None:
+        info = preemption.agree(notices)
+        if info is not None and self._preemption is None:
+            logger.warning("Preemption notice for rank(s) %s on %s: %.0f s left to checkpoint.",
+                           list(info.ranks), ", ".join(info.hostnames),
+                           info.deadline - time.time())
+            preemption.leave_mark(self.env.rank)
+            self._preemption = info
+        return info
+
+    def get_preemption_info(self) -> PreemptionInfo | None:
+        return self._note_preemption(self._all_gather(preemption.local_notice()))
+
     # report
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
                checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.ASYNC
@@ -265,7 +283,10 @@ class TrainSession:
         if files is not None and self.env.rank == 0 and config.checkpoint_score_attribute:
             score_of(CheckpointRecord(self._next_index, clean), config)
         states = {key: it.state_dict() for key, it in self._resumables.items()}
-        gathered = self._all_gather((files, states))
+        gathered = self._all_gather((files, states, preemption.local_notice()))
+        if self._note_preemption([notice for _, _, notice in gathered]) is not None:
+            mode = CheckpointUploadMode.SYNC  # the node may go any moment: commit now
+        gathered = [(f, s) for f, s, _ in gathered]
         if any(f is not None for f, _ in gathered):
             row["checkpoint_dir_name"] = dir_name(self._next_index)
             self._persist_checkpoint(gathered, checkpoint, row, mode)
@@ -379,3 +400,23 @@ def get_context() -> TrainContext:
 def get_dataset_shard(name: str) -> DatasetShard:
     """This rank's shard of ``datasets[name]``."""
     return get_session().get_dataset_shard(name)
+
+
+def get_preemption_info() -> PreemptionInfo | None:
+    """The imminent preemption of a node of this job, or None (Ray Train's name).
+
+    Collective: every rank must call it the same number of times, like
+    ``report()``. A rank's node is being preempted once the rank got a SIGTERM
+    (from the scheduler, or from its agent when the agent got one); the
+    recommended reaction is to report a checkpoint now -- it is committed
+    before ``report()`` returns -- and keep training until the deadline. When
+    the node goes, the group restarts from that checkpoint, charged to
+    ``FailureConfig.max_preemption_failures``. See :mod:`elastic_train.preemption`.
+
+    Example::
+
+        if elastic_train.get_preemption_info() is not None and not saved:
+            elastic_train.report(metrics, checkpoint=checkpoint)
+            saved = True
+    """
+    return get_session().get_preemption_info()

@@ -44,9 +44,13 @@ class RunSupervisor:
         self.local_ranks = local_ranks
         self.streams = streams
         self.name = name
+        self.preempted_out = False
 
     def run(self, spec: AgentSpec) -> list[WorkerFailure]:
-        """Runs the agent; returns the final failures. Raises ``Interrupted`` on a signal."""
+        """Runs the agent; returns the final failures. Raises ``Interrupted`` on a signal.
+
+        ``preempted_out`` tells afterwards whether the preemption budget ran out.
+        """
         monitor = RunMonitor(RunContext(self.name, self.storage), self.callbacks, spec.log_dir,
                              verbose=self.verbose, local_ranks=self.local_ranks,
                              streams=self.streams,
@@ -57,14 +61,15 @@ class RunSupervisor:
             if group_rank == 0 and self.record is None and self.begin_record is not None:
                 self.record = self.begin_record()
 
-        def on_failure(failures: list[WorkerFailure], restarts_left: int) -> None:
+        def on_failure(failures: list[WorkerFailure], restarts_left: int, kind: str) -> None:
             monitor.note_failure(failures, restarting=restarts_left > 0)
             if self.record is not None:
-                self.record.record_failure(failures, restarts_left, self.unlimited)
+                self.record.record_failure(failures, restarts_left, self.unlimited, kind)
 
         monitor.start()
         try:
-            failures = run_agent(spec, on_failure=on_failure, on_rendezvous=on_rendezvous)
+            failures, self.preempted_out = run_agent(spec, on_failure=on_failure,
+                                                     on_rendezvous=on_rendezvous)
         except Interrupted:
             self._set_status("interrupted")
             raise

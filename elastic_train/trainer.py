@@ -30,7 +30,13 @@ from elastic_train.backend import BackendConfig
 from elastic_train.callbacks import UserCallback
 from elastic_train.checkpoint import CACHE_ENV, Checkpoint
 from elastic_train.config import RunConfig, ScalingConfig
-from elastic_train.errors import ConfigError, StorageError, TrainingFailedError, WorkerFailure
+from elastic_train.errors import (
+    ConfigError,
+    PreemptionError,
+    StorageError,
+    TrainingFailedError,
+    WorkerFailure,
+)
 from elastic_train.result import Result
 from elastic_train.run_record import RunRecord
 from elastic_train.run_spec import RunSpec, check_train_function
@@ -209,8 +215,9 @@ class DataParallelTrainer:
             spec_path = os.path.join(scratch, "spec.pkl")
             with open(spec_path, "wb") as f:
                 f.write(pickled)
-            failures = self._run_workers(storage, record, run_config, spec_path, scratch)
-            return self._finish(storage, record, run_config, failures, scratch)
+            failures, preempted = self._run_workers(storage, record, run_config, spec_path,
+                                                    scratch)
+            return self._finish(storage, record, run_config, failures, preempted, scratch)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -238,7 +245,8 @@ class DataParallelTrainer:
         }
 
     def _run_workers(self, storage: RunStorage, record: RunRecord, run_config: RunConfig,
-                     spec_path: str, scratch: str) -> list[WorkerFailure]:
+                     spec_path: str, scratch: str) -> tuple[list[WorkerFailure], bool]:
+        """The final failures, and whether the preemption budget is what ran out."""
         scaling = self.scaling_config
         supervisor = RunSupervisor(
             storage, run_config.name, run_config.failure_config.max_failures == -1,
@@ -252,13 +260,16 @@ class DataParallelTrainer:
             log_dir=storage.log_dir() if storage.is_local else os.path.join(scratch, "logs"),
             agent_logs=run_config.verbose >= 2,
             hang_timeout_s=run_config.failure_config.hang_timeout_s,
+            preemption_grace_s=run_config.failure_config.preemption_grace_s,
+            max_preemptions=run_config.failure_config.max_preemption_failures,
             worker_env={
                 "OMP_NUM_THREADS": str(scaling.threads_per_worker(scaling.num_workers)),
                 CACHE_ENV: os.path.join(scratch, "checkpoint_cache"),
             },
         )
         try:
-            return supervisor.run(agent_spec)
+            failures = supervisor.run(agent_spec)
+            return failures, supervisor.preempted_out
         except Interrupted as exc:
             logger.warning("Run interrupted by %s; it can be resumed by running fit() again "
                            "with RunConfig(name=%r).", signal.Signals(exc.signum).name,
@@ -267,10 +278,12 @@ class DataParallelTrainer:
             raise KeyboardInterrupt from None
 
     def _finish(self, storage: RunStorage, record: RunRecord, run_config: RunConfig,
-                failures: list[WorkerFailure], scratch: str) -> Result:
+                failures: list[WorkerFailure], preempted: bool, scratch: str) -> Result:
         if failures:
-            error = TrainingFailedError.from_failures(
-                failures, storage.display_path, run_config.failure_config.max_failures)
+            budget = run_config.failure_config
+            error = (PreemptionError if preempted else TrainingFailedError).from_failures(
+                failures, storage.display_path,
+                budget.max_preemption_failures if preempted else budget.max_failures)
             record.set_status("failed", error=str(error))
             raise error
         record.set_status("finished")

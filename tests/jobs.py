@@ -59,6 +59,11 @@ def _inject_one(fault: dict, epoch: int, batch: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if how == "deadlock":  # never reach the collective the other ranks wait in
         time.sleep(3600)
+    if how == "preempt":  # the scheduler's notice; the test SIGKILLs us later
+        with open(fault["pid_file"], "w") as f:
+            f.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     if how == "wait_for_kill":  # the test SIGKILLs us from outside
         with open(fault["pid_file"], "w") as f:
             f.write(str(os.getpid()))
@@ -89,6 +94,7 @@ def train_mlp(config: dict) -> dict:
             f.write(f"{start_epoch}\n")
     shard = et.get_dataset_shard("train")
     loss_fn = torch.nn.BCEWithLogitsLoss()
+    saved_on_notice = False
     for epoch in range(start_epoch, config.get("epochs", 5)):
         for x, y in shard.iter_torch_batches(batch_size=8):
             batch = shard.state_dict()["batch"] - 1  # index in the epoch, also after a resume
@@ -101,13 +107,21 @@ def train_mlp(config: dict) -> dict:
             every = config.get("checkpoint_every_batches")
             if every and (batch + 1) % every == 0:
                 _report(config, model, optimizer, epoch, loss, epoch_done=False)
+            if config.get("watch_preemption") and not saved_on_notice \
+                    and et.get_preemption_info() is not None:  # a just-in-time checkpoint
+                _report(config, model, optimizer, epoch, loss, epoch_done=False, jit=1)
+                saved_on_notice = True
+                if ctx.get_world_rank() == 0 and config.get("jit_file"):
+                    with open(config["jit_file"], "w") as f:
+                        f.write(f"{epoch} {batch}\n")
         _report(config, model, optimizer, epoch, loss, epoch_done=True)
     return {"digest": weights_digest(model), "world_size": ctx.get_world_size()}
 
 
-def _report(config: dict, model, optimizer, epoch: int, loss, epoch_done: bool) -> None:
+def _report(config: dict, model, optimizer, epoch: int, loss, epoch_done: bool,
+            jit: int = 0) -> None:
     """Reports metrics with a checkpoint from rank 0 (and optional ballast from others)."""
-    metrics = {"loss": loss.item(), "epoch": epoch,
+    metrics = {"loss": loss.item(), "epoch": epoch, "jit": jit,
                "score": config.get("scores", {}).get(str(epoch), float(epoch))}
     with tempfile.TemporaryDirectory() as d:
         checkpoint = None

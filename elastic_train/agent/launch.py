@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -39,7 +40,9 @@ class AgentSpec:
     each worker's environment on top of what torch.distributed.elastic sets.
     Workers write to their log files under ``log_dir`` only; the driver's
     console shows them (see :mod:`elastic_train.console`). ``agent_logs``
-    shows torch.distributed.elastic's own logs too.
+    shows torch.distributed.elastic's own logs too. When the agent gets a
+    SIGTERM it passes it on to the workers (a preemption notice) and kills
+    them ``preemption_grace_s`` later.
     """
 
     entrypoint: str
@@ -56,9 +59,10 @@ class AgentSpec:
     log_dir: str | None = None
     agent_logs: bool = False
     worker_env: dict[str, str] = field(default_factory=dict)
-    shutdown_timeout: int = 15
     local_addr: str | None = None
     hang_timeout_s: float | None = None
+    preemption_grace_s: float = 25.0
+    max_preemptions: int = -1
 
 
 class Interrupted(Exception):
@@ -94,13 +98,15 @@ def _restored_signal_handlers() -> Iterator[None]:
 
 
 def run_agent(spec: AgentSpec,
-              on_failure: Callable[[list[WorkerFailure], int], None] | None = None,
+              on_failure: Callable[[list[WorkerFailure], int, str], None] | None = None,
               on_rendezvous: Callable[[int, int], None] | None = None,
-              ) -> list[WorkerFailure]:
-    """Runs the workers to the end; returns the final failures (empty on success).
+              ) -> tuple[list[WorkerFailure], bool]:
+    """Runs the workers to the end; returns the final failures (empty on success)
+    and whether it was the preemption budget that ran out.
 
-    ``on_failure(failures, restarts_left)`` is called for every failed attempt,
-    including the last; ``on_rendezvous(group_rank, nodes)`` after every
+    ``on_failure(failures, restarts_left, kind)`` is called for every failed
+    attempt, including the last, with the budget it was charged to (see
+    :class:`TrainAgent`); ``on_rendezvous(group_rank, nodes)`` after every
     rendezvous. Raises :class:`Interrupted` after a SIGINT/SIGTERM, once every
     worker is stopped.
     """
@@ -117,13 +123,15 @@ def run_agent(spec: AgentSpec,
     )
     logs = DefaultLogsSpecs(log_dir=spec.log_dir, redirects=Std.ALL, tee=Std.NONE)
 
-    def report(result: RunResult, restarts_left: int) -> None:
+    def report(result: RunResult, restarts_left: int, kind: str) -> None:
         if on_failure is not None:
-            on_failure(failures_of(result), restarts_left)
+            on_failure(failures_of(result), restarts_left, kind)
 
     agent = TrainAgent(
         spec=worker_spec, logs_specs=logs, start_method="spawn",
-        shutdown_timeout=spec.shutdown_timeout, worker_env=spec.worker_env,
+        shutdown_timeout=math.ceil(spec.preemption_grace_s), worker_env=spec.worker_env,
+        notice_dir=os.path.join(logs.root_log_dir, "preemption"),
+        preemption_grace_s=spec.preemption_grace_s, max_preemptions=spec.max_preemptions,
         on_failure=report, on_rendezvous=on_rendezvous,
         hang_watch=HangWatch(os.path.join(logs.root_log_dir, "progress"), spec.hang_timeout_s)
         if spec.hang_timeout_s else None,
@@ -136,4 +144,6 @@ def run_agent(spec: AgentSpec,
             # Like torchrun, leave the rendezvous open: other nodes may go on without us.
             raise Interrupted(int(exc.sigval)) from None
         rdzv_handler.shutdown()
-    return failures_of(result) if result.is_failed() else []
+    if not result.is_failed():
+        return [], False
+    return failures_of(result), agent.preemption_budget_spent

@@ -10,10 +10,18 @@
    the group, so the driver can record it in the run's history; every
    rendezvous is reported too (this node's group rank and the node count).
 3. Only this node's own failures spend its restart budget. When every failed
-   worker here failed because of a peer (a node that left, a worker elsewhere
-   that crashed), the restart is free: the node whose worker crashed charges
-   its own budget, and a lost node is a membership change (counted in
-   ``membership_changes``), not a failure of the job.
+   worker here failed because of a peer on another node (a node that left, a
+   worker elsewhere that crashed), the restart is free: the node whose worker
+   crashed charges its own budget, and a lost node is a membership change
+   (counted in ``membership_changes``), not a failure of the job. On a
+   single node every failure is the node's own and is charged.
+4. A failure after a preemption notice (see :mod:`elastic_train.preemption`)
+   spends the preemption budget (``max_preemptions``, -1 = unlimited)
+   instead of the restart budget.
+5. A group is stopped for a restart with SIGKILL, not torch's SIGTERM and
+   30 s wait: the failed group's state is discarded anyway, SIGTERM is the
+   workers' preemption notice, and a worker blocked in a collective with a
+   dead peer would only die at the end of the wait.
 
 Everything else -- rendezvous, spawning, monitoring, restart budget,
 membership changes, shutdown -- is torch.distributed.elastic's own.
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -30,12 +39,14 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
+from elastic_train import preemption
 from elastic_train.agent.failures import failures_of, is_secondary
 from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.context import AGENT_PID_ENV, GENERATION_ENV
 from elastic_train.heartbeat import PROGRESS_DIR_ENV
 
-FailureCallback = Callable[[RunResult, int], None]
+# (result, restarts left, kind: "failure" | "peer" | "preemption")
+FailureCallback = Callable[[RunResult, int, str], None]
 RendezvousCallback = Callable[[int, int], None]
 
 
@@ -60,9 +71,16 @@ class TrainAgent(LocalElasticAgent):
     def __init__(self, *args: Any, worker_env: Mapping[str, str] | None = None,
                  on_failure: FailureCallback | None = None,
                  on_rendezvous: RendezvousCallback | None = None,
-                 hang_watch: HangWatch | None = None, **kwargs: Any):
+                 hang_watch: HangWatch | None = None, notice_dir: str | None = None,
+                 preemption_grace_s: float = 0.0, max_preemptions: int = -1, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._hang_watch = hang_watch
+        self._notice_dir = notice_dir
+        self._grace_s = preemption_grace_s
+        self._max_preemptions = max_preemptions
+        self.preemptions = 0
+        self.preemption_budget_spent = False
+        self._rendezvous_count = 0
         self._worker_env = dict(worker_env or {})
         self._on_failure = on_failure
         self._on_rendezvous = on_rendezvous
@@ -71,14 +89,19 @@ class TrainAgent(LocalElasticAgent):
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         previous = worker_group.group_world_size
         super()._rendezvous(worker_group)
+        self._rendezvous_count += 1
         if previous is not None and worker_group.group_world_size != previous:
             self.membership_changes += 1
         if self._on_rendezvous is not None:
             self._on_rendezvous(worker_group.group_rank, worker_group.group_world_size)
 
     def _agree_on_generation(self, worker_group: WorkerGroup) -> str:
-        restart_count = worker_group.spec.max_restarts - self._remaining_restarts
-        key = f"elastic_train/generation/{restart_count}"
+        # Dynamic rendezvous hands out a store prefixed by its round, so one key
+        # per round suffices (restart counts differ between nodes: free restarts,
+        # late joiners). The static store is shared by every round, and there
+        # every node re-rendezvouses at each restart, so they count alike.
+        static = worker_group.spec.rdzv_handler.get_backend() == "static"
+        key = f"elastic_train/generation/{self._rendezvous_count if static else 0}"
         store = worker_group.store
         if worker_group.group_rank == 0:
             store.set(key, uuid.uuid4().hex)
@@ -90,6 +113,10 @@ class TrainAgent(LocalElasticAgent):
         if self._hang_watch is not None:
             self._hang_watch.reset([w.global_rank for w in worker_group.workers])
             env[PROGRESS_DIR_ENV] = self._hang_watch.progress_dir
+        if self._notice_dir is not None:
+            preemption.clear(self._notice_dir)
+            env[preemption.NOTICE_DIR_ENV] = self._notice_dir
+            env[preemption.GRACE_ENV] = str(self._grace_s)
         with _environ(env):
             return super()._start_workers(worker_group)
 
@@ -103,8 +130,26 @@ class TrainAgent(LocalElasticAgent):
                 for w in worker_group.workers if w.local_rank in pids})
             # The killed workers show up as failures at the next check.
         if result.is_failed():
-            if all(is_secondary(f) for f in failures_of(result)):
-                self._remaining_restarts += 1  # a peer's failure: free restart
+            kind = self._charge(worker_group, result)
             if self._on_failure is not None:
-                self._on_failure(result, self._remaining_restarts)
+                self._on_failure(result, self._remaining_restarts, kind)
         return result
+
+    def _charge(self, worker_group: WorkerGroup, result: RunResult) -> str:
+        """Decides which budget the failure spends; torch then takes one restart off."""
+        if self._notice_dir is not None and preemption.marked(self._notice_dir):
+            self.preemptions += 1
+            if self._max_preemptions == -1 or self.preemptions <= self._max_preemptions:
+                self._remaining_restarts += 1
+            else:
+                self._remaining_restarts = 0
+                self.preemption_budget_spent = True
+            return "preemption"
+        if (worker_group.group_world_size or 1) > 1 \
+                and all(is_secondary(f) for f in failures_of(result)):
+            self._remaining_restarts += 1
+            return "peer"
+        return "failure"
+
+    def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        self._shutdown(signal.SIGKILL)

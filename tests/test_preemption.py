@@ -1,0 +1,94 @@
+"""Unit tests: preemption notices, and which budget a failed attempt spends."""
+
+from __future__ import annotations
+
+import os
+import signal
+from types import SimpleNamespace
+
+import pytest
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+import elastic_train as et
+from elastic_train import preemption
+from elastic_train.agent.local_agent import TrainAgent
+
+
+def test_agree_merges_every_ranks_notice(monkeypatch):
+    monkeypatch.setenv(preemption.GRACE_ENV, "10")
+    assert preemption.agree([None, None]) is None
+    info = preemption.agree([None, (11, "b", 100.0), (12, "a", 99.0)])
+    assert info == et.PreemptionInfo(ranks=(1, 2), hostnames=("a", "b"), deadline=109.0)
+
+
+def test_sigterm_becomes_a_notice_and_a_second_one_kills(monkeypatch):
+    killed = []
+    monkeypatch.setattr(preemption, "_noticed_at", None)
+    monkeypatch.setattr(preemption.os, "kill", lambda pid, sig: killed.append(sig))
+    saved = signal.getsignal(signal.SIGTERM)
+    try:
+        preemption.install()
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+        assert preemption.local_notice()[0] == os.getpid()
+        assert killed == []
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+        assert killed == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+
+
+def test_marks_are_cleared_per_incarnation(tmp_path, monkeypatch):
+    notice_dir = str(tmp_path / "notices")
+    preemption.clear(notice_dir)
+    assert not preemption.marked(notice_dir)
+    monkeypatch.setenv(preemption.NOTICE_DIR_ENV, notice_dir)
+    preemption.leave_mark(3)
+    assert preemption.marked(notice_dir)
+    preemption.clear(notice_dir)
+    assert not preemption.marked(notice_dir)
+
+
+@pytest.mark.parametrize("kwargs,fragment", [
+    ({"max_preemption_failures": -2}, "max_preemption_failures=-2"),
+    ({"preemption_grace_s": -1}, "preemption_grace_s=-1"),
+])
+def test_failure_config_rejects_bad_preemption_settings(kwargs, fragment):
+    with pytest.raises(et.ConfigError, match=fragment):
+        et.FailureConfig(**kwargs)
+
+
+def _agent(notice_dir: str | None, max_preemptions: int = -1) -> TrainAgent:
+    agent = TrainAgent.__new__(TrainAgent)  # only the budget bookkeeping is exercised
+    agent._notice_dir, agent._max_preemptions = notice_dir, max_preemptions
+    agent.preemptions, agent.preemption_budget_spent = 0, False
+    agent._remaining_restarts = 1
+    return agent
+
+
+def _failed(message: str) -> RunResult:
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file="/nonexistent")
+    failure.message = message
+    return RunResult(state=WorkerState.FAILED, failures={0: failure})
+
+
+@pytest.mark.parametrize("nodes,kind,left", [(1, "failure", 1), (2, "peer", 2)])
+def test_peer_errors_are_free_only_with_other_nodes(nodes, kind, left):
+    """On one node a 'Connection refused' is the job's own error: it is charged."""
+    agent = _agent(None)
+    group = SimpleNamespace(group_world_size=nodes)
+    assert agent._charge(group, _failed("ConnectionRefusedError: Connection refused")) == kind
+    assert agent._remaining_restarts == left
+
+
+def test_preemption_spends_its_own_budget(tmp_path, monkeypatch):
+    notice_dir = str(tmp_path / "n")
+    preemption.clear(notice_dir)
+    monkeypatch.setenv(preemption.NOTICE_DIR_ENV, notice_dir)
+    preemption.leave_mark(0)
+    agent = _agent(notice_dir, max_preemptions=1)
+    group = SimpleNamespace(group_world_size=1)
+    assert agent._charge(group, _failed("killed")) == "preemption"
+    assert agent._remaining_restarts == 2 and not agent.preemption_budget_spent
+    assert agent._charge(group, _failed("killed")) == "preemption"
+    assert agent._remaining_restarts == 0 and agent.preemption_budget_spent
