@@ -67,6 +67,12 @@ class CheckpointUploadMode(str, enum.Enum):
     committed, a crash before that resumes from the previous one, and the run
     ends only after every pending upload is committed.
     ``SYNC``: after the checkpoint is committed on every rank (Ray v2's default).
+
+    Ray's third mode, ``NO_UPLOAD`` (the user already wrote the files into
+    storage), is not offered: a checkpoint here becomes visible only through
+    its commit manifest (file list, sizes, CRC-32s, data positions), which is
+    built from the files the ranks stage; files written straight into storage
+    by hand would bypass the atomic commit.
     """
 
     SYNC = "SYNC"

@@ -103,3 +103,28 @@ def test_worker_killed_during_upload_leaves_no_partial_checkpoint(storage, tmp_p
             assert any(f.endswith("ballast.bin") for f in files)
     assert not storage.fs.exists(f"{storage.url}/kill-upload/.uploads") or \
         storage.fs.ls(f"{storage.url}/kill-upload/.uploads") == []
+    if storage.url.startswith("s3://"):
+        assert _open_multipart_keys(storage) == set()
+
+
+def _open_multipart_keys(storage: StorageUnderTest) -> set[str]:
+    bucket = storage.url.split("/")[2]
+    listing = storage.fs.call_s3("list_multipart_uploads", Bucket=bucket)
+    return {u["Key"] for u in listing.get("Uploads", [])}
+
+
+def test_unfinished_multipart_uploads_are_aborted_at_cleanup(s3_endpoint, tmp_path):
+    """What a writer killed mid-way through a large file leaves on S3: an open multipart
+    upload with parts, invisible to listings. The next start aborts the run's own."""
+    storage = make_storage("s3", tmp_path, s3_endpoint)
+    run, other = storage.run("mpu"), storage.run("other-run")
+    keys = []
+    for path in (run.checkpoints.path(3) + "/big.bin", other.checkpoints.path(0) + "/x.bin"):
+        bucket, key, _ = storage.fs.split_path(path)
+        upload = storage.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)
+        storage.fs.call_s3("upload_part", Bucket=bucket, Key=key, PartNumber=1,
+                           UploadId=upload["UploadId"], Body=b"x" * (5 << 20))
+        keys.append(key)
+    assert _open_multipart_keys(storage) == set(keys)
+    run.checkpoints.remove_uncommitted()
+    assert _open_multipart_keys(storage) == {keys[1]}  # another run's upload is not ours

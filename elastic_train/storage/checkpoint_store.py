@@ -135,7 +135,13 @@ class CheckpointStore:
         return [m for m in manifests if m is not None]
 
     def remove_uncommitted(self) -> list[int]:
-        """Deletes leftovers of interrupted uploads; returns their indices."""
+        """Deletes leftovers of interrupted uploads (directories without a marker, and
+        unfinished multipart uploads on object stores); returns the directories' indices."""
+        aborted = self._retry("aborting unfinished multipart uploads",
+                              lambda: fsutil.abort_unfinished_uploads(self.fs, self.run_path))
+        if aborted:
+            logger.info("Aborted %d unfinished multipart upload(s) under %s", aborted,
+                        self.display_path)
         removed = []
         for index, path in sorted(self._checkpoint_dirs().items()):
             if self._read_manifest(path) is None:

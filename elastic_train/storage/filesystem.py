@@ -85,3 +85,22 @@ def file_crc32(path: str) -> str:
 def join(*parts: str) -> str:
     """Join path parts with '/', the separator of every fsspec store."""
     return "/".join(p.rstrip("/") for p in parts if p)
+
+
+def abort_unfinished_uploads(fs: fsspec.AbstractFileSystem, path: str) -> int:
+    """Aborts the multipart uploads under ``path`` that a killed writer left open.
+
+    Only object stores have them (s3fs sends files over its 50 MB threshold in
+    parts): the parts are invisible to listings, yet stored and billed until
+    aborted. Returns how many were aborted; 0 on every other filesystem.
+    """
+    if not hasattr(fs, "call_s3"):
+        return 0
+    bucket, key, _ = fs.split_path(path)
+    listing = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key.rstrip("/") + "/")
+    uploads = listing.get("Uploads", [])
+    for upload in uploads:
+        fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"],
+                   UploadId=upload["UploadId"])
+    return len(uploads)
+
