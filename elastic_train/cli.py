@@ -15,26 +15,41 @@ import argparse
 import datetime
 import json
 import os
+import shlex
 import sys
+import time
 from typing import Any
 
 from elastic_train import __version__
 from elastic_train.config import DEFAULT_STORAGE_PATH, CheckpointConfig
 from elastic_train.errors import ConfigError, StorageError, TrainingFailedError
+from elastic_train.run_summary import RunSummary
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.checkpoint_store import dir_name
 
 EXIT_CODES = ("exit codes: 0 success, 1 the run failed, 2 bad usage or not a run, "
               "128+N stopped by signal N (130: Ctrl-C)")
 
 
-def _age(timestamp: float | None) -> str:
+def _when(timestamp: float | None) -> str:
     if not timestamp:
         return "-"
     return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _runs(storage_path: str) -> list[tuple[str, dict]]:
+def _age(timestamp: float | None, now: float) -> str:
+    """``"42s"``, ``"5m"``, ``"3h"``, ``"2d"``: how long ago."""
+    if not timestamp:
+        return "-"
+    seconds = max(0, int(now - timestamp))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _runs(storage_path: str) -> list[tuple[str, RunStorage, dict]]:
     fs, root = fsutil.resolve(storage_path)
     try:
         entries = fs.ls(root, detail=True)
@@ -44,24 +59,30 @@ def _runs(storage_path: str) -> list[tuple[str, dict]]:
     for entry in entries:
         if entry["type"] != "directory":
             continue
-        state = RunStorage(fs, entry["name"]).read_run_state()
+        storage = RunStorage(fs, entry["name"])
+        state = storage.read_run_state()
         if state is not None:
-            runs.append((entry["name"].rstrip("/").rsplit("/", 1)[-1], state))
-    return sorted(runs, key=lambda r: r[1].get("created", 0))
+            runs.append((entry["name"].rstrip("/").rsplit("/", 1)[-1], storage, state))
+    return sorted(runs, key=lambda r: r[2].get("created", 0))
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    runs = _runs(args.storage_path)
+    runs = [(name, state, RunSummary.read(storage, state))
+            for name, storage, state in _runs(args.storage_path)]
     if args.json:
-        print(json.dumps([{"name": n, **s} for n, s in runs], indent=2))
+        print(json.dumps([{"name": name, **state, "iterations": summary.iterations,
+                           "best_checkpoint": summary.best and dir_name(summary.best.index)}
+                          for name, state, summary in runs], indent=2))
         return 0
     if not runs:
         print(f"No runs under {args.storage_path}")
         return 0
-    print(f"{'NAME':40} {'STATUS':12} {'FAILURES':>8}  UPDATED")
-    for name, state in runs:
-        print(f"{name:40} {state.get('status', '?'):12} {len(state.get('failures', [])):>8}  "
-              f"{_age(state.get('updated'))}")
+    now = time.time()
+    print(f"{'NAME':32} {'STATUS':11} {'ITER':>6} {'FAILURES':>8}  {'AGE':>5}  BEST")
+    for name, state, summary in runs:
+        print(f"{name:32} {state.get('status', '?'):11} {summary.iterations:>6} "
+              f"{len(state.get('failures', [])):>8}  {_age(state.get('updated'), now):>5}  "
+              f"{summary.best_label()}")
     return 0
 
 
@@ -72,24 +93,47 @@ def cmd_show(args: argparse.Namespace) -> int:
     if state is None:
         print(f"{args.run_path} is not a run directory (no run.json).", file=sys.stderr)
         return 2
-    checkpoints = storage.checkpoints.committed()
+    summary = RunSummary.read(storage, state)
+    best = summary.best.index if summary.best else None
     if args.json:
-        print(json.dumps({**state, "checkpoints": [
+        print(json.dumps({**state, "iterations": summary.iterations, "checkpoints": [
             {"index": c.index, "training_iteration": c.training_iteration,
-             "metrics": c.metrics} for c in checkpoints]}, indent=2))
+             "metrics": c.metrics, "best": c.index == best} for c in summary.checkpoints],
+            "deleted_checkpoints": summary.deleted}, indent=2))
         return 0
+    spec = state.get("spec", {})
     print(f"run:      {storage.display_path}")
-    print(f"status:   {state.get('status')}   updated {_age(state.get('updated'))}")
-    launches, failures = len(state.get("launches", [])), len(state.get("failures", []))
-    print(f"launches: {launches}   failures: {failures}")
+    print(f"status:   {state.get('status')}   updated {_when(state.get('updated'))}   "
+          f"iteration {summary.iterations}")
+    if spec.get("command"):
+        print(f"command:  {shlex.join(spec['command'])}")
+    if spec.get("train_function"):
+        workers = spec.get("scaling_config", {}).get("num_workers")
+        print(f"train:    {spec['train_function']} on {workers} worker(s)")
+    for key in ("failure_config", "checkpoint_config"):
+        if spec.get(key):
+            print(f"{key.split('_')[0] + ':':9} {spec[key]}")
+    launches = state.get("launches", [])
+    print(f"launches: {len(launches)}")
+    for launch in launches:
+        print(f"  {_when(launch.get('started'))}  {launch.get('host', '?')}  "
+              f"pid {launch.get('pid')}  {launch.get('status')}")
+    print(f"failures: {len(state.get('failures', []))}")
     for failure in state.get("failures", []):
         root = failure["workers"][0]
         how = f"signal {root['signal']}" if root.get("signal") else f"exit code {root['exitcode']}"
-        print(f"  {_age(failure['time'])}  rank {root['rank']} {how}: {root['message'][:100]}")
-    print(f"checkpoints ({len(checkpoints)} retained):")
-    for c in checkpoints:
+        print(f"  {_when(failure['time'])}  [{failure.get('kind', 'failure')}] rank "
+              f"{root['rank']} {how}: {root['message'][:100]}")
+    print(f"checkpoints: {len(summary.checkpoints)} retained, {len(summary.deleted)} deleted "
+          "by retention")
+    for c in summary.checkpoints:
         shown = {k: v for k, v in c.metrics.items() if k not in _AUTO_FIELDS}
-        print(f"  checkpoint_{c.index:06d}  iteration {c.training_iteration}  {shown}")
+        mark = "*" if c.index == best else " "
+        print(f"{mark} {dir_name(c.index)}  iteration {c.training_iteration}  {shown}")
+    if best is not None:
+        print(f"  (* best: {summary.best_label()})")
+    if summary.deleted:
+        print(f"  deleted: {', '.join(summary.deleted)}")
     print(f"logs:     {fsutil.display_path(fs, storage.log_dir())}")
     return 0
 

@@ -83,7 +83,8 @@ def test_piped_output_has_rank_prefixes_and_plain_progress_lines(tmp_path):
 
 
 def test_ls_and_show_on_finished_failed_and_interrupted_runs(storage, tmp_path):
-    fit(storage, "done", config={"epochs": 2})
+    fit(storage, "done", config={"epochs": 3, "scores": {"0": 3.0, "1": 1.0, "2": 2.0}},
+        checkpoint_config=et.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="score"))
     fault = {"rank": 0, "epoch": 1, "how": "raise", "marker": str(tmp_path / "m")}
     with pytest.raises(et.TrainingFailedError):
         fit(storage, "broken", config={"fault": fault, "epochs": 2, "upload_mode": "SYNC"})
@@ -98,11 +99,20 @@ def test_ls_and_show_on_finished_failed_and_interrupted_runs(storage, tmp_path):
     ls = subprocess.run([*CLI, "ls", storage.url, "--json"], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=60)
     assert ls.returncode == 0, ls.stderr
-    statuses = {r["name"]: r["status"] for r in json.loads(ls.stdout)}
-    assert statuses == {"done": "finished", "broken": "interrupted"}
+    runs = {r["name"]: r for r in json.loads(ls.stdout)}
+    assert {n: r["status"] for n, r in runs.items()} == {"done": "finished",
+                                                          "broken": "interrupted"}
+    assert runs["done"]["iterations"] == 3
+    assert runs["done"]["best_checkpoint"] == "checkpoint_000000"
     table = subprocess.run([*CLI, "ls", storage.url], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=60).stdout
-    assert "done" in table and "finished" in table and "interrupted" in table
+    done_line = next(line for line in table.splitlines() if line.startswith("done "))
+    assert done_line.split()[1:4] == ["finished", "3", "0"] and "score=3.0" in done_line
+    assert "interrupted" in table
+    done = subprocess.run([*CLI, "show", f"{storage.url}/done"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60).stdout
+    assert "* checkpoint_000000" in done and "  checkpoint_000002" in done
+    assert "deleted: checkpoint_000001" in done and "train:    " in done
     show = subprocess.run([*CLI, "show", f"{storage.url}/broken"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
     assert show.returncode == 0, show.stderr
