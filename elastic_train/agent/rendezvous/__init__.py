@@ -9,6 +9,8 @@ which etcd 3.6 removed. Importing this package registers nothing, and ``etcd3gw`
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 from torch.distributed.elastic.rendezvous.registry import handler_registry
@@ -36,6 +38,12 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> RendezvousHandler:
 
     handler.shutdown = shutdown_and_close  # type: ignore[method-assign]
     return handler
+
+
+def torchrun_handler() -> Callable[[RendezvousParameters], RendezvousHandler]:
+    """The ``torchrun.handlers`` entry point (``pyproject.toml``): plain ``torchrun
+    --rdzv-backend etcd-v3`` then uses this backend too, once the package is installed."""
+    return create_etcd_v3_handler
 
 
 def register() -> None:
