@@ -163,7 +163,12 @@ def cmd_restore(args: argparse.Namespace) -> int:
     command = state.get("spec", {}).get("command")
     if command and state.get("status") != "finished":  # a run of `elastic-train launch`
         print(f"elastic-train: relaunching {' '.join(command)}", file=sys.stderr)
-        os.chdir(state["spec"].get("cwd", os.getcwd()))
+        cwd = state["spec"].get("cwd", os.getcwd())
+        if os.path.isdir(cwd):
+            os.chdir(cwd)
+        else:  # another machine: the script's relative path must resolve from here
+            print(f"elastic-train: {cwd} does not exist here; relaunching from "
+                  f"{os.getcwd()}", file=sys.stderr)
         return main(command[1:])
     if not TorchTrainer.can_restore(args.run_path, storage_options=options):
         print(f"{args.run_path} cannot be restored: it is not a run directory, or its run "
