@@ -97,6 +97,9 @@ class DatasetShard(ResumableIterable):
         drop_last: bool = False,
         shuffle: bool = True,
         seed: int | None = None,
+        prefetch_batches: int = 1,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
     ) -> Iterator[Any]:
         """One epoch of batches of this rank's rows.
 
@@ -111,7 +114,25 @@ class DatasetShard(ResumableIterable):
             shuffle: Reshuffle every epoch (reproducibly).
             seed: Base seed of the shuffle (default: the seed given to
                 ``enable_reproducibility``, else 0).
+            prefetch_batches: Accepted for Ray scripts; rows come from an
+                in-process torch Dataset here, so there is nothing to prefetch.
+            local_shuffle_buffer_size: Accepted for Ray scripts: every epoch is
+                already a full reshuffle of the dataset, which a local buffer
+                only approximates.
+            local_shuffle_seed: Ray's name for ``seed``.
+
+        Example::
+
+            shard = elastic_train.get_dataset_shard("train")
+            for epoch in range(epochs):
+                for x, y in shard.iter_torch_batches(batch_size=64):
+                    ...
         """
+        if prefetch_batches < 0 or (local_shuffle_buffer_size or 0) < 0:
+            raise ValueError(
+                f"iter_torch_batches(prefetch_batches={prefetch_batches!r}, "
+                f"local_shuffle_buffer_size={local_shuffle_buffer_size!r}): use values >= 0.")
+        seed = local_shuffle_seed if seed is None else seed
         skip = self._begin_pass()
         indices = self._indices(shuffle, self._default_seed() if seed is None else seed)
         collate = collate_fn or default_collate

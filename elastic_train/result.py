@@ -58,6 +58,25 @@ class Result:
                               "(or elastic-train[pandas]).") from exc
         return pd.DataFrame(self.metrics_history)
 
+    def get_best_checkpoint(self, metric: str, mode: str) -> Checkpoint | None:
+        """The retained checkpoint with the best ``metric`` (``mode`` "max" or "min").
+
+        As Ray's ``Result.get_best_checkpoint``; checkpoints that did not report
+        the metric are skipped, and None is returned when none did.
+
+        Example::
+
+            best = result.get_best_checkpoint(metric="loss", mode="min")
+        """
+        if mode not in ("max", "min"):
+            raise ValueError(f"get_best_checkpoint(mode={mode!r}): use 'max' or 'min'.")
+        scored = [(m[metric], c) for c, m in self.best_checkpoints
+                  if isinstance(m.get(metric), (int, float))]
+        if not scored:
+            return None
+        pick = max if mode == "max" else min
+        return pick(scored, key=lambda item: item[0])[1]
+
     @classmethod
     def from_storage(cls, storage: RunStorage, return_value: Any = None) -> Result:
         rows = storage.read_metrics()

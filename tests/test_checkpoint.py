@@ -7,7 +7,7 @@ import uuid
 import fsspec
 import pytest
 
-from elastic_train import Checkpoint, ConfigError
+from elastic_train import Checkpoint, ConfigError, Result
 from elastic_train.storage.checkpoint_store import MARKER
 
 
@@ -123,3 +123,16 @@ def test_equality_and_hash(ckpt_dir, tmp_path):
     assert a != str(ckpt_dir)
     assert Checkpoint("memory://x/y") != Checkpoint("/x/y")
     assert "path=" in repr(a)
+
+
+def test_result_get_best_checkpoint_as_in_ray(tmp_path):
+    for name in "abc":
+        (tmp_path / name).mkdir()
+    a, b, c = (Checkpoint.from_directory(str(tmp_path / n)) for n in "abc")
+    result = Result(metrics={}, checkpoint=c, error=None, path=str(tmp_path), filesystem=None,
+                    best_checkpoints=[(a, {"loss": 0.5}), (b, {"loss": 0.2}), (c, {})])
+    assert result.get_best_checkpoint("loss", "min") == b
+    assert result.get_best_checkpoint("loss", "max") == a
+    assert result.get_best_checkpoint("acc", "max") is None
+    with pytest.raises(ValueError, match="mode='best'"):
+        result.get_best_checkpoint("loss", "best")

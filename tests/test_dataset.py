@@ -146,3 +146,11 @@ def test_abandoned_resumed_iteration_starts_next_epoch():
     next(iter(s.iter_torch_batches(batch_size=4)))
     assert s.state_dict() == {"epoch": 0, "batch": 2}
     assert rows(s) == epoch1
+
+
+def test_rays_iter_torch_batches_arguments_port_unchanged():
+    """A Ray script's prefetch/local-shuffle arguments work; local_shuffle_seed is the seed."""
+    assert rows(shard(seed=0), prefetch_batches=2, local_shuffle_buffer_size=64,
+                local_shuffle_seed=5) == rows(shard(seed=5))
+    with pytest.raises(ValueError, match="prefetch_batches=-1"):
+        rows(shard(), prefetch_batches=-1)
