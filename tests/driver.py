@@ -35,7 +35,8 @@ if __name__ == "__main__":
         train_loop_config={"epochs": epochs, "pid_dir": pid_dir, "step_sleep": step_sleep,
                            "starts_file": os.path.join(pid_dir, "starts"),
                            "watch_preemption": grace is not None,
-                           "jit_file": os.path.join(pid_dir, "jit")},
+                           "jit_file": os.path.join(pid_dir, "jit"),
+                           "events_file": os.path.join(pid_dir, "events")},
         scaling_config=et.ScalingConfig(num_workers=2),
         run_config=et.RunConfig(
             storage_path=storage, name=name,

@@ -95,6 +95,7 @@ def train_mlp(config: dict) -> dict:
     shard = et.get_dataset_shard("train")
     loss_fn = torch.nn.BCEWithLogitsLoss()
     saved_on_notice = False
+    first_step = True
     for epoch in range(start_epoch, config.get("epochs", 5)):
         for x, y in shard.iter_torch_batches(batch_size=8):
             batch = shard.state_dict()["batch"] - 1  # index in the epoch, also after a resume
@@ -103,6 +104,10 @@ def train_mlp(config: dict) -> dict:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            if first_step and ctx.get_world_rank() == 0 and config.get("events_file"):
+                with open(config["events_file"], "a") as f:  # for recovery times
+                    f.write(f"first_step {time.time()}\n")
+            first_step = False
             time.sleep(config.get("step_sleep", 0))
             every = config.get("checkpoint_every_batches")
             if every and (batch + 1) % every == 0:

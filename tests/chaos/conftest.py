@@ -1,0 +1,33 @@
+"""The chaos suite's table, printed at the end of the pytest run."""
+
+from __future__ import annotations
+
+import statistics
+
+from tests.chaos.faults import KINDS
+
+RESULTS: list[dict] = []  # one row per trial, filled by test_chaos.py
+
+
+def table() -> str:
+    """Faults by kind: injected, recovered, data lost, leaked processes, recovery times."""
+    lines = ["chaos suite: faults by kind",
+             f"{'kind':24} {'injected':>8} {'recovered':>9} {'data lost':>9} "
+             f"{'leaked':>6} {'recovery median s':>17} {'max s':>6}"]
+    for kind in (*KINDS, "all"):
+        rows = [r for r in RESULTS if kind in ("all", r["kind"])]
+        if not rows:
+            continue
+        times = [r["recovery_s"] for r in rows if r["recovery_s"] is not None]
+        median = f"{statistics.median(times):.2f}" if times else "-"
+        worst = f"{max(times):.2f}" if times else "-"
+        lines.append(f"{kind:24} {len(rows):>8} {sum(r['recovered'] for r in rows):>9} "
+                     f"{sum(r['data_lost'] for r in rows):>9} {sum(r['leaked'] for r in rows):>6} "
+                     f"{median:>17} {worst:>6}")
+    return "\n".join(lines)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if RESULTS:
+        terminalreporter.write_sep("=", "chaos")
+        terminalreporter.write_line(table())

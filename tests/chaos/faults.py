@@ -1,0 +1,234 @@
+"""The chaos suite's faults: each kind sets up one trial of the deterministic job.
+
+A :class:`Trial` says what to inject where; :func:`run_trial` runs the job
+with it, watches the storage while it runs, and returns an :class:`Outcome`
+with the checks the suite asserts and tabulates.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import elastic_train as et
+from elastic_train.storage import RunStorage
+from elastic_train.storage.checkpoint_store import MARKER
+from elastic_train.torch import TorchTrainer
+from tests import jobs
+from tests.conftest import EPOCHS, StorageUnderTest, wait_until
+from tests.servers import TcpProxy
+
+KINDS = ("worker_sigkill", "worker_raise", "worker_hang", "kill_during_upload",
+         "preemption", "storage_outage", "driver_sigkill_restore")
+BATCHES_PER_EPOCH = 6  # jobs.make_dataset(): 96 rows, 2 ranks, batches of 8
+NUM_TO_KEEP = 2
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One fault of ``kind`` at ``(epoch, batch)`` on ``rank``."""
+
+    number: int
+    kind: str
+    epoch: int
+    batch: int
+    rank: int
+
+    @classmethod
+    def draw(cls, number: int, kind: str, rng: random.Random) -> Trial:
+        return cls(number, kind, rng.randint(1, EPOCHS - 2), rng.randrange(BATCHES_PER_EPOCH),
+                   rng.randrange(2))
+
+    def __str__(self) -> str:
+        return f"#{self.number} {self.kind} at epoch {self.epoch} batch {self.batch}, " \
+               f"rank {self.rank}"
+
+
+@dataclass
+class Outcome:
+    """What one trial showed."""
+
+    digest: str | None = None
+    recovery_s: float | None = None
+    partial_seen: list[str] = field(default_factory=list)
+    retained: list[int] = field(default_factory=list)
+    iterations: list[int] = field(default_factory=list)
+    latest: int | None = None  # the index of the last checkpoint reported
+    num_to_keep: int | None = NUM_TO_KEEP
+
+
+class StorageWatcher:
+    """Polls the run's committed checkpoints while the job runs, and records any
+    whose files do not all exist at their manifest's sizes (a partial checkpoint).
+    A checkpoint being deleted by retention (its marker already gone) is not partial."""
+
+    def __init__(self, storage: RunStorage):
+        self.storage = storage
+        self.partial: list[str] = []
+        self._checked: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> StorageWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self._check()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                self._check()
+            except Exception:  # the storage may be cut on purpose; try again
+                continue
+
+    def _check(self) -> None:
+        fs = self.storage.fs
+        fs.invalidate_cache()
+        for manifest in self.storage.checkpoints.committed():
+            if manifest.index in self._checked:
+                continue
+            path = self.storage.checkpoints.path(manifest.index)
+            for rel, info in manifest.files.items():
+                try:
+                    ok = fs.size(f"{path}/{rel}") == info["size"]
+                except FileNotFoundError:
+                    ok = not fs.exists(f"{path}/{MARKER}")  # deleted meanwhile
+                if not ok:
+                    self.partial.append(f"{path}/{rel}")
+            self._checked.add(manifest.index)
+
+
+def _fault_config(trial: Trial, tmp_path) -> dict:
+    how = {"worker_sigkill": "sigkill", "worker_raise": "raise", "worker_hang": "deadlock",
+           "kill_during_upload": "sigkill", "preemption": "preempt"}[trial.kind]
+    batch = 0 if trial.kind == "kill_during_upload" else trial.batch  # right after a report
+    return {"rank": trial.rank, "epoch": trial.epoch, "batch": batch, "how": how,
+            "marker": str(tmp_path / "fault"), "pid_file": str(tmp_path / "preempted.pid")}
+
+
+def _reclaim_after_jit(tmp_path) -> None:
+    """The scheduler's kill, once the job saved its just-in-time checkpoint."""
+    pid_file, jit = tmp_path / "preempted.pid", tmp_path / "jit"
+    if wait_until(lambda: jit.exists() and pid_file.exists(), 120):
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def _cut_for_seconds(proxy: TcpProxy, storage: StorageUnderTest, name: str, trial: Trial,
+                     fault_file) -> None:
+    """Cuts the S3 endpoint for 3 s once checkpoint ``trial.epoch - 1`` is committed."""
+    marker = f"{storage.url}/{name}/checkpoint_{trial.epoch - 1:06d}/{MARKER}"
+
+    def committed() -> bool:
+        storage.fs.invalidate_cache()
+        return storage.fs.exists(marker)
+
+    if wait_until(committed, 120):
+        time.sleep(0.1 * trial.batch)
+        fault_file.write_text(str(time.time()))
+        proxy.cut()
+        time.sleep(3)
+        proxy.restore()
+
+
+def _recovery_s(fault, events) -> float | None:
+    """Fault time (the fault marker's time) to rank 0's first step after it."""
+    if not fault.exists() or not events.exists():
+        return None
+    at = os.path.getmtime(fault) if fault.read_text() == "" else float(fault.read_text())
+    after = [float(line.split()[1]) for line in events.read_text().split("\n")
+             if line.startswith("first_step") and float(line.split()[1]) > at]
+    return after[0] - at if after else None
+
+
+def run_trial(trial: Trial, storage: StorageUnderTest, tmp_path, through: StorageUnderTest |
+              None = None, proxy: TcpProxy | None = None) -> Outcome:
+    """Runs the job with the trial's fault; ``through``/``proxy`` for storage outages."""
+    name = f"chaos-{trial.number}-{trial.kind}"
+    config = {"epochs": EPOCHS, "events_file": str(tmp_path / "events"), "step_sleep": 0.05,
+              "jit_file": str(tmp_path / "jit")}
+    failure = et.FailureConfig(max_failures=1)
+    helper = None
+    if trial.kind == "driver_sigkill_restore":
+        return _driver_kill_trial(trial, storage, tmp_path, name)
+    if trial.kind == "storage_outage":
+        helper = threading.Thread(target=_cut_for_seconds, daemon=True,
+                                  args=(proxy, storage, name, trial, tmp_path / "fault"))
+        failure = et.FailureConfig(max_failures=0)
+    else:
+        config["fault"] = _fault_config(trial, tmp_path)
+    if trial.kind == "worker_hang":
+        failure = et.FailureConfig(max_failures=1, hang_timeout_s=4)
+    if trial.kind == "kill_during_upload":
+        config.update(ballast_mb=8, upload_mode="ASYNC")
+    if trial.kind == "preemption":
+        config["watch_preemption"] = True
+        failure = et.FailureConfig(max_failures=0)
+        helper = threading.Thread(target=_reclaim_after_jit, args=(tmp_path,), daemon=True)
+    run_storage = storage.run(name)
+    with StorageWatcher(run_storage) as watcher:
+        if helper is not None:
+            helper.start()
+        result = TorchTrainer(
+            jobs.train_mlp, train_loop_config=config,
+            scaling_config=et.ScalingConfig(num_workers=2),
+            run_config=(through or storage).run_config(
+                name, failure_config=failure,
+                checkpoint_config=et.CheckpointConfig(num_to_keep=NUM_TO_KEEP)),
+            datasets={"train": jobs.make_dataset()},
+        ).fit()
+    return _outcome(result.return_value["digest"], run_storage, watcher, tmp_path)
+
+
+def _outcome(digest: str, run_storage: RunStorage, watcher: StorageWatcher,
+             tmp_path, events=None, num_to_keep: int | None = NUM_TO_KEEP) -> Outcome:
+    rows = run_storage.read_metrics()
+    reported = [r["checkpoint_dir_name"] for r in rows if r.get("checkpoint_dir_name")]
+    return Outcome(digest=digest, recovery_s=_recovery_s(tmp_path / "fault",
+                                                         events or tmp_path / "events"),
+                   partial_seen=watcher.partial,
+                   retained=[m.index for m in run_storage.checkpoints.committed()],
+                   iterations=[int(r["training_iteration"]) for r in rows],
+                   latest=int(reported[-1].rsplit("_", 1)[1]) if reported else None,
+                   num_to_keep=num_to_keep)
+
+
+def _driver_kill_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str
+                       ) -> Outcome:
+    """SIGKILLs the driver and its whole process tree once checkpoint ``epoch - 1`` is
+    committed, then continues the run with TorchTrainer.restore(path)."""
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    run_storage = storage.run(name)
+    with StorageWatcher(run_storage) as watcher:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "tests.driver", storage.url, name, str(pid_dir),
+             str(EPOCHS), "0.05"], cwd=REPO, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            marker = f"{storage.url}/{name}/checkpoint_{trial.epoch - 1:06d}/{MARKER}"
+            assert wait_until(lambda: storage.fs.invalidate_cache() or
+                              storage.fs.exists(marker), 120), "no checkpoint to resume from"
+            time.sleep(0.1 * trial.batch)
+            (tmp_path / "fault").write_text(str(time.time()))
+            os.killpg(driver.pid, signal.SIGKILL)  # the driver and every worker
+        finally:
+            if driver.poll() is None:
+                os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+        state = run_storage.read_run_state()
+        assert state["status"] == "running"  # nobody could record anything
+        trainer = TorchTrainer.restore(f"{storage.url}/{name}", storage_options=storage.options)
+        result = trainer.fit()
+    return _outcome(result.return_value["digest"], run_storage, watcher, tmp_path,
+                    events=pid_dir / "events", num_to_keep=None)  # tests.driver keeps all

@@ -1,0 +1,86 @@
+"""The chaos suite: random faults at random times against the deterministic job.
+
+Each trial asserts that the job finishes within its budgets, that its final
+weights are bit-identical to the uninterrupted run's, that no partial
+checkpoint was ever visible, that retention kept what it should, and that no
+process was left behind. The table of all trials is printed at the end.
+
+    python -m pytest tests/chaos                      # short profile (CI): each kind once
+    CHAOS_PROFILE=long CHAOS_TRIALS=40 python -m pytest tests/chaos   # by hand
+    CHAOS_SEED=1234 ...                               # replay a draw
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import pytest
+
+from tests.chaos.conftest import RESULTS
+from tests.chaos.faults import KINDS, Trial, run_trial
+from tests.conftest import StorageUnderTest, child_pids, make_storage, pid_alive, wait_until
+from tests.servers import SERVER_PIDS, TcpProxy, s3_options
+
+SEED = int(os.environ.get("CHAOS_SEED", str(int(time.time()) % 100_000)))
+
+
+def _draw() -> list[Trial]:
+    rng = random.Random(SEED)
+    if os.environ.get("CHAOS_PROFILE", "short") == "long":
+        kinds = [rng.choice(KINDS) for _ in range(int(os.environ.get("CHAOS_TRIALS", "28")))]
+    else:
+        kinds = list(KINDS)
+    return [Trial.draw(n, kind, rng) for n, kind in enumerate(kinds)]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("trial", _draw(), ids=str)
+def test_trial(trial: Trial, tmp_path, baseline, request):
+    print(f"chaos seed {SEED}: {trial}")
+    before = set(child_pids(os.getpid()))
+    storage, through, proxy = make_storage("local", tmp_path, None), None, None
+    if trial.kind == "storage_outage":
+        endpoint = request.getfixturevalue("s3_endpoint")
+        storage = make_storage("s3", tmp_path, endpoint)
+        proxy = TcpProxy(int(endpoint.rsplit(":", 1)[1]))
+        through = StorageUnderTest(storage.url, s3_options(f"http://127.0.0.1:{proxy.port}"),
+                                   storage.fs)
+    row = {"kind": trial.kind, "recovered": 0, "data_lost": 0, "leaked": 0,
+           "recovery_s": None}
+    RESULTS.append(row)
+    try:
+        outcome = run_trial(trial, storage, tmp_path, through, proxy)
+    finally:
+        if proxy is not None:
+            proxy.cut()
+        row["leaked"] = _reap(before)
+    row["recovered"] = 1
+    row["recovery_s"] = outcome.recovery_s
+    identical = outcome.digest == baseline.return_value["digest"]
+    history = outcome.iterations == list(range(1, len(outcome.iterations) + 1))
+    row["data_lost"] = int(not identical or not history or bool(outcome.partial_seen))
+    assert identical, "final weights differ from the uninterrupted run"
+    assert history, f"metrics history has gaps or repeats: {outcome.iterations}"
+    assert not outcome.partial_seen, f"partial checkpoint visible: {outcome.partial_seen}"
+    assert outcome.retained and outcome.retained[-1] == outcome.latest, \
+        f"retention dropped the latest checkpoint: {outcome.retained}"
+    assert outcome.num_to_keep is None or len(outcome.retained) <= outcome.num_to_keep, \
+        f"retention kept more than {outcome.num_to_keep}: {outcome.retained}"
+    assert row["leaked"] == 0, "processes left behind"
+    assert trial.kind == "storage_outage" or outcome.recovery_s is not None, \
+        "the fault did not happen"
+
+
+def _reap(before: set[int]) -> int:
+    """Children this trial left behind (waited for briefly, then killed): their count."""
+    new = [p for p in child_pids(os.getpid()) if p not in before | SERVER_PIDS]
+    if wait_until(lambda: not [p for p in new if pid_alive(p)], 10):
+        return 0
+    left = [p for p in new if pid_alive(p)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return len(left)
