@@ -71,6 +71,18 @@ def parse_rdzv_conf(value: str) -> dict[str, object]:
     return conf
 
 
+def _check_endpoint(endpoint: str) -> None:
+    """``HOST:PORT`` with a port in 0..65535 (torch would fail later with a traceback).
+
+    An empty endpoint, a bare host and IPv6 forms are left to torch's parser."""
+    if endpoint.count(":") != 1:
+        return
+    host, port = endpoint.split(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"--rdzv-endpoint={endpoint!r} is invalid: use HOST:PORT with a "
+                          "port from 0 to 65535, e.g. --rdzv-endpoint node0:29400.")
+
+
 @dataclass
 class LaunchSettings:
     """Everything ``elastic-train launch`` was told (torchrun's flags plus ours)."""
@@ -134,6 +146,7 @@ class LaunchSettings:
             raise ConfigError(f"--rdzv-endpoint is required for --rdzv-backend "
                               f"{self.rdzv_backend} with --nnodes {self.nnodes}, "
                               "e.g. --rdzv-endpoint host0:29400.")
+        _check_endpoint(self.rdzv_endpoint)
         if self.rdzv_backend == "static":
             self.rdzv_endpoint = f"{self.master_addr}:{self.master_port}"
             self.rdzv_configs.setdefault("rank", self.node_rank)

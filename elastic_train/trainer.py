@@ -192,6 +192,10 @@ class DataParallelTrainer:
         """
         name = self._experiment_name()
         run_config = dataclasses.replace(self.run_config, name=name)
+        start = self.resume_from_checkpoint
+        if start is not None and not start.filesystem.exists(start.path):
+            raise ConfigError(f"resume_from_checkpoint={start!r} does not exist: pass the "
+                              "directory of a saved checkpoint, e.g. result.checkpoint.")
         spec = RunSpec(
             train_loop_per_worker=self.train_loop_per_worker,
             train_loop_config=self.train_loop_config, backend=self.backend_config,

@@ -136,3 +136,22 @@ def test_result_get_best_checkpoint_as_in_ray(tmp_path):
     assert result.get_best_checkpoint("acc", "max") is None
     with pytest.raises(ValueError, match="mode='best'"):
         result.get_best_checkpoint("loss", "best")
+
+
+@pytest.mark.parametrize("metrics, words", [
+    ({"loss": object()}, ["'loss'", "object", "JSON"]),
+    ({"nested": {"deep": {1, 2}}}, ["'nested.deep'", "set"]),
+    ({"t": __import__("torch").ones(3)}, ["'t'", "Tensor"]),
+])
+def test_metrics_that_are_not_json_are_named(metrics, words):
+    from elastic_train.session import _jsonable
+
+    with pytest.raises(ConfigError) as info:
+        {k: _jsonable(v, k) for k, v in metrics.items()}
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_checkpoint_from_missing_directory_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="no such directory"):
+        Checkpoint.from_directory(str(tmp_path / "missing"))

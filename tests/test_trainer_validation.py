@@ -27,7 +27,8 @@ def make_trainer(storage_path, scaling=None, run=None, **overrides):
     kwargs = {
         "train_loop_per_worker": train,
         "scaling_config": et.ScalingConfig(**{"num_workers": 2, **(scaling or {})}),
-        "run_config": et.RunConfig(name="run", storage_path=storage_path, **(run or {})),
+        "run_config": et.RunConfig(**{"name": "run", "storage_path": storage_path,
+                                      **(run or {})}),
         "datasets": {"train": make_dataset(8)},
     }
     kwargs.update(overrides)
@@ -84,6 +85,11 @@ CASES = [
          ["init_method='file'"]),
     case("timeout", lambda: {"torch_config": TorchConfig(timeout_s=0)}, ["timeout_s=0"]),
     case("torch_config-type", lambda: {"torch_config": "gloo"}, ["torch_config='gloo'"]),
+    case("storage-protocol", lambda: {"run": {"storage_path": "nosuchproto://b/x"}},
+         ["'nosuchproto://b/x'", "Protocol not known"]),
+    case("resume-from-missing-dir",
+         lambda: {"resume_from_checkpoint": et.Checkpoint("/no/such/checkpoint")},
+         ["/no/such/checkpoint", "does not exist"]),
 ]
 
 

@@ -17,6 +17,8 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from elastic_train.errors import ConfigError
+
 CHUNK = 1 << 20
 
 
@@ -32,7 +34,14 @@ def resolve(storage_path: str, filesystem: fsspec.AbstractFileSystem | None = No
         return filesystem, filesystem._strip_protocol(storage_path)
     if "://" not in storage_path:
         storage_path = os.path.abspath(os.path.expanduser(storage_path))
-    fs, path = fsspec.core.url_to_fs(storage_path, **(options or {}))
+    try:
+        fs, path = fsspec.core.url_to_fs(storage_path, **(options or {}))
+    except ImportError as exc:  # a known protocol whose package is missing (s3fs, gcsfs)
+        raise ConfigError(f"Storage {storage_path!r} needs a package that is not installed "
+                          f"({exc}); e.g. pip install 'elastic-train[s3]' for s3://.") from exc
+    except ValueError as exc:  # "Protocol not known: ..."
+        raise ConfigError(f"Storage {storage_path!r} cannot be opened: {exc}. Use a local "
+                          "path, file://, s3:// or another fsspec URL.") from exc
     return fs, path
 
 

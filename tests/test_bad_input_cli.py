@@ -1,0 +1,65 @@
+"""Bad input through the command line, tried for real: each case gets a clear error
+(exit code 2, the bad value and the fix named) and leaves stored runs untouched."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_trainer_validation import snapshot
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = "tests/plain_torchrun_script.py"
+
+CASES = [
+    ("nnodes-0", ["launch", "--nnodes", "0", SCRIPT], ["--nnodes='0'", "MIN:MAX"]),
+    ("nnodes-inverted", ["launch", "--nnodes", "4:2", SCRIPT], ["--nnodes='4:2'"]),
+    ("nproc-0", ["launch", "--nproc-per-node", "0", SCRIPT], ["--nproc-per-node=0"]),
+    ("rdzv-conf", ["launch", "--rdzv-conf", "timeout", SCRIPT], ["'timeout'", "key=value"]),
+    ("rdzv-backend", ["launch", "--rdzv-backend", "zookeeper", SCRIPT],
+     ["'zookeeper'", "c10d"]),
+    ("rdzv-endpoint", ["launch", "--nnodes", "2", "--rdzv-id", "j", "--rdzv-endpoint",
+                       "127.0.0.1:notaport", SCRIPT], ["'127.0.0.1:notaport'", "HOST:PORT"]),
+    ("rdzv-id-missing", ["launch", "--nnodes", "2", "--rdzv-endpoint", "h:29400", SCRIPT],
+     ["--rdzv-id is required"]),
+    ("no-script", ["launch", "no_such_script.py"], ["'no_such_script.py' does not exist"]),
+    ("storage-protocol", ["launch", "--storage-path", "nosuchproto://bucket/x", SCRIPT],
+     ["'nosuchproto://bucket/x'", "Protocol not known"]),
+    ("finished-run", ["launch", "--storage-path", "{root}", "--name", "finished", SCRIPT],
+     ["already finished"]),
+    ("newer-run-json", ["restore", "{root}/newer"], ["format_version 99", "upgrade"]),
+    ("show-not-a-run", ["show", "{root}/nothing"], ["not a run directory"]),
+    ("ls-protocol", ["ls", "nosuchproto://x"], ["'nosuchproto://x'"]),
+    ("storage-option", ["restore", "{root}/finished", "--storage-option", "endpoint"],
+     ["'endpoint'", "KEY=VALUE"]),
+]
+
+
+@pytest.fixture
+def stored_runs(tmp_path):
+    """A storage path holding a finished run and one written by a newer version."""
+    root = tmp_path / "results"
+    for name, state in (("finished", {"status": "finished", "format_version": 1}),
+                        ("newer", {"status": "running", "format_version": 99})):
+        (root / name / "checkpoint_000000").mkdir(parents=True)
+        (root / name / "run.json").write_text(json.dumps(state))
+        (root / name / "checkpoint_000000" / "state.pt").write_bytes(b"weights")
+    return root
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args, words", [pytest.param(a, w, id=i) for i, a, w in CASES])
+def test_bad_cli_input_exits_2_with_the_fix_and_touches_nothing(args, words, stored_runs):
+    before = snapshot(stored_runs)
+    argv = [a.format(root=stored_runs) for a in args]
+    proc = subprocess.run([sys.executable, "-m", "elastic_train.cli", *argv], cwd=REPO,
+                          capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    for word in words:
+        assert word in proc.stderr
+    assert snapshot(stored_runs) == before
