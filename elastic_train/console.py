@@ -72,15 +72,25 @@ class LogTail:
         self.local_ranks = local_ranks
         self.streams = streams
         self._files: dict[str, tuple[int, str, bytes]] = {}  # path -> (offset, prefix, partial)
+        # Files from earlier launches of the run (a restore reuses the log directory)
+        # were shown then: follow them from their current end only.
+        for path, local_rank in self._paths():
+            self._files[path] = (os.path.getsize(path), self.prefix(local_rank), b"")
 
-    def poll(self, final: bool = False) -> None:
+    def _paths(self) -> list[tuple[str, int]]:
+        """The log files to show, with their local ranks."""
         pattern = os.path.join(self.log_dir, "**", "attempt_*", "*", "std*.log")
+        out = []
         for path in sorted(glob.glob(pattern, recursive=True)):
             local_rank = int(os.path.basename(os.path.dirname(path)))
             if self.local_ranks is not None and local_rank not in self.local_ranks:
                 continue
-            if os.path.basename(path)[:-4] not in self.streams:
-                continue
+            if os.path.basename(path)[:-4] in self.streams:
+                out.append((path, local_rank))
+        return out
+
+    def poll(self, final: bool = False) -> None:
+        for path, local_rank in self._paths():
             if path not in self._files:
                 self._files[path] = (0, self.prefix(local_rank), b"")
             self._read(path, final)
