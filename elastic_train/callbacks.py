@@ -20,9 +20,11 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import math
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,26 +68,38 @@ def numeric_items(row: dict[str, Any]) -> dict[str, float]:
 
 
 class CSVLoggerCallback(UserCallback):
-    """Writes every reported row to ``<run>/progress.csv`` (one column per metric)."""
+    """Writes the run's whole history to ``<run>/progress.csv`` (one column per metric).
+
+    Rewritten from ``metrics.jsonl`` at most every ``every_s`` seconds while the
+    run goes on and once at its end, so it is readable during training and a
+    resumed run's file holds each iteration once.
+    """
 
     FILE = "progress.csv"
 
-    def __init__(self) -> None:
-        self._rows: list[dict[str, Any]] = []
+    def __init__(self, every_s: float = 5.0) -> None:
+        self.every_s = every_s
+        self._written = -math.inf
 
     def after_report(self, run_context: RunContext, metrics: list[dict[str, Any]],
                      checkpoint: Checkpoint | None) -> None:
-        self._rows.append(metrics[0])
+        if time.monotonic() - self._written >= self.every_s:
+            self._write(run_context)
 
     def after_run(self, run_context: RunContext) -> None:
-        if not self._rows:
+        self._write(run_context)
+
+    def _write(self, run_context: RunContext) -> None:
+        self._written = time.monotonic()
+        storage = run_context.storage
+        rows = storage.read_metrics()
+        if not rows:
             return
-        columns = list(dict.fromkeys(k for row in self._rows for k in row))
+        columns = list(dict.fromkeys(k for row in rows for k in row))
         text = io.StringIO()
         writer = csv.DictWriter(text, fieldnames=columns)
         writer.writeheader()
-        writer.writerows(self._rows)
-        storage = run_context.storage
+        writer.writerows(rows)
         fsutil.write_bytes_atomic(storage.fs, fsutil.join(storage.run_path, self.FILE),
                                   text.getvalue().encode())
 

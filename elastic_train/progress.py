@@ -75,6 +75,13 @@ class RunMonitor:
         return f"[node{self._group_rank} rank{rank}]: " if self._nodes > 1 else f"[rank{rank}]: "
 
     def start(self) -> None:
+        # Rows of earlier launches (a resumed run) went to the callbacks then: start after
+        # them. A resume trims rows past its checkpoint; _poll_metrics notices that.
+        try:
+            rows = self.context.storage.read_metrics()
+            self._last_iteration = int(rows[-1].get("training_iteration", 0)) if rows else 0
+        except Exception:
+            logger.debug("Could not read the metrics history", exc_info=True)
         self._thread = threading.Thread(target=self._loop, name="run-monitor", daemon=True)
         self._thread.start()
 

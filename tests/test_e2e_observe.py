@@ -3,6 +3,7 @@ lines, rank-prefixed output, and the run browser (ls/show) on local and S3 runs.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -129,3 +130,18 @@ def test_launch_local_ranks_filter(tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[rank1]: ENV rank=1" in proc.stdout and "[rank0]:" not in proc.stdout
+
+
+def test_resumed_run_gives_callbacks_each_iteration_once(storage_path, tmp_path):
+    """fit() again after a failure: callbacks get only the new iterations, and the CSV
+    holds the whole history with each iteration once."""
+    fault = {"rank": 0, "epoch": 2, "how": "raise", "marker": str(tmp_path / "m")}
+    with pytest.raises(et.TrainingFailedError):
+        fit(storage_path, "again", config={"fault": fault, "upload_mode": "SYNC"})
+    recorder = Recorder()
+    result = fit(storage_path, "again", config={"fault": fault},
+                 callbacks=[recorder, CSVLoggerCallback()])
+    assert [i for i, _ in recorder.reports] == [3, 4, 5]
+    with open(os.path.join(result.path, "progress.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["training_iteration"]) for r in rows] == list(range(1, EPOCHS + 1))
