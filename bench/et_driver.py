@@ -1,4 +1,5 @@
-"""Driver script for variant (c): the workload through ``TorchTrainer(...).fit()``.
+"""Driver script for variants (c) and (e): the workload through ``TorchTrainer(...).fit()``
+of elastic-train, or of Ray Train with ``BENCH_TRAIN_API=ray`` (:mod:`bench.train_api`).
 
 Usage (what the harness runs, from the repository root)::
 
@@ -13,40 +14,39 @@ and ``prepare_model`` for DDP. Threads per worker come from
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
-import elastic_train
+from bench import workload
 from bench.et_hooks import ReportHooks
-from bench.events import EventLog, write_pid_file
-from bench.workload import WorkloadConfig, build_model, train
-from elastic_train import FailureConfig, RunConfig, ScalingConfig
-from elastic_train.torch import TorchTrainer, prepare_model
+from bench.events import EventLog, restart_count, write_pid_file
+from bench.train_api import train, train_torch
+from bench.workload import WorkloadConfig, build_model
 
 
 def train_func(config: dict[str, Any]) -> float:
     cfg = WorkloadConfig.from_json(config["workload"])
-    rank = elastic_train.get_context().get_world_rank()
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    rank = train.get_context().get_world_rank()
+    restart = restart_count(cfg.events_dir, rank)
     write_pid_file(cfg.events_dir, rank, restart)
     log = EventLog(cfg.events_dir, rank, restart)
     log.process_started()
     log.emit("train_start")
-    model = prepare_model(build_model(cfg))
-    return train(cfg, model, rank, ReportHooks(cfg, rank, log), log)
+    model = train_torch.prepare_model(build_model(cfg))
+    return workload.train(cfg, model, rank, ReportHooks(cfg, rank, log), log)
 
 
 def main(argv: list[str]) -> None:
     config_json, workers, storage, max_failures = argv
     cfg = WorkloadConfig.from_json(config_json)
-    TorchTrainer(
+    train_torch.TorchTrainer(
         train_func,
         train_loop_config={"workload": config_json},
-        scaling_config=ScalingConfig(num_workers=int(workers),
-                                     resources_per_worker={"CPU": cfg.threads}),
-        run_config=RunConfig(name="bench", storage_path=storage,
-                             failure_config=FailureConfig(max_failures=int(max_failures))),
+        scaling_config=train.ScalingConfig(num_workers=int(workers),
+                                           resources_per_worker={"CPU": cfg.threads}),
+        run_config=train.RunConfig(
+            name="bench", storage_path=storage,
+            failure_config=train.FailureConfig(max_failures=int(max_failures))),
     ).fit()
 
 

@@ -1,7 +1,7 @@
-"""elastic-train's hooks, shared by (c) the ``TorchTrainer`` driver and (d) the
-script run by ``elastic-train launch``: ``report()`` every epoch with a
-``Checkpoint``, optionally a metrics-only ``report()`` every step, and resume
-from ``get_checkpoint()``.
+"""The report hooks, shared by (c) the ``TorchTrainer`` driver, (d) the script run
+by ``elastic-train launch`` and (e) Ray Train (see :mod:`bench.train_api`):
+``report()`` every epoch with a ``Checkpoint``, optionally a metrics-only
+``report()`` every step, and resume from ``get_checkpoint()``.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from typing import Any
 
 import torch
 
-import elastic_train
 from bench.events import EventLog
+from bench.train_api import train
 from bench.workload import WorkloadConfig, load_state
-from elastic_train import Checkpoint
 
 STATE_FILE = "state.pt"
 
@@ -35,9 +34,10 @@ class ReportHooks:
         self.log = log
         self._step_reports_s = 0.0  # time in per-step report() calls this epoch
         self._step_reports = 0
+        self._mode = train.CheckpointUploadMode(cfg.upload_mode)
 
     def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
-        checkpoint = elastic_train.get_checkpoint()
+        checkpoint = train.get_checkpoint()
         if checkpoint is None:
             return 0
         with checkpoint.as_directory() as d:
@@ -48,7 +48,7 @@ class ReportHooks:
         # The epoch's last step is reported by after_epoch, with the checkpoint.
         if self.cfg.report_every == "step" and step < self.cfg.steps_per_epoch - 1:
             start = time.time()
-            elastic_train.report({"loss": loss, "epoch": epoch, "step": step})
+            train.report({"loss": loss, "epoch": epoch, "step": step})
             self._step_reports_s += time.time() - start
             self._step_reports += 1
 
@@ -60,7 +60,7 @@ class ReportHooks:
         metrics = {"loss": loss, "epoch": epoch}
         if not state or self.rank != 0:
             start = time.time()
-            elastic_train.report(metrics, checkpoint_upload_mode=self.cfg.upload_mode)
+            train.report(metrics, checkpoint_upload_mode=self._mode)
             self.log.emit("report", dt=time.time() - start, epoch=epoch)
             return
         start = time.time()
@@ -68,8 +68,8 @@ class ReportHooks:
             path = os.path.join(d, STATE_FILE)
             torch.save(state, path)
             saved = time.time()
-            elastic_train.report(metrics, checkpoint=Checkpoint.from_directory(d),
-                                 checkpoint_upload_mode=self.cfg.upload_mode)
+            train.report(metrics, checkpoint=train.Checkpoint.from_directory(d),
+                         checkpoint_upload_mode=self._mode)
             reported = time.time()
             size = os.path.getsize(path)
         # total: everything the loop waited for, removing the temporary directory included

@@ -66,6 +66,18 @@ class EventLog:
             self.emit("first_step")
 
 
+def restart_count(events_dir: str, rank: int) -> int:
+    """Which start of the worker group this is: torch.distributed.elastic's
+    ``TORCHELASTIC_RESTART_COUNT``, or (Ray Train sets none) the pid files this rank
+    already wrote."""
+    if "TORCHELASTIC_RESTART_COUNT" in os.environ:
+        return int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if not os.path.isdir(events_dir):
+        return 0
+    return sum(name.startswith(f"pid.rank{rank}.restart") and not name.endswith(".tmp")
+               for name in os.listdir(events_dir))
+
+
 def write_pid_file(events_dir: str, rank: int, restart: int) -> None:
     """``pid.rank<R>.restart<K>``: the harness SIGKILLs a worker by this pid."""
     os.makedirs(events_dir, exist_ok=True)

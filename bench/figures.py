@@ -21,13 +21,16 @@ from bench.variants import (
     ET_STEP,
     FLOOR,
     FLOOR_NS,
+    MAIN,
+    RAY,
     TORCH_SAVE,
     Variant,
     launch_help,
+    ray_available,
 )
 from bench.workload import WorkloadConfig
 
-NOT_AVAILABLE = "not available yet"
+NOT_AVAILABLE = "not available here (not installed)"
 STEPS_EPOCH_TARGET = Target(0.99, at_least=True)
 STEPS_STEP_TARGET = Target(0.97, at_least=True)
 COLD_START_TARGET = Target(1.10, at_least=False)
@@ -49,8 +52,10 @@ class Suite:
         self._main: dict[str, list[Sample]] | None = None
 
     def variants(self, *wanted: Variant) -> list[Variant]:
-        """``wanted``, without (d) when ``elastic-train launch`` does not exist."""
-        return [v for v in wanted if v is not ET_LAUNCH or self.launch_available]
+        """``wanted``, without (d) when ``elastic-train launch`` does not exist and
+        without (e) when Ray is not installed."""
+        return [v for v in wanted if (v is not ET_LAUNCH or self.launch_available)
+                and (v is not RAY or ray_available())]
 
     def run_set(self, name: str, variants: Sequence[Variant], base: WorkloadConfig,
                 workers: int, max_restarts: int = 0, fault: FaultPlan | None = None,
@@ -81,7 +86,7 @@ class Suite:
         """The runs behind figures 1, 2 and 5."""
         if self._main is None:
             self._main = self.run_set(
-                "main", self.variants(FLOOR, TORCH_SAVE, ET_EPOCH, ET_STEP, ET_LAUNCH),
+                "main", self.variants(*MAIN),
                 self.profile.main, self.profile.workers)
         return self._main
 
@@ -116,7 +121,7 @@ def cold_start(suite: Suite) -> list[Table]:
     table = Table("Figure 1 — cold start (s, median (min–max))",
                   ["variant", "launch → first step", "ratio to (a), target",
                    "launch → job end", "ratio to (a)", "others' CPU (cores)"])
-    for variant in (FLOOR, TORCH_SAVE, ET_EPOCH, ET_STEP, ET_LAUNCH):
+    for variant in MAIN:
         if _missing_row(table, variant, runs):
             continue
         first = _summary(runs[variant.key], lambda s: s.cold_first_step_s)
@@ -137,7 +142,7 @@ def cold_start(suite: Suite) -> list[Table]:
 
 
 def _phase_table(runs: dict[str, list[Sample]]) -> Table:
-    variants = [v for v in (FLOOR, TORCH_SAVE, ET_EPOCH, ET_LAUNCH) if v.key in runs]
+    variants = [v for v in MAIN if v is not ET_STEP and v.key in runs]
     table = Table("Figure 1b — where the cold start goes (rank 0, s, median)",
                   ["phase", *[v.label for v in variants]])
     names = sorted({n for v in variants for s in runs[v.key] for n in s.phases},
@@ -162,7 +167,7 @@ def steps(suite: Suite) -> list[Table]:
                    "best run / (a)'s best run", "others' CPU (cores)"])
     targets = {ET_EPOCH.key: STEPS_EPOCH_TARGET, ET_STEP.key: STEPS_STEP_TARGET,
                ET_LAUNCH.key: STEPS_EPOCH_TARGET}
-    for variant in (FLOOR, TORCH_SAVE, ET_EPOCH, ET_STEP, ET_LAUNCH):
+    for variant in MAIN:
         if _missing_row(table, variant, runs):
             continue
         value = _summary(runs[variant.key], lambda s: s.steps_per_s)
@@ -202,7 +207,7 @@ def _epoch_cost_table(runs: dict[str, list[Sample]]) -> Table:
                   "median (min–max) over all epochs of all runs)",
                   ["variant", "epoch", "epoch − (a)'s epoch", "torch.save / epoch",
                    "report() with checkpoint / epoch", "metrics-only report() / call"])
-    for variant in (FLOOR, TORCH_SAVE, ET_EPOCH, ET_STEP, ET_LAUNCH):
+    for variant in MAIN:
         if variant.key not in runs:
             continue
         samples = runs[variant.key]
@@ -250,7 +255,7 @@ def checkpoint(suite: Suite) -> list[Table]:
 def recovery(suite: Suite) -> list[Table]:
     """Figure 4: SIGKILL rank 1 mid-epoch → first step after the restart."""
     profile = suite.profile
-    runs = suite.run_set("recovery", suite.variants(FLOOR, FLOOR_NS, ET_EPOCH, ET_LAUNCH),
+    runs = suite.run_set("recovery", suite.variants(FLOOR, FLOOR_NS, ET_EPOCH, ET_LAUNCH, RAY),
                          profile.recovery, profile.workers, max_restarts=1,
                          fault=profile.fault, failures_are_results=True)
 
@@ -263,7 +268,7 @@ def recovery(suite: Suite) -> list[Table]:
                    "kill → first step again", "recovery / own cold start, target",
                    "ratio to (a')", "others' CPU (cores)"])
     split = Table("Figure 4b — where the recovery goes (rank 0, s, median)", ["phase"])
-    for variant in (FLOOR, FLOOR_NS, ET_EPOCH, ET_LAUNCH):
+    for variant in (FLOOR, FLOOR_NS, ET_EPOCH, ET_LAUNCH, RAY):
         if variant.key not in runs:
             table.add(variant.label, NOT_AVAILABLE, *["—"] * (len(table.headers) - 2))
             continue
@@ -307,7 +312,7 @@ def memory(suite: Suite) -> list[Table]:
                   ["variant", "agent / driver process",
                    *[f"worker rank {r}" for r in range(workers)],
                    "agent − (a)'s agent, target"])
-    for variant in (FLOOR, TORCH_SAVE, ET_EPOCH, ET_STEP, ET_LAUNCH):
+    for variant in MAIN:
         if _missing_row(table, variant, runs):
             continue
         samples = runs[variant.key]
@@ -324,7 +329,9 @@ def memory(suite: Suite) -> list[Table]:
                   *[_summary(samples, lambda s, r=r: s.worker_rss_mb.get(r)).fmt(0)
                     for r in range(workers)], cell)
     table.notes.append("Sampled from /proc/<pid>/status every 0.2 s during the figure 1/2 runs; "
-                       "for (c) the driver runs the elastic agent in-process.")
+                       "for (c) the driver runs the elastic agent in-process. For (e) the "
+                       "column is Ray's driver process alone: Ray's own GCS, raylet and "
+                       "Train controller processes come on top of it.")
     return [table]
 
 

@@ -190,7 +190,7 @@ def measure(variant: Variant, base: WorkloadConfig, workers: int, timeout_s: flo
         os.makedirs(cfg.ckpt_dir)
         cmd = command(variant, cfg, workers, os.path.join(workdir, "storage"), max_restarts)
         killer = Killer(events_dir, fault) if fault is not None else None
-        result = procs.run(cmd, base_env(cfg.threads), cwd=REPO, timeout_s=timeout_s,
+        result = procs.run(cmd, base_env(cfg.threads, variant), cwd=REPO, timeout_s=timeout_s,
                            log_path=os.path.join(workdir, "output.log"), on_poll=killer)
         sample = Sample(variant=variant.key, workers=workers, ok=result.ok)
         if not result.ok:

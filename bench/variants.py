@@ -4,7 +4,10 @@
     per-restart store prefix, for figure 4);
 (b) torchrun with a hand-written ``torch.save`` per epoch;
 (c) elastic-train's Python API, ``TorchTrainer(...).fit()``;
-(d) ``elastic-train launch``, only when the installed CLI has that command.
+(d) ``elastic-train launch``, only when the installed CLI has that command;
+(e) Ray Train 2.60's ``TorchTrainer(...).fit()``: the (c) driver with only its
+    imports switched (:mod:`bench.train_api`), only when ``ray`` is installed
+    (``pip install "ray[train]==2.60.0"``; CI does not).
 
 Every variant runs the same :mod:`bench.workload` with one torch thread per
 worker (``OMP_NUM_THREADS`` and ``torch.set_num_threads`` for torchrun,
@@ -15,11 +18,13 @@ from __future__ import annotations
 
 import enum
 import functools
+import importlib.util
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
 
+from bench.train_api import API_ENV
 from bench.workload import WorkloadConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,6 +38,7 @@ class Harness(str, enum.Enum):
     TORCHRUN = "torchrun"
     ET_API = "elastic-train API"
     ET_LAUNCH = "elastic-train launch"
+    RAY = "Ray Train"
 
 
 @dataclass(frozen=True)
@@ -45,11 +51,13 @@ class Variant:
     checkpoint: bool
     report_every: str = "epoch"
     namespaced_store: bool = False
+    upload_mode: str | None = None  # None: the harness's default
 
     def workload(self, base: WorkloadConfig) -> WorkloadConfig:
-        return base.replace(checkpoint=self.checkpoint, report_every=self.report_every,
-                            report_api=self.harness is not Harness.TORCHRUN,
-                            namespaced_store=self.namespaced_store)
+        cfg = base.replace(checkpoint=self.checkpoint, report_every=self.report_every,
+                           report_api=self.harness is not Harness.TORCHRUN,
+                           namespaced_store=self.namespaced_store)
+        return cfg.replace(upload_mode=self.upload_mode) if self.upload_mode else cfg
 
 
 FLOOR = Variant("a", "(a) torchrun, no checkpoint", Harness.TORCHRUN, checkpoint=False)
@@ -63,6 +71,11 @@ ET_STEP = Variant("c-step", "(c) elastic-train API, +metrics report/step", Harne
                   checkpoint=True, report_every="step")
 ET_LAUNCH = Variant("d", "(d) elastic-train launch, report+ckpt/epoch", Harness.ET_LAUNCH,
                     checkpoint=True)
+# Ray's default upload mode: its ASYNC needs the checkpoint directory to outlive report()
+# (Ray deletes it after the upload), which the shared hooks' TemporaryDirectory does not.
+RAY = Variant("e", "(e) Ray Train 2.60, report+ckpt/epoch (SYNC)", Harness.RAY,
+              checkpoint=True, upload_mode="SYNC")
+MAIN = (FLOOR, TORCH_SAVE, ET_EPOCH, ET_STEP, ET_LAUNCH, RAY)  # figures 1, 2 and 5
 
 
 @functools.lru_cache(maxsize=1)
@@ -76,9 +89,18 @@ def launch_help() -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def base_env(threads: int) -> dict[str, str]:
-    """The environment of every variant: the repo importable, N torch threads."""
+@functools.lru_cache(maxsize=1)
+def ray_available() -> bool:
+    """Whether Ray Train can be imported here (it is not a dependency of the project)."""
+    return importlib.util.find_spec("ray") is not None
+
+
+def base_env(threads: int, variant: Variant | None = None) -> dict[str, str]:
+    """The environment of a variant: the repo importable, N torch threads; for (e)
+    Ray's train API, without usage reporting."""
     env = dict(os.environ)
+    if variant is not None and variant.harness is Harness.RAY:
+        env.update({API_ENV: "ray", "RAY_DISABLE_USAGE_STATS": "1"})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
     env["OMP_NUM_THREADS"] = str(threads)
     env.pop("ELASTIC_TRAIN_AGENT_LOGS", None)
@@ -92,7 +114,7 @@ def command(variant: Variant, cfg: WorkloadConfig, workers: int, storage_dir: st
     if variant.harness is Harness.TORCHRUN:
         return [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                 str(workers), "--max-restarts", str(max_restarts), WORKER_SCRIPT, cfg.to_json()]
-    if variant.harness is Harness.ET_API:
+    if variant.harness in (Harness.ET_API, Harness.RAY):
         return [py, "-m", "bench.et_driver", cfg.to_json(), str(workers), storage_dir,
                 str(max_restarts)]
     return [ELASTIC_TRAIN_CLI, "launch", "--standalone", "--nproc-per-node", str(workers),
