@@ -96,7 +96,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     summary = RunSummary.read(storage, state)
     best = summary.best.index if summary.best else None
     if args.json:
-        print(json.dumps({**state, "iterations": summary.iterations, "checkpoints": [
+        print(json.dumps({**state, "iterations": summary.iterations,
+                          "goodput": summary.goodput, "recoveries": summary.recoveries,
+                          "checkpoints": [
             {"index": c.index, "training_iteration": c.training_iteration,
              "metrics": c.metrics, "best": c.index == best} for c in summary.checkpoints],
             "deleted_checkpoints": summary.deleted}, indent=2))
@@ -119,11 +121,16 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"  {_when(launch.get('started'))}  {launch.get('host', '?')}  "
               f"pid {launch.get('pid')}  {launch.get('status')}")
     print(f"failures: {len(state.get('failures', []))}")
-    for failure in state.get("failures", []):
+    for failure, recovery in zip(state.get("failures", []), summary.recoveries, strict=True):
         root = failure["workers"][0]
         how = f"signal {root['signal']}" if root.get("signal") else f"exit code {root['exitcode']}"
         print(f"  {_when(failure['time'])}  [{failure.get('kind', 'failure')}] rank "
               f"{root['rank']} {how}: {root['message'][:100]}")
+        print(f"      {_recovery_line(recovery)}")
+    if summary.goodput is not None:
+        print(f"goodput:  {summary.goodput:.1%}  ({summary.train_s:.1f} s of training kept, "
+              f"{summary.wall_s:.1f} s wall clock over all launches, "
+              f"{summary.redone_s:.1f} s redone after failures)")
     print(f"checkpoints: {len(summary.checkpoints)} retained, {len(summary.deleted)} deleted "
           "by retention")
     for c in summary.checkpoints:
@@ -136,6 +143,16 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"  deleted: {', '.join(summary.deleted)}")
     print(f"logs:     {fsutil.display_path(fs, storage.log_dir())}")
     return 0
+
+
+def _recovery_line(recovery: dict) -> str:
+    def sec(key: str) -> str:
+        return "?" if recovery[key] is None else f"{recovery[key]:.1f} s"
+
+    redone = ("?" if recovery["recomputed_iterations"] is None else
+              f"{recovery['recomputed_iterations']} iteration(s), {sec('recomputed_s')}")
+    return (f"recovery: detected in {sec('detect_s')}, rendezvous {sec('rendezvous_s')}, "
+            f"ready {sec('restore_s')}; redone {redone}")
 
 
 _AUTO_FIELDS = {"timestamp", "date", "time_this_iter_s", "time_total_s", "time_since_restore",

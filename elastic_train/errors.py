@@ -34,6 +34,7 @@ class WorkerFailure:
     message: str
     traceback: str | None
     hostname: str = ""
+    timestamp: float = 0.0  # when it failed (torch's record: the error file's, or detection)
 
     @property
     def signal_name(self) -> str | None:
@@ -67,6 +68,7 @@ class WorkerFailure:
             "message": self.message,
             "traceback": self.traceback,
             "hostname": self.hostname,
+            "timestamp": self.timestamp,
         }
 
 

@@ -90,10 +90,18 @@ class RunRecord:
         left = "unlimited" if unlimited else restarts_left or "no"
         logger.warning("Worker group failed (%s): %s; %s restart(s) left.", kind,
                        failures[0].describe(), left)
-        self.state["failures"].append({"time": time.time(), "restarts_left": restarts_left,
-                                       "kind": kind,
+        failed_at = min((f.timestamp for f in failures if f.timestamp), default=time.time())
+        self.state["failures"].append({"time": time.time(), "failed_at": failed_at,
+                                       "restarts_left": restarts_left, "kind": kind,
                                        "workers": [f.to_json() for f in failures]})
         self._write(required=False)
+
+    def note_rendezvous(self) -> None:
+        """The group re-formed: closes the latest failure's rendezvous time."""
+        failures = self.state["failures"]
+        if failures and "rendezvous_at" not in failures[-1]:
+            failures[-1]["rendezvous_at"] = time.time()
+            self._write(required=False)
 
     def set_status(self, status: str, **extra: Any) -> None:
         now = time.time()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from elastic_train.config import CheckpointConfig
 from elastic_train.errors import ConfigError
@@ -20,6 +21,15 @@ class RunSummary:
     score_attribute: str | None
     iterations: int
     deleted: list[str]
+    recoveries: list[dict] = field(default_factory=list)  # one per failure, in order
+    train_s: float = 0.0
+    wall_s: float = 0.0
+    redone_s: float = 0.0
+
+    @property
+    def goodput(self) -> float | None:
+        """Training time kept in the result / wall-clock time of all launches."""
+        return self.train_s / self.wall_s if self.wall_s > 0 else None
 
     @classmethod
     def read(cls, storage: RunStorage, state: dict) -> RunSummary:
@@ -34,9 +44,16 @@ class RunSummary:
         kept = {dir_name(c.index) for c in checkpoints}
         deleted = [r["checkpoint_dir_name"] for r in rows
                    if r.get("checkpoint_dir_name") and r["checkpoint_dir_name"] not in kept]
+        restores = storage.read_restores()
+        now = time.time()
+        wall = sum(launch.get("ended", state.get("updated", now)) - launch["started"]
+                   for launch in state.get("launches", []) if "started" in launch)
         return cls(checkpoints, by_index[best[0].index] if best else None,
                    config.checkpoint_score_attribute,
-                   int(rows[-1].get("training_iteration", 0)) if rows else 0, deleted)
+                   int(rows[-1].get("training_iteration", 0)) if rows else 0, deleted,
+                   recoveries=recoveries(state.get("failures", []), restores),
+                   train_s=float(rows[-1].get("time_total_s", 0.0)) if rows else 0.0,
+                   wall_s=wall, redone_s=sum(r.get("recomputed_s", 0.0) for r in restores))
 
     def best_label(self) -> str:
         if self.best is None:
@@ -44,3 +61,29 @@ class RunSummary:
         if self.score_attribute:
             return f"{self.score_attribute}={self.best.metrics.get(self.score_attribute)}"
         return f"latest {dir_name(self.best.index)}"
+
+
+def recoveries(failures: list[dict], restores: list[dict]) -> list[dict]:
+    """Per failure: seconds to detect it, to rendezvous again, to have the group ready
+    (processes, process group, checkpoint chosen and verified), and the work redone.
+
+    A restart is matched with the first ``restores.json`` entry after its failure;
+    entries without a failure are resumed launches (after a driver's death).
+    """
+    out, pending = [], list(restores)
+    for failure in failures:
+        detected = failure["time"]
+        rendezvous = failure.get("rendezvous_at")
+        while pending and pending[0]["time"] < detected:
+            pending.pop(0)
+        restore = pending.pop(0) if pending and rendezvous else None
+        out.append({
+            "kind": failure.get("kind", "failure"),
+            "detect_s": detected - failure.get("failed_at", detected),
+            "rendezvous_s": rendezvous - detected if rendezvous else None,
+            "restore_s": restore["time"] - rendezvous if restore else None,
+            "recomputed_iterations": restore["recomputed_iterations"] if restore else None,
+            "recomputed_s": restore["recomputed_s"] if restore else None,
+        })
+    return out
+

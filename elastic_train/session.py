@@ -201,7 +201,18 @@ class TrainSession:
         self.storage.write_metrics(kept)
         self._history = kept
         time_before = float(kept[-1].get("time_total_s", 0.0)) if kept else 0.0
+        if rows or restored:  # a restart: account for it (goodput in `elastic-train show`)
+            lost = float(rows[-1].get("time_total_s", 0.0)) - time_before if rows else 0.0
+            self._note_restore({"time": time.time(), "restored_iteration": last_iteration,
+                                "recomputed_iterations": len(rows) - len(kept),
+                                "recomputed_s": max(lost, 0.0)})
         return (asdict(restored) if restored else None), next_index, time_before
+
+    def _note_restore(self, entry: dict[str, Any]) -> None:
+        try:
+            self.storage.add_restore(entry)
+        except StorageError:  # bookkeeping only: never fail a restart for it
+            logger.warning("Could not record the restart in restores.json", exc_info=True)
 
     # resumable iterables (dataset shards, prepared data loaders)
     def register_resumable(self, key: str, iterable: ResumableIterable) -> None:

@@ -60,6 +60,8 @@ class RunSupervisor:
             monitor.note_rendezvous(group_rank, nodes)
             if group_rank == 0 and self.record is None and self.begin_record is not None:
                 self.record = self.begin_record()
+            elif self.record is not None:
+                self.record.note_rendezvous()
 
         def on_failure(failures: list[WorkerFailure], restarts_left: int, kind: str) -> None:
             monitor.note_failure(failures, restarting=restarts_left > 0)

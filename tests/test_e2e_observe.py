@@ -145,3 +145,22 @@ def test_resumed_run_gives_callbacks_each_iteration_once(storage_path, tmp_path)
     with open(os.path.join(result.path, "progress.csv")) as f:
         rows = list(csv.DictReader(f))
     assert [int(r["training_iteration"]) for r in rows] == list(range(1, EPOCHS + 1))
+
+
+def test_show_gives_recovery_times_and_goodput(storage_path, tmp_path):
+    fault = {"rank": 1, "epoch": 2, "batch": 2, "how": "sigkill", "marker": str(tmp_path / "m")}
+    fit(storage_path, "goodput", max_failures=1, config={"fault": fault, "upload_mode": "SYNC"})
+    show = subprocess.run([*CLI, "show", os.path.join(storage_path, "goodput"), "--json"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert show.returncode == 0, show.stderr
+    data = json.loads(show.stdout)
+    [recovery] = data["recoveries"]
+    assert recovery["kind"] == "failure"
+    assert 0 <= recovery["detect_s"] < 30 and 0 < recovery["rendezvous_s"] < 30
+    assert 0 < recovery["restore_s"] < 60
+    # SYNC: epoch 1's checkpoint was committed before the kill in epoch 2: nothing redone.
+    assert recovery["recomputed_iterations"] == 0
+    assert 0 < data["goodput"] < 1
+    text = subprocess.run([*CLI, "show", os.path.join(storage_path, "goodput")], cwd=REPO,
+                          capture_output=True, text=True, timeout=60).stdout
+    assert "recovery: detected in" in text and "goodput:" in text

@@ -46,6 +46,7 @@ def failures_of(result: RunResult) -> list[WorkerFailure]:
             exitcode=failure.exitcode,
             message=data.get("message", "") if isinstance(data, dict) else str(failure.message),
             traceback=traceback, hostname=socket.gethostname(),
+            timestamp=float(failure.timestamp),
         )))
     def rank_key(item: tuple[int, int, WorkerFailure]) -> tuple[bool, bool, int, int]:
         timestamp, rank, failure = item

@@ -34,6 +34,7 @@ T = TypeVar("T")
 
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
+RESTORES_FILE = "restores.json"
 TRAINABLE_FILE = "trainable.pkl"
 RUN_FORMAT_VERSION = 1
 
@@ -167,6 +168,20 @@ class RunStorage:
                 f.write(json.dumps(row) + "\n")
         else:
             self.write_metrics(history)
+
+    # restores.json: rank 0's account of each restart (for goodput)
+    def read_restores(self) -> list[dict[str, Any]]:
+        path = self._path(RESTORES_FILE)
+        if not self._retry("reading restores.json", lambda: self.fs.exists(path)):
+            return []
+        return self._retry("reading restores.json", lambda: fsutil.read_json(self.fs, path))
+
+    def add_restore(self, entry: dict[str, Any]) -> None:
+        """Appends one restart's entry: when the group was ready again, from which
+        iteration, and how much of the failed attempt's work is redone."""
+        entries = [*self.read_restores(), entry]
+        self._retry("writing restores.json", lambda: fsutil.write_json_atomic(
+            self.fs, self._path(RESTORES_FILE), entries))
 
     # trainable.pkl: the pickled RunSpec, so restore(path) needs no code
     def write_trainable(self, data: bytes) -> None:
