@@ -92,3 +92,19 @@ def test_preemption_spends_its_own_budget(tmp_path, monkeypatch):
     assert agent._remaining_restarts == 2 and not agent.preemption_budget_spent
     assert agent._charge(group, _failed("killed")) == "preemption"
     assert agent._remaining_restarts == 0 and agent.preemption_budget_spent
+
+
+def test_surviving_reports_live_workers_and_ignores_dead_ones():
+    """Teardown's last check: what even SIGKILL did not end is named with its state."""
+    import subprocess
+
+    from elastic_train.agent.local_agent import surviving
+
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        assert surviving([proc.pid], wait_s=0.1) == {proc.pid: "S"}
+    finally:
+        proc.kill()
+    assert surviving([proc.pid], wait_s=2) == {}  # a zombie until reaped: gone
+    proc.wait()
+    assert surviving([proc.pid, 2**22 + 7], wait_s=0) == {}

@@ -30,8 +30,10 @@ membership changes, shutdown -- is torch.distributed.elastic's own.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -44,6 +46,8 @@ from elastic_train.agent.failures import failures_of, is_secondary
 from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.context import AGENT_PID_ENV, GENERATION_ENV
 from elastic_train.heartbeat import PROGRESS_DIR_ENV
+
+logger = logging.getLogger(__name__)
 
 # (result, restarts left, kind: "failure" | "peer" | "preemption")
 FailureCallback = Callable[[RunResult, int, str], None]
@@ -65,6 +69,24 @@ def _environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = old
 
 
+def surviving(pids: list[int], wait_s: float = 1.0) -> dict[int, str]:
+    """Of ``pids``, those still alive after ``wait_s`` (zombies count as gone): pid -> state."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = {}
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state not in ("Z", "X"):
+                alive[pid] = state
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
+
+
 class TrainAgent(LocalElasticAgent):
     """A ``LocalElasticAgent`` that namespaces worker generations and reports failures."""
 
@@ -80,6 +102,7 @@ class TrainAgent(LocalElasticAgent):
         self._max_preemptions = max_preemptions
         self.preemptions = 0
         self.preemption_budget_spent = False
+        self.unkillable: dict[int, str] = {}
         self._rendezvous_count = 0
         self._worker_env = dict(worker_env or {})
         self._on_failure = on_failure
@@ -153,3 +176,14 @@ class TrainAgent(LocalElasticAgent):
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._shutdown(signal.SIGKILL)
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        """torch's shutdown (``death_sig``, then SIGKILL after ``timeout``), then a check:
+        a worker that survives even SIGKILL (stuck in uninterruptible I/O, state D) is
+        reported with its pid and state instead of being silently left behind."""
+        pids = list(self._pcontext.pids().values()) if self._pcontext else []
+        super()._shutdown(death_sig, timeout)
+        self.unkillable = surviving(pids)
+        for pid, state in self.unkillable.items():
+            logger.error("Worker pid %d could not be killed (process state %s, e.g. stuck in "
+                         "uninterruptible I/O); it is left behind.", pid, state)
