@@ -15,13 +15,22 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from tests.chaos.conftest import RESULTS
-from tests.chaos.faults import KINDS, Trial, run_trial
-from tests.conftest import StorageUnderTest, child_pids, make_storage, pid_alive, wait_until
+from tests.chaos.faults import KINDS, LAUNCH_SCRIPT, REPO, Trial, launch_digest, run_trial
+from tests.conftest import (
+    EPOCHS,
+    StorageUnderTest,
+    child_pids,
+    make_storage,
+    pid_alive,
+    wait_until,
+)
 from tests.servers import SERVER_PIDS, TcpProxy, s3_options
 
 SEED = int(os.environ.get("CHAOS_SEED", str(int(time.time()) % 100_000)))
@@ -34,6 +43,18 @@ def _draw() -> list[Trial]:
     else:
         kinds = list(KINDS)
     return [Trial.draw(n, kind, rng) for n, kind in enumerate(kinds)]
+
+
+@pytest.fixture(scope="session")
+def launch_baseline(tmp_path_factory) -> str:
+    """The launch script's digest, uninterrupted on one node."""
+    out = tmp_path_factory.mktemp("launch-baseline")
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastic_train.cli", "launch", "--standalone",
+         "--storage-path", str(out / "results"), LAUNCH_SCRIPT, str(out), str(EPOCHS + 3)],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return launch_digest(proc.stdout)
 
 
 @pytest.mark.e2e
@@ -60,7 +81,10 @@ def test_trial(trial: Trial, tmp_path, baseline, request):
         row["leaked"] = _reap(before)
     row["recovered"] = 1
     row["recovery_s"] = outcome.recovery_s
-    identical = outcome.digest == baseline.return_value["digest"]
+    expected = request.getfixturevalue("launch_baseline") if trial.kind == "agent_sigkill" \
+        else baseline.return_value["digest"]
+    identical = outcome.digest == expected
+    row["leaked"] += sum(pid_alive(p) for p in outcome.orphans)
     history = outcome.iterations == list(range(1, len(outcome.iterations) + 1))
     row["data_lost"] = int(not identical or not history or bool(outcome.partial_seen))
     assert identical, "final weights differ from the uninterrupted run"
