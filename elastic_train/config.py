@@ -140,7 +140,9 @@ class FailureConfig:
             prepared data loader -- for this long is declared hung; the agent
             saves every stale rank's Python stack, stops the group and restarts
             it like a crash (instead of waiting 30 minutes for a collective's
-            timeout). ``None`` (default) turns it off.
+            timeout). The clock starts at a worker's first report or batch;
+            start-up before it (imports, model, checkpoint loading) gets 120 s
+            more. ``None`` (default) turns it off.
         max_preemption_failures: Restarts allowed after a node was preempted
             (its workers got a SIGTERM notice, then were stopped), as in Ray
             Train v2; they do not spend ``max_failures``. ``-1`` (default):

@@ -34,7 +34,9 @@ def _rank() -> int:
 
 
 def arm() -> None:
-    """At worker start: the first beat, and the stack dump on SIGUSR1."""
+    """At worker start: the stack dump on SIGUSR1. No beat yet: the hang timeout starts
+    at the first report or batch, so slow start-up work (imports, building the model,
+    loading a checkpoint) falls under the agent's start-up allowance instead."""
     global _stack_file
     directory = os.environ.get(PROGRESS_DIR_ENV)
     if not directory:
@@ -42,15 +44,14 @@ def arm() -> None:
     os.makedirs(directory, exist_ok=True)
     _stack_file = open(stack_file(directory, _rank()), "w")  # noqa: SIM115 -- for the process
     faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True)
-    beat(force=True)
 
 
-def beat(force: bool = False) -> None:
+def beat() -> None:
     """Marks progress (cheap: at most one file touch a second)."""
     global _last
     directory = os.environ.get(PROGRESS_DIR_ENV)
     now = time.monotonic()
-    if not directory or (not force and now - _last < 1.0):
+    if not directory or now - _last < 1.0:
         return
     _last = now
     path = progress_file(directory, _rank())

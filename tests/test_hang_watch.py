@@ -1,0 +1,49 @@
+"""Unit tests: which ranks the agent declares hung, and what it records about them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+from elastic_train.agent.hang_watch import HangWatch
+from elastic_train.heartbeat import progress_file
+from tests.conftest import pid_alive, wait_until
+
+
+def test_stale_rank_is_recorded_and_killed_fresh_and_starting_ranks_are_not(tmp_path):
+    watch = HangWatch(str(tmp_path / "progress"), timeout_s=5)
+    watch.reset([0, 1, 2])
+    stale = progress_file(watch.progress_dir, 0)
+    open(stale, "w").close()
+    os.utime(stale, (time.time() - 60, time.time() - 60))
+    open(progress_file(watch.progress_dir, 1), "w").close()  # just beat
+    # rank 2 has not beaten yet: still within the start-up allowance
+    procs = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
+    try:
+        errors = [str(tmp_path / f"error{r}.json") for r in range(3)]
+        hung = watch.check({r: (p.pid, errors[r]) for r, p in enumerate(procs)})
+        assert hung == [0]
+        with open(errors[0]) as f:
+            message = json.load(f)["message"]["message"]
+        assert message.startswith("HangError: rank 0 made no progress")
+        assert "over the hang timeout of 5s" in message
+        assert wait_until(lambda: procs[0].poll() is not None, 5)
+        assert pid_alive(procs[1].pid) and pid_alive(procs[2].pid)
+        assert not os.path.exists(errors[1]) and not os.path.exists(errors[2])
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_reset_forgets_the_previous_groups_progress(tmp_path):
+    watch = HangWatch(str(tmp_path / "progress"), timeout_s=5)
+    watch.reset([0])
+    path = progress_file(watch.progress_dir, 0)
+    open(path, "w").close()
+    os.utime(path, (0, 0))
+    watch.reset([0])
+    assert not os.path.exists(path)
+    assert watch.check({0: (2**22 + 7, str(tmp_path / "e"))}) == []
