@@ -67,6 +67,7 @@ class RunMonitor:
         self._last_row: dict[str, Any] | None = None
         self._workers = "starting"
         self._restarts = 0
+        self._uploading = 0  # reported checkpoints not committed yet
         self._last_plain = time.monotonic()  # the first plain line after plain_every_s
         self._shown = ""
 
@@ -136,6 +137,14 @@ class RunMonitor:
 
     def _poll_metrics(self) -> None:
         rows = self.context.storage.read_metrics()
+        # Commits come in order and at most two checkpoints are in flight (ASYNC): count
+        # the reported ones after the newest committed one.
+        self._uploading = 0
+        for row in reversed(rows[-3:]):
+            name = row.get("checkpoint_dir_name")
+            if name and self.context.storage.checkpoints.is_committed(name):
+                break
+            self._uploading += bool(name)
         if rows and rows[-1].get("training_iteration", 0) < self._last_iteration:
             self._last_iteration = rows[-1]["training_iteration"]  # history trimmed on resume
         for row in rows:
@@ -164,6 +173,8 @@ class RunMonitor:
                       if k not in _SKIP and isinstance(v, (int, float, str))][:4]
             if self._last_row.get("checkpoint_dir_name"):
                 parts.append(f"ckpt {self._last_row['checkpoint_dir_name']}")
+        if self._uploading:
+            parts.append(f"uploading {self._uploading}")
         if self._restarts:
             parts.append(f"restarts {self._restarts}")
         return " | ".join(parts)

@@ -49,3 +49,28 @@ def test_rank_and_stream_filters(tmp_path):
     _log(tmp_path, "s", 0, 1, "stderr", "to stderr")
     tail.poll(final=True)
     assert out.getvalue() == "[rank1]: to stderr\n"
+
+
+def test_status_line_counts_checkpoints_still_uploading(tmp_path):
+    from elastic_train.callbacks import RunContext
+    from elastic_train.progress import RunMonitor
+    from elastic_train.storage import RunStorage
+    from elastic_train.storage.checkpoint_store import MARKER
+
+    storage = RunStorage.open(str(tmp_path / "results"), "run")
+    storage.ensure_writable()
+    storage.write_metrics([{"training_iteration": i, "loss": 1.0 / i,
+                            "checkpoint_dir_name": f"checkpoint_{i - 1:06d}"}
+                           for i in (1, 2, 3)])
+    committed = tmp_path / "results" / "run" / "checkpoint_000000"
+    committed.mkdir()
+    (committed / MARKER).write_text("{}")
+    monitor = RunMonitor(RunContext("run", storage), [], str(tmp_path / "logs"),
+                         stream=io.StringIO())
+    monitor._poll_metrics()
+    line = monitor.status_line()
+    assert "iter 3" in line and "uploading 2" in line
+    (tmp_path / "results" / "run" / "checkpoint_000002").mkdir()
+    (tmp_path / "results" / "run" / "checkpoint_000002" / MARKER).write_text("{}")
+    monitor._poll_metrics()
+    assert "uploading" not in monitor.status_line()

@@ -279,3 +279,16 @@ def test_append_after_repair_of_truncated_line_is_readable(run):
     row = {"training_iteration": 2}
     run.append_metrics(row, history + [row])
     assert run.read_metrics() == history + [row]
+
+
+def test_s3_gets_one_attempt_per_call_unless_the_user_says_otherwise():
+    """Every retry is ours (backoff within storage_retry_timeout_s), not s3fs's or
+    botocore's underneath it; the user's own settings win."""
+    assert fsutil.s3_defaults(None) == {
+        "retries": 1, "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 10,
+                                        "read_timeout": 60}}
+    mine = fsutil.s3_defaults({"retries": 4, "endpoint_url": "http://x",
+                               "config_kwargs": {"connect_timeout": 2}})
+    assert mine["retries"] == 4 and mine["endpoint_url"] == "http://x"
+    assert mine["config_kwargs"]["connect_timeout"] == 2
+    assert mine["config_kwargs"]["retries"] == {"max_attempts": 1}

@@ -101,6 +101,11 @@ class CheckpointStore:
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         return self.retry.call(what, self.display_path, fn)
 
+    def is_committed(self, name: str) -> bool:
+        """Whether the checkpoint directory ``name`` (``checkpoint_000007``) has its marker."""
+        return self._retry("checking a commit marker",
+                           lambda: self.fs.exists(fsutil.join(self.run_path, name, MARKER)))
+
     def path(self, index: int) -> str:
         return fsutil.join(self.run_path, dir_name(index))
 
