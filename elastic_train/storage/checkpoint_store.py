@@ -192,8 +192,10 @@ class CheckpointStore:
             except FileNotFoundError:
                 return []
 
-        names = self._retry("listing upload markers", listing)
-        return {int(n.rsplit(".rank", 1)[1]) for n in names if n.startswith(prefix)}
+        # Another rank's marker may be mid-write: its temporary name does not count.
+        suffixes = (n[len(prefix):] for n in self._retry("listing upload markers", listing)
+                    if n.startswith(prefix))
+        return {int(suffix) for suffix in suffixes if suffix.isdigit()}
 
     def clear_upload_marks(self, index: int) -> None:
         for rank in self.uploaded_ranks(index):

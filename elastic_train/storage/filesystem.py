@@ -34,21 +34,23 @@ def resolve(storage_path: str, filesystem: fsspec.AbstractFileSystem | None = No
         return filesystem, filesystem._strip_protocol(storage_path)
     if "://" not in storage_path:
         storage_path = os.path.abspath(os.path.expanduser(storage_path))
-    if storage_path.split("://", 1)[0] in ("s3", "s3a"):
-        options = s3_defaults(options)
+    s3 = storage_path.split("://", 1)[0] in ("s3", "s3a")
     try:
-        fs, path = fsspec.core.url_to_fs(storage_path, **(options or {}))
+        fs, path = fsspec.core.url_to_fs(storage_path,
+                                         **(s3_defaults(options) if s3 else options or {}))
     except ImportError as exc:  # a known protocol whose package is missing (s3fs, gcsfs)
         raise ConfigError(f"Storage {storage_path!r} needs a package that is not installed "
                           f"({exc}); e.g. pip install 'elastic-train[s3]' for s3://.") from exc
     except ValueError as exc:  # "Protocol not known: ..."
         raise ConfigError(f"Storage {storage_path!r} cannot be opened: {exc}. Use a local "
                           "path, file://, s3:// or another fsspec URL.") from exc
+    if s3:
+        fs.retries = 1  # s3fs's own attempts per call (a class attribute, not an argument)
     return fs, path
 
 
 def s3_defaults(options: dict[str, Any] | None) -> dict[str, Any]:
-    """``options`` for s3fs with one attempt per call and bounded timeouts, unless set.
+    """``options`` for s3fs with no botocore retries and bounded timeouts, unless set.
 
     s3fs (5 attempts, backoff up to 15 s) and botocore (its own retries) would each
     retry underneath :mod:`~elastic_train.storage.retry`, whose budget
@@ -56,7 +58,7 @@ def s3_defaults(options: dict[str, Any] | None) -> dict[str, Any]:
     outage takes to fail the run. Here every retry is ours: backoff with jitter,
     within that budget.
     """
-    out = {"retries": 1, **(options or {})}
+    out = dict(options or {})
     config = {"retries": {"max_attempts": 1}, "connect_timeout": 10, "read_timeout": 60}
     out["config_kwargs"] = {**config, **out.get("config_kwargs", {})}
     return out
