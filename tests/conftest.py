@@ -57,6 +57,26 @@ def wait_until(condition, timeout: float, interval: float = 0.05) -> bool:
     return condition()
 
 
+def stop_driver_after_commit(driver, run_dir: str, index: int, sig: int,
+                             pid_dir=None) -> list[int]:
+    """Waits for checkpoint ``index`` of ``run_dir`` to be committed, sends ``sig`` to the
+    driver process and waits for it to end (killing it if it does not); returns the
+    pids of its workers (``worker-<pid>`` files in ``pid_dir``) as they were then."""
+    workers = []
+    try:
+        marker = os.path.join(run_dir, f"checkpoint_{index:06d}", ".commit.json")
+        assert wait_until(lambda: os.path.exists(marker), 150), "no checkpoint committed"
+        if pid_dir is not None:
+            workers = [int(p.name.split("-")[1]) for p in pid_dir.glob("worker-*")]
+        driver.send_signal(sig)
+        driver.wait(60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    return workers
+
+
 @pytest.fixture
 def storage_path(tmp_path):
     return str(tmp_path / "results")

@@ -14,7 +14,7 @@ import pytest
 import elastic_train as et
 from elastic_train.torch import TorchTrainer
 from tests import jobs
-from tests.conftest import EPOCHS, fit, pid_alive, wait_until
+from tests.conftest import EPOCHS, fit, pid_alive, stop_driver_after_commit, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180),
               pytest.mark.usefixtures("no_leaked_processes")]
@@ -155,27 +155,14 @@ def _run_driver(storage_path, name, pid_dir):
     )
 
 
-def _worker_pids(pid_dir):
-    return [int(p.name.split("-")[1]) for p in pid_dir.glob("worker-*")]
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_driver_stopped_leaves_no_orphans_and_resumes(storage_path, tmp_path, sig):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     driver = _run_driver(storage_path, "driver-stop", pid_dir)
-    try:
-        run_dir = os.path.join(storage_path, "driver-stop")
-        assert wait_until(lambda: os.path.exists(os.path.join(run_dir, "checkpoint_000001",
-                                                              ".commit.json")), 120)
-        workers = _worker_pids(pid_dir)
-        assert len(workers) == 2
-        driver.send_signal(sig)
-        driver.wait(60)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
+    run_dir = os.path.join(storage_path, "driver-stop")
+    workers = stop_driver_after_commit(driver, run_dir, 1, sig, pid_dir)
+    assert len(workers) == 2
     assert driver.returncode != 0
     assert wait_until(lambda: not any(pid_alive(p) for p in workers), 30), "orphaned workers"
     with open(os.path.join(run_dir, "run.json")) as f:

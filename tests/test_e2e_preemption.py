@@ -14,7 +14,7 @@ import pytest
 import elastic_train as et
 from elastic_train.torch import TorchTrainer
 from tests import jobs
-from tests.conftest import EPOCHS, pid_alive, wait_until
+from tests.conftest import EPOCHS, pid_alive, stop_driver_after_commit, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180),
               pytest.mark.usefixtures("no_leaked_processes")]
@@ -94,16 +94,7 @@ def test_driver_sigterm_gives_workers_grace_for_a_jit_checkpoint(storage_path, t
     driver = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     run_dir = os.path.join(storage_path, "driver-term")
-    try:
-        assert wait_until(lambda: os.path.exists(os.path.join(run_dir, "checkpoint_000000",
-                                                              ".commit.json")), 120)
-        workers = [int(p.name.split("-")[1]) for p in pid_dir.glob("worker-*")]
-        driver.send_signal(signal.SIGTERM)
-        driver.wait(60)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
+    workers = stop_driver_after_commit(driver, run_dir, 0, signal.SIGTERM, pid_dir)
     assert driver.returncode != 0
     assert wait_until(lambda: not any(pid_alive(p) for p in workers), 30), "orphaned workers"
     assert (pid_dir / "jit").exists(), "no just-in-time checkpoint within the grace period"

@@ -13,7 +13,7 @@ import pytest
 import elastic_train as et
 from elastic_train.torch import TorchTrainer
 from tests import jobs
-from tests.conftest import fit, wait_until
+from tests.conftest import fit, stop_driver_after_commit
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300),
               pytest.mark.usefixtures("no_leaked_processes")]
@@ -36,15 +36,7 @@ def run_driver_to_end(storage_path, name, pid_dir) -> str:
 
 def kill_driver_after_checkpoint(storage_path, name, pid_dir, index=2):
     proc = driver(storage_path, name, pid_dir)
-    try:
-        marker = os.path.join(storage_path, name, f"checkpoint_{index:06d}", ".commit.json")
-        assert wait_until(lambda: os.path.exists(marker), 150)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    stop_driver_after_commit(proc, os.path.join(storage_path, name), index, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("how", ["api", "cli"])
