@@ -174,6 +174,7 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
     """Runs this node's part of the job. Returns the process exit code."""
     storage = RunStorage.open(settings.storage_path, settings.name)
     storage.ensure_writable()
+    RunRecord.check_resumable(storage, ("identity", settings.identity()))
     if settings.rdzv_backend == "etcd-v3":
         from elastic_train.agent.rendezvous import register
 
@@ -190,7 +191,6 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
             "launch": {k: sorted(v) if isinstance(v, (set, frozenset)) else v
                        for k, v in asdict(settings).items() if k != "checkpoint"},
             "checkpoint_config": asdict(settings.checkpoint)}
-    RunRecord.check_resumable(storage, ("identity", settings.identity()))
     supervisor = RunSupervisor(
         storage, settings.name, settings.max_restarts == -1, verbose=settings.verbose,
         local_ranks=settings.local_ranks_filter, streams=settings.console_streams,

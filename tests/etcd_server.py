@@ -57,8 +57,10 @@ class EtcdServer:
         return f"http://{self.endpoint}"
 
     def start(self) -> None:
-        """Starts etcd and returns once it answers ``/health``; raises if it does not in time."""
-        self._data_dir = tempfile.TemporaryDirectory(prefix="etcd-test-")
+        """Starts etcd and returns once it answers ``/health``; raises if it does not in time.
+        After :meth:`kill`, starts it again on the same ports and data."""
+        if self._data_dir is None:
+            self._data_dir = tempfile.TemporaryDirectory(prefix="etcd-test-")
         peer_url = f"http://127.0.0.1:{self.peer_port}"
         self.args = [
             self.binary,
@@ -71,6 +73,8 @@ class EtcdServer:
             "--initial-cluster", f"test={peer_url}",
             "--initial-cluster-state", "new",
         ]
+        if self._log is not None:
+            self._log.close()
         self._log = tempfile.SpooledTemporaryFile(max_size=1 << 20)
         self._proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.start_timeout
@@ -105,6 +109,12 @@ class EtcdServer:
     def pid(self) -> int | None:
         """The pid of the etcd process, or None before ``start()``."""
         return None if self._proc is None else self._proc.pid
+
+    def kill(self) -> None:
+        """SIGKILLs the server and keeps its data, as a crash would (see :meth:`start`)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
 
     def stop(self, grace: float = 10.0) -> None:
         """Stops our etcd process (SIGTERM, then SIGKILL after ``grace`` seconds), idempotent."""

@@ -340,3 +340,46 @@ def test_plain_torchrun_finds_the_backend_through_its_entry_point(etcd_endpoint:
         cwd=repo, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("sum=2 missing=[]") == 2
+
+
+@pytest.mark.timeout(90)
+def test_a_restarting_etcd_is_waited_for(etcd_server: EtcdServer) -> None:
+    """etcd SIGKILLed and started again on its data 2 s later: calls made meanwhile
+    (torch's agent polls the backend every monitor interval) wait instead of failing,
+    and the state written before the crash is still there."""
+    server = EtcdServer(etcd_server.binary)
+    try:
+        server.start()
+        backend, store = create_backend(_params(server.endpoint, outage_timeout=20))
+        try:
+            _, token, _ = backend.set_state(b"before")
+            server.kill()
+            threading.Timer(2.0, server.start).start()
+            started = time.monotonic()
+            state, after = backend.get_state()
+            assert state == b"before" and after == token
+            assert time.monotonic() - started >= 1.5
+            store.set("k", b"v")
+            assert store.get("k") == b"v"
+        finally:
+            backend.close()
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(60)
+def test_an_etcd_that_stays_down_fails_after_the_outage_timeout(etcd_server: EtcdServer) -> None:
+    server = EtcdServer(etcd_server.binary)
+    try:
+        server.start()
+        backend, _ = create_backend(_params(server.endpoint, outage_timeout=3))
+        try:
+            server.kill()
+            started = time.monotonic()
+            with pytest.raises(RendezvousConnectionError):
+                backend.get_state()
+            assert 2 <= time.monotonic() - started < 20
+        finally:
+            backend.close()
+    finally:
+        server.stop()

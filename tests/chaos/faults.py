@@ -22,10 +22,12 @@ from elastic_train.storage.checkpoint_store import MARKER
 from elastic_train.torch import TorchTrainer
 from tests import jobs
 from tests.conftest import EPOCHS, StorageUnderTest, wait_until
+from tests.etcd_server import EtcdServer, etcd_binary
 from tests.servers import TcpProxy, free_port
 
 KINDS = ("worker_sigkill", "worker_raise", "worker_hang", "kill_during_upload",
-         "preemption", "storage_outage", "driver_sigkill_restore", "agent_sigkill")
+         "preemption", "storage_outage", "driver_sigkill_restore", "agent_sigkill",
+         "etcd_restart")
 LAUNCH_SCRIPT = "tests/launch_script.py"  # its digest does not depend on the world size
 BATCHES_PER_EPOCH = 6  # jobs.make_dataset(): 96 rows, 2 ranks, batches of 8
 NUM_TO_KEEP = 2
@@ -163,8 +165,8 @@ def run_trial(trial: Trial, storage: StorageUnderTest, tmp_path, through: Storag
     helper = None
     if trial.kind == "driver_sigkill_restore":
         return _driver_kill_trial(trial, storage, tmp_path, name)
-    if trial.kind == "agent_sigkill":
-        return _agent_kill_trial(trial, storage, tmp_path, name)
+    if trial.kind in ("agent_sigkill", "etcd_restart"):
+        return _launch_trial(trial, storage, tmp_path, name)
     if trial.kind == "storage_outage":
         helper = threading.Thread(target=_cut_for_seconds, daemon=True,
                                   args=(proxy, storage, name, trial, tmp_path / "fault"))
@@ -244,14 +246,21 @@ def launch_digest(out: str) -> str | None:
     return found[-1] if found else None
 
 
-def _agent_kill_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str
-                      ) -> Outcome:
-    """Two agents (``launch --nnodes 1:2``, c10d); the one not hosting the store is
-    SIGKILLed -- its worker dies with it -- once checkpoint ``epoch - 1`` is committed.
-    The survivor re-rendezvouses alone and finishes from the latest checkpoint."""
+def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) -> Outcome:
+    """Two agents (``launch --nnodes 1:2``) once checkpoint ``epoch - 1`` is committed:
+    agent_sigkill SIGKILLs the one not hosting the c10d store (its worker dies with it;
+    the survivor re-rendezvouses alone and finishes from the latest checkpoint);
+    etcd_restart SIGKILLs their etcd server and starts it again on its data (the job
+    rides through: etcd is needed at rendezvous and for the agents' heartbeats)."""
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    endpoint = f"127.0.0.1:{free_port()}"
+    etcd = None
+    if trial.kind == "etcd_restart":
+        etcd = EtcdServer(etcd_binary())
+        etcd.start()
+        backend = ["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoint]
+    else:
+        backend = ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     run_storage = storage.run(name)
     agents = []
 
@@ -259,7 +268,7 @@ def _agent_kill_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: s
         log = open(tmp_path / f"agent{i}.log", "w")  # noqa: SIM115 (closed with the agent)
         proc = subprocess.Popen(
             [sys.executable, "-m", "elastic_train.cli", "launch", "--nnodes", "1:2",
-             "--nproc-per-node", "1", "--rdzv-endpoint", endpoint, "--rdzv-id", name,
+             "--nproc-per-node", "1", *backend, "--rdzv-id", name,
              "--storage-path", storage.url, LAUNCH_SCRIPT, str(out_dir), str(EPOCHS + 3),
              "--sleep", "0.3"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
         agents.append((proc, log))
@@ -267,22 +276,30 @@ def _agent_kill_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: s
 
     with StorageWatcher(run_storage) as watcher:
         try:
-            survivor = agent(0)
+            first = agent(0)
             time.sleep(2)  # agent 0 hosts the c10d store
-            victim = agent(1)
+            second = agent(1)
             marker = f"{storage.url}/{name}/checkpoint_{trial.epoch - 1:06d}/{MARKER}"
             assert wait_until(lambda: storage.fs.exists(marker), 120), "no checkpoint yet"
             time.sleep(0.1 * trial.batch)
             (tmp_path / "fault").write_text(str(time.time()))
-            victim.kill()
-            victim.wait()
-            assert survivor.wait(150) == 0, (tmp_path / "agent0.log").read_text()[-3000:]
+            if etcd is None:
+                second.kill()
+                second.wait()
+            else:
+                etcd.kill()
+                time.sleep(2)
+                etcd.start()
+                assert second.wait(150) == 0, (tmp_path / "agent1.log").read_text()[-3000:]
+            assert first.wait(150) == 0, (tmp_path / "agent0.log").read_text()[-3000:]
         finally:
             for proc, log in agents:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
                 log.close()
+            if etcd is not None:
+                etcd.stop()
     starts = out_dir / "starts"
     restarted = len(starts.read_text().split("\n")) > 2 and os.path.getmtime(starts)
     fault_at = float((tmp_path / "fault").read_text())
@@ -291,4 +308,3 @@ def _agent_kill_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: s
     outcome.recovery_s = restarted - fault_at if restarted else None
     outcome.orphans = [int(p.name.split("-")[1]) for p in out_dir.glob("pid-*")]
     return outcome
-

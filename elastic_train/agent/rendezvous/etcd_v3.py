@@ -38,16 +38,19 @@ import etcd3gw
 import requests
 from etcd3gw.exceptions import Etcd3Exception, PreconditionFailedError
 from etcd3gw.lease import Lease
+from requests.adapters import HTTPAdapter
 from torch.distributed import DistStoreError, Store
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+from urllib3.util.retry import Retry
 
 log = logging.getLogger(__name__)
 
 KEY_ROOT = "/elastic_train/rdzv"
 DEFAULT_LEASE_TTL = 10
 DEFAULT_TIMEOUT = 10.0
+DEFAULT_OUTAGE_S = 30.0
 _MAX_POLL_INTERVAL = 0.5
 
 
@@ -354,6 +357,19 @@ class _AuthSession(requests.Session):
             return self._token
 
 
+def _patient_adapter(outage_s: float) -> HTTPAdapter:
+    """Resends requests that could not connect, with backoff, for about ``outage_s``.
+
+    Nothing reached the server, so any request is safe to resend. Without this a
+    restarting etcd server ends the job: torch's agent asks the backend for
+    waiting nodes every monitor interval, and the first refused connection
+    would escape as an error.
+    """
+    retry = Retry(total=None, connect=int(outage_s) + 2, read=0, status=0, other=0,
+                  redirect=0, backoff_factor=0.25, backoff_max=1.0)
+    return HTTPAdapter(max_retries=retry)
+
+
 def _create_client(params: RendezvousParameters) -> etcd3gw.Etcd3Client:
     """An etcd3gw client for ``params.endpoint`` with the TLS and auth options of ``params``."""
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=2379)
@@ -364,6 +380,9 @@ def _create_client(params: RendezvousParameters) -> etcd3gw.Etcd3Client:
     session = (
         _AuthSession(username, str(params.get("password", ""))) if username else requests.Session()
     )
+    adapter = _patient_adapter(float(params.get("outage_timeout", DEFAULT_OUTAGE_S)))
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
     ca_cert, cert, key = params.get("ca_cert"), params.get("cert"), params.get("key")
     if ca_cert:
         session.verify = ca_cert
@@ -387,8 +406,9 @@ def create_backend(params: RendezvousParameters) -> tuple[EtcdV3RendezvousBacken
 
     ``params.endpoint`` is ``host[:port]`` (port 2379 by default); ``--rdzv-conf``
     keys: ``protocol`` (http/https), ``ca_cert``, ``cert``, ``key`` (TLS files),
-    ``username``/``password`` (etcd auth), ``lease_ttl`` (seconds, default 10) and
-    ``timeout`` (seconds per etcd request, default 10). The backend is named after
+    ``username``/``password`` (etcd auth), ``lease_ttl`` (seconds, default 10),
+    ``timeout`` (seconds per etcd request, default 10) and ``outage_timeout``
+    (seconds an unreachable etcd is waited for, default 30). The backend is named after
     ``params.backend``, as torch's registry requires.
     """
     lease_ttl = int(params.get("lease_ttl", DEFAULT_LEASE_TTL))
