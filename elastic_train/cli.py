@@ -221,8 +221,9 @@ def add_launch_parser(sub: Any) -> None:
                "  elastic-train launch --standalone --nproc-per-node 2 train.py --lr 0.1\n"
                "  elastic-train launch --nnodes 2:4 --nproc-per-node 8 --rdzv-backend etcd \\\n"
                "      --rdzv-endpoint etcd-host:2379 --rdzv-id job42 train.py\n"
-               "environment: every flag can also be set as PET_<FLAG> (PET_NPROC_PER_NODE=2), "
-               "as with torchrun.\n" + EXIT_CODES)
+               "environment: torchrun's flags that take a value, and --storage-path, --name, "
+               "--preemption-grace and --max-preemption-failures, can also be set as "
+               "PET_<FLAG> (PET_NPROC_PER_NODE=2), as with torchrun.\n" + EXIT_CODES)
     env = os.environ.get
     _flag(launch, "nnodes", default=env("PET_NNODES", "1"), help="N or MIN:MAX (default 1)")
     _flag(launch, "nproc-per-node", type=int, default=int(env("PET_NPROC_PER_NODE", "1")))
