@@ -342,44 +342,45 @@ def test_plain_torchrun_finds_the_backend_through_its_entry_point(etcd_endpoint:
     assert proc.stdout.count("sum=2 missing=[]") == 2
 
 
+@pytest.fixture
+def own_etcd(etcd_server: EtcdServer) -> Iterator[EtcdServer]:
+    """An etcd server of this test alone (the shared one must stay up and without auth)."""
+    server = EtcdServer(etcd_server.binary)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.mark.timeout(90)
-def test_a_restarting_etcd_is_waited_for(etcd_server: EtcdServer) -> None:
+def test_a_restarting_etcd_is_waited_for(own_etcd: EtcdServer) -> None:
     """etcd SIGKILLed and started again on its data 2 s later: calls made meanwhile
     (torch's agent polls the backend every monitor interval) wait instead of failing,
     and the state written before the crash is still there."""
-    server = EtcdServer(etcd_server.binary)
+    backend, store = create_backend(_params(own_etcd.endpoint, outage_timeout=20))
     try:
-        server.start()
-        backend, store = create_backend(_params(server.endpoint, outage_timeout=20))
-        try:
-            _, token, _ = backend.set_state(b"before")
-            server.kill()
-            threading.Timer(2.0, server.start).start()
-            started = time.monotonic()
-            state, after = backend.get_state()
-            assert state == b"before" and after == token
-            assert time.monotonic() - started >= 1.5
-            store.set("k", b"v")
-            assert store.get("k") == b"v"
-        finally:
-            backend.close()
+        _, token, _ = backend.set_state(b"before")
+        own_etcd.kill()
+        threading.Timer(2.0, own_etcd.start).start()
+        started = time.monotonic()
+        state, after = backend.get_state()
+        assert state == b"before" and after == token
+        assert time.monotonic() - started >= 1.5
+        store.set("k", b"v")
+        assert store.get("k") == b"v"
     finally:
-        server.stop()
+        backend.close()
 
 
 @pytest.mark.timeout(60)
-def test_an_etcd_that_stays_down_fails_after_the_outage_timeout(etcd_server: EtcdServer) -> None:
-    server = EtcdServer(etcd_server.binary)
+def test_an_etcd_that_stays_down_fails_after_the_outage_timeout(own_etcd: EtcdServer) -> None:
+    backend, _ = create_backend(_params(own_etcd.endpoint, outage_timeout=3))
     try:
-        server.start()
-        backend, _ = create_backend(_params(server.endpoint, outage_timeout=3))
-        try:
-            server.kill()
-            started = time.monotonic()
-            with pytest.raises(RendezvousConnectionError):
-                backend.get_state()
-            assert 2 <= time.monotonic() - started < 20
-        finally:
-            backend.close()
+        own_etcd.kill()
+        started = time.monotonic()
+        with pytest.raises(RendezvousConnectionError):
+            backend.get_state()
+        assert 2 <= time.monotonic() - started < 20
     finally:
-        server.stop()
+        backend.close()
