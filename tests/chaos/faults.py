@@ -128,18 +128,26 @@ def _reclaim_after_jit(tmp_path) -> None:
         os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
-def _cut_for_seconds(proxy: TcpProxy, storage: StorageUnderTest, name: str, trial: Trial,
-                     fault_file) -> None:
-    """Cuts the S3 endpoint for 3 s once checkpoint ``trial.epoch - 1`` is committed."""
+def _at_fault_time(trial: Trial, storage: StorageUnderTest, name: str, tmp_path) -> bool:
+    """Waits until checkpoint ``trial.epoch - 1`` is committed, then ``trial.batch`` tenths
+    of a second more, and stamps the fault's time; False if no commit came in time."""
     marker = f"{storage.url}/{name}/checkpoint_{trial.epoch - 1:06d}/{MARKER}"
 
     def committed() -> bool:
         storage.fs.invalidate_cache()
         return storage.fs.exists(marker)
 
-    if wait_until(committed, 120):
-        time.sleep(0.1 * trial.batch)
-        fault_file.write_text(str(time.time()))
+    if not wait_until(committed, 120):
+        return False
+    time.sleep(0.1 * trial.batch)
+    (tmp_path / "fault").write_text(str(time.time()))
+    return True
+
+
+def _cut_for_seconds(proxy: TcpProxy, storage: StorageUnderTest, name: str, trial: Trial,
+                     tmp_path) -> None:
+    """Cuts the S3 endpoint for 3 s at the trial's fault time."""
+    if _at_fault_time(trial, storage, name, tmp_path):
         proxy.cut()
         time.sleep(3)
         proxy.restore()
@@ -169,7 +177,7 @@ def run_trial(trial: Trial, storage: StorageUnderTest, tmp_path, through: Storag
         return _launch_trial(trial, storage, tmp_path, name)
     if trial.kind == "storage_outage":
         helper = threading.Thread(target=_cut_for_seconds, daemon=True,
-                                  args=(proxy, storage, name, trial, tmp_path / "fault"))
+                                  args=(proxy, storage, name, trial, tmp_path))
         failure = et.FailureConfig(max_failures=0)
     else:
         config["fault"] = _fault_config(trial, tmp_path)
@@ -222,11 +230,7 @@ def _driver_kill_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: 
              str(EPOCHS), "0.05"], cwd=REPO, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
-            marker = f"{storage.url}/{name}/checkpoint_{trial.epoch - 1:06d}/{MARKER}"
-            assert wait_until(lambda: storage.fs.invalidate_cache() or
-                              storage.fs.exists(marker), 120), "no checkpoint to resume from"
-            time.sleep(0.1 * trial.batch)
-            (tmp_path / "fault").write_text(str(time.time()))
+            assert _at_fault_time(trial, storage, name, tmp_path), "no checkpoint to resume from"
             os.killpg(driver.pid, signal.SIGKILL)  # the driver and every worker
         finally:
             if driver.poll() is None:
@@ -279,10 +283,7 @@ def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) 
             first = agent(0)
             time.sleep(2)  # agent 0 hosts the c10d store
             second = agent(1)
-            marker = f"{storage.url}/{name}/checkpoint_{trial.epoch - 1:06d}/{MARKER}"
-            assert wait_until(lambda: storage.fs.exists(marker), 120), "no checkpoint yet"
-            time.sleep(0.1 * trial.batch)
-            (tmp_path / "fault").write_text(str(time.time()))
+            assert _at_fault_time(trial, storage, name, tmp_path), "no checkpoint yet"
             if etcd is None:
                 second.kill()
                 second.wait()
