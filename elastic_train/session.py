@@ -4,10 +4,10 @@
 One :class:`TrainSession` lives in each worker process while the train
 function runs. Rank 0 decides, once per start, which committed checkpoint the
 group resumes from and tells every rank, so that all ranks restore the same
-state. ``report()`` is collective when any rank passes a checkpoint: the ranks
-agree on the file list (each file is uploaded by the lowest rank that has
-it), upload, and rank 0 writes the commit marker last, then applies
-retention.
+state. ``report()`` is collective: the ranks first learn whether any of them
+passes a checkpoint (one small all_reduce); if one does, they agree on the
+file list (each file is uploaded by the lowest rank that has it), upload, and
+rank 0 writes the commit marker last, then applies retention.
 
 Example::
 
@@ -46,7 +46,7 @@ from elastic_train.preemption import PreemptionInfo
 from elastic_train.run_spec import RunSpec
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.checkpoint_store import dir_name, mismatched_files, scan_directory
+from elastic_train.storage.checkpoint_store import dir_name, list_directory, mismatched_files
 from elastic_train.storage.retention import CheckpointRecord, score_of, to_delete
 from elastic_train.storage.uploader import CheckpointUploader, UploadJob
 from elastic_train.verify_resume import maybe_fail_after_report
@@ -145,6 +145,15 @@ class TrainSession:
         out: list[Any] = [None] * self.env.world_size
         dist.all_gather_object(out, obj, group=self.resources.control_group)
         return out
+
+    def _any_rank(self, *flags: bool) -> tuple[bool, ...]:
+        """Each flag OR-ed over the ranks: one all_reduce of a few integers, the
+        cheapest collective there is (an object gather is two, plus pickling)."""
+        if self.env.world_size == 1:
+            return flags
+        tensor = torch.tensor(flags, dtype=torch.int32)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.resources.control_group)
+        return tuple(bool(v) for v in tensor.tolist())
 
     def _broadcast(self, obj: Any) -> Any:
         if self.env.world_size == 1:
@@ -295,25 +304,31 @@ class TrainSession:
             "pid": os.getpid(),
         }
         self._last_report_time = now
-        files = scan_directory(checkpoint.path) if checkpoint is not None else None
+        files = list_directory(checkpoint.path) if checkpoint is not None else None
         config = self.spec.run_config.checkpoint_config
         if files is not None and self.env.rank == 0 and config.checkpoint_score_attribute:
             score_of(CheckpointRecord(self._next_index, clean), config)
-        states = {key: it.state_dict() for key, it in self._resumables.items()}
-        gathered = self._all_gather((files, states, preemption.local_notice()))
-        if self._note_preemption([notice for _, _, notice in gathered]) is not None:
-            mode = CheckpointUploadMode.SYNC  # the node may go any moment: commit now
-        gathered = [(f, s) for f, s, _ in gathered]
-        if any(f is not None for f, _ in gathered):
-            row["checkpoint_dir_name"] = dir_name(self._next_index)
-            self._persist_checkpoint(gathered, checkpoint, row, mode)
+        notice = preemption.local_notice()
+        # Most reports carry metrics alone: then the ranks only learn that nobody
+        # has a checkpoint or a notice, and nothing else crosses the wire.
+        any_checkpoint, any_notice = self._any_rank(files is not None, notice is not None)
+        if any_checkpoint or any_notice:
+            states = ({key: it.state_dict() for key, it in self._resumables.items()}
+                      if any_checkpoint else {})
+            gathered = self._all_gather((files, states, notice))
+            if self._note_preemption([n for _, _, n in gathered]) is not None:
+                mode = CheckpointUploadMode.SYNC  # the node may go any moment: commit now
+            if any_checkpoint:
+                row["checkpoint_dir_name"] = dir_name(self._next_index)
+                self._persist_checkpoint([(f, s) for f, s, _ in gathered], checkpoint, row,
+                                         mode)
         if self.env.rank == 0:
             self._history.append(row)
             self.storage.append_metrics(row, self._history)
         maybe_fail_after_report(self.iteration, self.env.rank, self.env.world_size,
                                 self.env.restart_count)
 
-    def _persist_checkpoint(self, gathered: list[tuple[dict | None, dict]],
+    def _persist_checkpoint(self, gathered: list[tuple[list[str] | None, dict]],
                             checkpoint: Checkpoint | None, row: dict[str, Any],
                             mode: CheckpointUploadMode) -> None:
         """Each file goes up from the lowest rank that has it; rank 0 commits after all."""
@@ -321,13 +336,13 @@ class TrainSession:
         self._next_index += 1
         owners: dict[str, int] = {}
         for rank, (files, _) in enumerate(gathered):
-            for rel in files or {}:
+            for rel in files or ():
                 owners.setdefault(rel, rank)
         manifest = None
         if self.env.rank == 0:
             manifest = CommitManifest(
                 index=index, training_iteration=self.iteration, metrics=row,
-                files={rel: gathered[rank][0][rel] for rel, rank in owners.items()},
+                files={},  # filled in by the uploader from the owners' checksums
                 world_size=self.env.world_size,
                 worker_states={str(r): states for r, (_, states) in enumerate(gathered)},
             )
