@@ -1,5 +1,6 @@
 """Run storage and checkpoint commits, on local disk and fsspec's in-memory store."""
 
+import errno
 import json
 import os
 import uuid
@@ -17,6 +18,7 @@ from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import (
     MARKER,
     dir_name,
+    list_directory,
     mismatched_files,
     scan_directory,
 )
@@ -298,7 +300,41 @@ def test_upload_marks_being_written_are_not_counted(run):
     """A rank's marker is written to a temporary name, then renamed: a listing in
     between (another rank checking for commit) must not choke on it."""
     store = run.checkpoints
-    store.mark_uploaded(0, 0)
+    store.mark_uploaded(0, 0, {})
     tmp = store._upload_mark(0, 1) + ".tmp-5e672569"
     store.fs.pipe_file(tmp, b"")
     assert store.uploaded_ranks(0) == {0}
+
+
+def test_upload_marks_carry_the_checksums_the_commit_records(run, local_ckpt):
+    """Each owner's marker holds its files' sizes and CRC-32s; the committing rank merges
+    them, so report() itself never reads the files."""
+    store = run.checkpoints
+    described = scan_directory(local_ckpt)
+    mine = {rel: info for rel, info in described.items() if rel.startswith("sub/")}
+    theirs = {rel: info for rel, info in described.items() if not rel.startswith("sub/")}
+    store.mark_uploaded(2, 0, mine)
+    store.mark_uploaded(2, 1, theirs)
+    assert store.uploaded_files(2, [0, 1]) == described
+    assert described["sub/opt.pt"] == {"size": 9, "crc32": f"{zlib.crc32(b'optimizer'):08x}"}
+
+
+def test_local_upload_links_instead_of_copying(tmp_path, local_ckpt, monkeypatch):
+    """On the same device the staged files are hard-linked into the run directory;
+    where linking fails (another device) they are copied, with no link left behind."""
+    store = RunStorage.open(str(tmp_path / "runs"), "run").checkpoints
+    store.upload(0, local_ckpt, list_directory(local_ckpt))
+    source = os.stat(os.path.join(local_ckpt, "sub", "opt.pt"))
+    linked = os.stat(os.path.join(store.path(0), "sub", "opt.pt"))
+    assert (linked.st_dev, linked.st_ino) == (source.st_dev, source.st_ino)
+
+    def cross_device(src, dst):
+        if dst.endswith("opt.pt"):
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        os.close(os.open(dst, os.O_CREAT | os.O_WRONLY))  # what a partial attempt leaves
+
+    monkeypatch.setattr(os, "link", cross_device)
+    store.upload(1, local_ckpt, list_directory(local_ckpt))
+    copied = os.stat(os.path.join(store.path(1), "sub", "opt.pt"))
+    assert copied.st_ino != source.st_ino
+    assert scan_directory(store.path(1)) == scan_directory(local_ckpt)

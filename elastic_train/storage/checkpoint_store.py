@@ -10,7 +10,9 @@ marker first, so a reader never sees half a checkpoint.
 The protocol is the same on every fsspec store: files are written into their
 final place (no directory rename, which object stores cannot do atomically)
 and the marker is one small atomic write. Ranks announce a finished upload
-with a marker under ``.uploads/`` that the committing rank waits for. Every
+with a marker under ``.uploads/`` (their files' sizes and CRC-32s, computed
+off the training thread) that the committing rank waits for and merges into
+the manifest. Every
 operation is retried on transient errors (see :mod:`.retry`).
 """
 
@@ -61,17 +63,26 @@ class CommitManifest:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
-def scan_directory(local_dir: str) -> dict[str, dict[str, Any]]:
-    """``{relative path: {"size", "crc32"}}`` of every file below ``local_dir``."""
-    files = {}
+def list_directory(local_dir: str) -> list[str]:
+    """The relative paths (``/``-separated) of every file below ``local_dir``."""
+    files = []
     for root, _, names in os.walk(local_dir):
         for name in names:
-            full = os.path.join(root, name)
-            rel = os.path.relpath(full, local_dir).replace(os.sep, "/")
-            if rel == MARKER:
-                continue
-            files[rel] = {"size": os.path.getsize(full), "crc32": fsutil.file_crc32(full)}
-    return files
+            rel = os.path.relpath(os.path.join(root, name), local_dir).replace(os.sep, "/")
+            if rel != MARKER:
+                files.append(rel)
+    return sorted(files)
+
+
+def describe_files(local_dir: str, relpaths: list[str]) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"size", "crc32"}}``: what the manifest records of each file."""
+    return {rel: {"size": os.path.getsize(full := os.path.join(local_dir, rel)),
+                  "crc32": fsutil.file_crc32(full)} for rel in relpaths}
+
+
+def scan_directory(local_dir: str) -> dict[str, dict[str, Any]]:
+    """:func:`describe_files` of every file below ``local_dir``."""
+    return describe_files(local_dir, list_directory(local_dir))
 
 
 def mismatched_files(local_dir: str, manifest: CommitManifest) -> list[str]:
@@ -160,13 +171,20 @@ class CheckpointStore:
         return removed
 
     def upload(self, index: int, local_dir: str, relpaths: list[str]) -> None:
-        """Copies the named files of ``local_dir`` into checkpoint ``index``."""
+        """Copies the named files of ``local_dir`` into checkpoint ``index``.
+
+        On local disk the files are hard-linked where the run directory is on
+        the same device (no copy at all), so ``local_dir`` must be a private
+        copy nobody writes again -- the uploader's staging area is.
+        """
         target = self.path(index)
         local = [os.path.join(local_dir, rel) for rel in relpaths]
         remote = [fsutil.join(target, rel) for rel in relpaths]
         for directory in sorted({r.rsplit("/", 1)[0] for r in remote}):
             self._retry("creating a checkpoint directory",
                         lambda d=directory: self.fs.makedirs(d, exist_ok=True))
+        if fsutil.is_local(self.fs) and fsutil.link_all(local, remote):
+            return
         for start in range(0, len(local), UPLOAD_BATCH):
             batch = slice(start, start + UPLOAD_BATCH)
             self._retry(f"uploading {dir_name(index)}",
@@ -176,10 +194,19 @@ class CheckpointStore:
         name = dir_name(index) + (f".rank{rank}" if rank is not None else "")
         return fsutil.join(self.run_path, UPLOADS_DIR, name)
 
-    def mark_uploaded(self, index: int, rank: int) -> None:
-        """Announces that ``rank`` finished uploading its files of checkpoint ``index``."""
-        self._retry("writing an upload marker", lambda: fsutil.write_bytes_atomic(
-            self.fs, self._upload_mark(index, rank), b""))
+    def mark_uploaded(self, index: int, rank: int, files: dict[str, dict[str, Any]]) -> None:
+        """Announces that ``rank`` finished uploading its files of checkpoint ``index``;
+        the marker holds their sizes and checksums (see :func:`describe_files`)."""
+        self._retry("writing an upload marker", lambda: fsutil.write_json_atomic(
+            self.fs, self._upload_mark(index, rank), files))
+
+    def uploaded_files(self, index: int, ranks: list[int]) -> dict[str, dict[str, Any]]:
+        """The file descriptions in the upload markers of ``ranks``, merged."""
+        files: dict[str, dict[str, Any]] = {}
+        for rank in ranks:
+            files.update(self._retry("reading an upload marker", lambda r=rank: fsutil.read_json(
+                self.fs, self._upload_mark(index, r))))
+        return files
 
     def uploaded_ranks(self, index: int) -> set[int]:
         prefix = self._upload_mark(index) + ".rank"

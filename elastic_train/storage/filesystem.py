@@ -101,6 +101,23 @@ def read_json(fs: fsspec.AbstractFileSystem, path: str) -> Any:
         return json.loads(f.read())
 
 
+def link_all(sources: list[str], targets: list[str]) -> bool:
+    """Hard-links each source to its target; False (nothing left behind) when the
+    file system cannot, e.g. across devices: the caller copies instead."""
+    done = []
+    try:
+        for source, target in zip(sources, targets, strict=True):
+            if os.path.lexists(target):
+                os.unlink(target)  # a leftover of an interrupted attempt at this index
+            os.link(source, target)
+            done.append(target)
+    except OSError:
+        for target in done:
+            os.unlink(target)
+        return False
+    return True
+
+
 def file_crc32(path: str) -> str:
     """CRC-32 of a local file, streamed; detects truncated or corrupted copies."""
     crc = 0

@@ -24,14 +24,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from elastic_train.errors import StorageError
-from elastic_train.storage.checkpoint_store import CheckpointStore, CommitManifest, dir_name
+from elastic_train.storage.checkpoint_store import (
+    CheckpointStore,
+    CommitManifest,
+    describe_files,
+    dir_name,
+)
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class UploadJob:
-    """One rank's part of checkpoint ``index``; ``manifest`` is set on the committing rank."""
+    """One rank's part of checkpoint ``index``; ``manifest`` is set on the committing rank
+    (its ``files`` are filled in from the owners' upload markers before the commit)."""
 
     index: int
     relpaths: list[str]
@@ -103,11 +109,14 @@ class CheckpointUploader:
 
     def _process(self, job: UploadJob) -> None:
         if job.relpaths:
+            # Checksums of the staged copy: exactly the bytes uploaded, and computed
+            # here rather than in report(), which then only copies.
+            files = describe_files(job.staged_dir, job.relpaths)
             self.store.upload(job.index, job.staged_dir, job.relpaths)
-        if self.rank in job.owner_ranks:
-            self.store.mark_uploaded(job.index, self.rank)
+            self.store.mark_uploaded(job.index, self.rank, files)
         if job.manifest is not None:
             self._wait_for_owners(job)
+            job.manifest.files = self.store.uploaded_files(job.index, job.owner_ranks)
             self.store.commit(job.manifest)
             self.store.clear_upload_marks(job.index)
             self.on_commit(job.manifest)
