@@ -39,6 +39,9 @@ class Sample:
     phases: dict[str, float] = field(default_factory=dict)
     agent_rss_mb: float | None = None
     worker_rss_mb: dict[int, float] = field(default_factory=dict)
+    # Every other process of the tree (elastic-train's zygote and per-worker stand-ins,
+    # Ray's worker actors' parents...), summed.
+    helper_rss_mb: float = 0.0
     save_s: list[float] = field(default_factory=list)
     report_s: list[float] = field(default_factory=list)
     checkpoint_total_s: list[float] = field(default_factory=list)  # save + report + cleanup
@@ -163,6 +166,8 @@ def _fill(sample: Sample, result: procs.RunResult, ev: Events, cfg: WorkloadConf
         if pid in rank_of:
             rank = rank_of[pid]
             sample.worker_rss_mb[rank] = max(rss, sample.worker_rss_mb.get(rank, 0.0))
+        elif pid != result.root_pid:
+            sample.helper_rss_mb += rss
     sample.save_s = [e["dt"] for e in ev.select("save")]
     sample.report_s = [e["dt"] for e in ev.select("report")]
     sample.checkpoint_total_s = [e["total"] for e in ev.select("report") if "total" in e] \

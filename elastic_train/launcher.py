@@ -161,7 +161,7 @@ class LaunchSettings:
         if self.no_python:
             return self.target, tuple(self.target_args)
         target = ("-m", self.target) if self.module else (self.target,)
-        return sys.executable, ("-u", "-m", "elastic_train.script_worker", *target,
+        return sys.executable, ("-m", "elastic_train.script_worker", *target,
                                 *self.target_args)
 
     def identity(self) -> list[str]:

@@ -30,12 +30,16 @@ _PR_SET_PDEATHSIG = 1
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 
+def die_with_parent() -> None:
+    """Asks the kernel to SIGKILL this process when its parent dies."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def die_with_agent() -> None:
-    """Asks the kernel to SIGKILL this process when the agent dies."""
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    """:func:`die_with_parent`, checking the parent is still the agent (or the zygote
+    it forked from, see :mod:`elastic_train.agent.zygote`)."""
+    die_with_parent()
     agent_pid = os.environ.get(AGENT_PID_ENV)
     if agent_pid is not None and os.getppid() != int(agent_pid):
         os._exit(1)  # the agent died before the request took effect
@@ -75,6 +79,9 @@ def run_worker(main: Callable[[], None]) -> None:
     in a collective with it, and the agent stops the whole group anyway.
     """
     die_with_agent()
+    # Unbuffered, as `python -u`: the driver's console tails the worker's log files.
+    sys.stdout.reconfigure(write_through=True)
+    sys.stderr.reconfigure(write_through=True)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     faulthandler.enable()
     heartbeat.arm()

@@ -58,7 +58,7 @@ def _script_session() -> TrainSession:
     return session
 
 
-def main(argv: list[str]) -> None:
+def run_script(argv: list[str]) -> None:
     if LAUNCH_ENV in os.environ:
         set_session_factory(_script_session)
     if argv[0] == "-m":
@@ -73,5 +73,9 @@ def main(argv: list[str]) -> None:
         session.finish()  # an upload error fails this worker
 
 
+def main(argv: list[str]) -> None:
+    run_worker(lambda: run_script(argv))
+
+
 if __name__ == "__main__":
-    run_worker(lambda: main(sys.argv[1:]))
+    main(sys.argv[1:])

@@ -42,5 +42,9 @@ def run(spec_path: str, result_dir: str) -> None:
     spec.backend.on_worker_shutdown()
 
 
+def main(argv: list[str]) -> None:
+    run_worker(lambda: run(*argv))
+
+
 if __name__ == "__main__":
-    run_worker(lambda: run(*sys.argv[1:]))
+    main(sys.argv[1:])

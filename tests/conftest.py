@@ -15,6 +15,7 @@ import fsspec
 import pytest
 
 import elastic_train as et
+from elastic_train.agent import zygote
 from elastic_train.storage import RunStorage
 from elastic_train.torch import TorchTrainer
 from tests import jobs
@@ -84,10 +85,16 @@ def storage_path(tmp_path):
 
 @pytest.fixture
 def no_leaked_processes():
-    """Fails the test if it leaves a child process behind; kills such children."""
+    """Fails the test if it leaves a child process behind; kills such children.
+
+    The worker zygote stays for later runs (see elastic_train.agent.zygote); its
+    workers must not."""
     before = set(child_pids(os.getpid()))
     yield
-    leaked = [p for p in child_pids(os.getpid()) if p not in before | SERVER_PIDS]
+    kept = before | SERVER_PIDS | {zygote.running_pid()}
+    leaked = [p for p in child_pids(os.getpid()) if p not in kept]
+    if zygote.running_pid() is not None:
+        leaked += child_pids(zygote.running_pid())
     if leaked and wait_until(lambda: not [p for p in leaked if pid_alive(p)], 10):
         return
     for pid in leaked:

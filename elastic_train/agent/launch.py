@@ -22,6 +22,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
+from elastic_train.agent import zygote
 from elastic_train.agent.failures import failures_of
 from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.agent.local_agent import TrainAgent
@@ -116,9 +117,10 @@ def run_agent(spec: AgentSpec,
         **spec.rdzv_configs,
     )
     rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
+    entrypoint, args = zygote.worker_command(spec.entrypoint, spec.args)
     worker_spec = WorkerSpec(
-        role="trainer", local_world_size=spec.nproc_per_node, entrypoint=spec.entrypoint,
-        args=spec.args, rdzv_handler=rdzv_handler, max_restarts=spec.max_restarts,
+        role="trainer", local_world_size=spec.nproc_per_node, entrypoint=entrypoint,
+        args=args, rdzv_handler=rdzv_handler, max_restarts=spec.max_restarts,
         monitor_interval=spec.monitor_interval, local_addr=spec.local_addr,
     )
     logs = DefaultLogsSpecs(log_dir=spec.log_dir, redirects=Std.ALL, tee=Std.NONE)

@@ -1,0 +1,283 @@
+"""Workers forked from a process that has imported torch once: the *zygote*.
+
+Starting a worker the plain way costs a fresh interpreter plus ``import torch``
+(about 4 s of CPU here), per worker and again at every restart. The agent
+therefore starts one zygote per process (``python -m elastic_train.agent.zygote
+SOCKET``) that imports torch and the worker modules, then forks a worker per
+request. Restarts and later ``fit()`` calls in the same process fork from the
+same zygote. The zygote is single-threaded and never touches CUDA, so the
+forked workers start clean.
+
+torch's agent still starts, watches and stops ordinary processes: each is a
+:mod:`~elastic_train.agent.zygote_client` (standard library only, a few ms to
+start), which hands the zygote its environment, working directory and
+standard streams, relays signals to the forked worker and exits as it did.
+
+Lifetimes: the zygote exits when its parent closes its stdin (or dies), and
+SIGKILLs its workers then; a worker dies with the zygote (``PR_SET_PDEATHSIG``);
+a worker whose client is killed is SIGKILLed by the zygote.
+
+Only this package's own worker modules use it (the ``fit()`` worker and the
+``launch`` script runner, each with a ``main(argv)``); set
+``ELASTIC_TRAIN_ZYGOTE=0`` to start every worker as a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import gc
+import importlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+
+ZYGOTE_ENV = "ELASTIC_TRAIN_ZYGOTE"
+WORKER_MODULES = ("elastic_train.worker", "elastic_train.script_worker")
+PRELOAD = ("torch", "torch.distributed", *WORKER_MODULES)
+CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote_client.py")
+
+
+def enabled() -> bool:
+    return sys.platform.startswith("linux") and os.environ.get(ZYGOTE_ENV, "1") != "0"
+
+
+# --- the zygote process ---------------------------------------------------------------------
+
+@dataclass
+class Request:
+    """What a client asks for: ``module.main(argv)`` in its cwd, environment and streams."""
+
+    module: str
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    fds: list[int]
+
+
+def _recv_request(conn: socket.socket) -> Request | None:
+    message, fds, _, _ = socket.recv_fds(conn, 1 << 22, 3)
+    if not message:
+        return None
+    return Request(**json.loads(message), fds=fds)
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def serve(path: str) -> Request | None:
+    """The zygote's loop. Returns in a forked child (the request it is to run), or
+    None in the zygote itself once its parent has gone."""
+    from elastic_train.process import die_with_parent
+
+    die_with_parent()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(128)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    selector.register(sys.stdin, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    workers: dict[int, socket.socket | None] = {}  # pid -> its client's connection
+    clients: dict[socket.socket, int | None] = {}  # connection -> its worker's pid
+
+    def drop(conn: socket.socket) -> None:
+        selector.unregister(conn)
+        conn.close()
+        pid = clients.pop(conn)
+        if pid is not None and workers.get(pid) is conn:
+            workers[pid] = None
+            _kill(pid)  # the client was killed: so is its worker
+
+    def reap(block: bool = False) -> None:
+        """Tells the clients of exited workers how they ended."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = workers.pop(pid, None)
+            if conn is not None:
+                clients[conn] = None
+                with contextlib.suppress(OSError):  # the client may be gone already
+                    conn.send(f"exit {os.waitstatus_to_exitcode(status)}".encode())
+                drop(conn)
+
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj is listener:
+                conn, _ = listener.accept()
+                clients[conn] = None
+                selector.register(conn, selectors.EVENT_READ)
+            elif key.fileobj is sys.stdin:
+                if not os.read(sys.stdin.fileno(), 4096):  # the parent has gone
+                    for pid in workers:
+                        _kill(pid)
+                    reap(block=True)
+                    return None
+            elif key.fileobj == wake_r:
+                os.read(wake_r, 4096)
+                reap()
+            else:
+                conn = key.fileobj
+                request = _recv_request(conn)
+                if request is None:
+                    drop(conn)
+                    continue
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    selector.close()
+                    for sock in (listener, *clients):
+                        sock.close()
+                    os.close(wake_r)
+                    os.close(wake_w)
+                    return request
+                for fd in request.fds:
+                    os.close(fd)
+                clients[conn] = pid
+                workers[pid] = conn
+                conn.send(f"pid {pid}".encode())
+
+
+def _become_worker(request: Request) -> None:
+    """In the forked child: take on the client's streams, directory and environment,
+    then run the worker as a fresh interpreter would."""
+    from elastic_train.context import AGENT_PID_ENV
+
+    os.setsid()  # its own process group, as torch gives its workers
+    for target, fd in zip((0, 1, 2), request.fds, strict=True):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request.cwd)
+    os.environ.clear()
+    os.environ.update(request.env)
+    # The process whose death must end this worker is the zygote (see process.py).
+    os.environ[AGENT_PID_ENV] = str(os.getppid())
+    sys.path[0] = request.cwd  # as for `python -m` started there
+    for entry in reversed(request.env.get("PYTHONPATH", "").split(os.pathsep)):
+        if entry and entry not in sys.path:
+            sys.path.insert(1, entry)
+    sys.argv = [request.module, *request.argv]
+    _fresh_process_state()
+    importlib.import_module(request.module).main(request.argv)
+
+
+def _fresh_process_state() -> None:
+    """What differs between a forked child and a new interpreter, made equal:
+    the thread count (libgomp read OMP_NUM_THREADS when the zygote imported torch)
+    and numpy's global random state (seeded once, in the zygote)."""
+    import torch
+
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+
+
+def _main(path: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when workers stop
+    for module in PRELOAD:
+        importlib.import_module(module)
+    # Out of the collector's sight: a worker's first collections would otherwise walk
+    # (and so copy, page by page) everything the zygote imported.
+    gc.freeze()
+    request = serve(path)
+    if request is not None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _become_worker(request)
+
+
+# --- the agent's side -----------------------------------------------------------------------
+
+class Zygote:
+    """This process's zygote, started on first use and kept for later groups and runs."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir: str | None = None
+        self._lock = threading.Lock()
+
+    def command(self, module: str, args: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+        """The entrypoint and arguments that have the zygote run ``module.main(args)``."""
+        path, pid = self._started()
+        return sys.executable, ("-I", "-S", CLIENT, path, str(pid), module, *args)
+
+    def _started(self) -> tuple[str, int]:
+        """The zygote's socket path and pid (it binds the socket once torch is imported)."""
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._stop()
+                self._dir = tempfile.mkdtemp(prefix="et-zygote-")  # mode 0700: ours only
+                path = os.path.join(self._dir, "socket")
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "elastic_train.agent.zygote", path],
+                    stdin=subprocess.PIPE, start_new_session=True)
+            assert self._dir is not None
+            return os.path.join(self._dir, "socket"), self._proc.pid
+
+    @property
+    def pid(self) -> int | None:
+        """The running zygote's pid, if there is one."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def _stop(self) -> None:
+        if self._proc is not None:
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()  # the zygote kills its workers and exits
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+
+_zygote = Zygote()
+atexit.register(_zygote.close)
+
+
+def running_pid() -> int | None:
+    """The pid of this process's zygote, if one is running."""
+    return _zygote.pid
+
+
+def worker_command(entrypoint: str, args: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """``python -m MODULE ARGS`` for one of :data:`WORKER_MODULES` -> the zygote's
+    client command; anything else (``--no-python``, other flags) is left as it is."""
+    if not (enabled() and entrypoint == sys.executable and len(args) >= 2
+            and args[0] == "-m" and args[1] in WORKER_MODULES):
+        return entrypoint, args
+    return _zygote.command(args[1], args[2:])
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1])

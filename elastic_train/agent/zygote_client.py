@@ -1,0 +1,98 @@
+"""The process torch's agent starts for each worker when a zygote serves them.
+
+Run by path with the standard library only (``python -I -S zygote_client.py
+SOCKET ZYGOTE_PID MODULE ARG...``), so it starts in milliseconds: it never imports torch
+or this package. It asks the zygote (:mod:`elastic_train.agent.zygote`) to
+fork a worker that runs ``MODULE.main(ARGS)`` with this process's
+environment, working directory and standard streams, then stands in for that
+worker towards the agent:
+
+- signals the agent sends it (SIGTERM: a preemption notice; SIGUSR1: a
+  stack dump; SIGINT, SIGHUP, SIGQUIT, SIGUSR2) are passed on to the worker;
+- it exits as the worker did: with its exit code, or killed by its signal;
+- when it is SIGKILLed itself (the agent stopping a group), its connection
+  closes and the zygote SIGKILLs the worker.
+"""
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+             signal.SIGUSR2)
+CONNECT_TIMEOUT_S = 300.0  # the zygote binds its socket after importing torch
+_PR_SET_PDEATHSIG = 1
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def connect(path: str, zygote_pid: int) -> socket.socket | None:
+    """A connection to the zygote, once it listens; None if it exited first."""
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.connect(path)
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            if not _running(zygote_pid) or time.monotonic() > deadline:
+                return None
+            time.sleep(0.02)
+
+
+def main(argv: list[str]) -> int:
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the agent
+    path, zygote_pid, module, *args = argv
+    child = 0
+    pending: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if child:
+            os.kill(child, signum)
+        else:
+            pending.append(signum)
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    sock = connect(path, int(zygote_pid))
+    if sock is None:
+        print(f"elastic-train: the worker zygote (pid {zygote_pid}) is not running; see its "
+              "error above, or set ELASTIC_TRAIN_ZYGOTE=0 to start workers without it.",
+              file=sys.stderr)
+        return 1
+    request = {"module": module, "argv": args, "cwd": os.getcwd(), "env": dict(os.environ)}
+    socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
+    status = None
+    while status is None:
+        message = sock.recv(256).decode()
+        if not message:
+            print("elastic-train: the worker zygote exited before the worker", file=sys.stderr)
+            return 1
+        kind, value = message.split()
+        if kind == "pid":
+            child = int(value)
+            for signum in pending:
+                os.kill(child, signum)
+        else:
+            status = int(value)
+    if status < 0:  # killed by a signal: die of the same one
+        if -status in FORWARDED:
+            signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+        return 128 - status
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

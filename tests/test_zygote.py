@@ -1,0 +1,101 @@
+"""Workers forked from the zygote behave, towards the agent, like fresh processes:
+streams, environment and directory are the client's; signals pass through; exit
+codes and deaths by signal come back; no worker outlives its client or the zygote."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from elastic_train.agent import zygote
+from elastic_train.agent.local_agent import surviving
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")]
+
+
+@pytest.fixture(scope="module")
+def zyg():
+    z = zygote.Zygote()
+    yield z
+    z.close()
+
+
+def start(zyg, *argv, **env):
+    entry, args = zyg.command("tests.zygote_target", argv)
+    return subprocess.Popen([entry, *args], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, **env})
+
+
+def worker_pid(proc) -> int:
+    line = proc.stdout.readline()
+    assert line.startswith("pid "), line
+    return int(line.split()[1])
+
+
+def test_streams_environment_directory_and_exit_code(zyg):
+    proc = start(zyg, "exit", "3", ZYGOTE_TEST_VALUE="from-the-client")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 3
+    assert f"cwd {REPO} value from-the-client" in out
+
+
+def test_thread_count_follows_the_clients_environment(zyg):
+    proc = start(zyg, "threads", OMP_NUM_THREADS="1")
+    out, _ = proc.communicate(timeout=60)
+    assert "threads 1" in out
+
+
+def test_signals_are_passed_on(zyg):
+    proc = start(zyg, "wait-for-term")
+    worker_pid(proc)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)  # a preemption notice: the worker's handler runs
+    assert proc.wait(timeout=30) == 7
+
+
+def test_a_worker_killed_by_a_signal_kills_its_client_likewise(zyg):
+    proc = start(zyg, "sleep")
+    pid = worker_pid(proc)
+    assert proc.stdout.readline() == "ready\n"
+    os.kill(pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_a_killed_client_takes_its_worker_along(zyg):
+    proc = start(zyg, "sleep")
+    pid = worker_pid(proc)
+    assert proc.stdout.readline() == "ready\n"
+    proc.kill()
+    proc.wait()
+    assert surviving([pid], wait_s=10) == {}
+
+
+def test_closing_the_zygote_kills_its_workers():
+    z = zygote.Zygote()
+    try:
+        proc = start(z, "sleep")
+        pid = worker_pid(proc)
+        assert proc.stdout.readline() == "ready\n"
+    finally:
+        z.close()
+    assert surviving([pid], wait_s=10) == {}
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    # A later command starts a new zygote.
+    again = start(z, "exit", "0")
+    assert again.wait(timeout=60) == 0
+    z.close()
+
+
+def test_only_this_packages_worker_modules_use_it(monkeypatch):
+    monkeypatch.delenv(zygote.ZYGOTE_ENV, raising=False)
+    plain = ("train.py", "--lr", "0.1")
+    assert zygote.worker_command("/bin/true", plain) == ("/bin/true", plain)
+    assert zygote.worker_command(sys.executable, ("-m", "mypkg.train")) == \
+        (sys.executable, ("-m", "mypkg.train"))
+    monkeypatch.setenv(zygote.ZYGOTE_ENV, "0")
+    fit = ("-m", "elastic_train.worker", "spec.pkl", "/tmp/x")
+    assert zygote.worker_command(sys.executable, fit) == (sys.executable, fit)

@@ -1,0 +1,25 @@
+"""A worker module for tests/test_zygote.py: ``main(argv)`` does what argv says."""
+
+import os
+import signal
+import sys
+import time
+
+
+def main(argv: list[str]) -> None:
+    action, *rest = argv
+    print(f"pid {os.getpid()} cwd {os.getcwd()} value {os.environ.get('ZYGOTE_TEST_VALUE')}",
+          flush=True)
+    if action == "exit":
+        sys.exit(int(rest[0]))
+    if action == "threads":
+        import torch
+
+        print(f"threads {torch.get_num_threads()}", flush=True)
+    if action == "wait-for-term":
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+        print("ready", flush=True)
+        time.sleep(60)
+    if action == "sleep":
+        print("ready", flush=True)
+        time.sleep(60)
