@@ -1,6 +1,7 @@
 """A torchrun-style training script for ``elastic-train launch`` tests.
 
-    launch_script.py OUT_DIR EPOCHS [--crash-at EPOCH] [--sleep S] [--forget-optimizer]
+    launch_script.py OUT_DIR EPOCHS [--crash-at EPOCH] [--sleep S] [--slow-below-world N]
+                     [--forget-optimizer]
 
 It initialises its own process group (as under torchrun), uses
 elastic_train.get_checkpoint()/report() for resume, and records each start
@@ -26,6 +27,9 @@ def main() -> None:
     parser.add_argument("epochs", type=int)
     parser.add_argument("--crash-at", type=int, default=-1)
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--slow-below-world", type=int, default=0,
+                        help="epochs take 1 s longer while the world is smaller than this "
+                             "(a shrunk job stays running until a returning node joins)")
     parser.add_argument("--forget-optimizer", action="store_true",
                         help="a resume bug on purpose: do not restore the optimizer state")
     args = parser.parse_args()
@@ -59,7 +63,7 @@ def main() -> None:
         if epoch == args.crash_at and rank == world - 1 and not os.path.exists(marker):
             open(marker, "w").close()
             raise RuntimeError(f"crash at epoch {epoch}")
-        time.sleep(args.sleep)
+        time.sleep(args.sleep + (1.0 if world < args.slow_below_world else 0.0))
         with tempfile.TemporaryDirectory() as d:
             ckpt = None
             if rank == 0:

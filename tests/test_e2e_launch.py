@@ -136,7 +136,7 @@ def _cluster(tmp_path, storage_path, backend_args, name, nodes=3, epochs=40):
         logs.append(log)
         return launch("--nnodes", "2:3", "--nproc-per-node", 1, *backend_args,
                       "--rdzv-id", name, "--storage-path", storage_path, SCRIPT, out_dir,
-                      epochs, "--sleep", 0.25, out=log)
+                      epochs, "--sleep", 0.25, "--slow-below-world", nodes, out=log)
 
     return out_dir, node, logs
 
