@@ -2,7 +2,7 @@
 
     elastic-train ls [STORAGE_PATH]        runs under a storage path (~/elastic_train_results)
     elastic-train show RUN_PATH [--json]   a run's status, failures and checkpoints
-    elastic-train restore RUN_PATH         continue an interrupted or failed run (fit() or launch)
+    elastic-train restore RUN_PATH [--start-over]   continue an interrupted or failed run
     elastic-train launch [torchrun flags] SCRIPT [ARGS]   run a script on this node, as torchrun
 
 Exit codes: 0 success, 1 the run failed, 2 bad usage or a path that is not a run,
