@@ -39,7 +39,7 @@ from elastic_train.errors import (
     WorkerFailure,
 )
 from elastic_train.result import Result
-from elastic_train.resume_rules import TRAIN_FUNCTION_CHANGES
+from elastic_train.resume_rules import TRAIN_FUNCTION_CHANGES, is_launch
 from elastic_train.run_record import RunRecord
 from elastic_train.run_spec import RunSpec, check_train_function
 from elastic_train.storage import RunStorage
@@ -140,10 +140,16 @@ class DataParallelTrainer:
                 result = TorchTrainer.restore(path).fit()
         """
         storage = _storage_at(path, storage_filesystem, storage_options)
-        if storage.read_run_state() is None:
+        state = storage.read_run_state()
+        if state is None:
             raise ConfigError(f"Cannot restore {os.fspath(path)!r}: it is not a run directory "
                               "(no run.json). Pass the directory of one run, "
                               "<storage_path>/<name>.")
+        if not storage.has_trainable():
+            raise ConfigError(f"Cannot restore {os.fspath(path)!r} with restore(): " + (
+                "it is a run of `elastic-train launch`; continue it with `elastic-train "
+                "restore PATH`." if is_launch(state.get("spec", {})) else
+                "it has no stored train function (trainable.pkl)."))
         spec: RunSpec = storage.read_trainable()
         fs, run_path = storage.fs, storage.run_path
         spec.run_config = dataclasses.replace(
