@@ -2,7 +2,7 @@
 
     elastic-train ls [STORAGE_PATH]        runs under a storage path (~/elastic_train_results)
     elastic-train show RUN_PATH [--json]   a run's status, failures and checkpoints
-    elastic-train restore RUN_PATH         continue an interrupted or failed run (fit() or launch)
+    elastic-train restore RUN_PATH [--start-over]   continue an interrupted or failed run
     elastic-train launch [torchrun flags] SCRIPT [ARGS]   run a script on this node, as torchrun
 
 Exit codes: 0 success, 1 the run failed, 2 bad usage or a path that is not a run,
@@ -12,6 +12,7 @@ Exit codes: 0 success, 1 the run failed, 2 bad usage or a path that is not a run
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -28,6 +29,10 @@ from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import dir_name
 
+START_OVER_HELP = ("if the run stored under --name cannot be continued (it finished, or its "
+                   "script or arguments changed), move it aside to <name>.<status>-<UTC "
+                   "time> (nothing is deleted) and start a fresh run; a run that can be "
+                   "continued is continued")
 EXIT_CODES = ("exit codes: 0 success, 1 the run failed, 2 bad usage or not a run, "
               "128+N stopped by signal N (130: Ctrl-C)")
 
@@ -176,10 +181,14 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
     options = _options(args.storage_option)
     fs, path = fsutil.resolve(args.run_path, options=options)
-    state = RunStorage(fs, path).read_run_state() or {}
+    storage = RunStorage(fs, path)
+    state = storage.read_run_state() or {}
+    finished = state.get("status") == "finished" and not args.start_over
     command = state.get("spec", {}).get("command")
-    if command and state.get("status") != "finished":  # a run of `elastic-train launch`
-        print(f"elastic-train: relaunching {' '.join(command)}", file=sys.stderr)
+    if command and not finished:  # a run of `elastic-train launch`
+        if args.start_over:
+            command = [*command[:2], "--start-over", *command[2:]]
+        print(f"elastic-train: relaunching {shlex.join(command)}", file=sys.stderr)
         cwd = state["spec"].get("cwd", os.getcwd())
         if os.path.isdir(cwd):
             os.chdir(cwd)
@@ -187,12 +196,17 @@ def cmd_restore(args: argparse.Namespace) -> int:
             print(f"elastic-train: {cwd} does not exist here; relaunching from "
                   f"{os.getcwd()}", file=sys.stderr)
         return main(command[1:])
-    if not TorchTrainer.can_restore(args.run_path, storage_options=options):
-        print(f"{args.run_path} cannot be restored: it is not a run directory, or its run "
-              "has already finished (see `elastic-train show`).", file=sys.stderr)
+    if finished or not (state and storage.has_trainable()):
+        why = ("its run has already finished: pass --start-over to move it aside and train "
+               "it again from scratch" if finished else "it is not a run directory")
+        print(f"{args.run_path} cannot be restored: {why} (see `elastic-train show`).",
+              file=sys.stderr)
         return 2
     try:
-        result = TorchTrainer.restore(args.run_path, storage_options=options).fit()
+        trainer = TorchTrainer.restore(args.run_path, storage_options=options)
+        trainer.run_config = dataclasses.replace(trainer.run_config,
+                                                 start_over=args.start_over)
+        result = trainer.fit()
     except TrainingFailedError as exc:
         print(f"elastic-train: {exc}", file=sys.stderr)
         return 1
@@ -274,6 +288,7 @@ def add_launch_parser(sub: Any) -> None:
     _flag(launch, "num-to-keep", type=int, default=None, help="checkpoints to keep")
     _flag(launch, "checkpoint-score-attribute", default=None)
     _flag(launch, "checkpoint-score-order", default="max", choices=("max", "min"))
+    _flag(launch, "start-over", action="store_true", help=START_OVER_HELP)
     launch.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module")
     _flag(launch, "no-python", action="store_true", help="run SCRIPT as a program")
     launch.add_argument("script")
@@ -313,6 +328,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         checkpoint=CheckpointConfig(num_to_keep=args.num_to_keep,
                                     checkpoint_score_attribute=args.checkpoint_score_attribute,
                                     checkpoint_score_order=args.checkpoint_score_order),
+        start_over=args.start_over,
     )
     return launch(settings, args.argv[args.argv.index("launch") + 1:])
 
@@ -354,6 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     "~/elastic_train_results/run1\n" + EXIT_CODES,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     restore.add_argument("run_path")
+    restore.add_argument("--start-over", action="store_true",
+                         help="train a finished run (or one that cannot be continued) again "
+                              "from scratch with its stored settings, after moving it aside "
+                              "to <run_path>.<status>-<UTC time> (nothing is deleted)")
     restore.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                          help="an fsspec option of the storage (repeatable); credentials "
                               "are never stored, so pass them again here or in the "

@@ -255,6 +255,16 @@ class RunConfig:
             terminal), 2 also shows torch.distributed.elastic's agent logs.
         failure_config: Restart budget; see :class:`FailureConfig`.
         checkpoint_config: Retention; see :class:`CheckpointConfig`.
+        start_over: Our addition. A run stored under this name that cannot be
+            continued -- it finished, or its train function changed (see
+            :mod:`elastic_train.resume_rules`) -- is refused by default. With
+            ``True`` it is moved aside to ``<name>.<status>-<UTC time>`` (never
+            deleted; on object stores copied whole, then removed) and a fresh
+            run starts under the name. A run that can be continued is still
+            continued, so a script that always passes it resumes after a crash.
+            Ray Train v2 instead hands a finished run's latest checkpoint to the
+            train function again (which then usually returns at once) and
+            offers no way to start over but a new name or deleting the folder.
     """
 
     name: str | None = None
@@ -266,6 +276,7 @@ class RunConfig:
     checkpoint_config: CheckpointConfig | None = None
     callbacks: list[Any] | None = None
     verbose: int = 1
+    start_over: bool = False
 
     def __post_init__(self) -> None:
         if self.failure_config is None:
@@ -300,6 +311,8 @@ class RunConfig:
             f"RunConfig.storage_retry_timeout_s={self.storage_retry_timeout_s!r} is invalid: "
             "use a number of seconds >= 0.",
         )
+        _require(isinstance(self.start_over, bool),
+                 f"RunConfig.start_over={self.start_over!r} is invalid: use True or False.")
         _require(
             self.name is None or (isinstance(self.name, str) and self.name.strip("./") != ""
                                   and "/" not in self.name),

@@ -114,6 +114,7 @@ class LaunchSettings:
     storage_path: str = os.path.join("~", "elastic_train_results")
     name: str | None = None
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    start_over: bool = False
 
     def __post_init__(self) -> None:
         self.min_nodes, self.max_nodes = parse_nnodes(self.nnodes)
@@ -170,11 +171,35 @@ class LaunchSettings:
         return [*prefix, self.target, *self.target_args]
 
 
+START_OVER_FLAGS = ("--start-over", "--start_over")
+
+
+def continuing_command(settings: LaunchSettings, argv: list[str]) -> list[str]:
+    """The command that continues this run: the same flags, with the name and storage
+    made explicit and without --start-over (which applies to one launch only)."""
+    own = len(argv) - len(settings.target_args)
+    argv = [a for a in argv[:own] if a not in START_OVER_FLAGS] + argv[own:]
+    explicit = ["--name", settings.name, "--storage-path", settings.storage_path]
+    return ["elastic-train", "launch", *([] if argv[:4] == explicit else explicit), *argv]
+
+
 def launch(settings: LaunchSettings, argv: list[str]) -> int:
-    """Runs this node's part of the job. Returns the process exit code."""
+    """Runs this node's part of the job. Returns the process exit code.
+
+    ``argv``: the arguments after ``launch``, stored as the command that continues
+    the run.
+    """
     storage = RunStorage.open(settings.storage_path, settings.name)
     storage.ensure_writable()
-    RunRecord.check_resumable(storage, ("identity", settings.identity()))
+    spec = {"command": continuing_command(settings, argv), "cwd": os.getcwd(),
+            "identity": settings.identity(),
+            "launch": {k: sorted(v) if isinstance(v, (set, frozenset)) else v
+                       for k, v in asdict(settings).items()
+                       if k not in ("checkpoint", "start_over")},
+            "checkpoint_config": asdict(settings.checkpoint)}
+    # Every node checks before it starts anything; the node that becomes group rank 0
+    # checks again as it records the launch, and is the one that starts over.
+    RunRecord.check_resumable(storage, spec, start_over=settings.start_over)
     if settings.rdzv_backend == "etcd-v3":
         from elastic_train.agent.rendezvous import register
 
@@ -184,18 +209,11 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
         # a store shared across restarts serves stale addresses to a restarted gloo
         # group. Unshared, each incarnation gets a fresh store on rank 0.
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    # The command that continues this run: the same flags, name and storage made explicit.
-    command = ["elastic-train", "launch", "--name", settings.name, "--storage-path",
-               settings.storage_path, *argv]
-    spec = {"command": command, "cwd": os.getcwd(), "identity": settings.identity(),
-            "launch": {k: sorted(v) if isinstance(v, (set, frozenset)) else v
-                       for k, v in asdict(settings).items() if k != "checkpoint"},
-            "checkpoint_config": asdict(settings.checkpoint)}
     supervisor = RunSupervisor(
         storage, settings.name, settings.max_restarts == -1, verbose=settings.verbose,
         local_ranks=settings.local_ranks_filter, streams=settings.console_streams,
         begin_record=lambda: RunRecord.begin(storage, settings.name, spec,
-                                             ("identity", settings.identity())))
+                                             start_over=settings.start_over))
     scratch = tempfile.mkdtemp(prefix="elastic_train_launch_")
     entrypoint, args = settings.worker_command()
     worker_env = {

@@ -11,12 +11,15 @@ import logging
 import os
 import platform
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from elastic_train.errors import ConfigError, StorageError, WorkerFailure
+from elastic_train.resume_rules import SpecChange, refusal, spec_changes
 from elastic_train.storage import RunStorage
+from elastic_train.storage.archive import archive_run
 
 logger = logging.getLogger(__name__)
 
@@ -28,13 +31,26 @@ def versions() -> dict[str, str]:
             "python": platform.python_version()}
 
 
+@dataclass
+class ResumeCheck:
+    """The stored run as a new launch finds it.
+
+    ``state``: the stored ``run.json`` (None: no run yet). ``refused``: why it
+    cannot be continued (only returned with ``start_over``; the run is then
+    archived). ``warnings``: changes it is continued despite.
+    """
+
+    state: dict[str, Any] | None
+    refused: str | None
+    warnings: list[SpecChange]
+
+
 class RunRecord:
     """``run.json`` of one run, as this driver process sees and updates it.
 
     Example::
 
-        record = RunRecord.begin(storage, name="digits", spec={"command": [...]},
-                                 identity=("command", [...]))
+        record = RunRecord.begin(storage, name="digits", spec={"command": [...]})
         ...
         record.set_status("finished")
     """
@@ -44,15 +60,27 @@ class RunRecord:
         self.state = state
 
     @classmethod
-    def begin(cls, storage: RunStorage, name: str, spec: dict[str, Any],
-              identity: tuple[str, Any] | None = None) -> RunRecord:
-        """Starts a launch of the run; refuses a finished run or one of another program.
+    def begin(cls, storage: RunStorage, name: str, spec: dict[str, Any], *,
+              start_over: bool = False,
+              accepted: frozenset[str] = frozenset()) -> RunRecord:
+        """Starts a launch of the run: continues the stored run, or starts a fresh one.
 
-        ``identity`` is a ``(spec key, value)`` that must match a stored run's
-        (the train function, or the launched command) for it to be resumed.
+        A stored run that cannot be continued (see :func:`check_resumable`) is
+        refused, or with ``start_over`` moved aside first (never deleted).
         """
-        state = cls.check_resumable(storage, identity)
+        check = cls.check_resumable(storage, spec, start_over=start_over, accepted=accepted)
+        for change in check.warnings:
+            logger.warning("Resuming %s with another %s; it continues, but not "
+                           "bit-identically to a run of fixed size (the checkpoint's epoch "
+                           "restarts with the new split of the data).",
+                           storage.display_path, change.describe())
+        if check.refused:
+            archived = archive_run(storage, check.state.get("status", "unknown"))
+            logger.warning("Start over: the stored run (%s) was moved to %s; a fresh run "
+                           "starts at %s.", check.state.get("status"), archived,
+                           storage.display_path)
         now = time.time()
+        state = None if check.refused else check.state
         state = state or {"name": name, "created": now, "launches": [], "failures": []}
         state.update(status="running", updated=now, versions=versions(), spec=spec)
         state["launches"].append({"started": now, "pid": os.getpid(),
@@ -62,26 +90,26 @@ class RunRecord:
         return record
 
     @staticmethod
-    def check_resumable(storage: RunStorage, identity: tuple[str, Any] | None
-                        ) -> dict[str, Any] | None:
-        """The stored state, if the run may be (re)started here; else a ConfigError."""
+    def check_resumable(storage: RunStorage, spec: dict[str, Any], *,
+                        start_over: bool = False,
+                        accepted: frozenset[str] = frozenset()) -> ResumeCheck:
+        """What a launch with ``spec`` does with the stored run: continue it, or not.
+
+        A finished run, or one whose spec changed in a way that breaks resume
+        (:mod:`elastic_train.resume_rules`), is refused with a ConfigError that
+        says why and how to proceed -- unless ``start_over``, where it is
+        reported as ``refused`` for the caller to archive. A run that can be
+        continued is continued, with or without ``start_over``: a script that
+        always passes it still resumes after a crash.
+        """
         state = storage.read_run_state()
-        if state and state.get("status") == "finished":
-            raise ConfigError(
-                f"The run {storage.display_path} has already finished. Use another run "
-                "name to train again, or delete that directory."
-            )
-        if state and identity:
-            key, value = identity
-            stored = state.get("spec", {}).get(key)
-            if stored is not None and stored != value:
-                raise ConfigError(
-                    f"The run {storage.display_path} was started with {key} {stored!r}, not "
-                    f"{value!r}; its checkpoints may not fit. Use another run name for a new "
-                    "run, or resume it as it was (TorchTrainer.restore(path) or "
-                    "elastic-train restore PATH)."
-                )
-        return state
+        if not state:
+            return ResumeCheck(None, None, [])
+        changes = spec_changes(state.get("spec", {}), spec, accepted)
+        reason = refusal(storage.display_path, state, spec, changes)
+        if reason and not start_over:
+            raise ConfigError(reason)
+        return ResumeCheck(state, reason, [c for c in changes if not c.breaks])
 
     def record_failure(self, failures: list[WorkerFailure], restarts_left: int,
                        unlimited: bool, kind: str = "failure") -> None:

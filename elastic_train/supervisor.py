@@ -64,9 +64,11 @@ class RunSupervisor:
                 self.record.note_rendezvous()
 
         def on_failure(failures: list[WorkerFailure], restarts_left: int, kind: str) -> None:
+            # The agent tells the budget before torch takes this restart off it.
             monitor.note_failure(failures, restarting=restarts_left > 0)
             if self.record is not None:
-                self.record.record_failure(failures, restarts_left, self.unlimited, kind)
+                self.record.record_failure(failures, max(restarts_left - 1, 0),
+                                           self.unlimited, kind)
 
         monitor.start()
         try:

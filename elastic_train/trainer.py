@@ -10,6 +10,7 @@ from storage, the source of truth.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ from elastic_train.errors import (
     WorkerFailure,
 )
 from elastic_train.result import Result
+from elastic_train.resume_rules import TRAIN_FUNCTION_CHANGES, is_launch
 from elastic_train.run_record import RunRecord
 from elastic_train.run_spec import RunSpec, check_train_function
 from elastic_train.storage import RunStorage
@@ -56,6 +58,16 @@ def _expect(value: Any, kind: type, name: str) -> Any:
 
 def _function_name(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _signature(fn: Callable[..., Any]) -> str:
+    """``"(config)"``, ``"(config, debug=)"``: the train function's parameters, without
+    annotations or default values (editing those does not change how it is called)."""
+    marks = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+    params = inspect.signature(fn).parameters.values()
+    return "(" + ", ".join(
+        marks.get(p.kind, "") + p.name + ("=" if p.default is not p.empty else "")
+        for p in params) + ")"
 
 
 def _storage_at(path: str | os.PathLike, filesystem: Any,
@@ -128,10 +140,16 @@ class DataParallelTrainer:
                 result = TorchTrainer.restore(path).fit()
         """
         storage = _storage_at(path, storage_filesystem, storage_options)
-        if storage.read_run_state() is None:
+        state = storage.read_run_state()
+        if state is None:
             raise ConfigError(f"Cannot restore {os.fspath(path)!r}: it is not a run directory "
                               "(no run.json). Pass the directory of one run, "
                               "<storage_path>/<name>.")
+        if not storage.has_trainable():
+            raise ConfigError(f"Cannot restore {os.fspath(path)!r} with restore(): " + (
+                "it is a run of `elastic-train launch`; continue it with `elastic-train "
+                "restore PATH`." if is_launch(state.get("spec", {})) else
+                "it has no stored train function (trainable.pkl)."))
         spec: RunSpec = storage.read_trainable()
         fs, run_path = storage.fs, storage.run_path
         spec.run_config = dataclasses.replace(
@@ -207,13 +225,14 @@ class DataParallelTrainer:
         pickled = self._pickle(spec)
         storage = RunStorage.for_run(run_config, name)
         storage.ensure_writable()
-        record = RunRecord.begin(storage, name, self._describe(run_config), None
-                                 if self._replaces_function else
-                                 ("train_function", _function_name(self.train_loop_per_worker)))
-        # For restore(path): the spec without what must never be stored (credentials).
+        record = RunRecord.begin(
+            storage, name, self._describe(run_config), start_over=run_config.start_over,
+            accepted=TRAIN_FUNCTION_CHANGES if self._replaces_function else frozenset())
+        # For restore(path): the spec without what must never be stored (credentials),
+        # and without start_over, which applies to this launch only.
         storage.write_trainable(self._pickle(dataclasses.replace(
             spec, run_config=dataclasses.replace(run_config, storage_filesystem=None,
-                                                 storage_options=None))))
+                                                 storage_options=None, start_over=False))))
         scratch = tempfile.mkdtemp(prefix="elastic_train_")
         try:
             spec_path = os.path.join(scratch, "spec.pkl")
@@ -241,6 +260,7 @@ class DataParallelTrainer:
         return {
             "trainer": type(self).__name__,
             "train_function": _function_name(self.train_loop_per_worker),
+            "train_signature": _signature(self.train_loop_per_worker),
             "scaling_config": asdict(self.scaling_config),
             "failure_config": asdict(run_config.failure_config),
             "checkpoint_config": asdict(run_config.checkpoint_config),

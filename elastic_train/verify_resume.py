@@ -19,6 +19,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+from elastic_train.errors import ConfigError
 from elastic_train.storage import RunStorage
 from elastic_train.storage.checkpoint_store import CommitManifest
 
@@ -72,6 +73,11 @@ def verify(script_and_args: list[str], nproc_per_node: int, fail_at_report: int,
            workdir: str | None = None) -> Verdict:
     """Runs both launches (subprocesses of ``elastic-train launch``) and compares them."""
     storage = workdir or tempfile.mkdtemp(prefix="elastic_train_verify_")
+    for name in ("straight", "interrupted"):  # a stored one would be continued, not redone
+        if RunStorage.open(storage, name).read_run_state() is not None:
+            raise ConfigError(f"--workdir {storage} already holds a run {name!r} of an earlier "
+                              "verify-resume: pass an empty directory, or none for a new "
+                              "temporary one.")
     base = [sys.executable, "-m", "elastic_train.cli", "launch", "--standalone", "--quiet",
             "--nproc-per-node", str(nproc_per_node), "--storage-path", storage]
     for name, extra, env in (

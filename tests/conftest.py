@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -154,11 +156,12 @@ EPOCHS = 5
 
 
 def fit(storage, name, config=None, max_failures=0, checkpoint_config=None,
-        storage_retry_timeout_s=120.0, callbacks=None, **kwargs):
+        storage_retry_timeout_s=120.0, callbacks=None, start_over=False, **kwargs):
     """Runs the deterministic job; ``storage`` is a StorageUnderTest or a local path."""
     settings = {"failure_config": et.FailureConfig(max_failures=max_failures),
                 "checkpoint_config": checkpoint_config,
-                "storage_retry_timeout_s": storage_retry_timeout_s, "callbacks": callbacks}
+                "storage_retry_timeout_s": storage_retry_timeout_s, "callbacks": callbacks,
+                "start_over": start_over}
     if isinstance(storage, str):
         run_config = et.RunConfig(storage_path=storage, name=name, **settings)
     else:
@@ -177,6 +180,27 @@ def fit(storage, name, config=None, max_failures=0, checkpoint_config=None,
 def baseline(tmp_path_factory):
     """An uninterrupted run on local disk: the reference for bit-identical resumes."""
     return fit(str(tmp_path_factory.mktemp("baseline")), "baseline")
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def start_driver(storage_path: str, name: str, pid_dir, epochs: int = 8) -> subprocess.Popen:
+    """``python -m tests.driver``: a driver process of its own, to signal or kill."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.driver", storage_path, name, str(pid_dir), str(epochs)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="session")
+def driver_digest(tmp_path_factory) -> str:
+    """The final weights digest of an uninterrupted :func:`start_driver` run: the
+    reference for resumes of a killed or interrupted driver."""
+    root = tmp_path_factory.mktemp("driver-baseline")
+    proc = start_driver(str(root / "results"), "straight", root)
+    out, _ = proc.communicate(timeout=200)
+    assert proc.returncode == 0, out
+    return next(line.split()[1] for line in out.splitlines() if line.startswith("DIGEST"))
 
 
 @pytest.fixture(scope="session")

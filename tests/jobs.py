@@ -27,11 +27,23 @@ def make_dataset(rows: int = 96, features: int = 8) -> TensorDataset:
 
 
 def weights_digest(model: torch.nn.Module) -> str:
+    return state_digest(model.state_dict())
+
+
+def state_digest(state: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over every parameter's name and bytes: equal only if bit-identical."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(state.items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
+
+
+def checkpoint_digest(checkpoint: et.Checkpoint) -> str:
+    """The weights digest of a checkpoint saved by :func:`train_mlp` (as its return value)."""
+    with checkpoint.as_directory() as d:
+        state = torch.load(os.path.join(d, "state.pt"), weights_only=True)
+    return state_digest(state["model"])
 
 
 def _inject(config: dict, epoch: int, batch: int) -> None:

@@ -30,7 +30,10 @@ CASES = [
     ("storage-protocol", ["launch", "--storage-path", "nosuchproto://bucket/x", SCRIPT],
      ["'nosuchproto://bucket/x'", "Protocol not known"]),
     ("finished-run", ["launch", "--storage-path", "{root}", "--name", "finished", SCRIPT],
-     ["already finished"]),
+     ["already finished", "--start-over"]),
+    ("restore-finished", ["restore", "{root}/finished"], ["already finished", "--start-over"]),
+    ("verify-used-workdir", ["verify-resume", "--workdir", "{root}", SCRIPT],
+     ["already holds a run 'straight'", "empty directory"]),
     ("newer-run-json", ["restore", "{root}/newer"], ["format_version 99", "upgrade"]),
     ("show-not-a-run", ["show", "{root}/nothing"], ["not a run directory"]),
     ("ls-protocol", ["ls", "nosuchproto://x"], ["'nosuchproto://x'"]),
@@ -41,10 +44,11 @@ CASES = [
 
 @pytest.fixture
 def stored_runs(tmp_path):
-    """A storage path holding a finished run and one written by a newer version."""
+    """A storage path holding finished runs and one written by a newer version."""
     root = tmp_path / "results"
     for name, state in (("finished", {"status": "finished", "format_version": 1}),
-                        ("newer", {"status": "running", "format_version": 99})):
+                        ("newer", {"status": "running", "format_version": 99}),
+                        ("straight", {"status": "finished", "format_version": 1})):
         (root / name / "checkpoint_000000").mkdir(parents=True)
         (root / name / "run.json").write_text(json.dumps(state))
         (root / name / "checkpoint_000000" / "state.pt").write_bytes(b"weights")

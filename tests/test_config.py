@@ -36,6 +36,8 @@ BAD = [
     pytest.param(lambda: CheckpointConfig(checkpoint_score_attribute=""),
                  ["checkpoint_score_attribute", "''"], id="attribute-empty"),
     pytest.param(lambda: RunConfig(name="a/b"), ["RunConfig.name", "'a/b'"], id="name-slash"),
+    pytest.param(lambda: RunConfig(start_over="yes"), ["RunConfig.start_over", "'yes'"],
+                 id="start-over"),
     pytest.param(lambda: RunConfig(failure_config=3), ["failure_config", "3"],
                  id="failure-config-type"),
 ]

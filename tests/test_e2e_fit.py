@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -14,7 +12,14 @@ import pytest
 import elastic_train as et
 from elastic_train.torch import TorchTrainer
 from tests import jobs
-from tests.conftest import EPOCHS, fit, pid_alive, stop_driver_after_commit, wait_until
+from tests.conftest import (
+    EPOCHS,
+    fit,
+    pid_alive,
+    start_driver,
+    stop_driver_after_commit,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180),
               pytest.mark.usefixtures("no_leaked_processes")]
@@ -147,19 +152,13 @@ def test_missing_score_attribute_is_named(storage_path):
             checkpoint_score_attribute="accuracy"))
 
 
-def _run_driver(storage_path, name, pid_dir):
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.driver", storage_path, name, str(pid_dir), "8"],
-        cwd=os.path.dirname(os.path.dirname(__file__)),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
-def test_driver_stopped_leaves_no_orphans_and_resumes(storage_path, tmp_path, sig):
+def test_driver_stopped_leaves_no_orphans_and_resumes(storage_path, tmp_path, sig,
+                                                      driver_digest):
+    """Ray Train v2's contract: running the same script again continues the run."""
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    driver = _run_driver(storage_path, "driver-stop", pid_dir)
+    driver = start_driver(storage_path, "driver-stop", pid_dir)
     run_dir = os.path.join(storage_path, "driver-stop")
     workers = stop_driver_after_commit(driver, run_dir, 1, sig, pid_dir)
     assert len(workers) == 2
@@ -168,10 +167,12 @@ def test_driver_stopped_leaves_no_orphans_and_resumes(storage_path, tmp_path, si
     with open(os.path.join(run_dir, "run.json")) as f:
         status = json.load(f)["status"]
     assert status == ("interrupted" if sig == signal.SIGINT else "running")
+    assert TorchTrainer.can_restore(run_dir)
 
-    resumed = _run_driver(storage_path, "driver-stop", pid_dir)
+    resumed = start_driver(storage_path, "driver-stop", pid_dir)
     out, _ = resumed.communicate(timeout=150)
     assert resumed.returncode == 0, out
+    assert f"DIGEST {driver_digest}" in out
     starts = (pid_dir / "starts").read_text().split()
     assert starts[0] == "0" and int(starts[-1]) >= 2
     rows = et.Result.from_path(run_dir).metrics_dataframe

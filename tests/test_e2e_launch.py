@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from elastic_train.result import Result
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 from tests.conftest import pid_alive, wait_until
@@ -53,7 +54,7 @@ def test_plain_torchrun_script_runs_unchanged():
     assert "[rank1]: ENV rank=1 world=2 sum=2 missing=[]" in out
 
 
-def test_crash_restarts_and_resumes_from_checkpoint(storage_path, tmp_path):
+def test_crash_restarts_and_resumes_then_start_over(storage_path, tmp_path):
     proc = launch("--nproc-per-node", 2, "--max-restarts", 1, "--storage-path", storage_path,
                   "--name", "crash", SCRIPT, tmp_path, 5, "--crash-at", 2)
     out, _ = proc.communicate(timeout=150)
@@ -62,6 +63,22 @@ def test_crash_restarts_and_resumes_from_checkpoint(storage_path, tmp_path):
     state = run_state(storage_path, "crash")
     assert state["status"] == "finished" and len(state["failures"]) == 1
     assert "RuntimeError: crash at epoch 2" in state["failures"][0]["workers"][0]["message"]
+    assert state["failures"][0]["restarts_left"] == 0  # its one restart is spent
+
+    run_path = os.path.join(storage_path, "crash")
+    restore = subprocess.run([*CLI, "restore", run_path], cwd=REPO, text=True,
+                             capture_output=True, timeout=60)
+    assert restore.returncode == 2 and "already finished" in restore.stderr
+    assert "--start-over" in restore.stderr
+    restore = subprocess.run([*CLI, "restore", run_path, "--start-over"], cwd=REPO, text=True,
+                             capture_output=True, timeout=150)
+    assert restore.returncode == 0, restore.stdout + restore.stderr
+    assert starts(tmp_path)[2:] == [(0, 2)]  # from scratch
+    state = run_state(storage_path, "crash")
+    assert state["status"] == "finished" and len(state["launches"]) == 1
+    assert "--start-over" not in state["spec"]["command"]  # a restore continues, never restarts
+    archived = [p for p in os.listdir(storage_path) if p.startswith("crash.finished-")]
+    assert len(archived) == 1 and len(run_state(storage_path, archived[0])["failures"]) == 1
 
 
 def test_budget_spent_exit_code_and_message(storage_path, tmp_path):
@@ -112,7 +129,12 @@ def test_relaunch_after_launcher_sigkill_resumes_bit_identical(storage_path, tmp
     finally:
         stop_process(proc)
     assert wait_until(lambda: not any(pid_alive(p) for p in workers), 30), "orphans"
-    if how == "relaunch":
+    if how == "relaunch":  # with other arguments first: refused, before anything starts
+        proc = launch(*args, "--name", "killed", SCRIPT, killed_dir, 9, "--sleep", 0.3)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 2, out
+        assert f"{killed_dir} 8 --sleep 0.3 -> " in out and "--start-over" in out
+        assert len(starts(killed_dir)) == 1
         proc = launch(*args, "--name", "killed", SCRIPT, killed_dir, 8, "--sleep", 0.3)
     else:  # the stored command, from the run directory alone
         proc = subprocess.Popen([*CLI, "restore", os.path.join(storage_path, "killed")],
@@ -122,6 +144,8 @@ def test_relaunch_after_launcher_sigkill_resumes_bit_identical(storage_path, tmp
     assert proc.returncode == 0, out
     assert starts(killed_dir)[0] == (0, 2) and starts(killed_dir)[-1][0] >= 3
     assert f"DIGEST {digest}" in out
+    rows = Result.from_path(os.path.join(storage_path, "killed")).metrics_dataframe
+    assert list(rows["training_iteration"]) == list(range(1, 9))
     state = run_state(storage_path, "killed")
     assert state["status"] == "finished" and len(state["launches"]) == 2
 

@@ -13,51 +13,33 @@ import pytest
 import elastic_train as et
 from elastic_train.torch import TorchTrainer
 from tests import jobs
-from tests.conftest import fit, stop_driver_after_commit
+from tests.conftest import REPO, fit, start_driver, stop_driver_after_commit
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300),
               pytest.mark.usefixtures("no_leaked_processes")]
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def driver(storage_path, name, pid_dir, epochs=8):
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.driver", storage_path, name, str(pid_dir), str(epochs)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def run_driver_to_end(storage_path, name, pid_dir) -> str:
-    proc = driver(storage_path, name, pid_dir)
-    out, _ = proc.communicate(timeout=200)
-    assert proc.returncode == 0, out
-    return next(line.split()[1] for line in out.splitlines() if line.startswith("DIGEST"))
-
-
 def kill_driver_after_checkpoint(storage_path, name, pid_dir, index=2):
-    proc = driver(storage_path, name, pid_dir)
+    proc = start_driver(storage_path, name, pid_dir)
     stop_driver_after_commit(proc, os.path.join(storage_path, name), index, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("how", ["api", "cli"])
-def test_restore_after_driver_sigkill_is_bit_identical(storage_path, tmp_path, how):
+def test_restore_after_driver_sigkill_is_bit_identical(storage_path, tmp_path, how,
+                                                       driver_digest):
     pids = tmp_path / "pids"
     pids.mkdir()
-    uninterrupted = run_driver_to_end(storage_path, "straight", pids)
     kill_driver_after_checkpoint(storage_path, "killed", pids)
     run_path = os.path.join(storage_path, "killed")
     assert TorchTrainer.can_restore(run_path)
     if how == "api":
         result = TorchTrainer.restore(run_path).fit()
-        digest = result.return_value["digest"]
+        assert result.return_value["digest"] == driver_digest
     else:
         cli = subprocess.run([sys.executable, "-m", "elastic_train.cli", "restore", run_path],
                              cwd=REPO, capture_output=True, text=True, timeout=200)
         assert cli.returncode == 0, cli.stdout + cli.stderr
-        digest = None
         result = et.Result.from_path(run_path)
-    if digest is not None:
-        assert digest == uninterrupted
+    assert jobs.checkpoint_digest(result.checkpoint) == driver_digest
     assert list(result.metrics_dataframe["training_iteration"]) == list(range(1, 9))
     assert not TorchTrainer.can_restore(run_path)  # finished now
     state = result_state(run_path)
@@ -72,13 +54,26 @@ def result_state(run_path):
     return RunStorage(fs, path).read_run_state()
 
 
-def test_can_restore(storage_path, tmp_path):
+def test_can_restore_and_start_over_of_a_finished_run(storage_path, tmp_path):
     assert not TorchTrainer.can_restore(tmp_path / "missing")
     assert not TorchTrainer.can_restore(tmp_path)  # a directory, not a run
-    fit(storage_path, "done", config={"epochs": 1})
-    assert not TorchTrainer.can_restore(os.path.join(storage_path, "done"))
-    with pytest.raises(et.ConfigError, match="already finished"):
+    first = fit(storage_path, "done", config={"epochs": 1})
+    run_path = os.path.join(storage_path, "done")
+    assert not TorchTrainer.can_restore(run_path)
+    with pytest.raises(et.ConfigError, match=r"already finished.*RunConfig\(start_over=True\)"):
         fit(storage_path, "done", config={"epochs": 1})
+    starts = tmp_path / "starts"
+    again = fit(storage_path, "done", config={"epochs": 1, "starts_file": str(starts)},
+                start_over=True)
+    assert starts.read_text().split() == ["0"]  # from scratch, not from the final checkpoint
+    assert again.return_value["digest"] == first.return_value["digest"]
+    assert list(again.metrics_dataframe["training_iteration"]) == [1]
+    assert len(result_state(run_path)["launches"]) == 1
+    archived = [p for p in os.listdir(storage_path) if p.startswith("done.finished-")]
+    assert len(archived) == 1  # the finished run, moved aside whole
+    old = et.Result.from_path(os.path.join(storage_path, archived[0]))
+    assert jobs.checkpoint_digest(old.checkpoint) == first.return_value["digest"]
+    assert result_state(os.path.join(storage_path, archived[0]))["status"] == "finished"
 
 
 def test_restore_from_s3_after_failure(storage, tmp_path, baseline):
@@ -114,7 +109,7 @@ def test_restore_with_a_new_train_function_and_a_changed_one(storage_path, tmp_p
     fault = {"rank": 0, "epoch": 1, "how": "raise", "marker": str(tmp_path / "m")}
     with pytest.raises(et.TrainingFailedError):
         fit(storage_path, "changed", config={"fault": fault})
-    with pytest.raises(et.ConfigError, match="was started with train_function"):
+    with pytest.raises(et.ConfigError, match="train function: tests.jobs.train_mlp -> "):
         TorchTrainer(lambda: None, run_config=et.RunConfig(
             storage_path=storage_path, name="changed")).fit()
     result = TorchTrainer.restore(os.path.join(storage_path, "changed"),

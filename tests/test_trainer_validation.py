@@ -164,6 +164,14 @@ def test_fit_on_finished_run_raises(tmp_path):
         assert json.load(f)["status"] == "finished"
 
 
+def test_restore_of_a_launch_run_points_to_the_cli(tmp_path):
+    storage = RunStorage.open(str(tmp_path), "launched")
+    storage.ensure_writable()
+    storage.write_run_state({"status": "interrupted", "spec": {"command": ["elastic-train"]}})
+    with pytest.raises(ConfigError, match="run of `elastic-train launch`.*elastic-train restore"):
+        TorchTrainer.restore(tmp_path / "launched")
+
+
 def test_required_keyword_only_parameter_is_rejected(tmp_path):
     def train_kw(config, *, lr):
         pass

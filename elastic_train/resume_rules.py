@@ -1,0 +1,129 @@
+"""Whether a stored run may be continued by a new launch, and what to say when not.
+
+A run continues from its latest checkpoint whenever it is started again under
+the same name (Ray Train v2's contract), restored (``TorchTrainer.restore``,
+``elastic-train restore``) or relaunched. :func:`spec_changes` compares the
+spec stored in ``run.json`` with the new one:
+
+* **Refused** (``breaks=True``), because the stored checkpoints were written by
+  another program and loading them would be a guess: another train function
+  (module or qualified name), another signature of it (the stored
+  ``train_loop_config`` would be passed differently, or not at all), or for
+  ``elastic-train launch`` another script, module or arguments. Edits to the
+  body of the same function are not detected: they are how bugs get fixed.
+  ``elastic-train verify-resume`` tells whether a script resumes exactly.
+* **Warned about** (``breaks=False``), because resuming is still correct: another
+  number of workers (``num_workers``, ``--nproc-per-node``, ``--nnodes``). The
+  checkpoint's files are handed over as they are, and dataset shards and
+  prepared data loaders, whose positions are stored per rank, restart the
+  checkpoint's epoch from its beginning with the new split of the data
+  (elastic launches change size this way by design). Only the result stops
+  being bit-identical to a run of fixed size -- and a train function that
+  saves one file per rank must reshard it itself (``torch.distributed.checkpoint``
+  does), which no driver can check.
+
+``train_loop_config`` is not compared: changing it (more epochs, another learning
+rate) is a legitimate way to continue a run, as in Ray.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SpecChange:
+    """One difference between the stored spec and the new one."""
+
+    what: str
+    stored: Any
+    new: Any
+    breaks: bool
+
+    def describe(self) -> str:
+        return f"{self.what}: {_show(self.stored)} -> {_show(self.new)}"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list):
+        return shlex.join(map(str, value))
+    return str(value)
+
+
+# (what, how to read it from a spec, whether a change breaks resume)
+_RULES: list[tuple[str, tuple[str, ...], bool]] = [
+    ("train function", ("train_function",), True),
+    ("train function signature", ("train_signature",), True),
+    ("script and arguments", ("identity",), True),
+    ("number of workers", ("scaling_config", "num_workers"), False),
+    ("--nproc-per-node", ("launch", "nproc_per_node"), False),
+    ("--nnodes", ("launch", "nnodes"), False),
+]
+
+TRAIN_FUNCTION_CHANGES = frozenset({"train function", "train function signature"})
+
+
+def _get(spec: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        if not isinstance(spec, dict):
+            return None
+        spec = spec.get(key)
+    return spec
+
+
+def spec_changes(stored: dict[str, Any], new: dict[str, Any],
+                 accepted: frozenset[str] = frozenset()) -> list[SpecChange]:
+    """The differences that matter for resuming, refused ones first.
+
+    Fields missing on either side (a run.json of an older version) are not
+    compared; ``accepted`` names changes the caller asked for (e.g. a train
+    function passed to ``restore()``).
+
+    Example::
+
+        spec_changes({"train_function": "m.train"}, {"train_function": "m.train_v2"})
+        # [SpecChange("train function", "m.train", "m.train_v2", breaks=True)]
+    """
+    changes = []
+    for what, keys, breaks in _RULES:
+        before, after = _get(stored, keys), _get(new, keys)
+        if what not in accepted and None not in (before, after) and before != after:
+            changes.append(SpecChange(what, before, after, breaks))
+    return sorted(changes, key=lambda c: not c.breaks)
+
+
+def is_launch(spec: dict[str, Any]) -> bool:
+    """Whether the spec is of an ``elastic-train launch`` run (else of ``fit()``)."""
+    return "command" in spec
+
+
+def start_over_hint(spec: dict[str, Any], display_path: str) -> str:
+    """How to start a fresh run under the same name, for the API the spec came from."""
+    flag = "--start-over" if is_launch(spec) else "RunConfig(start_over=True)"
+    return (f"pass {flag} to move the stored run aside to {display_path}.<status>-<UTC time> "
+            "(nothing is deleted) and start a fresh run under this name")
+
+
+def refusal(display_path: str, state: dict[str, Any], new_spec: dict[str, Any],
+            changes: list[SpecChange]) -> str | None:
+    """Why the stored run cannot be continued by ``new_spec``; None if it can."""
+    if state.get("status") == "finished":
+        continue_hint = ("start a run of another --name whose script loads its last "
+                         "checkpoint" if is_launch(new_spec) else
+                         "pass resume_from_checkpoint=Result.from_path(path).checkpoint to a "
+                         "run of another name")
+        return (f"The run {display_path} has already finished; it is not trained again "
+                f"silently. To train again, {start_over_hint(new_spec, display_path)}; or "
+                f"use another run name. To continue from its final weights, {continue_hint}.")
+    broken = [c for c in changes if c.breaks]
+    if not broken:
+        return None
+    restore = ("elastic-train restore PATH" if is_launch(new_spec) else
+               "TorchTrainer.restore(path), or TorchTrainer.restore(path, "
+               "train_loop_per_worker=...) to continue it with a new function on purpose")
+    return (f"The run {display_path} was started with another spec, so its checkpoints may "
+            f"not fit: {'; '.join(c.describe() for c in broken)}. Use another run name for a "
+            f"new run, or {start_over_hint(new_spec, display_path)}, or continue it as it "
+            f"was with {restore}.")
