@@ -134,6 +134,8 @@ class DataParallelTrainer:
                               "<storage_path>/<name>.")
         spec: RunSpec = storage.read_trainable()
         fs, run_path = storage.fs, storage.run_path
+        if spec.resume_from_checkpoint is not None:  # stored without credentials
+            spec.resume_from_checkpoint = spec.resume_from_checkpoint.rebound(fs)
         spec.run_config = dataclasses.replace(
             spec.run_config, name=run_path.rsplit("/", 1)[1],
             storage_path=fsutil.display_path(fs, run_path.rsplit("/", 1)[0]),
@@ -213,7 +215,8 @@ class DataParallelTrainer:
         # For restore(path): the spec without what must never be stored (credentials).
         storage.write_trainable(self._pickle(dataclasses.replace(
             spec, run_config=dataclasses.replace(run_config, storage_filesystem=None,
-                                                 storage_options=None))))
+                                                 storage_options=None),
+            resume_from_checkpoint=start and start.without_credentials())))
         scratch = tempfile.mkdtemp(prefix="elastic_train_")
         try:
             spec_path = os.path.join(scratch, "spec.pkl")

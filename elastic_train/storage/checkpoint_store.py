@@ -167,10 +167,16 @@ class CheckpointStore:
         for directory in sorted({r.rsplit("/", 1)[0] for r in remote}):
             self._retry("creating a checkpoint directory",
                         lambda d=directory: self.fs.makedirs(d, exist_ok=True))
+        options = fsutil.put_options(self.fs)
         for start in range(0, len(local), UPLOAD_BATCH):
             batch = slice(start, start + UPLOAD_BATCH)
-            self._retry(f"uploading {dir_name(index)}",
-                        lambda b=batch: self.fs.put(local[b], remote[b]))
+            # A retry first aborts the multipart uploads the failed attempt left open
+            # (s3fs cannot abort them while the endpoint is down); other ranks' go on.
+            self.retry.call(
+                f"uploading {dir_name(index)}", self.display_path,
+                lambda b=batch: self.fs.put(local[b], remote[b], **options),
+                before_retry=lambda b=batch: fsutil.abort_unfinished_uploads(
+                    self.fs, target, only=remote[b]))
 
     def _upload_mark(self, index: int, rank: int | None = None) -> str:
         name = dir_name(index) + (f".rank{rank}" if rank is not None else "")

@@ -85,9 +85,20 @@ class RunStorage:
         return fsutil.join(self.run_path, name)
 
     def ensure_writable(self) -> None:
-        """Creates the run directory and proves a write works, or says why not."""
+        """Creates the run directory and proves a write works, or says why not.
+
+        On an object store the bucket must exist already: a prefix inside it is
+        created by the first write, a bucket is never (a typo would make a new one).
+        """
         probe = self._path(f".write-probe-{uuid.uuid4().hex[:8]}")
         try:
+            bucket = fsutil.missing_bucket(self.fs, self.run_path)
+            if bucket is not None:
+                raise ConfigError(
+                    f"The bucket {self.fs.unstrip_protocol(bucket)} of the run directory "
+                    f"{self.display_path} does not exist: fix the bucket name in "
+                    "RunConfig(storage_path=...) or create the bucket first."
+                )
             if self.fs.isfile(self.run_path):
                 raise ConfigError(
                     f"The run directory {self.display_path} is an existing file: choose "
