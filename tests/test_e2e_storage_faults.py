@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import elastic_train as et
-from elastic_train.storage.checkpoint_store import MARKER
+from elastic_train.storage.checkpoint_store import MARKER, UPLOADS_DIR
 from elastic_train.torch import TorchTrainer
 from tests.conftest import EPOCHS, StorageUnderTest, fit, make_storage, wait_until
 from tests.servers import TcpProxy, s3_options
@@ -106,8 +106,8 @@ def test_worker_killed_during_upload_leaves_no_partial_checkpoint(storage, tmp_p
             assert storage.fs.exists(f"{path}/{MARKER}"), f"partial checkpoint left: {path}"
             files = storage.fs.find(path)
             assert any(f.endswith("ballast.bin") for f in files)
-    assert not storage.fs.exists(f"{storage.url}/kill-upload/.uploads") or \
-        storage.fs.ls(f"{storage.url}/kill-upload/.uploads") == []
+    assert not storage.fs.exists(f"{storage.url}/kill-upload/{UPLOADS_DIR}") or \
+        storage.fs.ls(f"{storage.url}/kill-upload/{UPLOADS_DIR}") == []
     if storage.url.startswith("s3://"):
         assert _open_multipart_keys(storage) == set()
 

@@ -10,7 +10,7 @@ marker first, so a reader never sees half a checkpoint.
 The protocol is the same on every fsspec store: files are written into their
 final place (no directory rename, which object stores cannot do atomically)
 and the marker is one small atomic write. Ranks announce a finished upload
-with a marker under ``.uploads/`` that the committing rank waits for. Every
+with a marker under ``.upload-marks/`` that the committing rank waits for. Every
 operation is retried on transient errors (see :mod:`.retry`).
 """
 
@@ -34,7 +34,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MARKER = ".commit.json"
-UPLOADS_DIR = ".uploads"
+# Not ".uploads": SeaweedFS keeps its multipart parts under that name and hides it
+# from listings, so markers there would never be seen.
+UPLOADS_DIR = ".upload-marks"
 _DIR_RE = re.compile(r"^checkpoint_(\d{6,})$")
 # Files per batch sent at once: bounds the memory s3fs uses for concurrent multipart uploads.
 UPLOAD_BATCH = 4
