@@ -292,6 +292,7 @@ class DataParallelTrainer:
                 failures, storage.display_path,
                 budget.max_preemption_failures if preempted else budget.max_failures)
             record.set_status("failed", error=str(error))
+            storage.discard_unfinished_uploads()
             raise error
         record.set_status("finished")
         return_value = None

@@ -97,6 +97,7 @@ def test_seaweedfs_killed_mid_upload_then_restored_from_its_checkpoints(seaweed,
     assert outage.get("in_flight"), "the server was not killed during a multipart upload"
     run = storage.run("sw")
     before = run.checkpoints.committed()
+    _assert_no_partial_checkpoint(fs, run_url, before)  # the failed driver cleaned up
     assert [m.index for m in before] == list(range(len(before)))
     assert outage["committed_after_restart"] in [m.index for m in before]
 
@@ -109,16 +110,21 @@ def test_seaweedfs_killed_mid_upload_then_restored_from_its_checkpoints(seaweed,
     # half-written left (the one in flight when the worker died was removed).
     manifests = run.checkpoints.committed()
     assert [m.metrics["epoch"] for m in manifests] == list(range(EPOCHS))
-    fs.invalidate_cache()
-    dirs = {p.rsplit("/", 1)[1] for p in fs.ls(run_url, detail=False)}
-    assert {d for d in dirs if d.startswith("checkpoint_")} == \
-        {f"checkpoint_{m.index:06d}" for m in manifests}
-    marks = fs.find(f"{run_url}/{UPLOADS_DIR}")  # SeaweedFS lists an emptied directory
-    assert [m for m in marks if ".rank" in m] == []
+    _assert_no_partial_checkpoint(fs, run_url, manifests)
     for manifest in manifests:
         assert {rel: fs.size(f"{run.checkpoints.path(manifest.index)}/{rel}")
                 for rel in manifest.files} == \
             {rel: info["size"] for rel, info in manifest.files.items()}
     first = et.Checkpoint(run.checkpoints.path(0), fs).to_directory(str(tmp_path / "c0"))
     assert mismatched_files(first, manifests[0]) == []  # written before the kill
+
+
+def _assert_no_partial_checkpoint(fs, run_url: str, manifests) -> None:
+    """Only committed checkpoint directories, no upload marker, no open multipart upload."""
+    fs.invalidate_cache()
+    dirs = {p.rsplit("/", 1)[1] for p in fs.ls(run_url, detail=False)}
+    assert {d for d in dirs if d.startswith("checkpoint_")} == \
+        {f"checkpoint_{m.index:06d}" for m in manifests}
+    marks = fs.find(f"{run_url}/{UPLOADS_DIR}")  # SeaweedFS lists an emptied directory
+    assert [m for m in marks if ".rank" in m] == []
     assert _open_uploads(fs) == set()

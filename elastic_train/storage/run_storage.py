@@ -15,6 +15,7 @@ its checkpoints and metrics from here, never from memory.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -29,6 +30,8 @@ from elastic_train.storage.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from elastic_train.config import RunConfig
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -114,6 +117,18 @@ class RunStorage:
                 f"Cannot write to the run directory {self.display_path}: {exc!r}. Choose a "
                 "writable RunConfig(storage_path=...) or fix its permissions."
             ) from exc
+
+    def discard_unfinished_uploads(self) -> None:
+        """Removes what uploads cut short left (directories without a commit marker,
+        open multipart uploads), once and without retries: for the driver of a run
+        that failed, so the store holds no partial checkpoint until a next start
+        (which does the same). A store that is down is left as it is."""
+        store = CheckpointStore(self.fs, self.run_path, RetryPolicy(budget_s=0))
+        try:
+            store.remove_uncommitted()
+        except Exception as exc:  # never hide the run's own error behind this one
+            logger.warning("Could not remove unfinished uploads from %s: %r",
+                           self.display_path, exc)
 
     # run.json: the driver's record of the run
     def read_run_state(self) -> dict[str, Any] | None:
