@@ -154,11 +154,11 @@ class CheckpointStore:
             if self._read_manifest(path) is None:
                 logger.info("Removing uncommitted checkpoint directory %s", path)
                 self._retry("removing an uncommitted checkpoint",
-                            lambda p=path: self.fs.rm(p, recursive=True))
+                            lambda p=path: fsutil.remove_tree(self.fs, p))
                 removed.append(index)
         uploads = fsutil.join(self.run_path, UPLOADS_DIR)
         if self._retry("listing upload markers", lambda: self.fs.exists(uploads)):
-            self._retry("removing upload markers", lambda: self.fs.rm(uploads, recursive=True))
+            self._retry("removing upload markers", lambda: fsutil.remove_tree(self.fs, uploads))
         return removed
 
     def upload(self, index: int, local_dir: str, relpaths: list[str]) -> None:
@@ -220,4 +220,4 @@ class CheckpointStore:
         """Removes a whole checkpoint, marker first so it vanishes for readers at once."""
         path = self.path(index)
         self._retry(f"deleting {dir_name(index)}", lambda: self.fs.rm(fsutil.join(path, MARKER)))
-        self._retry(f"deleting {dir_name(index)}", lambda: self.fs.rm(path, recursive=True))
+        self._retry(f"deleting {dir_name(index)}", lambda: fsutil.remove_tree(self.fs, path))

@@ -185,6 +185,23 @@ def join(*parts: str) -> str:
     return "/".join(p.rstrip("/") for p in parts if p)
 
 
+def remove_tree(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """Removes ``path`` and everything below it; a path already gone is fine (a retry).
+
+    SeaweedFS's S3 server (a filer underneath) keeps an emptied directory in
+    listings until the key ``path/`` is deleted as well; elsewhere that delete
+    is a no-op.
+    """
+    try:
+        fs.rm(path, recursive=True)
+    except FileNotFoundError:
+        pass
+    if _is_s3(fs):
+        bucket, key, _ = fs.split_path(path)
+        fs.call_s3("delete_object", Bucket=bucket, Key=key.rstrip("/") + "/")
+        fs.invalidate_cache(path)
+
+
 def abort_unfinished_uploads(fs: fsspec.AbstractFileSystem, path: str,
                              only: Collection[str] | None = None) -> int:
     """Aborts the multipart uploads under ``path`` that a killed writer left open.
