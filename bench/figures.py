@@ -1,4 +1,5 @@
-"""The six figures: which runs each needs, and the table each one prints.
+"""The seven figures: which runs each needs, and the table each one prints
+(figure 7, storage, in :mod:`bench.storage_figure`).
 
 :class:`Suite` runs the variants (repetitions interleaved -- a, b, c, a, b,
 c, ... -- so that drift of the machine hits every variant alike) and caches
@@ -15,6 +16,7 @@ from bench.measure import FaultPlan, Sample, measure, phase_order
 from bench.profiles import Profile
 from bench.report import Table
 from bench.stats import Summary, Target, fmt_ratio, ratio, with_target
+from bench.storage_figure import storage
 from bench.variants import (
     ET_EPOCH,
     ET_LAUNCH,
@@ -365,7 +367,7 @@ def scaling(suite: Suite) -> list[Table]:
 
 FIGURE_FUNCTIONS: dict[str, Callable[[Suite], list[Table]]] = {
     "cold_start": cold_start, "steps": steps, "checkpoint": checkpoint,
-    "recovery": recovery, "memory": memory, "scaling": scaling,
+    "recovery": recovery, "memory": memory, "scaling": scaling, "storage": storage,
 }
 
 

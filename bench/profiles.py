@@ -4,7 +4,8 @@ Sizes are chosen for a 2-core CPU: with 2 workers x 1 thread, one optimizer
 step of the ``full`` MLP (512 -> 1024 -> 1024 -> 10, batch 128 per worker,
 ~1.6 M parameters) takes ~30 ms with gloo. ``smoke`` only proves that every
 code path still runs: tiny model, one repetition, 2 epochs, no recovery or
-scaling runs, a 1 MiB instead of ~100 MB checkpoint.
+scaling runs, a 1 MiB instead of ~100 MB checkpoint (and 1 MiB instead of
+100/400 MB for storage).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from bench.measure import FaultPlan
 from bench.workload import WorkloadConfig
 
-FIGURES = ("cold_start", "steps", "checkpoint", "recovery", "memory", "scaling")
+FIGURES = ("cold_start", "steps", "checkpoint", "recovery", "memory", "scaling", "storage")
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,8 @@ class Profile:
     """Workloads and repetitions of every figure.
 
     ``main`` serves figures 1, 2 and 5 (the same runs); ``checkpoint_payload_mb``
-    is added to the state of the figure 3 runs to bring it to ~100 MB.
+    is added to the state of the figure 3 runs to bring it to ~100 MB;
+    ``storage_sizes_mb`` are the checkpoint sizes of figure 7.
     """
 
     name: str
@@ -34,6 +36,7 @@ class Profile:
     recovery: WorkloadConfig
     scaling: WorkloadConfig
     scaling_workers: tuple[int, ...]
+    storage_sizes_mb: tuple[int, ...] = (100, 400)
     figures: tuple[str, ...] = field(default=FIGURES)
     fault: FaultPlan = field(default=FaultPlan(after_epoch=0, delay_s=0.3,
                                                recover_within_s=30.0))
@@ -60,7 +63,8 @@ SMOKE = Profile(
     recovery=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2),
     scaling=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2),
     scaling_workers=(1, 2),
-    figures=("cold_start", "steps", "checkpoint", "memory"),
+    storage_sizes_mb=(1,),
+    figures=("cold_start", "steps", "checkpoint", "memory", "storage"),
 )
 
 PROFILES = {p.name: p for p in (FULL, SMOKE)}

@@ -48,6 +48,8 @@ class Checkpoint:
         path = os.fspath(path)
         if filesystem is None:
             filesystem, path = fsutil.resolve(path)
+        else:  # a URL works as well as the filesystem's own path form
+            path = filesystem._strip_protocol(path)
         self.path: str = path
         self.filesystem: fsspec.AbstractFileSystem = filesystem
 
@@ -133,6 +135,18 @@ class Checkpoint:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(entry + ".complete")
             shutil.rmtree(entry, ignore_errors=True)
+
+    def without_credentials(self) -> Checkpoint:
+        """This checkpoint on a filesystem holding no secrets: what a run stores of it
+        (``trainable.pkl``). :meth:`rebound` gives it credentials again."""
+        return Checkpoint(self.path, fsutil.without_secrets(self.filesystem))
+
+    def rebound(self, filesystem: fsspec.AbstractFileSystem) -> Checkpoint:
+        """This checkpoint read through ``filesystem`` (and its credentials) when that
+        reaches the same store; otherwise unchanged."""
+        if fsutil.same_store(self.filesystem, filesystem):
+            return Checkpoint(self.path, filesystem)
+        return self
 
     def get_metadata(self) -> dict[str, Any]:
         """The checkpoint's metadata dict (empty when none was set)."""

@@ -152,6 +152,8 @@ class DataParallelTrainer:
                 "it has no stored train function (trainable.pkl)."))
         spec: RunSpec = storage.read_trainable()
         fs, run_path = storage.fs, storage.run_path
+        if spec.resume_from_checkpoint is not None:  # stored without credentials
+            spec.resume_from_checkpoint = spec.resume_from_checkpoint.rebound(fs)
         spec.run_config = dataclasses.replace(
             spec.run_config, name=run_path.rsplit("/", 1)[1],
             storage_path=fsutil.display_path(fs, run_path.rsplit("/", 1)[0]),
@@ -232,7 +234,8 @@ class DataParallelTrainer:
         # and without start_over, which applies to this launch only.
         storage.write_trainable(self._pickle(dataclasses.replace(
             spec, run_config=dataclasses.replace(run_config, storage_filesystem=None,
-                                                 storage_options=None, start_over=False))))
+                                                 storage_options=None, start_over=False),
+            resume_from_checkpoint=start and start.without_credentials())))
         scratch = tempfile.mkdtemp(prefix="elastic_train_")
         try:
             spec_path = os.path.join(scratch, "spec.pkl")
@@ -309,6 +312,7 @@ class DataParallelTrainer:
                 failures, storage.display_path,
                 budget.max_preemption_failures if preempted else budget.max_failures)
             record.set_status("failed", error=str(error))
+            storage.discard_unfinished_uploads()
             raise error
         record.set_status("finished")
         return_value = None

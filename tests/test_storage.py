@@ -6,6 +6,7 @@ import os
 import uuid
 import zlib
 
+import cloudpickle
 import fsspec
 import pytest
 from fsspec.implementations.local import LocalFileSystem
@@ -338,3 +339,23 @@ def test_local_upload_links_instead_of_copying(tmp_path, local_ckpt, monkeypatch
     copied = os.stat(os.path.join(store.path(1), "sub", "opt.pt"))
     assert copied.st_ino != source.st_ino
     assert scan_directory(store.path(1)) == scan_directory(local_ckpt)
+
+
+def test_credentials_are_left_out_of_what_is_stored():
+    """Secrets go, also nested; where the store is stays; a filesystem rebuilt without
+    them pickles without them, and a checkpoint on it is rebound to the run's."""
+    options = {"endpoint_url": "http://127.0.0.1:9", "key": "AKIA-ID", "secret": "s3cr3t",
+               "token": "t0k3n", "client_kwargs": {"region_name": "x",
+                                                   "aws_secret_access_key": "s3cr3t"}}
+    assert fsutil.public_options(options) == {"endpoint_url": "http://127.0.0.1:9",
+                                              "client_kwargs": {"region_name": "x"}}
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, **options)
+    checkpoint = Checkpoint("bucket/run/checkpoint_000001", fs)
+    stored = cloudpickle.dumps(checkpoint.without_credentials())
+    assert b"s3cr3t" not in stored and b"t0k3n" not in stored and b"AKIA-ID" not in stored
+    loaded = cloudpickle.loads(stored)
+    assert loaded.path == checkpoint.path and loaded.rebound(fs).filesystem is fs
+    elsewhere = fsspec.filesystem("s3", skip_instance_cache=True, endpoint_url="http://other")
+    assert loaded.rebound(elsewhere) is loaded
+    local = Checkpoint("/tmp/x")
+    assert local.without_credentials().filesystem is local.filesystem

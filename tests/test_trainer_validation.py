@@ -4,6 +4,7 @@ import json
 import os
 import threading
 
+import fsspec
 import pytest
 import torch
 
@@ -13,6 +14,7 @@ from elastic_train.storage import RunStorage
 from elastic_train.torch import TorchConfig, TorchTrainer
 from tests.conftest import child_pids
 from tests.jobs import make_dataset
+from tests.servers import s3_options
 
 
 def train(config):
@@ -186,3 +188,17 @@ def test_fit_does_not_name_the_callers_run_config(tmp_path):
     with pytest.raises(ConfigError, match="pickled"):
         trainer.fit()
     assert run_config.name is None
+
+
+def test_mistyped_bucket_is_rejected_not_created(s3_endpoint):
+    """s3fs's makedirs would create the bucket of a typo; the driver names it instead.
+    A missing prefix inside an existing bucket is created by the first write."""
+    options = s3_options(s3_endpoint)
+    fs = fsspec.filesystem("s3", **options)
+    bucket = f"typo-{os.getpid()}"
+    with pytest.raises(ConfigError, match=f"bucket s3://{bucket} .*does not exist"):
+        make_trainer(f"s3://{bucket}/results", run={"storage_options": options}).fit()
+    assert not fs.exists(bucket)
+    fs.mkdir(f"real-{os.getpid()}")
+    RunStorage.open(f"s3://real-{os.getpid()}/new/prefix", "run", options=options) \
+        .ensure_writable()

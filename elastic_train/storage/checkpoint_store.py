@@ -10,9 +10,9 @@ marker first, so a reader never sees half a checkpoint.
 The protocol is the same on every fsspec store: files are written into their
 final place (no directory rename, which object stores cannot do atomically)
 and the marker is one small atomic write. Ranks announce a finished upload
-with a marker under ``.uploads/`` (their files' sizes and CRC-32s, computed
-off the training thread) that the committing rank waits for and merges into
-the manifest. Every
+with a marker under ``.upload-marks/`` (their files' sizes and CRC-32s,
+computed off the training thread) that the committing rank waits for and
+merges into the manifest. Every
 operation is retried on transient errors (see :mod:`.retry`).
 """
 
@@ -36,7 +36,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MARKER = ".commit.json"
-UPLOADS_DIR = ".uploads"
+# Not ".uploads": SeaweedFS keeps its multipart parts under that name and hides it
+# from listings, so markers there would never be seen.
+UPLOADS_DIR = ".upload-marks"
 _DIR_RE = re.compile(r"^checkpoint_(\d{6,})$")
 # Files per batch sent at once: bounds the memory s3fs uses for concurrent multipart uploads.
 UPLOAD_BATCH = 4
@@ -163,11 +165,11 @@ class CheckpointStore:
             if self._read_manifest(path) is None:
                 logger.info("Removing uncommitted checkpoint directory %s", path)
                 self._retry("removing an uncommitted checkpoint",
-                            lambda p=path: self.fs.rm(p, recursive=True))
+                            lambda p=path: fsutil.remove_tree(self.fs, p))
                 removed.append(index)
         uploads = fsutil.join(self.run_path, UPLOADS_DIR)
         if self._retry("listing upload markers", lambda: self.fs.exists(uploads)):
-            self._retry("removing upload markers", lambda: self.fs.rm(uploads, recursive=True))
+            self._retry("removing upload markers", lambda: fsutil.remove_tree(self.fs, uploads))
         return removed
 
     def upload(self, index: int, local_dir: str, relpaths: list[str]) -> None:
@@ -185,10 +187,16 @@ class CheckpointStore:
                         lambda d=directory: self.fs.makedirs(d, exist_ok=True))
         if fsutil.is_local(self.fs) and fsutil.link_all(local, remote):
             return
+        options = fsutil.put_options(self.fs)
         for start in range(0, len(local), UPLOAD_BATCH):
             batch = slice(start, start + UPLOAD_BATCH)
-            self._retry(f"uploading {dir_name(index)}",
-                        lambda b=batch: self.fs.put(local[b], remote[b]))
+            # A retry first aborts the multipart uploads the failed attempt left open
+            # (s3fs cannot abort them while the endpoint is down); other ranks' go on.
+            self.retry.call(
+                f"uploading {dir_name(index)}", self.display_path,
+                lambda b=batch: self.fs.put(local[b], remote[b], **options),
+                before_retry=lambda b=batch: fsutil.abort_unfinished_uploads(
+                    self.fs, target, only=remote[b]))
 
     def _upload_mark(self, index: int, rank: int | None = None) -> str:
         name = dir_name(index) + (f".rank{rank}" if rank is not None else "")
@@ -239,4 +247,4 @@ class CheckpointStore:
         """Removes a whole checkpoint, marker first so it vanishes for readers at once."""
         path = self.path(index)
         self._retry(f"deleting {dir_name(index)}", lambda: self.fs.rm(fsutil.join(path, MARKER)))
-        self._retry(f"deleting {dir_name(index)}", lambda: self.fs.rm(path, recursive=True))
+        self._retry(f"deleting {dir_name(index)}", lambda: fsutil.remove_tree(self.fs, path))

@@ -12,6 +12,7 @@ import json
 import os
 import uuid
 import zlib
+from collections.abc import Collection
 from typing import Any
 
 import fsspec
@@ -20,6 +21,11 @@ from fsspec.implementations.local import LocalFileSystem
 from elastic_train.errors import ConfigError
 
 CHUNK = 1 << 20
+# s3fs's multipart settings for checkpoint files: its defaults (50 MiB parts, 10 at
+# once) hold up to 500 MiB of one file in memory; these hold 64 MiB, and files from
+# 32 MiB up go in parts, so an interrupted large upload resends parts, not the file.
+PART_SIZE = 16 << 20
+PARTS_AT_ONCE = 4
 
 
 def resolve(storage_path: str, filesystem: fsspec.AbstractFileSystem | None = None,
@@ -62,6 +68,70 @@ def s3_defaults(options: dict[str, Any] | None) -> dict[str, Any]:
     config = {"retries": {"max_attempts": 1}, "connect_timeout": 10, "read_timeout": 60}
     out["config_kwargs"] = {**config, **out.get("config_kwargs", {})}
     return out
+
+
+def put_options(fs: fsspec.AbstractFileSystem) -> dict[str, Any]:
+    """Extra ``fs.put`` arguments bounding an object store's memory per file (see PART_SIZE)."""
+    return {"chunksize": PART_SIZE, "max_concurrency": PARTS_AT_ONCE} if _is_s3(fs) else {}
+
+
+def missing_bucket(fs: fsspec.AbstractFileSystem, path: str) -> str | None:
+    """The bucket of ``path``, when the store has buckets and that one does not exist.
+
+    Asked before the first write: s3fs's ``makedirs`` (and stores that create a
+    bucket on first upload) would otherwise create a mistyped bucket. Errors other
+    than "not found" (no permission to ask, the endpoint down) answer None: the
+    write that follows says what is wrong.
+    """
+    if not _is_s3(fs):
+        return None
+    bucket = fs.split_path(path)[0]
+    try:
+        fs.call_s3("head_bucket", Bucket=bucket)
+    except FileNotFoundError:
+        return bucket
+    except Exception:  # the write probe reports it
+        return None
+    return None
+
+
+def _is_s3(fs: fsspec.AbstractFileSystem) -> bool:
+    return hasattr(fs, "call_s3")
+
+
+# Option names that hold credentials (s3fs's key/secret/token, botocore's aws_*, gcsfs's
+# token, passwords, session objects): never stored, so never in the run directory.
+_SECRET_WORDS = ("key", "secret", "token", "password", "credential", "session")
+
+
+def public_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` without credentials, also inside nested dicts (``client_kwargs``)."""
+    out = {}
+    for name, value in options.items():
+        if any(word in name.lower() for word in _SECRET_WORDS):
+            continue
+        out[name] = public_options(value) if isinstance(value, dict) else value
+    return out
+
+
+def without_secrets(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
+    """The same store through a filesystem built without credentials (safe to pickle);
+    on use it finds credentials where the store's client looks (environment, profiles)."""
+    options = public_options(fs.storage_options)
+    if options == fs.storage_options:
+        return fs
+    return type(fs)(*fs.storage_args, **{**options, "skip_instance_cache": True})
+
+
+def same_store(a: fsspec.AbstractFileSystem, b: fsspec.AbstractFileSystem) -> bool:
+    """Whether two filesystems reach the same store (kind and endpoint), so that one's
+    credentials serve the other's paths."""
+    def endpoint(fs: fsspec.AbstractFileSystem) -> Any:
+        options = fs.storage_options
+        return options.get("endpoint_url") or options.get("client_kwargs", {}).get(
+            "endpoint_url")
+
+    return type(a) is type(b) and endpoint(a) == endpoint(b)
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
@@ -132,18 +202,39 @@ def join(*parts: str) -> str:
     return "/".join(p.rstrip("/") for p in parts if p)
 
 
-def abort_unfinished_uploads(fs: fsspec.AbstractFileSystem, path: str) -> int:
+def remove_tree(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """Removes ``path`` and everything below it; a path already gone is fine (a retry).
+
+    SeaweedFS's S3 server (a filer underneath) keeps an emptied directory in
+    listings until the key ``path/`` is deleted as well; elsewhere that delete
+    is a no-op.
+    """
+    try:
+        fs.rm(path, recursive=True)
+    except FileNotFoundError:
+        pass
+    if _is_s3(fs):
+        bucket, key, _ = fs.split_path(path)
+        fs.call_s3("delete_object", Bucket=bucket, Key=key.rstrip("/") + "/")
+        fs.invalidate_cache(path)
+
+
+def abort_unfinished_uploads(fs: fsspec.AbstractFileSystem, path: str,
+                             only: Collection[str] | None = None) -> int:
     """Aborts the multipart uploads under ``path`` that a killed writer left open.
 
-    Only object stores have them (s3fs sends files over its 50 MB threshold in
-    parts): the parts are invisible to listings, yet stored and billed until
-    aborted. Returns how many were aborted; 0 on every other filesystem.
+    Only object stores have them (files from ``2 * PART_SIZE`` up go in parts):
+    the parts are invisible to listings, yet stored and billed until aborted.
+    ``only`` limits it to uploads to these paths (a writer retrying its own
+    files, while other writers' uploads under ``path`` go on). Returns how many
+    were aborted; 0 on every other filesystem.
     """
-    if not hasattr(fs, "call_s3"):
+    if not _is_s3(fs):
         return 0
     bucket, key, _ = fs.split_path(path)
     listing = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key.rstrip("/") + "/")
-    uploads = listing.get("Uploads", [])
+    keys = None if only is None else {fs.split_path(p)[1] for p in only}
+    uploads = [u for u in listing.get("Uploads", []) if keys is None or u["Key"] in keys]
     for upload in uploads:
         fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"],
                    UploadId=upload["UploadId"])

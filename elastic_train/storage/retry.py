@@ -61,12 +61,19 @@ class RetryPolicy:
     base_delay_s: float = 0.2
     max_delay_s: float = 5.0
 
-    def call(self, what: str, where: str, fn: Callable[[], T]) -> T:
-        """Runs ``fn``, retrying transient errors; ``what``/``where`` name it in errors."""
+    def call(self, what: str, where: str, fn: Callable[[], T],
+             before_retry: Callable[[], object] | None = None) -> T:
+        """Runs ``fn``, retrying transient errors; ``what``/``where`` name it in errors.
+
+        ``before_retry`` runs first in every attempt after the first, within the
+        same retries (e.g. to clear what the failed attempt left behind).
+        """
         deadline = time.monotonic() + self.budget_s
         attempt = 0
         while True:
             try:
+                if attempt and before_retry is not None:
+                    before_retry()
                 return fn()
             except Exception as exc:
                 if not is_transient(exc):

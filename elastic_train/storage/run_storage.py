@@ -15,6 +15,7 @@ its checkpoints and metrics from here, never from memory.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -29,6 +30,8 @@ from elastic_train.storage.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from elastic_train.config import RunConfig
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -85,9 +88,20 @@ class RunStorage:
         return fsutil.join(self.run_path, name)
 
     def ensure_writable(self) -> None:
-        """Creates the run directory and proves a write works, or says why not."""
+        """Creates the run directory and proves a write works, or says why not.
+
+        On an object store the bucket must exist already: a prefix inside it is
+        created by the first write, a bucket is never (a typo would make a new one).
+        """
         probe = self._path(f".write-probe-{uuid.uuid4().hex[:8]}")
         try:
+            bucket = fsutil.missing_bucket(self.fs, self.run_path)
+            if bucket is not None:
+                raise ConfigError(
+                    f"The bucket {self.fs.unstrip_protocol(bucket)} of the run directory "
+                    f"{self.display_path} does not exist: fix the bucket name in "
+                    "RunConfig(storage_path=...) or create the bucket first."
+                )
             if self.fs.isfile(self.run_path):
                 raise ConfigError(
                     f"The run directory {self.display_path} is an existing file: choose "
@@ -103,6 +117,18 @@ class RunStorage:
                 f"Cannot write to the run directory {self.display_path}: {exc!r}. Choose a "
                 "writable RunConfig(storage_path=...) or fix its permissions."
             ) from exc
+
+    def discard_unfinished_uploads(self) -> None:
+        """Removes what uploads cut short left (directories without a commit marker,
+        open multipart uploads), once and without retries: for the driver of a run
+        that failed, so the store holds no partial checkpoint until a next start
+        (which does the same). A store that is down is left as it is."""
+        store = CheckpointStore(self.fs, self.run_path, RetryPolicy(budget_s=0))
+        try:
+            store.remove_uncommitted()
+        except Exception as exc:  # never hide the run's own error behind this one
+            logger.warning("Could not remove unfinished uploads from %s: %r",
+                           self.display_path, exc)
 
     # run.json: the driver's record of the run
     def read_run_state(self) -> dict[str, Any] | None:

@@ -3,7 +3,7 @@
 ``report()`` hands each rank's share of a checkpoint to its
 :class:`CheckpointUploader`: the files are copied into a local staging area
 (so the user's directory can go away) and queued. A background thread uploads
-them, then writes this rank's *done* marker under ``<run>/.uploads/``. Rank 0's
+them, then writes this rank's *done* marker under ``<run>/.upload-marks/``. Rank 0's
 job waits for the done markers of every rank that owns files, writes the
 commit marker, removes the done markers and applies retention. The queue is
 bounded: when uploads fall behind, ``report()`` waits instead of filling the disk.
