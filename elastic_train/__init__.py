@@ -8,54 +8,73 @@ A Ray Train script ports by changing imports::
 
 __version__ = "0.1.0"
 
-from elastic_train.callbacks import (
-    CSVLoggerCallback,
-    RunContext,
-    TensorBoardLoggerCallback,
-    UserCallback,
-)
-from elastic_train.checkpoint import Checkpoint
-from elastic_train.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from elastic_train.context import TrainContext
-from elastic_train.errors import (
-    ConfigError,
-    PreemptionError,
-    TrainingFailedError,
-    WorkerFailure,
-)
-from elastic_train.preemption import PreemptionInfo
-from elastic_train.result import Result
-from elastic_train.session import (
-    CheckpointUploadMode,
-    get_checkpoint,
-    get_context,
-    get_dataset_shard,
-    get_preemption_info,
-    report,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "CSVLoggerCallback",
-    "RunContext",
-    "TensorBoardLoggerCallback",
-    "UserCallback",
-    "Checkpoint",
-    "CheckpointConfig",
-    "CheckpointUploadMode",
-    "ConfigError",
-    "FailureConfig",
-    "PreemptionError",
-    "PreemptionInfo",
-    "Result",
-    "RunConfig",
-    "ScalingConfig",
-    "TrainContext",
-    "TrainingFailedError",
-    "WorkerFailure",
-    "__version__",
-    "get_checkpoint",
-    "get_context",
-    "get_dataset_shard",
-    "get_preemption_info",
-    "report",
-]
+# Public names -> the module that defines them. Imported on first use, so that
+# `elastic-train ls` / `show` (storage only) do not pay for `import torch`.
+_EXPORTS = {
+    "CSVLoggerCallback": "elastic_train.callbacks",
+    "RunContext": "elastic_train.callbacks",
+    "TensorBoardLoggerCallback": "elastic_train.callbacks",
+    "UserCallback": "elastic_train.callbacks",
+    "Checkpoint": "elastic_train.checkpoint",
+    "CheckpointConfig": "elastic_train.config",
+    "FailureConfig": "elastic_train.config",
+    "RunConfig": "elastic_train.config",
+    "ScalingConfig": "elastic_train.config",
+    "TrainContext": "elastic_train.context",
+    "ConfigError": "elastic_train.errors",
+    "PreemptionError": "elastic_train.errors",
+    "TrainingFailedError": "elastic_train.errors",
+    "WorkerFailure": "elastic_train.errors",
+    "PreemptionInfo": "elastic_train.preemption",
+    "Result": "elastic_train.result",
+    "CheckpointUploadMode": "elastic_train.session",
+    "get_checkpoint": "elastic_train.session",
+    "get_context": "elastic_train.session",
+    "get_dataset_shard": "elastic_train.session",
+    "get_preemption_info": "elastic_train.session",
+    "report": "elastic_train.session",
+}
+
+__all__ = [*sorted(_EXPORTS), "__version__"]
+
+if TYPE_CHECKING:  # what static tools see
+    from elastic_train.callbacks import (
+        CSVLoggerCallback,
+        RunContext,
+        TensorBoardLoggerCallback,
+        UserCallback,
+    )
+    from elastic_train.checkpoint import Checkpoint
+    from elastic_train.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from elastic_train.context import TrainContext
+    from elastic_train.errors import (
+        ConfigError,
+        PreemptionError,
+        TrainingFailedError,
+        WorkerFailure,
+    )
+    from elastic_train.preemption import PreemptionInfo
+    from elastic_train.result import Result
+    from elastic_train.session import (
+        CheckpointUploadMode,
+        get_checkpoint,
+        get_context,
+        get_dataset_shard,
+        get_preemption_info,
+        report,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'elastic_train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
