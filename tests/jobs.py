@@ -69,6 +69,9 @@ def _inject_one(fault: dict, epoch: int, batch: int) -> None:
         os._exit(1)
     if how == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if how == "kill_zygote":  # the process this worker was forked from
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(60)  # dies with it (PR_SET_PDEATHSIG)
     if how == "deadlock":  # never reach the collective the other ranks wait in
         time.sleep(3600)
     if how == "preempt":  # the scheduler's notice; the test SIGKILLs us later

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 import elastic_train as et
+from elastic_train.agent import zygote
 from elastic_train.torch import TorchTrainer
 from tests import jobs
 from tests.conftest import (
@@ -79,6 +80,23 @@ def test_worker_failure_resumes_bit_identical(storage, tmp_path, baseline, how, 
     assert iterations == list(range(1, EPOCHS + 1))
     failures = storage.run(f"fail-{how}").read_run_state()["failures"]
     assert len(failures) == 1 and failures[0]["workers"][0]["rank"] == 1
+
+
+def test_killed_zygote_is_replaced_at_the_restart(storage_path, tmp_path, baseline):
+    """The process workers are forked from dies: its workers die with it, the agent
+    restarts the group from a new zygote, and the run resumes bit-identical."""
+    starts = tmp_path / "starts"
+    fault = {"rank": 0, "epoch": 2, "batch": 1, "how": "kill_zygote",
+             "marker": str(tmp_path / "m")}
+    before = zygote.running_pid()
+    result = fit(storage_path, "zygote-killed", max_failures=1,
+                 config={"fault": fault, "starts_file": str(starts), "upload_mode": "SYNC"})
+    assert starts.read_text().split() == ["0", "2"]
+    assert result.return_value["digest"] == baseline.return_value["digest"]
+    assert zygote.running_pid() not in (None, before)
+    with open(os.path.join(result.path, "run.json")) as f:
+        workers = json.load(f)["failures"][0]["workers"]
+    assert any("worker zygote" in w["message"] and "died" in w["message"] for w in workers)
 
 
 def test_worker_sigkilled_from_outside_mid_epoch(storage_path, tmp_path, baseline):

@@ -117,7 +117,10 @@ def run_agent(spec: AgentSpec,
         **spec.rdzv_configs,
     )
     rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
-    entrypoint, args = zygote.worker_command(spec.entrypoint, spec.args)
+    def worker_command() -> tuple[str, tuple[str, ...]]:
+        return zygote.worker_command(spec.entrypoint, spec.args)
+
+    entrypoint, args = worker_command()  # starts the zygote now, during the rendezvous
     worker_spec = WorkerSpec(
         role="trainer", local_world_size=spec.nproc_per_node, entrypoint=entrypoint,
         args=args, rdzv_handler=rdzv_handler, max_restarts=spec.max_restarts,
@@ -134,7 +137,7 @@ def run_agent(spec: AgentSpec,
         shutdown_timeout=math.ceil(spec.preemption_grace_s), worker_env=spec.worker_env,
         notice_dir=os.path.join(logs.root_log_dir, "preemption"),
         preemption_grace_s=spec.preemption_grace_s, max_preemptions=spec.max_preemptions,
-        on_failure=report, on_rendezvous=on_rendezvous,
+        on_failure=report, on_rendezvous=on_rendezvous, worker_command=worker_command,
         hang_watch=HangWatch(os.path.join(logs.root_log_dir, "progress"), spec.hang_timeout_s)
         if spec.hang_timeout_s else None,
     )

@@ -22,6 +22,8 @@
    30 s wait: the failed group's state is discarded anyway, SIGTERM is the
    workers' preemption notice, and a worker blocked in a collective with a
    dead peer would only die at the end of the wait.
+6. The worker command is asked for again at every start, so a worker zygote
+   that died (see :mod:`elastic_train.agent.zygote`) is replaced by a new one.
 
 Everything else -- rendezvous, spawning, monitoring, restart budget,
 membership changes, shutdown -- is torch.distributed.elastic's own.
@@ -94,8 +96,11 @@ class TrainAgent(LocalElasticAgent):
                  on_failure: FailureCallback | None = None,
                  on_rendezvous: RendezvousCallback | None = None,
                  hang_watch: HangWatch | None = None, notice_dir: str | None = None,
-                 preemption_grace_s: float = 0.0, max_preemptions: int = -1, **kwargs: Any):
+                 preemption_grace_s: float = 0.0, max_preemptions: int = -1,
+                 worker_command: Callable[[], tuple[str, tuple[str, ...]]] | None = None,
+                 **kwargs: Any):
         super().__init__(*args, **kwargs)
+        self._worker_command = worker_command
         self._hang_watch = hang_watch
         self._notice_dir = notice_dir
         self._grace_s = preemption_grace_s
@@ -140,6 +145,8 @@ class TrainAgent(LocalElasticAgent):
             preemption.clear(self._notice_dir)
             env[preemption.NOTICE_DIR_ENV] = self._notice_dir
             env[preemption.GRACE_ENV] = str(self._grace_s)
+        if self._worker_command is not None:  # e.g. a new zygote if the last one died
+            worker_group.spec.entrypoint, worker_group.spec.args = self._worker_command()
         with _environ(env):
             return super()._start_workers(worker_group)
 

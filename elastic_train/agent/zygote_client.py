@@ -51,6 +51,20 @@ def connect(path: str, zygote_pid: int) -> socket.socket | None:
             time.sleep(0.02)
 
 
+def fail(message: str) -> int:
+    """Reports ``message`` as this worker's error (torch.distributed.elastic's error
+    file, which the driver shows) and on stderr; returns the exit code."""
+    print(f"elastic-train: {message}", file=sys.stderr)
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        error = {"message": {"message": f"WorkerStartError: {message}", "extraInfo": {
+            "py_callstack": "", "timestamp": str(int(time.time()))}}}
+        with open(f"{path}.tmp", "w") as f:
+            json.dump(error, f)
+        os.replace(f"{path}.tmp", path)
+    return 1
+
+
 def main(argv: list[str]) -> int:
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the agent
     path, zygote_pid, module, *args = argv
@@ -67,18 +81,17 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, forward)
     sock = connect(path, int(zygote_pid))
     if sock is None:
-        print(f"elastic-train: the worker zygote (pid {zygote_pid}) is not running; see its "
-              "error above, or set ELASTIC_TRAIN_ZYGOTE=0 to start workers without it.",
-              file=sys.stderr)
-        return 1
+        return fail(f"the worker zygote (pid {zygote_pid}) is not running: see its error in "
+                    "the driver's output, or set ELASTIC_TRAIN_ZYGOTE=0 to start workers "
+                    "without it.")
     request = {"module": module, "argv": args, "cwd": os.getcwd(), "env": dict(os.environ)}
     socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
     status = None
     while status is None:
         message = sock.recv(256).decode()
         if not message:
-            print("elastic-train: the worker zygote exited before the worker", file=sys.stderr)
-            return 1
+            return fail(f"the worker zygote (pid {zygote_pid}) died, taking this worker "
+                        "with it.")
         kind, value = message.split()
         if kind == "pid":
             child = int(value)
