@@ -24,6 +24,7 @@ from elastic_train.errors import (
     WorkerFailure,
 )
 from elastic_train.preemption import PreemptionInfo
+from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.result import Result
 from elastic_train.session import (
     CheckpointUploadMode,
@@ -46,6 +47,7 @@ __all__ = [
     "FailureConfig",
     "PreemptionError",
     "PreemptionInfo",
+    "RendezvousConfig",
     "Result",
     "RunConfig",
     "ScalingConfig",
