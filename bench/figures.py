@@ -1,4 +1,6 @@
-"""The six figures: which runs each needs, and the table each one prints.
+"""The figures: which runs each needs, and the table each one prints.
+
+Figure 7 (rendezvous) lives in :mod:`bench.rendezvous_figure`; it runs agents of its own.
 
 :class:`Suite` runs the variants (repetitions interleaved -- a, b, c, a, b,
 c, ... -- so that drift of the machine hits every variant alike) and caches
@@ -13,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from bench.measure import FaultPlan, Sample, measure, phase_order
 from bench.profiles import Profile
+from bench.rendezvous_figure import rendezvous
 from bench.report import Table
 from bench.stats import Summary, Target, fmt_ratio, ratio, with_target
 from bench.variants import (
@@ -361,7 +364,7 @@ def scaling(suite: Suite) -> list[Table]:
 
 FIGURE_FUNCTIONS: dict[str, Callable[[Suite], list[Table]]] = {
     "cold_start": cold_start, "steps": steps, "checkpoint": checkpoint,
-    "recovery": recovery, "memory": memory, "scaling": scaling,
+    "recovery": recovery, "memory": memory, "scaling": scaling, "rendezvous": rendezvous,
 }
 
 

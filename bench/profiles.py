@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from bench.measure import FaultPlan
 from bench.workload import WorkloadConfig
 
-FIGURES = ("cold_start", "steps", "checkpoint", "recovery", "memory", "scaling")
+FIGURES = ("cold_start", "steps", "checkpoint", "recovery", "memory", "scaling", "rendezvous")
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,9 @@ class Profile:
     scaling: WorkloadConfig
     scaling_workers: tuple[int, ...]
     figures: tuple[str, ...] = field(default=FIGURES)
+    rendezvous_agents: tuple[int, ...] = (2, 4, 8, 16)
+    rendezvous_launchers: tuple[str, ...] = ("torchrun", "torchrun-unshared", "c10d", "etcd")
+    rendezvous_recovery: bool = True
     fault: FaultPlan = field(default=FaultPlan(after_epoch=0, delay_s=0.3,
                                                recover_within_s=30.0))
 
@@ -60,7 +63,8 @@ SMOKE = Profile(
     recovery=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2),
     scaling=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2),
     scaling_workers=(1, 2),
-    figures=("cold_start", "steps", "checkpoint", "memory"),
+    figures=("cold_start", "steps", "checkpoint", "memory", "rendezvous"),
+    rendezvous_agents=(2,), rendezvous_launchers=("c10d",), rendezvous_recovery=False,
 )
 
 PROFILES = {p.name: p for p in (FULL, SMOKE)}

@@ -25,7 +25,12 @@ from dataclasses import asdict, dataclass, field
 from elastic_train.agent import AgentSpec, Interrupted
 from elastic_train.checkpoint import CACHE_ENV
 from elastic_train.config import CheckpointConfig
-from elastic_train.errors import ConfigError, PreemptionError, TrainingFailedError
+from elastic_train.errors import (
+    ConfigError,
+    PreemptionError,
+    RendezvousLostError,
+    TrainingFailedError,
+)
 from elastic_train.rendezvous_config import BACKEND_ALIASES, FAST_RDZV_DEFAULTS, parse_rdzv_conf
 from elastic_train.run_record import RunRecord
 from elastic_train.script_worker import LAUNCH_ENV
@@ -203,6 +208,9 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
         print(f"elastic-train: stopped by {signal.Signals(exc.signum).name}; resume with: "
               f"{shlex.join(spec['command'])}", file=sys.stderr)
         return 128 + exc.signum
+    except RendezvousLostError as exc:
+        print(f"elastic-train: {exc}", file=sys.stderr)
+        return 1
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if failures:
