@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from bench.measure import FaultPlan
 from bench.workload import WorkloadConfig
 
-FIGURES = ("cold_start", "steps", "checkpoint", "recovery", "memory", "scaling", "storage")
+FIGURES = ("cold_start", "steps", "checkpoint", "recovery", "memory", "scaling", "storage",
+           "rendezvous")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,9 @@ class Profile:
     scaling_workers: tuple[int, ...]
     storage_sizes_mb: tuple[int, ...] = (100, 400)
     figures: tuple[str, ...] = field(default=FIGURES)
+    rendezvous_agents: tuple[int, ...] = (2, 4, 8, 16)
+    rendezvous_launchers: tuple[str, ...] = ("torchrun", "torchrun-unshared", "c10d", "etcd")
+    rendezvous_recovery: bool = True
     fault: FaultPlan = field(default=FaultPlan(after_epoch=0, delay_s=0.3,
                                                recover_within_s=30.0))
 
@@ -64,7 +68,8 @@ SMOKE = Profile(
     scaling=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2),
     scaling_workers=(1, 2),
     storage_sizes_mb=(1,),
-    figures=("cold_start", "steps", "checkpoint", "memory", "storage"),
+    figures=("cold_start", "steps", "checkpoint", "memory", "storage", "rendezvous"),
+    rendezvous_agents=(2,), rendezvous_launchers=("c10d",), rendezvous_recovery=False,
 )
 
 PROFILES = {p.name: p for p in (FULL, SMOKE)}

@@ -29,6 +29,7 @@ _EXPORTS = {
     "TrainingFailedError": "elastic_train.errors",
     "WorkerFailure": "elastic_train.errors",
     "PreemptionInfo": "elastic_train.preemption",
+    "RendezvousConfig": "elastic_train.rendezvous_config",
     "Result": "elastic_train.result",
     "CheckpointUploadMode": "elastic_train.session",
     "get_checkpoint": "elastic_train.session",
@@ -57,6 +58,7 @@ if TYPE_CHECKING:  # what static tools see
         WorkerFailure,
     )
     from elastic_train.preemption import PreemptionInfo
+    from elastic_train.rendezvous_config import RendezvousConfig
     from elastic_train.result import Result
     from elastic_train.session import (
         CheckpointUploadMode,

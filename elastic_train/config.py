@@ -21,18 +21,24 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_train.errors import ConfigError
+from elastic_train.rendezvous_config import RendezvousConfig
 
 DEFAULT_STORAGE_PATH = os.path.join("~", "elastic_train_results")
 
 
 def _is_whole(x: float) -> bool:
     return abs(x - round(x)) < 1e-6
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
 
 
 def _require(condition: bool, message: str) -> None:
@@ -42,35 +48,60 @@ def _require(condition: bool, message: str) -> None:
 
 @dataclass
 class ScalingConfig:
-    """How many workers to run and what each one gets.
+    """How many workers to run, what each one gets, and, across nodes, how they meet.
 
     Args:
-        num_workers: Number of worker processes (ranks). Ray Train's v1 default
-            of ``None`` means one worker; so does ours.
+        num_workers: Number of worker processes (ranks) in the whole job, as in
+            Ray. Ray Train's v1 default of ``None`` means one worker; so does
+            ours. ``(min, max)`` makes the job elastic, as in Ray Train v2: it
+            keeps training while at least ``min`` workers are left and takes
+            nodes back up to ``max`` (needs ``num_workers_per_node``).
         use_gpu: Give each worker a GPU and use NCCL by default.
         resources_per_worker: ``{"CPU": n, "GPU": g}``. ``CPU`` sets each
             worker's torch thread count (default: the machine's cores split
             evenly between the workers, never oversubscribed). ``GPU`` may be
             fractional: ``0.5`` puts two workers on one device.
 
+        num_workers_per_node: Our addition: workers each node runs (torchrun's
+            ``--nproc-per-node``). ``None`` (default): all of ``num_workers`` on
+            this one node. Each bound of ``num_workers`` must be a multiple of it.
+        rendezvous: Our addition: where the nodes meet, a
+            :class:`RendezvousConfig` (torchrun's ``--rdzv-*``); needed when
+            the job spans more than one node.
+
+    Across nodes, run the same driver script on every node; the settings map
+    to torchrun's flags as ``--nproc-per-node = num_workers_per_node``,
+    ``--nnodes = num_workers // num_workers_per_node`` (``MIN:MAX`` for a
+    ``(min, max)``), and ``--rdzv-backend/-endpoint/-id/-conf`` from
+    ``rendezvous``. Example, 2 to 4 nodes of 8 workers each::
+
+        ScalingConfig(num_workers=(16, 32), num_workers_per_node=8,
+                      rendezvous=RendezvousConfig(backend="etcd", endpoint="etcd-host:2379",
+                                                  run_id="job42"))
+
     Ray's ``placement_strategy``, ``trainer_resources`` and
     ``accelerator_type`` are scheduling hints for a Ray cluster; there is no
     such scheduler under torch.distributed.elastic, so they are not accepted.
     """
 
-    num_workers: int | None = None
+    num_workers: int | tuple[int, int] | None = None
     use_gpu: bool = False
     resources_per_worker: dict[str, float] | None = None
+    num_workers_per_node: int | None = None
+    rendezvous: RendezvousConfig | None = None
 
     def __post_init__(self) -> None:
         if self.num_workers is None:
             self.num_workers = 1
+        if isinstance(self.num_workers, list):
+            self.num_workers = tuple(self.num_workers)
+        bounds = self.num_workers if isinstance(self.num_workers, tuple) else (self.num_workers,)
         _require(
-            isinstance(self.num_workers, int) and not isinstance(self.num_workers, bool)
-            and self.num_workers >= 1,
-            f"ScalingConfig.num_workers={self.num_workers!r} is invalid: "
-            "it must be an integer >= 1, e.g. ScalingConfig(num_workers=2).",
+            len(bounds) in (1, 2) and all(_is_count(b) for b in bounds) and bounds[0] <= bounds[-1],
+            f"ScalingConfig.num_workers={self.num_workers!r} is invalid: it must be an integer "
+            ">= 1, or (min, max) with 1 <= min <= max, e.g. ScalingConfig(num_workers=2).",
         )
+        self._check_nodes()
         _require(
             self.resources_per_worker is None or isinstance(self.resources_per_worker, dict),
             f"ScalingConfig.resources_per_worker={self.resources_per_worker!r} must be a dict "
@@ -107,6 +138,65 @@ class ScalingConfig:
                 "it sets torch's thread count, so use a whole number >= 1.",
             )
 
+    def _check_nodes(self) -> None:
+        _require(
+            self.rendezvous is None or isinstance(self.rendezvous, RendezvousConfig),
+            f"ScalingConfig.rendezvous={self.rendezvous!r} must be a RendezvousConfig.",
+        )
+        per_node = self.num_workers_per_node
+        if per_node is None:
+            _require(
+                not isinstance(self.num_workers, tuple),
+                f"ScalingConfig(num_workers={self.num_workers!r}) is elastic across nodes: "
+                "say how many workers each node runs, e.g. num_workers_per_node=2 "
+                "(torchrun's --nproc-per-node).",
+            )
+            return
+        _require(
+            _is_count(per_node),
+            f"ScalingConfig.num_workers_per_node={per_node!r} is invalid: use an integer >= 1 "
+            "(torchrun's --nproc-per-node), or None for a single node.",
+        )
+        _require(
+            self.min_workers % per_node == 0 and self.max_workers % per_node == 0,
+            f"ScalingConfig(num_workers={self.num_workers!r}, num_workers_per_node={per_node}): "
+            "num_workers must be a multiple of num_workers_per_node (whole nodes), e.g. "
+            f"num_workers={max(1, self.max_workers // per_node) * per_node}.",
+        )
+        if self.nodes[1] > 1:
+            if self.rendezvous is None:
+                self.rendezvous = RendezvousConfig()  # from torchrun's PET_* variables, if set
+            self.rendezvous.check_multi_node(
+                f"ScalingConfig(num_workers={self.num_workers!r}, "
+                f"num_workers_per_node={per_node})")
+
+    def without_secrets(self) -> ScalingConfig:
+        """This config without the rendezvous password, for what is stored (run.json,
+        trainable.pkl): like storage credentials, it is never written down."""
+        if self.rendezvous is None:
+            return self
+        return dataclasses.replace(self, rendezvous=self.rendezvous.without_secrets())
+
+    @property
+    def min_workers(self) -> int:
+        """The fewest workers the job trains with (``num_workers``, or its ``min``)."""
+        return self.num_workers[0] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        """The most workers the job trains with (``num_workers``, or its ``max``)."""
+        return self.num_workers[-1] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def workers_per_node(self) -> int:
+        """Workers on each node: ``num_workers_per_node``, else all of them on one node."""
+        return self.num_workers_per_node or self.max_workers
+
+    @property
+    def nodes(self) -> tuple[int, int]:
+        """(min, max) nodes of the job: torchrun's ``--nnodes MIN:MAX``."""
+        return self.min_workers // self.workers_per_node, self.max_workers // self.workers_per_node
+
     @property
     def gpus_per_worker(self) -> float:
         """GPUs each worker gets: ``resources_per_worker['GPU']``, or 1 with ``use_gpu``."""
@@ -123,7 +213,7 @@ class ScalingConfig:
 
     def gpus_needed(self) -> int:
         """Whole devices the workers of one node occupy together."""
-        return math.ceil(self.num_workers * self.gpus_per_worker - 1e-9)
+        return math.ceil(self.workers_per_node * self.gpus_per_worker - 1e-9)
 
 
 @dataclass

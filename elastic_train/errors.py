@@ -122,3 +122,24 @@ class PreemptionError(TrainingFailedError):
     Mirrors ``ray.train.PreemptionError``: preemptions spend
     ``FailureConfig.max_preemption_failures``, not ``max_failures``.
     """
+
+
+class RendezvousLostError(TrainingFailedError):
+    """This node can no longer reach the job's rendezvous, so it cannot re-form the job.
+
+    With c10d this is what the loss of the node hosting the store looks like to
+    the others: torch has no fail-over for that store (use etcd instead).
+    """
+
+    @classmethod
+    def for_backend(cls, backend: str, endpoint: str, cause: BaseException) -> RendezvousLostError:
+        if backend == "c10d":
+            why = (f"the c10d store at {endpoint} is unreachable: the node hosting it (the "
+                   "first to bind the endpoint) is gone, and with c10d no other node can take "
+                   "its place. For jobs that must survive the loss of any node, use etcd "
+                   "(--rdzv-backend etcd, or RendezvousConfig(backend='etcd')).")
+        else:
+            why = (f"the {backend} rendezvous at {endpoint} stayed unreachable for longer "
+                   "than its outage_timeout (--rdzv-conf outage_timeout=SECONDS).")
+        return cls(f"This node lost the job's rendezvous: {why} ({cause}) Start every node "
+                   "again to resume the run from its latest checkpoint.")

@@ -25,19 +25,19 @@ from dataclasses import asdict, dataclass, field
 from elastic_train.agent import AgentSpec, Interrupted
 from elastic_train.checkpoint import CACHE_ENV
 from elastic_train.config import CheckpointConfig
-from elastic_train.errors import ConfigError, PreemptionError, TrainingFailedError
+from elastic_train.errors import (
+    ConfigError,
+    PreemptionError,
+    RendezvousLostError,
+    TrainingFailedError,
+)
+from elastic_train.rendezvous_config import BACKEND_ALIASES, FAST_RDZV_DEFAULTS, parse_rdzv_conf
 from elastic_train.run_record import RunRecord
 from elastic_train.script_worker import LAUNCH_ENV
 from elastic_train.storage import RunStorage
 from elastic_train.supervisor import RunSupervisor
 
 logger = logging.getLogger(__name__)
-
-# Recovery-oriented defaults (torch's: 5 s keep-alive x 3 and a 30 s last call, so
-# survivors wait ~45 s for a dead node). Any of them can be set with --rdzv-conf.
-FAST_RDZV_DEFAULTS = {"keep_alive_interval": 1, "keep_alive_max_attempt": 3,
-                      "last_call_timeout": 2, "join_timeout": 600}
-BACKEND_ALIASES = {"etcd-v3": "etcd-v3", "etcd": "etcd-v3"}
 
 
 def parse_nnodes(value: str) -> tuple[int, int]:
@@ -51,24 +51,6 @@ def parse_nnodes(value: str) -> tuple[int, int]:
         raise ConfigError(f"--nnodes={value!r} is invalid: use N or MIN:MAX with "
                           "1 <= MIN <= MAX, e.g. --nnodes 2 or --nnodes 1:4.")
     return bounds
-
-
-def parse_rdzv_conf(value: str) -> dict[str, object]:
-    """``"k1=v1,k2=v2"`` -> dict, numbers converted."""
-    conf: dict[str, object] = {}
-    for item in filter(None, value.split(",")):
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--rdzv-conf item {item!r} is invalid: use key=value pairs "
-                              "separated by commas, e.g. --rdzv-conf join_timeout=60,timeout=30.")
-        try:
-            conf[key] = int(raw)
-        except ValueError:
-            try:
-                conf[key] = float(raw)
-            except ValueError:
-                conf[key] = raw
-    return conf
 
 
 def _check_endpoint(endpoint: str) -> None:
@@ -244,6 +226,9 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
         print(f"elastic-train: stopped by {signal.Signals(exc.signum).name}; resume with: "
               f"{shlex.join(spec['command'])}", file=sys.stderr)
         return 128 + exc.signum
+    except RendezvousLostError as exc:
+        print(f"elastic-train: {exc}", file=sys.stderr)
+        return 1
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if failures:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from elastic_train.agent import AgentSpec, Interrupted, run_agent
 from elastic_train.callbacks import RunContext, UserCallback
-from elastic_train.errors import WorkerFailure
+from elastic_train.errors import RendezvousLostError, WorkerFailure
 from elastic_train.progress import RunMonitor
 from elastic_train.run_record import RunRecord
 from elastic_train.storage import RunStorage
@@ -76,6 +76,9 @@ class RunSupervisor:
                                                      on_rendezvous=on_rendezvous)
         except Interrupted:
             self._set_status("interrupted")
+            raise
+        except RendezvousLostError as exc:
+            self._set_status("failed", error=str(exc))
             raise
         except BaseException:
             self._set_status("failed", error="The driver stopped unexpectedly.")

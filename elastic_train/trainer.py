@@ -27,6 +27,8 @@ from typing import Any
 import cloudpickle
 
 from elastic_train.agent import AgentSpec, Interrupted
+from elastic_train.agent.rendezvous import ETCD_V3_BACKENDS
+from elastic_train.agent.rendezvous import register as register_rendezvous_backends
 from elastic_train.backend import BackendConfig
 from elastic_train.callbacks import UserCallback
 from elastic_train.checkpoint import CACHE_ENV, Checkpoint
@@ -189,7 +191,7 @@ class DataParallelTrainer:
             if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
                 raise ConfigError(f"datasets[{name!r}]={dataset!r} is not a map-style dataset: "
                                   "pass a torch Dataset with __len__ and __getitem__.")
-            if len(dataset) < self.scaling_config.num_workers:
+            if len(dataset) < self.scaling_config.max_workers:
                 raise ConfigError(f"datasets[{name!r}] has {len(dataset)} rows, fewer than "
                                   f"num_workers={self.scaling_config.num_workers}.")
         try:
@@ -199,11 +201,23 @@ class DataParallelTrainer:
         self.backend_config.validate(self.scaling_config)
 
     def _experiment_name(self) -> str:
-        return self.run_config.name or \
-            f"{type(self).__name__}_{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+        if self.run_config.name:
+            return self.run_config.name
+        if self.scaling_config.nodes[1] > 1:  # every node must pick the same name
+            return self.scaling_config.rendezvous.run_id
+        return f"{type(self).__name__}_{time.strftime('%Y-%m-%d_%H-%M-%S')}"
 
     def fit(self) -> Result:
         """Runs the training to the end and returns its :class:`Result`.
+
+        Across nodes (``ScalingConfig(num_workers_per_node=..., rendezvous=...)``)
+        run the same script on every node: each ``fit()`` runs this node's
+        agent, and the agents form one job. The node that is group rank 0 at
+        the first rendezvous writes ``run.json`` (global rank 0, on it,
+        commits the checkpoints); ``storage_path`` must be shared by all
+        nodes (NFS, S3). Every node's ``fit()`` returns the same
+        :class:`Result`, read from storage; ``return_value`` is set on the
+        node that ran rank 0 only.
 
         Raises:
             TrainingFailedError: the workers failed more than ``max_failures`` times.
@@ -227,22 +241,35 @@ class DataParallelTrainer:
         pickled = self._pickle(spec)
         storage = RunStorage.for_run(run_config, name)
         storage.ensure_writable()
-        record = RunRecord.begin(
-            storage, name, self._describe(run_config), start_over=run_config.start_over,
-            accepted=TRAIN_FUNCTION_CHANGES if self._replaces_function else frozenset())
+        accepted = TRAIN_FUNCTION_CHANGES if self._replaces_function else frozenset()
+        described = self._describe(run_config)
         # For restore(path): the spec without what must never be stored (credentials),
         # and without start_over, which applies to this launch only.
-        storage.write_trainable(self._pickle(dataclasses.replace(
-            spec, run_config=dataclasses.replace(run_config, storage_filesystem=None,
-                                                 storage_options=None, start_over=False),
-            resume_from_checkpoint=start and start.without_credentials())))
+        trainable = self._pickle(dataclasses.replace(
+            spec, scaling_config=self.scaling_config.without_secrets(),
+            run_config=dataclasses.replace(run_config, storage_filesystem=None,
+                                           storage_options=None, start_over=False),
+            resume_from_checkpoint=start and start.without_credentials()))
+
+        def begin_record() -> RunRecord:
+            record = RunRecord.begin(storage, name, described,
+                                     start_over=run_config.start_over, accepted=accepted)
+            storage.write_trainable(trainable)
+            return record
+
+        record = None
+        if self.scaling_config.nodes[1] > 1:  # the node that becomes group rank 0 records
+            RunRecord.check_resumable(storage, described, start_over=run_config.start_over,
+                                      accepted=accepted)
+        else:
+            record = begin_record()
         scratch = tempfile.mkdtemp(prefix="elastic_train_")
         try:
             spec_path = os.path.join(scratch, "spec.pkl")
             with open(spec_path, "wb") as f:
                 f.write(pickled)
-            failures, preempted = self._run_workers(storage, record, run_config, spec_path,
-                                                    scratch)
+            failures, preempted, record = self._run_workers(
+                storage, record, begin_record, run_config, spec_path, scratch)
             return self._finish(storage, record, run_config, failures, preempted, scratch)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -264,25 +291,37 @@ class DataParallelTrainer:
             "trainer": type(self).__name__,
             "train_function": _function_name(self.train_loop_per_worker),
             "train_signature": _signature(self.train_loop_per_worker),
-            "scaling_config": asdict(self.scaling_config),
+            "scaling_config": asdict(self.scaling_config.without_secrets()),
             "failure_config": asdict(run_config.failure_config),
             "checkpoint_config": asdict(run_config.checkpoint_config),
             "storage_path": run_config.storage_path,
             "backend": repr(self.backend_config),
         }
 
-    def _run_workers(self, storage: RunStorage, record: RunRecord, run_config: RunConfig,
-                     spec_path: str, scratch: str) -> tuple[list[WorkerFailure], bool]:
-        """The final failures, and whether the preemption budget is what ran out."""
+    def _run_workers(self, storage: RunStorage, record: RunRecord | None,
+                     begin_record: Callable[[], RunRecord], run_config: RunConfig,
+                     spec_path: str, scratch: str,
+                     ) -> tuple[list[WorkerFailure], bool, RunRecord | None]:
+        """The final failures, whether the preemption budget is what ran out, and the
+        run's record if this node keeps it."""
         scaling = self.scaling_config
         supervisor = RunSupervisor(
             storage, run_config.name, run_config.failure_config.max_failures == -1,
-            record=record, callbacks=run_config.callbacks, verbose=run_config.verbose)
+            record=record, begin_record=None if record else begin_record,
+            callbacks=run_config.callbacks, verbose=run_config.verbose)
+        rendezvous = scaling.rendezvous  # None: this node alone, on a store of its own
+        if rendezvous is not None and rendezvous.backend in ETCD_V3_BACKENDS:
+            register_rendezvous_backends()
         agent_spec = AgentSpec(
             entrypoint=sys.executable,
             args=("-m", "elastic_train.worker", spec_path, scratch),
-            nproc_per_node=scaling.num_workers,
-            run_id=f"{run_config.name}-{uuid.uuid4().hex[:8]}",
+            nproc_per_node=scaling.workers_per_node,
+            run_id=(rendezvous and rendezvous.run_id) or
+            f"{run_config.name}-{uuid.uuid4().hex[:8]}",
+            min_nodes=scaling.nodes[0], max_nodes=scaling.nodes[1],
+            rdzv_backend=rendezvous.backend if rendezvous else "c10d",
+            rdzv_endpoint=(rendezvous and rendezvous.endpoint) or "127.0.0.1:0",
+            rdzv_configs=dict(rendezvous.conf or {}) if rendezvous else {},
             max_restarts=run_config.failure_config.max_restarts,
             log_dir=storage.log_dir() if storage.is_local else os.path.join(scratch, "logs"),
             agent_logs=run_config.verbose >= 2,
@@ -290,13 +329,13 @@ class DataParallelTrainer:
             preemption_grace_s=run_config.failure_config.preemption_grace_s,
             max_preemptions=run_config.failure_config.max_preemption_failures,
             worker_env={
-                "OMP_NUM_THREADS": str(scaling.threads_per_worker(scaling.num_workers)),
+                "OMP_NUM_THREADS": str(scaling.threads_per_worker(scaling.workers_per_node)),
                 CACHE_ENV: os.path.join(scratch, "checkpoint_cache"),
             },
         )
         try:
             failures = supervisor.run(agent_spec)
-            return failures, supervisor.preempted_out
+            return failures, supervisor.preempted_out, supervisor.record
         except Interrupted as exc:
             logger.warning("Run interrupted by %s; it can be resumed by running fit() again "
                            "with RunConfig(name=%r).", signal.Signals(exc.signum).name,
@@ -304,17 +343,19 @@ class DataParallelTrainer:
             signal.raise_signal(exc.signum)  # the caller's own handler decides what happens
             raise KeyboardInterrupt from None
 
-    def _finish(self, storage: RunStorage, record: RunRecord, run_config: RunConfig,
+    def _finish(self, storage: RunStorage, record: RunRecord | None, run_config: RunConfig,
                 failures: list[WorkerFailure], preempted: bool, scratch: str) -> Result:
         if failures:
             budget = run_config.failure_config
             error = (PreemptionError if preempted else TrainingFailedError).from_failures(
                 failures, storage.display_path,
                 budget.max_preemption_failures if preempted else budget.max_failures)
-            record.set_status("failed", error=str(error))
+            if record is not None:
+                record.set_status("failed", error=str(error))
             storage.discard_unfinished_uploads()
             raise error
-        record.set_status("finished")
+        if record is not None:
+            record.set_status("finished")
         return_value = None
         path = os.path.join(scratch, RETURN_VALUE_FILE)
         if os.path.exists(path):

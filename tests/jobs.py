@@ -100,7 +100,7 @@ def train_mlp(config: dict) -> dict:
     if checkpoint:
         with checkpoint.as_directory() as d:
             state = torch.load(os.path.join(d, "state.pt"), weights_only=True)
-        model.load_state_dict(state["model"])
+        getattr(model, "module", model).load_state_dict(state["model"])  # DDP or not
         optimizer.load_state_dict(state["optimizer"])
         # A mid-epoch checkpoint resumes in its epoch; the shard continues at its batch.
         start_epoch = state["epoch"] + (1 if state.get("epoch_done", True) else 0)
@@ -146,7 +146,8 @@ def _report(config: dict, model, optimizer, epoch: int, loss, epoch_done: bool,
     with tempfile.TemporaryDirectory() as d:
         checkpoint = None
         if et.get_context().get_world_rank() == 0:
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            torch.save({"model": getattr(model, "module", model).state_dict(),
+                        "optimizer": optimizer.state_dict(),
                         "epoch": epoch, "epoch_done": epoch_done}, os.path.join(d, "state.pt"))
             checkpoint = et.Checkpoint.from_directory(d)
         elif config.get("ballast_mb"):  # a large file from another rank: slow uploads

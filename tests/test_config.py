@@ -6,6 +6,7 @@ from elastic_train import (
     CheckpointConfig,
     ConfigError,
     FailureConfig,
+    RendezvousConfig,
     RunConfig,
     ScalingConfig,
 )
@@ -26,6 +27,26 @@ BAD = [
                  ["resources_per_worker['GPU']", "0.3"], id="gpu-not-packable"),
     pytest.param(lambda: ScalingConfig(resources_per_worker={"CPU": 1.5}),
                  ["resources_per_worker['CPU']", "1.5"], id="cpu-fractional"),
+    pytest.param(lambda: ScalingConfig(num_workers=(3, 2), num_workers_per_node=1),
+                 ["num_workers", "(3, 2)", "min <= max"], id="workers-range-reversed"),
+    pytest.param(lambda: ScalingConfig(num_workers=(2, 4)),
+                 ["num_workers=(2, 4)", "num_workers_per_node"], id="range-needs-per-node"),
+    pytest.param(lambda: ScalingConfig(num_workers=6, num_workers_per_node=4),
+                 ["num_workers=6", "num_workers_per_node=4", "multiple"], id="not-whole-nodes"),
+    pytest.param(lambda: ScalingConfig(num_workers=4, num_workers_per_node=0),
+                 ["num_workers_per_node=0", "--nproc-per-node"], id="per-node-0"),
+    pytest.param(lambda: ScalingConfig(num_workers=4, num_workers_per_node=2),
+                 ["RendezvousConfig(endpoint=", "--rdzv-endpoint", "PET_RDZV_ENDPOINT"],
+                 id="nodes-need-endpoint"),
+    pytest.param(lambda: ScalingConfig(num_workers=4, num_workers_per_node=2,
+                                       rendezvous=RendezvousConfig(endpoint="h:1")),
+                 ["RendezvousConfig(run_id=", "--rdzv-id"], id="nodes-need-run-id"),
+    pytest.param(lambda: ScalingConfig(rendezvous="etcd:2379"),
+                 ["rendezvous='etcd:2379'", "RendezvousConfig"], id="rendezvous-type"),
+    pytest.param(lambda: RendezvousConfig(backend="static"),
+                 ["backend='static'", "'etcd'", "launch"], id="rendezvous-static"),
+    pytest.param(lambda: RendezvousConfig(conf="a=1"), ["conf='a=1'", "dict"],
+                 id="rendezvous-conf-type"),
     pytest.param(lambda: FailureConfig(max_failures=-2), ["max_failures", "-2"],
                  id="failures-neg"),
     pytest.param(lambda: FailureConfig(max_failures=1.5), ["max_failures", "1.5"],
@@ -107,3 +128,33 @@ def test_no_gpus_without_use_gpu():
     scaling = ScalingConfig(num_workers=4)
     assert scaling.gpus_per_worker == 0
     assert scaling.gpus_needed() == 0
+
+
+def test_nodes_map_to_torchruns_flags(monkeypatch):
+    for name in ("PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    single = ScalingConfig(num_workers=3)
+    assert (single.workers_per_node, single.nodes, single.rendezvous) == (3, (1, 1), None)
+    elastic = ScalingConfig(num_workers=[4, 8], num_workers_per_node=2,
+                            rendezvous=RendezvousConfig(backend="etcd", endpoint="e:2379",
+                                                        run_id="job", conf={"password": "pw"}))
+    assert elastic.num_workers == (4, 8) and elastic.nodes == (2, 4)  # --nnodes 2:4
+    assert elastic.rendezvous.backend == "etcd-v3"
+    assert elastic.rendezvous.conf["last_call_timeout"] == 2  # fast-recovery defaults
+    assert "password" not in elastic.without_secrets().rendezvous.conf
+    assert elastic.rendezvous.conf["password"] == "pw"
+
+
+def test_rendezvous_settings_come_from_torchruns_environment(monkeypatch):
+    monkeypatch.setenv("PET_RDZV_BACKEND", "etcd")
+    monkeypatch.setenv("PET_RDZV_ENDPOINT", "etcd-host:2379")
+    monkeypatch.setenv("PET_RDZV_ID", "job7")
+    monkeypatch.setenv("PET_RDZV_CONF", "last_call_timeout=5,protocol=https")
+    scaling = ScalingConfig(num_workers=4, num_workers_per_node=2)
+    assert (scaling.rendezvous.backend, scaling.rendezvous.endpoint,
+            scaling.rendezvous.run_id) == ("etcd-v3", "etcd-host:2379", "job7")
+    assert scaling.rendezvous.conf["last_call_timeout"] == 5
+    assert scaling.rendezvous.conf["protocol"] == "https"
+    monkeypatch.setenv("PET_RDZV_CONF", "novalue")
+    with pytest.raises(ConfigError, match="PET_RDZV_CONF item 'novalue'"):
+        RendezvousConfig()

@@ -16,6 +16,7 @@ from elastic_train.result import Result
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 from tests.conftest import pid_alive, wait_until
+from tests.etcd_server import run_keys
 from tests.servers import free_port, stop_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
@@ -203,6 +204,10 @@ def test_three_agents_lose_one_and_take_one_back(request, storage_path, tmp_path
     assert recovery < 30, f"took {recovery:.1f}s to resume on the survivors"
     state = run_state(storage_path, f"job-{backend}")
     assert state["status"] == "finished"
+    # The killed agent's worker died with it (PR_SET_PDEATHSIG): nothing is left over.
+    assert wait_until(lambda: not any(pid_alive(p) for p in worker_pids(out_dir)), 30)
+    if backend == "etcd":  # the last node out of the finished job deleted the run's keys
+        assert run_keys(endpoint, f"job-{backend}") == []
 
 
 @pytest.mark.timeout(240)

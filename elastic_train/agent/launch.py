@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
 from elastic_train.agent import zygote
 from elastic_train.agent.failures import failures_of
 from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.agent.local_agent import TrainAgent
-from elastic_train.errors import WorkerFailure
+from elastic_train.errors import RendezvousLostError, WorkerFailure
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,8 @@ def run_agent(spec: AgentSpec,
     attempt, including the last, with the budget it was charged to (see
     :class:`TrainAgent`); ``on_rendezvous(group_rank, nodes)`` after every
     rendezvous. Raises :class:`Interrupted` after a SIGINT/SIGTERM, once every
-    worker is stopped.
+    worker is stopped, and :class:`RendezvousLostError` when the rendezvous became
+    unreachable (with c10d: the node hosting its store is gone).
     """
     params = RendezvousParameters(
         backend=spec.rdzv_backend, endpoint=spec.rdzv_endpoint, run_id=spec.run_id,
@@ -148,6 +149,9 @@ def run_agent(spec: AgentSpec,
         except SignalException as exc:
             # Like torchrun, leave the rendezvous open: other nodes may go on without us.
             raise Interrupted(int(exc.sigval)) from None
+        except RendezvousConnectionError as exc:
+            raise RendezvousLostError.for_backend(spec.rdzv_backend, spec.rdzv_endpoint,
+                                                  exc) from exc
         rdzv_handler.shutdown()
     if not result.is_failed():
         return [], False

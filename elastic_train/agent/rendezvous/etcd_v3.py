@@ -183,9 +183,14 @@ class EtcdV3Keyspace:
             return self.client.delete(key)
 
     def delete_all(self) -> None:
-        """Deletes every key of the run at once."""
+        """Deletes every key of the run at once, and revokes the run's lease."""
         with _connection_errors():
             self.client.delete_prefix(self.prefix)
+            try:
+                self._lease.revoke()
+            except Etcd3Exception as exc:
+                if "lease not found" not in (exc.detail_text or ""):
+                    raise
 
     def close(self) -> None:
         """Stops refreshing the lease (idempotent); the keys expire a TTL after the last node."""

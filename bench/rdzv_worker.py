@@ -1,0 +1,51 @@
+"""The worker of the rendezvous figure, run with ``--no-python`` by every launcher.
+
+    rdzv_worker.py OUT_DIR stamp   append this start's time.time() to OUT_DIR/starts, exit
+    rdzv_worker.py OUT_DIR train   join the gloo group and all-reduce until OUT_DIR/stop
+                                   exists; rank 0 appends "<time> <world size>" to
+                                   OUT_DIR/starts when its process starts and to
+                                   OUT_DIR/steps after its first all-reduce, at every
+                                   (re)start
+
+``stamp`` imports nothing heavy, so the time to form the job is the agents' own;
+``train`` notices a lost peer the way training does, in a collective.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+
+def _append(path: str, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+def train(out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    first = True
+    while True:
+        stop = torch.tensor([float(os.path.exists(os.path.join(out_dir, "stop")))])
+        dist.all_reduce(stop)
+        if first and dist.get_rank() == 0:
+            _append(os.path.join(out_dir, "steps"), f"{time.time()} {dist.get_world_size()}")
+        first = False
+        if stop.item() > 0:
+            break
+        time.sleep(0.05)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    out, mode = sys.argv[1:3]
+    if mode == "stamp":
+        _append(os.path.join(out, "starts"), str(time.time()))
+    else:
+        if os.environ.get("RANK") == "0":  # before importing torch
+            _append(os.path.join(out, "starts"), f"{time.time()} {os.environ['WORLD_SIZE']}")
+        train(out)
