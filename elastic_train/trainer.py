@@ -224,6 +224,14 @@ class DataParallelTrainer:
             KeyboardInterrupt: Ctrl-C; every worker is stopped and the run is
                 left resumable (status ``interrupted``).
         """
+        if "TORCHELASTIC_RUN_ID" in os.environ:
+            raise ConfigError(
+                "fit() was called inside a worker of `elastic-train launch` or torchrun "
+                f"(TORCHELASTIC_RUN_ID={os.environ['TORCHELASTIC_RUN_ID']!r}): every worker "
+                "would start a job of its own. Run the driver script itself on each node "
+                "(`python train.py`, with ScalingConfig(num_workers_per_node=..., "
+                "rendezvous=RendezvousConfig(...))), or give `elastic-train launch` a script "
+                "that calls elastic_train.report() itself.")
         name = self._experiment_name()
         run_config = dataclasses.replace(self.run_config, name=name)
         start = self.resume_from_checkpoint

@@ -202,3 +202,12 @@ def test_mistyped_bucket_is_rejected_not_created(s3_endpoint):
     fs.mkdir(f"real-{os.getpid()}")
     RunStorage.open(f"s3://real-{os.getpid()}/new/prefix", "run", options=options) \
         .ensure_writable()
+
+
+def test_fit_inside_a_launched_worker_is_refused(tmp_path, monkeypatch):
+    """Under `elastic-train launch` or torchrun each worker would start a job of its own."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job42")
+    storage_path = str(tmp_path / "results")
+    with pytest.raises(ConfigError, match="inside a worker.*job42.*on each node"):
+        make_trainer(storage_path).fit()
+    assert not os.path.exists(storage_path)
