@@ -135,7 +135,9 @@ def train_mlp(config: dict) -> dict:
                     with open(config["jit_file"], "w") as f:
                         f.write(f"{epoch} {batch}\n")
         _report(config, model, optimizer, epoch, loss, epoch_done=True)
-    return {"digest": weights_digest(model), "world_size": ctx.get_world_size()}
+    # Of the unwrapped model, as checkpointed: comparable with checkpoint_digest().
+    return {"digest": weights_digest(getattr(model, "module", model)),
+            "world_size": ctx.get_world_size()}
 
 
 def _report(config: dict, model, optimizer, epoch: int, loss, epoch_done: bool,
