@@ -147,7 +147,7 @@ def test_credentials_never_reach_the_run_directory(s3_endpoint, tmp_path):
     seed.mkdir()
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    torch.save({"model": {f"module.{k}": v for k, v in model.state_dict().items()},
+    torch.save({"model": model.state_dict(),
                 "optimizer": optimizer.state_dict(), "epoch": EPOCHS - 2},
                seed / "state.pt")
     storage.fs.put(str(seed / "state.pt"), f"{storage.url}/seed/state.pt")
