@@ -1,8 +1,9 @@
 """Figure 8: rendezvous -- forming a job of N agents, and re-forming it after one dies.
 
 Every agent is a node of its own on this machine, with one worker
-(:mod:`bench.rdzv_worker`, started with ``--no-python`` by every launcher so
-that the workers cost the same), against the launchers in the same run:
+(:mod:`bench.rdzv_worker`, a Python script each launcher runs the way it runs
+any: torchrun as a fresh interpreter, ``elastic-train launch`` forked from its
+worker zygote), against the launchers in the same run:
 torchrun's own c10d with its defaults (and, for recovery, with
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), ``elastic-train launch`` with c10d,
 and ``elastic-train launch`` with our etcd v3 backend (an etcd server on
@@ -67,7 +68,7 @@ class Launcher:
                  "--rdzv-id", run_id, "--max-restarts", "3"]
         if rdzv_conf and not self.key.startswith("torchrun"):
             flags += ["--rdzv-conf", rdzv_conf]
-        worker = ["--no-python", sys.executable, WORKER, out_dir, mode]
+        worker = [WORKER, out_dir, mode]  # a Python script, run the way each launcher runs one
         if self.key.startswith("torchrun"):
             return [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d",
                     *flags, *worker]
@@ -307,7 +308,7 @@ def _forming_table(agents: tuple[int, ...], launchers: list[Launcher], usable: l
                   *[Summary.of(formed.get((launcher.key, n), [])).fmt(2) for n in agents])
     table.notes += [
         "One agent per node, all on this machine, 1 worker each (bench/rdzv_worker.py "
-        "stamp, started with --no-python by every launcher); `--nnodes N`, so no last call.",
+        "stamp, run as a Python script by every launcher); `--nnodes N`, so no last call.",
         "Includes N agents' Python start-up competing for the same cores (alike for every "
         "row); the differences between rows are the rendezvous.",
         f"elastic-train rows use `--rdzv-conf {FORMING_CONF}` (torch's heartbeat): with our "
@@ -340,7 +341,8 @@ def _recovery_table(usable: list[Launcher], recovered: dict[str, list[Recovery]]
         "peer in that collective; the killed agent is never the c10d store's host.",
         "'worker restarted': the survivors' new rank-0 process started (detection, stopping "
         "the failed group, rendezvous); 'training resumed': its first all-reduce, after "
-        "Python + torch import and the gloo group's set-up on this machine.",
+        "the worker's start-up (torchrun: a new interpreter importing torch; elastic-train: "
+        "a fork of its zygote) and the gloo group's set-up on this machine.",
         "torch's default agent store is shared by every round: a restarted group can hang in "
         "init_process_group on the previous round's keys (the issue's trap); "
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 avoids it, as elastic-train launch does.",
