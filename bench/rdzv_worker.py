@@ -1,4 +1,4 @@
-"""The worker of the rendezvous figure, a Python script every launcher runs.
+"""The worker of the rendezvous figure (``stamp`` with ``--no-python``, ``train`` as a script).
 
     rdzv_worker.py OUT_DIR stamp   append this start's time.time() to OUT_DIR/starts, exit
     rdzv_worker.py OUT_DIR train   join the gloo group and all-reduce until OUT_DIR/stop

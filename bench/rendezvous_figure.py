@@ -1,9 +1,10 @@
 """Figure 8: rendezvous -- forming a job of N agents, and re-forming it after one dies.
 
 Every agent is a node of its own on this machine, with one worker
-(:mod:`bench.rdzv_worker`, a Python script each launcher runs the way it runs
-any: torchrun as a fresh interpreter, ``elastic-train launch`` forked from its
-worker zygote), against the launchers in the same run:
+(:mod:`bench.rdzv_worker`: started with ``--no-python`` to form a job, so that
+the rows differ by the rendezvous alone; for recovery, a Python script each
+launcher runs its own way, torchrun as a fresh interpreter, ``elastic-train
+launch`` forked from its worker zygote), against the launchers in the same run:
 torchrun's own c10d with its defaults (and, for recovery, with
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), ``elastic-train launch`` with c10d,
 and ``elastic-train launch`` with our etcd v3 backend (an etcd server on
@@ -68,7 +69,10 @@ class Launcher:
                  "--rdzv-id", run_id, "--max-restarts", "3"]
         if rdzv_conf and not self.key.startswith("torchrun"):
             flags += ["--rdzv-conf", rdzv_conf]
-        worker = [WORKER, out_dir, mode]  # a Python script, run the way each launcher runs one
+        # Forming: the same light command for every launcher, so the rows differ by the
+        # rendezvous alone. Recovery: a Python script, run the way each launcher runs one.
+        worker = [WORKER, out_dir, mode] if mode == "train" else \
+            ["--no-python", sys.executable, WORKER, out_dir, mode]
         if self.key.startswith("torchrun"):
             return [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d",
                     *flags, *worker]
@@ -308,7 +312,7 @@ def _forming_table(agents: tuple[int, ...], launchers: list[Launcher], usable: l
                   *[Summary.of(formed.get((launcher.key, n), [])).fmt(2) for n in agents])
     table.notes += [
         "One agent per node, all on this machine, 1 worker each (bench/rdzv_worker.py "
-        "stamp, run as a Python script by every launcher); `--nnodes N`, so no last call.",
+        "stamp, started with --no-python by every launcher); `--nnodes N`, so no last call.",
         "Includes N agents' Python start-up competing for the same cores (alike for every "
         "row); the differences between rows are the rendezvous.",
         f"elastic-train rows use `--rdzv-conf {FORMING_CONF}` (torch's heartbeat): with our "
