@@ -28,6 +28,7 @@ from torch.distributed.elastic.rendezvous.registry import (
     handler_registry,
 )
 
+from tests.conftest import wait_until
 from tests.etcd_server import EtcdServer
 
 pytest.importorskip("etcd3gw", reason="etcd3gw is not installed (pip install etcd3gw)")
@@ -54,15 +55,6 @@ def backend_and_store(etcd_endpoint: str) -> Iterator[tuple[EtcdV3RendezvousBack
     yield backend, store
     backend.delete_keys()
     backend.close()
-
-
-def _wait_until(condition, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 @pytest.mark.timeout(60)
@@ -145,7 +137,7 @@ def test_lease_lives_while_any_node_does(etcd_endpoint: str) -> None:
     time.sleep(5)  # the second node keeps the shared lease alive
     assert second.get_state() is not None
     second.close()
-    assert _wait_until(lambda: second.get_state() is None, 15), "keys outlived the lease"
+    assert wait_until(lambda: second.get_state() is None, 15), "keys outlived the lease"
 
 
 @pytest.mark.timeout(60)
