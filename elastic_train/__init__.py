@@ -28,20 +28,21 @@ _EXPORTS = {
     "PreemptionError": "elastic_train.errors",
     "TrainingFailedError": "elastic_train.errors",
     "WorkerFailure": "elastic_train.errors",
-    "PreemptionInfo": "elastic_train.preemption",
-    "RendezvousConfig": "elastic_train.rendezvous_config",
+    "PreemptionInfo": "elastic_train.worker.preemption",
+    "RendezvousConfig": "elastic_train.agent.rendezvous.config",
     "Result": "elastic_train.result",
-    "CheckpointUploadMode": "elastic_train.session",
-    "get_checkpoint": "elastic_train.session",
-    "get_context": "elastic_train.session",
-    "get_dataset_shard": "elastic_train.session",
-    "get_preemption_info": "elastic_train.session",
-    "report": "elastic_train.session",
+    "CheckpointUploadMode": "elastic_train.worker.session",
+    "get_checkpoint": "elastic_train.worker.session",
+    "get_context": "elastic_train.worker.session",
+    "get_dataset_shard": "elastic_train.worker.session",
+    "get_preemption_info": "elastic_train.worker.session",
+    "report": "elastic_train.worker.session",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]
 
 if TYPE_CHECKING:  # what static tools see
+    from elastic_train.agent.rendezvous.config import RendezvousConfig
     from elastic_train.callbacks import (
         CSVLoggerCallback,
         RunContext,
@@ -57,10 +58,9 @@ if TYPE_CHECKING:  # what static tools see
         TrainingFailedError,
         WorkerFailure,
     )
-    from elastic_train.preemption import PreemptionInfo
-    from elastic_train.rendezvous_config import RendezvousConfig
     from elastic_train.result import Result
-    from elastic_train.session import (
+    from elastic_train.worker.preemption import PreemptionInfo
+    from elastic_train.worker.session import (
         CheckpointUploadMode,
         get_checkpoint,
         get_context,

@@ -27,8 +27,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.errors import ConfigError
-from elastic_train.rendezvous_config import RendezvousConfig
 
 DEFAULT_STORAGE_PATH = os.path.join("~", "elastic_train_results")
 
@@ -347,7 +347,7 @@ class RunConfig:
         checkpoint_config: Retention; see :class:`CheckpointConfig`.
         start_over: Our addition. A run stored under this name that cannot be
             continued -- it finished, or its train function changed (see
-            :mod:`elastic_train.resume_rules`) -- is refused by default. With
+            :mod:`elastic_train.driver.resume_rules`) -- is refused by default. With
             ``True`` it is moved aside to ``<name>.<status>-<UTC time>`` (never
             deleted; on object stores copied whole, then removed) and a fresh
             run starts under the name. A run that can be continued is still

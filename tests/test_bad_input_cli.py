@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from elastic_train.cli import main
+from elastic_train.cli.main import main
 from tests.conftest import child_pids
 from tests.test_trainer_validation import snapshot
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import os
 
-from elastic_train.console import Console, LogTail
+from elastic_train.driver.console import Console, LogTail
 
 
 def _log(root, session: str, attempt: int, local_rank: int, stream: str, text: str) -> str:
@@ -53,7 +53,7 @@ def test_rank_and_stream_filters(tmp_path):
 
 def test_status_line_counts_checkpoints_still_uploading(tmp_path):
     from elastic_train.callbacks import RunContext
-    from elastic_train.progress import RunMonitor
+    from elastic_train.driver.progress import RunMonitor
     from elastic_train.storage import RunStorage
     from elastic_train.storage.checkpoint_store import MARKER
 

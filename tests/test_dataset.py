@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from elastic_train.dataset import DatasetShard
+from elastic_train.worker.dataset import DatasetShard
 
 CPU = torch.device("cpu")
 

@@ -50,7 +50,7 @@ def _worker_pids() -> list[int]:
     pids = []
     for pid in child_pids(os.getpid()):
         with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"elastic_train.worker" in f.read():
+            if b"elastic_train.worker.fit_worker" in f.read():
                 pids.append(pid)
     return pids
 

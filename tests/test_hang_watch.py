@@ -8,7 +8,7 @@ import subprocess
 import time
 
 from elastic_train.agent.hang_watch import HangWatch
-from elastic_train.heartbeat import progress_file
+from elastic_train.worker.heartbeat import progress_file
 from tests.conftest import pid_alive, wait_until
 
 

@@ -11,8 +11,8 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 import elastic_train as et
-from elastic_train import preemption
 from elastic_train.agent.local_agent import TrainAgent
+from elastic_train.worker import preemption
 
 
 def test_agree_merges_every_ranks_notice(monkeypatch):

@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
+from elastic_train.driver.resume_rules import TRAIN_FUNCTION_CHANGES, SpecChange, spec_changes
+from elastic_train.driver.run_record import RunRecord
 from elastic_train.errors import ConfigError, StorageError
-from elastic_train.resume_rules import TRAIN_FUNCTION_CHANGES, SpecChange, spec_changes
-from elastic_train.run_record import RunRecord
 from tests.conftest import make_storage
 
 FIT = {"train_function": "jobs.train", "train_signature": "(config)",

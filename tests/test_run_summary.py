@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_train.run_summary import RunSummary, recoveries
+from elastic_train.cli.run_summary import RunSummary, recoveries
 
 
 def test_each_failure_gets_the_first_restart_after_it():

@@ -97,5 +97,5 @@ def test_only_this_packages_worker_modules_use_it(monkeypatch):
     assert zygote.worker_command(sys.executable, ("-m", "mypkg.train")) == \
         (sys.executable, ("-m", "mypkg.train"))
     monkeypatch.setenv(zygote.ZYGOTE_ENV, "0")
-    fit = ("-m", "elastic_train.worker", "spec.pkl", "/tmp/x")
+    fit = ("-m", "elastic_train.worker.fit_worker", "spec.pkl", "/tmp/x")
     assert zygote.worker_command(sys.executable, fit) == (sys.executable, fit)

@@ -1,9 +1,9 @@
 """The per-node agent: a thin layer over torch.distributed.elastic.
 
-The agent never imports user code; it starts ``python -m elastic_train.worker``.
+The agent never imports user code; it starts ``python -m elastic_train.worker.fit_worker``.
 """
 
+from elastic_train.agent.api import AgentSpec, Interrupted, run_agent
 from elastic_train.agent.failures import failures_of
-from elastic_train.agent.launch import AgentSpec, Interrupted, run_agent
 
 __all__ = ["AgentSpec", "Interrupted", "failures_of", "run_agent"]

@@ -1,7 +1,7 @@
 """Hang detection: a worker that stops making progress is stopped like a crashed one.
 
 Workers touch a progress file as they report and take batches (see
-:mod:`elastic_train.heartbeat`). When a local worker's file is older than the
+:mod:`elastic_train.worker.heartbeat`). When a local worker's file is older than the
 hang timeout, the agent asks every stale worker for its Python stack (SIGUSR1,
 ``faulthandler``), writes a ``HangError`` with that stack into the worker's
 error file -- so the driver reports it with the rank, like any failure -- and
@@ -21,8 +21,8 @@ import time
 
 from fsspec.implementations.local import LocalFileSystem
 
-from elastic_train.heartbeat import STACK_SIGNAL, progress_file, stack_file
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.worker.heartbeat import STACK_SIGNAL, progress_file, stack_file
 
 logger = logging.getLogger(__name__)
 

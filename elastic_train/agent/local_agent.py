@@ -15,7 +15,7 @@
    crashed charges its own budget, and a lost node is a membership change
    (counted in ``membership_changes``), not a failure of the job. On a
    single node every failure is the node's own and is charged.
-4. A failure after a preemption notice (see :mod:`elastic_train.preemption`)
+4. A failure after a preemption notice (see :mod:`elastic_train.worker.preemption`)
    spends the preemption budget (``max_preemptions``, -1 = unlimited)
    instead of the restart budget.
 5. A group is stopped for a restart with SIGKILL, not torch's SIGTERM and
@@ -43,11 +43,11 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-from elastic_train import preemption
 from elastic_train.agent.failures import failures_of, is_secondary
 from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.context import AGENT_PID_ENV, GENERATION_ENV
-from elastic_train.heartbeat import PROGRESS_DIR_ENV
+from elastic_train.worker import preemption
+from elastic_train.worker.heartbeat import PROGRESS_DIR_ENV
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ import threading
 from dataclasses import dataclass
 
 ZYGOTE_ENV = "ELASTIC_TRAIN_ZYGOTE"
-WORKER_MODULES = ("elastic_train.worker", "elastic_train.script_worker")
+WORKER_MODULES = ("elastic_train.worker.fit_worker", "elastic_train.worker.script_worker")
 PRELOAD = ("torch", "torch.distributed", *WORKER_MODULES)
 CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote_client.py")
 
@@ -78,7 +78,7 @@ def _kill(pid: int) -> None:
 def serve(path: str) -> Request | None:
     """The zygote's loop. Returns in a forked child (the request it is to run), or
     None in the zygote itself once its parent has gone."""
-    from elastic_train.process import die_with_parent
+    from elastic_train.worker.lifecycle import die_with_parent
 
     die_with_parent()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -18,10 +18,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from elastic_train.backend import BackendConfig, WorkerResources
 from elastic_train.config import ScalingConfig
 from elastic_train.context import WorkerEnv
 from elastic_train.errors import ConfigError
+from elastic_train.worker.backend import BackendConfig, WorkerResources
 
 BACKENDS = ("gloo", "nccl")
 INIT_METHODS = ("env", "tcp")

@@ -20,10 +20,10 @@ from typing import Any
 
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.config import RunConfig, ScalingConfig
+from elastic_train.driver.trainer import DataParallelTrainer, _trainer_arguments
 from elastic_train.errors import ConfigError
-from elastic_train.run_spec import RunSpec
 from elastic_train.torch.config import TorchConfig
-from elastic_train.trainer import DataParallelTrainer, _trainer_arguments
+from elastic_train.worker.run_spec import RunSpec
 
 
 class TorchTrainer(DataParallelTrainer):

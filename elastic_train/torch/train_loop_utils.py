@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
-from elastic_train import heartbeat
-from elastic_train.dataset import ResumableIterable, _to
 from elastic_train.errors import ConfigError
-from elastic_train.session import get_session
+from elastic_train.worker import heartbeat
+from elastic_train.worker.dataset import ResumableIterable, _to
+from elastic_train.worker.session import get_session
 
 logger = logging.getLogger(__name__)
 

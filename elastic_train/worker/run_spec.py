@@ -7,10 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_train.backend import BackendConfig
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.config import RunConfig, ScalingConfig
 from elastic_train.errors import ConfigError
+from elastic_train.worker.backend import BackendConfig
 
 
 def check_train_function(fn: Callable[..., Any]) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from elastic_train.driver.resume_rules import SpecChange, refusal, spec_changes
 from elastic_train.errors import ConfigError, StorageError, WorkerFailure
-from elastic_train.resume_rules import SpecChange, refusal, spec_changes
 from elastic_train.storage import RunStorage
 from elastic_train.storage.archive import archive_run
 
@@ -96,7 +96,7 @@ class RunRecord:
         """What a launch with ``spec`` does with the stored run: continue it, or not.
 
         A finished run, or one whose spec changed in a way that breaks resume
-        (:mod:`elastic_train.resume_rules`), is refused with a ConfigError that
+        (:mod:`elastic_train.driver.resume_rules`), is refused with a ConfigError that
         says why and how to proceed -- unless ``start_over``, where it is
         reported as ``refused`` for the caller to archive. A run that can be
         continued is continued, with or without ``start_over``: a script that

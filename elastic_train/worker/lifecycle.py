@@ -22,12 +22,12 @@ from types import TracebackType
 
 from fsspec.implementations.local import LocalFileSystem
 
-from elastic_train import heartbeat
 from elastic_train.context import AGENT_PID_ENV
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.worker import heartbeat
 
 _PR_SET_PDEATHSIG = 1
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def die_with_parent() -> None:

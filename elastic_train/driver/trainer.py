@@ -29,10 +29,12 @@ import cloudpickle
 from elastic_train.agent import AgentSpec, Interrupted
 from elastic_train.agent.rendezvous import ETCD_V3_BACKENDS
 from elastic_train.agent.rendezvous import register as register_rendezvous_backends
-from elastic_train.backend import BackendConfig
 from elastic_train.callbacks import UserCallback
 from elastic_train.checkpoint import CACHE_ENV, Checkpoint
 from elastic_train.config import RunConfig, ScalingConfig
+from elastic_train.driver.resume_rules import TRAIN_FUNCTION_CHANGES, is_launch
+from elastic_train.driver.run_record import RunRecord
+from elastic_train.driver.supervisor import RunSupervisor
 from elastic_train.errors import (
     ConfigError,
     PreemptionError,
@@ -41,13 +43,11 @@ from elastic_train.errors import (
     WorkerFailure,
 )
 from elastic_train.result import Result
-from elastic_train.resume_rules import TRAIN_FUNCTION_CHANGES, is_launch
-from elastic_train.run_record import RunRecord
-from elastic_train.run_spec import RunSpec, check_train_function
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.supervisor import RunSupervisor
-from elastic_train.worker import RETURN_VALUE_FILE
+from elastic_train.worker.backend import BackendConfig
+from elastic_train.worker.fit_worker import RETURN_VALUE_FILE
+from elastic_train.worker.run_spec import RunSpec, check_train_function
 
 logger = logging.getLogger(__name__)
 
@@ -322,7 +322,7 @@ class DataParallelTrainer:
             register_rendezvous_backends()
         agent_spec = AgentSpec(
             entrypoint=sys.executable,
-            args=("-m", "elastic_train.worker", spec_path, scratch),
+            args=("-m", "elastic_train.worker.fit_worker", spec_path, scratch),
             nproc_per_node=scaling.workers_per_node,
             run_id=(rendezvous and rendezvous.run_id) or
             f"{run_config.name}-{uuid.uuid4().hex[:8]}",

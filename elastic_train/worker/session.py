@@ -36,20 +36,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elastic_train import heartbeat, preemption
-from elastic_train.backend import WorkerResources
 from elastic_train.checkpoint import Checkpoint
+from elastic_train.cli.verify_resume import maybe_fail_after_report
 from elastic_train.context import StorageInfo, TrainContext, WorkerEnv
-from elastic_train.dataset import DatasetShard, ResumableIterable
 from elastic_train.errors import ConfigError, StorageError
-from elastic_train.preemption import PreemptionInfo
-from elastic_train.run_spec import RunSpec
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import dir_name, list_directory, mismatched_files
 from elastic_train.storage.retention import CheckpointRecord, score_of, to_delete
 from elastic_train.storage.uploader import CheckpointUploader, UploadJob
-from elastic_train.verify_resume import maybe_fail_after_report
+from elastic_train.worker import heartbeat, preemption
+from elastic_train.worker.backend import WorkerResources
+from elastic_train.worker.dataset import DatasetShard, ResumableIterable
+from elastic_train.worker.preemption import PreemptionInfo
+from elastic_train.worker.run_spec import RunSpec
 
 logger = logging.getLogger(__name__)
 
@@ -443,7 +443,7 @@ def get_preemption_info() -> PreemptionInfo | None:
     recommended reaction is to report a checkpoint now -- it is committed
     before ``report()`` returns -- and keep training until the deadline. When
     the node goes, the group restarts from that checkpoint, charged to
-    ``FailureConfig.max_preemption_failures``. See :mod:`elastic_train.preemption`.
+    ``FailureConfig.max_preemption_failures``. See :mod:`elastic_train.worker.preemption`.
 
     Example::
 

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from elastic_train.callbacks import RunContext, UserCallback
 from elastic_train.checkpoint import Checkpoint
-from elastic_train.console import Console, LogTail
+from elastic_train.driver.console import Console, LogTail
 from elastic_train.errors import WorkerFailure
 
 logger = logging.getLogger(__name__)

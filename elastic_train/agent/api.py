@@ -40,7 +40,7 @@ class AgentSpec:
     ``entrypoint``/``args`` is the worker command; ``worker_env`` is added to
     each worker's environment on top of what torch.distributed.elastic sets.
     Workers write to their log files under ``log_dir`` only; the driver's
-    console shows them (see :mod:`elastic_train.console`). ``agent_logs``
+    console shows them (see :mod:`elastic_train.driver.console`). ``agent_logs``
     shows torch.distributed.elastic's own logs too. When the agent gets a
     SIGTERM it passes it on to the workers (a preemption notice) and kills
     them ``preemption_grace_s`` later.

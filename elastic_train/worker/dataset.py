@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from elastic_train import heartbeat
+from elastic_train.worker import heartbeat
 
 
 class ResumableIterable:

@@ -22,9 +22,9 @@ import time
 from typing import Any
 
 from elastic_train import __version__
+from elastic_train.cli.run_summary import RunSummary
 from elastic_train.config import DEFAULT_STORAGE_PATH, CheckpointConfig
 from elastic_train.errors import ConfigError, StorageError, TrainingFailedError
-from elastic_train.run_summary import RunSummary
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import dir_name
@@ -309,7 +309,7 @@ def console_streams(redirects: str, tee: str) -> frozenset[str]:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from elastic_train.launcher import LaunchSettings, launch
+    from elastic_train.driver.launch import LaunchSettings, launch
 
     settings = LaunchSettings(
         target=args.script, target_args=args.script_args, module=args.module,
@@ -334,7 +334,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_verify_resume(args: argparse.Namespace) -> int:
-    from elastic_train.verify_resume import verify
+    from elastic_train.cli.verify_resume import verify
 
     if args.fail_at_report < 1:
         raise ConfigError(f"--fail-at-report={args.fail_at_report} is invalid: use >= 1.")
@@ -410,6 +410,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"elastic-train: {exc}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""A worker of ``fit()``: ``python -m elastic_train.worker SPEC_PATH RESULT_DIR``.
+"""A worker of ``fit()``: ``python -m elastic_train.worker.fit_worker SPEC_PATH RESULT_DIR``.
 
 Started by the agent with torch.distributed.elastic's environment. It joins
 the process group, runs the user's train function inside a session, waits
@@ -15,11 +15,11 @@ import cloudpickle
 from fsspec.implementations.local import LocalFileSystem
 
 from elastic_train.context import WorkerEnv
-from elastic_train.process import run_worker
-from elastic_train.run_spec import RunSpec
-from elastic_train.session import TrainSession, init_session, shutdown_session
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.worker.lifecycle import run_worker
+from elastic_train.worker.run_spec import RunSpec
+from elastic_train.worker.session import TrainSession, init_session, shutdown_session
 
 RETURN_VALUE_FILE = "return_value.pkl"
 

@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 from elastic_train.agent import AgentSpec, Interrupted, run_agent
 from elastic_train.callbacks import RunContext, UserCallback
+from elastic_train.driver.progress import RunMonitor
+from elastic_train.driver.run_record import RunRecord
 from elastic_train.errors import RendezvousLostError, WorkerFailure
-from elastic_train.progress import RunMonitor
-from elastic_train.run_record import RunRecord
 from elastic_train.storage import RunStorage
 
 logger = logging.getLogger(__name__)

@@ -23,19 +23,23 @@ import uuid
 from dataclasses import asdict, dataclass, field
 
 from elastic_train.agent import AgentSpec, Interrupted
+from elastic_train.agent.rendezvous.config import (
+    BACKEND_ALIASES,
+    FAST_RDZV_DEFAULTS,
+    parse_rdzv_conf,
+)
 from elastic_train.checkpoint import CACHE_ENV
 from elastic_train.config import CheckpointConfig
+from elastic_train.driver.run_record import RunRecord
+from elastic_train.driver.supervisor import RunSupervisor
 from elastic_train.errors import (
     ConfigError,
     PreemptionError,
     RendezvousLostError,
     TrainingFailedError,
 )
-from elastic_train.rendezvous_config import BACKEND_ALIASES, FAST_RDZV_DEFAULTS, parse_rdzv_conf
-from elastic_train.run_record import RunRecord
-from elastic_train.script_worker import LAUNCH_ENV
 from elastic_train.storage import RunStorage
-from elastic_train.supervisor import RunSupervisor
+from elastic_train.worker.script_worker import LAUNCH_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +148,7 @@ class LaunchSettings:
         if self.no_python:
             return self.target, tuple(self.target_args)
         target = ("-m", self.target) if self.module else (self.target,)
-        return sys.executable, ("-m", "elastic_train.script_worker", *target,
+        return sys.executable, ("-m", "elastic_train.worker.script_worker", *target,
                                 *self.target_args)
 
     def identity(self) -> list[str]:

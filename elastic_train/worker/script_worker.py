@@ -1,6 +1,6 @@
 """A worker of ``elastic-train launch``: runs the user's script as ``__main__``.
 
-``python -m elastic_train.script_worker [-m] TARGET [ARGS...]``. The script
+``python -m elastic_train.worker.script_worker [-m] TARGET [ARGS...]``. The script
 gets exactly torchrun's environment; if it calls ``elastic_train.report``,
 ``get_checkpoint`` or ``get_context``, the session is built on that first call
 from the settings the launcher put in ``ELASTIC_TRAIN_LAUNCH`` (after the
@@ -19,14 +19,14 @@ import sys
 import torch
 import torch.distributed as dist
 
-from elastic_train.backend import WorkerResources
 from elastic_train.config import CheckpointConfig, RunConfig, ScalingConfig
 from elastic_train.context import WorkerEnv
-from elastic_train.process import run_worker
-from elastic_train.run_spec import RunSpec
-from elastic_train.session import TrainSession, current_session, set_session_factory
 from elastic_train.storage import RunStorage
 from elastic_train.torch.config import TorchConfig
+from elastic_train.worker.backend import WorkerResources
+from elastic_train.worker.lifecycle import run_worker
+from elastic_train.worker.run_spec import RunSpec
+from elastic_train.worker.session import TrainSession, current_session, set_session_factory
 
 LAUNCH_ENV = "ELASTIC_TRAIN_LAUNCH"
 
