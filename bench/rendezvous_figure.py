@@ -239,7 +239,7 @@ def _etcd_endpoint(wanted: bool) -> Iterator[str | None]:
         yield None
         return
     sys.path.insert(0, REPO)
-    from tests.etcd_server import EtcdServer, etcd_binary  # the tests' fixture
+    from tests.support.etcd_server import EtcdServer, etcd_binary  # the tests' fixture
 
     binary = etcd_binary()
     if binary is None:

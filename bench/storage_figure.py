@@ -93,7 +93,7 @@ def _bare_put_s(fs: fsspec.AbstractFileSystem, target: str, size_mb: int) -> flo
 
 def _targets(scratch: str, s3_endpoint: str) -> list[tuple[str, str, dict[str, Any]]]:
     """``(label, storage URL, storage options)`` of local disk and the S3 server."""
-    from tests.servers import s3_options
+    from tests.support.servers import s3_options
 
     options = s3_options(s3_endpoint)
     fsspec.filesystem("s3", **options).mkdir("bench")
@@ -103,7 +103,7 @@ def _targets(scratch: str, s3_endpoint: str) -> list[tuple[str, str, dict[str, A
 
 def storage(suite: Any) -> list[Table]:
     """Figure 7: report() blocking and upload throughput, local disk and S3."""
-    from tests.servers import MotoS3Server
+    from tests.support.servers import MotoS3Server
 
     sizes = suite.profile.storage_sizes_mb
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need no bench/

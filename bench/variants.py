@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from bench.train_api import API_ENV
 from bench.workload import WorkloadConfig
+from tests.support.paths import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER_SCRIPT = os.path.join(REPO, "bench", "torchrun_worker.py")
 ELASTIC_TRAIN_CLI = os.path.join(os.path.dirname(sys.executable), "elastic-train")
 

@@ -20,9 +20,10 @@ import elastic_train as et
 from elastic_train.agent import zygote
 from elastic_train.storage import RunStorage
 from elastic_train.torch import TorchTrainer
-from tests import jobs
-from tests.etcd_server import EtcdServer, etcd_binary
-from tests.servers import SERVER_PIDS, MotoS3Server, s3_options
+from tests.support import jobs
+from tests.support.etcd_server import EtcdServer, etcd_binary
+from tests.support.paths import REPO
+from tests.support.servers import SERVER_PIDS, MotoS3Server, s3_options
 
 cloudpickle.register_pickle_by_value(jobs)
 
@@ -182,13 +183,12 @@ def baseline(tmp_path_factory):
     return fit(str(tmp_path_factory.mktemp("baseline")), "baseline")
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def start_driver(storage_path: str, name: str, pid_dir, epochs: int = 8) -> subprocess.Popen:
-    """``python -m tests.driver``: a driver process of its own, to signal or kill."""
+    """``python -m tests.e2e.driver``: a driver process of its own, to signal or kill."""
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.driver", storage_path, name, str(pid_dir), str(epochs)],
+        [sys.executable, "-m", "tests.e2e.driver", storage_path, name, str(pid_dir), str(epochs)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -20,18 +20,18 @@ import elastic_train as et
 from elastic_train.storage import RunStorage
 from elastic_train.storage.checkpoint_store import MARKER
 from elastic_train.torch import TorchTrainer
-from tests import jobs
 from tests.conftest import EPOCHS, StorageUnderTest, wait_until
-from tests.etcd_server import EtcdServer, etcd_binary
-from tests.servers import TcpProxy, free_port
+from tests.support import jobs
+from tests.support.etcd_server import EtcdServer, etcd_binary
+from tests.support.paths import REPO
+from tests.support.servers import TcpProxy, free_port
 
 KINDS = ("worker_sigkill", "worker_raise", "worker_hang", "kill_during_upload",
          "preemption", "storage_outage", "driver_sigkill_restore", "agent_sigkill",
          "etcd_restart")
-LAUNCH_SCRIPT = "tests/launch_script.py"  # its digest does not depend on the world size
+LAUNCH_SCRIPT = "tests/e2e/launch_script.py"  # its digest does not depend on the world size
 BATCHES_PER_EPOCH = 6  # jobs.make_dataset(): 96 rows, 2 ranks, batches of 8
 NUM_TO_KEEP = 2
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclass(frozen=True)
@@ -226,7 +226,7 @@ def _driver_kill_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: 
     run_storage = storage.run(name)
     with StorageWatcher(run_storage) as watcher:
         driver = subprocess.Popen(
-            [sys.executable, "-m", "tests.driver", storage.url, name, str(pid_dir),
+            [sys.executable, "-m", "tests.e2e.driver", storage.url, name, str(pid_dir),
              str(EPOCHS), "0.05"], cwd=REPO, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
@@ -241,7 +241,7 @@ def _driver_kill_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: 
         trainer = TorchTrainer.restore(f"{storage.url}/{name}", storage_options=storage.options)
         result = trainer.fit()
     return _outcome(result.return_value["digest"], run_storage, watcher, tmp_path,
-                    events=pid_dir / "events", num_to_keep=None)  # tests.driver keeps all
+                    events=pid_dir / "events", num_to_keep=None)  # tests.e2e.driver keeps all
 
 
 def launch_digest(out: str) -> str | None:

@@ -32,8 +32,8 @@ from tests.conftest import (
     pid_alive,
     wait_until,
 )
-from tests.etcd_server import etcd_binary
-from tests.servers import SERVER_PIDS, TcpProxy, s3_options
+from tests.support.etcd_server import etcd_binary
+from tests.support.servers import SERVER_PIDS, TcpProxy, s3_options
 
 SEED = int(os.environ.get("CHAOS_SEED", str(int(time.time()) % 100_000)))
 

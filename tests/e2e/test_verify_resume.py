@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
+from tests.support.paths import REPO
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.usefixtures("no_leaked_processes")]
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("extra,code,verdict", [
@@ -24,7 +24,7 @@ def test_verify_resume(tmp_path, extra, code, verdict):
     out.mkdir()
     proc = subprocess.run(
         [sys.executable, "-m", "elastic_train.cli", "verify-resume", "--workdir",
-         str(tmp_path / "runs"), "--fail-at-report", "2", "tests/launch_script.py", str(out),
+         str(tmp_path / "runs"), "--fail-at-report", "2", "tests/e2e/launch_script.py", str(out),
          "5", *extra],
         cwd=REPO, capture_output=True, text=True, timeout=220)
     assert proc.returncode == code, proc.stdout + proc.stderr

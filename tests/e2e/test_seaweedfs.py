@@ -18,7 +18,7 @@ import elastic_train as et
 from elastic_train.storage.checkpoint_store import MARKER, UPLOADS_DIR, mismatched_files
 from elastic_train.torch import TorchTrainer
 from tests.conftest import EPOCHS, StorageUnderTest, child_pids, fit, wait_until
-from tests.servers import SeaweedS3Server, weed_binary
+from tests.support.servers import SeaweedS3Server, weed_binary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300),
               pytest.mark.usefixtures("no_leaked_processes")]

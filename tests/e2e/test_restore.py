@@ -12,8 +12,8 @@ import pytest
 
 import elastic_train as et
 from elastic_train.torch import TorchTrainer
-from tests import jobs
 from tests.conftest import REPO, fit, start_driver, stop_driver_after_commit
+from tests.support import jobs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300),
               pytest.mark.usefixtures("no_leaked_processes")]

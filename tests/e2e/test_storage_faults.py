@@ -15,7 +15,7 @@ import elastic_train as et
 from elastic_train.storage.checkpoint_store import MARKER, UPLOADS_DIR
 from elastic_train.torch import TorchTrainer
 from tests.conftest import EPOCHS, StorageUnderTest, fit, make_storage, wait_until
-from tests.servers import TcpProxy, s3_options
+from tests.support.servers import TcpProxy, s3_options
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.usefixtures("no_leaked_processes")]

@@ -11,8 +11,8 @@ import pytest
 
 from elastic_train.agent import zygote
 from elastic_train.agent.local_agent import surviving
+from tests.support.paths import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")]
 
@@ -25,7 +25,7 @@ def zyg():
 
 
 def start(zyg, *argv, **env):
-    entry, args = zyg.command("tests.zygote_target", argv)
+    entry, args = zyg.command("tests.support.zygote_target", argv)
     return subprocess.Popen([entry, *args], cwd=REPO, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, **env})
 

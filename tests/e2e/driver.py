@@ -1,6 +1,6 @@
 """A driver script for tests that signal or kill the driver process itself.
 
-Usage: python -m tests.driver STORAGE NAME PID_DIR [EPOCHS [STEP_SLEEP [PREEMPTION_GRACE_S]]]
+Usage: python -m tests.e2e.driver STORAGE NAME PID_DIR [EPOCHS [STEP_SLEEP [PREEMPTION_GRACE_S]]]
 Each worker writes its pid into PID_DIR; the final digest is printed. With a
 grace period, the job also saves a just-in-time checkpoint on a preemption notice.
 """
@@ -14,7 +14,7 @@ import cloudpickle
 
 import elastic_train as et
 from elastic_train.torch import TorchTrainer
-from tests import jobs
+from tests.support import jobs
 
 cloudpickle.register_pickle_by_value(jobs)
 

@@ -14,11 +14,12 @@ import pytest
 import elastic_train as et
 from elastic_train.callbacks import CSVLoggerCallback, TensorBoardLoggerCallback
 from tests.conftest import EPOCHS, fit
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.usefixtures("no_leaked_processes")]
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 CLI = [sys.executable, "-m", "elastic_train.cli"]
 
 
@@ -126,7 +127,7 @@ def test_ls_and_show_on_finished_failed_and_interrupted_runs(storage, tmp_path):
 
 def test_launch_local_ranks_filter(tmp_path):
     proc = subprocess.run([*CLI, "launch", "--standalone", "--nproc-per-node", "2",
-                           "--local-ranks-filter", "1", "tests/plain_torchrun_script.py"],
+                           "--local-ranks-filter", "1", "tests/e2e/plain_torchrun_script.py"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[rank1]: ENV rank=1" in proc.stdout and "[rank0]:" not in proc.stdout

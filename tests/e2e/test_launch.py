@@ -16,14 +16,15 @@ from elastic_train.result import Result
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 from tests.conftest import pid_alive, wait_until
-from tests.etcd_server import run_keys
-from tests.servers import free_port, stop_process
+from tests.support.etcd_server import run_keys
+from tests.support.paths import REPO
+from tests.support.servers import free_port, stop_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.usefixtures("no_leaked_processes")]
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, "tests", "launch_script.py")
+
+SCRIPT = os.path.join(REPO, "tests/e2e/launch_script.py")
 CLI = [sys.executable, "-m", "elastic_train.cli"]
 
 
@@ -48,7 +49,7 @@ def worker_pids(out_dir):
 
 
 def test_plain_torchrun_script_runs_unchanged():
-    proc = launch("--standalone", "--nproc-per-node", 2, "tests/plain_torchrun_script.py")
+    proc = launch("--standalone", "--nproc-per-node", 2, "tests/e2e/plain_torchrun_script.py")
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     assert "[rank0]: ENV rank=0 world=2 sum=2 missing=[]" in out

@@ -1,6 +1,6 @@
 """One node's driver of a multi-node ``fit()``: the same script runs on every node.
 
-Usage: python -m tests.multinode_driver STORAGE NAME OUT_DIR BACKEND ENDPOINT MIN MAX EPOCHS
+Usage: python -m tests.e2e.multinode_driver STORAGE NAME OUT_DIR BACKEND ENDPOINT MIN MAX EPOCHS
 
 Each node runs one worker; the job has MIN to MAX nodes. At every (re)start rank 0
 appends the world size to OUT_DIR/worlds and the start epoch to OUT_DIR/starts; at
@@ -16,7 +16,7 @@ import cloudpickle
 
 import elastic_train as et
 from elastic_train.torch import TorchTrainer
-from tests import jobs
+from tests.support import jobs
 
 cloudpickle.register_pickle_by_value(jobs)
 

@@ -13,8 +13,9 @@ import pytest
 
 import elastic_train as et
 from elastic_train.torch import TorchTrainer
-from tests import jobs
 from tests.conftest import EPOCHS, pid_alive, stop_driver_after_commit, wait_until
+from tests.support import jobs
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180),
               pytest.mark.usefixtures("no_leaked_processes")]
@@ -88,9 +89,9 @@ def test_driver_sigterm_gives_workers_grace_for_a_jit_checkpoint(storage_path, t
     just-in-time checkpoint within the grace period, and restore continues from it."""
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    args = [sys.executable, "-m", "tests.driver", storage_path, "driver-term", str(pid_dir),
+    args = [sys.executable, "-m", "tests.e2e.driver", storage_path, "driver-term", str(pid_dir),
             "8", "0.3", "6"]
-    cwd = os.path.dirname(os.path.dirname(__file__))
+    cwd = REPO
     driver = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     run_dir = os.path.join(storage_path, "driver-term")

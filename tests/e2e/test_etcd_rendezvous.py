@@ -6,7 +6,6 @@ Skipped when the ``etcd`` binary (Debian: etcd-server) or ``etcd3gw`` is missing
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -29,7 +28,8 @@ from torch.distributed.elastic.rendezvous.registry import (
 )
 
 from tests.conftest import wait_until
-from tests.etcd_server import EtcdServer
+from tests.support.etcd_server import EtcdServer
+from tests.support.paths import REPO
 
 pytest.importorskip("etcd3gw", reason="etcd3gw is not installed (pip install etcd3gw)")
 
@@ -323,12 +323,12 @@ def test_username_and_password(etcd_server: EtcdServer) -> None:
 def test_plain_torchrun_finds_the_backend_through_its_entry_point(etcd_endpoint: str) -> None:
     """The installed package's ``torchrun.handlers`` entry point: torchrun itself, not
     elastic-train launch, runs two workers over an etcd v3 rendezvous."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = REPO
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
          "--nproc-per-node", "2", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
          etcd_endpoint, "--rdzv-id", f"torchrun-{uuid.uuid4().hex[:8]}",
-         "tests/plain_torchrun_script.py"],
+         "tests/e2e/plain_torchrun_script.py"],
         cwd=repo, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("sum=2 missing=[]") == 2

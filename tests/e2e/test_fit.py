@@ -12,7 +12,6 @@ import pytest
 import elastic_train as et
 from elastic_train.agent import zygote
 from elastic_train.torch import TorchTrainer
-from tests import jobs
 from tests.conftest import (
     EPOCHS,
     fit,
@@ -21,6 +20,7 @@ from tests.conftest import (
     stop_driver_after_commit,
     wait_until,
 )
+from tests.support import jobs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180),
               pytest.mark.usefixtures("no_leaked_processes")]

@@ -14,19 +14,19 @@ import time
 import pytest
 
 from tests.conftest import wait_until
-from tests.etcd_server import run_keys
-from tests.servers import free_port, stop_process
+from tests.support.etcd_server import run_keys
+from tests.support.paths import REPO
+from tests.support.servers import free_port, stop_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.usefixtures("no_leaked_processes")]
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _driver(storage_path, name, out_dir, backend, endpoint, nodes, epochs, log):
     low, high = nodes
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.multinode_driver", storage_path, name, str(out_dir),
+        [sys.executable, "-m", "tests.e2e.multinode_driver", storage_path, name, str(out_dir),
          backend, endpoint, str(low), str(high), str(epochs)],
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
 

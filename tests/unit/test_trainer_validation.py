@@ -13,8 +13,8 @@ from elastic_train import ConfigError
 from elastic_train.storage import RunStorage
 from elastic_train.torch import TorchConfig, TorchTrainer
 from tests.conftest import child_pids
-from tests.jobs import make_dataset
-from tests.servers import s3_options
+from tests.support.jobs import make_dataset
+from tests.support.servers import s3_options
 
 
 def train(config):

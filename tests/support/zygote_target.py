@@ -1,4 +1,4 @@
-"""A worker module for tests/test_zygote.py: ``main(argv)`` does what argv says."""
+"""A worker module for tests/e2e/test_zygote.py: ``main(argv)`` does what argv says."""
 
 import os
 import signal
