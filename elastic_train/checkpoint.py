@@ -26,13 +26,13 @@ from typing import Any
 
 import fsspec
 
+from elastic_train import env_vars
 from elastic_train.errors import ConfigError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import MARKER
 
 METADATA_FILE = ".metadata.json"
 # Set for workers: the node-local directory where remote checkpoints are cached.
-CACHE_ENV = "ELASTIC_TRAIN_CHECKPOINT_CACHE"
 
 
 class Checkpoint:
@@ -108,7 +108,7 @@ class Checkpoint:
             shutil.rmtree(tmp, ignore_errors=True)
 
     def _cache_entry(self) -> str | None:
-        root = os.environ.get(CACHE_ENV)
+        root = os.environ.get(env_vars.CHECKPOINT_CACHE)
         if not root:
             return None
         url = self.filesystem.unstrip_protocol(self.path)

@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-GENERATION_ENV = "ELASTIC_TRAIN_GENERATION"
-AGENT_PID_ENV = "ELASTIC_TRAIN_AGENT_PID"
+from elastic_train import env_vars
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ class WorkerEnv:
             master_port=int(env["MASTER_PORT"]),
             restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
             use_agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
-            generation=env.get(GENERATION_ENV, env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            generation=env.get(env_vars.GENERATION, env.get("TORCHELASTIC_RESTART_COUNT", "0")),
         )
 
 

@@ -43,11 +43,10 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
+from elastic_train import env_vars
 from elastic_train.agent.failures import failures_of, is_secondary
 from elastic_train.agent.hang_watch import HangWatch
-from elastic_train.context import AGENT_PID_ENV, GENERATION_ENV
 from elastic_train.worker import preemption
-from elastic_train.worker.heartbeat import PROGRESS_DIR_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -137,14 +136,15 @@ class TrainAgent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         generation = self._agree_on_generation(worker_group)
-        env = {**self._worker_env, GENERATION_ENV: generation, AGENT_PID_ENV: str(os.getpid())}
+        env = {**self._worker_env, env_vars.GENERATION: generation,
+               env_vars.AGENT_PID: str(os.getpid())}
         if self._hang_watch is not None:
             self._hang_watch.reset([w.global_rank for w in worker_group.workers])
-            env[PROGRESS_DIR_ENV] = self._hang_watch.progress_dir
+            env[env_vars.PROGRESS_DIR] = self._hang_watch.progress_dir
         if self._notice_dir is not None:
             preemption.clear(self._notice_dir)
-            env[preemption.NOTICE_DIR_ENV] = self._notice_dir
-            env[preemption.GRACE_ENV] = str(self._grace_s)
+            env[env_vars.PREEMPTION_DIR] = self._notice_dir
+            env[env_vars.PREEMPTION_GRACE_S] = str(self._grace_s)
         if self._worker_command is not None:  # e.g. a new zygote if the last one died
             worker_group.spec.entrypoint, worker_group.spec.args = self._worker_command()
         with _environ(env):

@@ -40,14 +40,15 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
-ZYGOTE_ENV = "ELASTIC_TRAIN_ZYGOTE"
+from elastic_train import env_vars
+
 WORKER_MODULES = ("elastic_train.worker.fit_worker", "elastic_train.worker.script_worker")
 PRELOAD = ("torch", "torch.distributed", *WORKER_MODULES)
 CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote_client.py")
 
 
 def enabled() -> bool:
-    return sys.platform.startswith("linux") and os.environ.get(ZYGOTE_ENV, "1") != "0"
+    return sys.platform.startswith("linux") and os.environ.get(env_vars.ZYGOTE, "1") != "0"
 
 
 # --- the zygote process ---------------------------------------------------------------------
@@ -162,8 +163,6 @@ def serve(path: str) -> Request | None:
 def _become_worker(request: Request) -> None:
     """In the forked child: take on the client's streams, directory and environment,
     then run the worker as a fresh interpreter would."""
-    from elastic_train.context import AGENT_PID_ENV
-
     os.setsid()  # its own process group, as torch gives its workers
     for target, fd in zip((0, 1, 2), request.fds, strict=True):
         os.dup2(fd, target)
@@ -172,7 +171,7 @@ def _become_worker(request: Request) -> None:
     os.environ.clear()
     os.environ.update(request.env)
     # The process whose death must end this worker is the zygote (see process.py).
-    os.environ[AGENT_PID_ENV] = str(os.getppid())
+    os.environ[env_vars.AGENT_PID] = str(os.getppid())
     sys.path[0] = request.cwd  # as for `python -m` started there
     for entry in reversed(request.env.get("PYTHONPATH", "").split(os.pathsep)):
         if entry and entry not in sys.path:

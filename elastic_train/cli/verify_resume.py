@@ -19,18 +19,18 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+from elastic_train import env_vars
 from elastic_train.errors import ConfigError
 from elastic_train.storage import RunStorage
 from elastic_train.storage.checkpoint_store import CommitManifest
 
-FAIL_AT_REPORT_ENV = "ELASTIC_TRAIN_FAIL_AT_REPORT"
 FAIL_EXIT_CODE = 75
 
 
 def maybe_fail_after_report(iteration: int, rank: int, world_size: int,
                             restart_count: int) -> None:
     """The injected crash: the last rank exits after report number K, first attempt only."""
-    at = os.environ.get(FAIL_AT_REPORT_ENV)
+    at = os.environ.get(env_vars.FAIL_AT_REPORT)
     if at and restart_count == 0 and iteration == int(at) and rank == world_size - 1:
         sys.stdout.flush()
         os._exit(FAIL_EXIT_CODE)
@@ -82,7 +82,7 @@ def verify(script_and_args: list[str], nproc_per_node: int, fail_at_report: int,
             "--nproc-per-node", str(nproc_per_node), "--storage-path", storage]
     for name, extra, env in (
         ("straight", [], {}),
-        ("interrupted", ["--max-restarts", "1"], {FAIL_AT_REPORT_ENV: str(fail_at_report)}),
+        ("interrupted", ["--max-restarts", "1"], {env_vars.FAIL_AT_REPORT: str(fail_at_report)}),
     ):
         print(f"verify-resume: {name} run ...", flush=True)
         subprocess.run([*base, *extra, "--name", name, *script_and_args],

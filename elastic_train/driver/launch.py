@@ -22,13 +22,13 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
+from elastic_train import env_vars
 from elastic_train.agent import AgentSpec, Interrupted
 from elastic_train.agent.rendezvous.config import (
     BACKEND_ALIASES,
     FAST_RDZV_DEFAULTS,
     parse_rdzv_conf,
 )
-from elastic_train.checkpoint import CACHE_ENV
 from elastic_train.config import CheckpointConfig
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.driver.supervisor import RunSupervisor
@@ -39,7 +39,6 @@ from elastic_train.errors import (
     TrainingFailedError,
 )
 from elastic_train.storage import RunStorage
-from elastic_train.worker.script_worker import LAUNCH_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -203,10 +202,10 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
     scratch = tempfile.mkdtemp(prefix="elastic_train_launch_")
     entrypoint, args = settings.worker_command()
     worker_env = {
-        LAUNCH_ENV: json.dumps({"storage_path": settings.storage_path, "name": settings.name,
+        env_vars.LAUNCH: json.dumps({"storage_path": settings.storage_path, "name": settings.name,
                                 "checkpoint_config": asdict(settings.checkpoint),
                                 "staging_dir": os.path.join(scratch, "staging")}),
-        CACHE_ENV: os.path.join(scratch, "checkpoint_cache"),
+        env_vars.CHECKPOINT_CACHE: os.path.join(scratch, "checkpoint_cache"),
     }
     if settings.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
         worker_env["OMP_NUM_THREADS"] = "1"  # as torchrun does

@@ -26,11 +26,12 @@ from typing import Any
 
 import cloudpickle
 
+from elastic_train import env_vars
 from elastic_train.agent import AgentSpec, Interrupted
 from elastic_train.agent.rendezvous import ETCD_V3_BACKENDS
 from elastic_train.agent.rendezvous import register as register_rendezvous_backends
 from elastic_train.callbacks import UserCallback
-from elastic_train.checkpoint import CACHE_ENV, Checkpoint
+from elastic_train.checkpoint import Checkpoint
 from elastic_train.config import RunConfig, ScalingConfig
 from elastic_train.driver.resume_rules import TRAIN_FUNCTION_CHANGES, is_launch
 from elastic_train.driver.run_record import RunRecord
@@ -338,7 +339,7 @@ class DataParallelTrainer:
             max_preemptions=run_config.failure_config.max_preemption_failures,
             worker_env={
                 "OMP_NUM_THREADS": str(scaling.threads_per_worker(scaling.workers_per_node)),
-                CACHE_ENV: os.path.join(scratch, "checkpoint_cache"),
+                env_vars.CHECKPOINT_CACHE: os.path.join(scratch, "checkpoint_cache"),
             },
         )
         try:

@@ -15,7 +15,8 @@ import os
 import signal
 import time
 
-PROGRESS_DIR_ENV = "ELASTIC_TRAIN_PROGRESS_DIR"
+from elastic_train import env_vars
+
 STACK_SIGNAL = signal.SIGUSR1
 _last = 0.0
 _stack_file = None
@@ -38,7 +39,7 @@ def arm() -> None:
     at the first report or batch, so slow start-up work (imports, building the model,
     loading a checkpoint) falls under the agent's start-up allowance instead."""
     global _stack_file
-    directory = os.environ.get(PROGRESS_DIR_ENV)
+    directory = os.environ.get(env_vars.PROGRESS_DIR)
     if not directory:
         return
     os.makedirs(directory, exist_ok=True)
@@ -49,7 +50,7 @@ def arm() -> None:
 def beat() -> None:
     """Marks progress (cheap: at most one file touch a second)."""
     global _last
-    directory = os.environ.get(PROGRESS_DIR_ENV)
+    directory = os.environ.get(env_vars.PROGRESS_DIR)
     now = time.monotonic()
     if not directory or now - _last < 1.0:
         return

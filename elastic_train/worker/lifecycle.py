@@ -22,7 +22,7 @@ from types import TracebackType
 
 from fsspec.implementations.local import LocalFileSystem
 
-from elastic_train.context import AGENT_PID_ENV
+from elastic_train import env_vars
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.worker import heartbeat
 
@@ -40,7 +40,7 @@ def die_with_agent() -> None:
     """:func:`die_with_parent`, checking the parent is still the agent (or the zygote
     it forked from, see :mod:`elastic_train.agent.zygote`)."""
     die_with_parent()
-    agent_pid = os.environ.get(AGENT_PID_ENV)
+    agent_pid = os.environ.get(env_vars.AGENT_PID)
     if agent_pid is not None and os.getppid() != int(agent_pid):
         os._exit(1)  # the agent died before the request took effect
 

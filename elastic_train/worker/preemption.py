@@ -32,8 +32,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-NOTICE_DIR_ENV = "ELASTIC_TRAIN_PREEMPTION_DIR"
-GRACE_ENV = "ELASTIC_TRAIN_PREEMPTION_GRACE_S"
+from elastic_train import env_vars
 
 _noticed_at: float | None = None
 
@@ -55,7 +54,7 @@ class PreemptionInfo:
 
 def grace_s() -> float:
     """Seconds between the notice and the kill, as the agent was configured."""
-    return float(os.environ.get(GRACE_ENV, "0") or 0)
+    return float(os.environ.get(env_vars.PREEMPTION_GRACE_S, "0") or 0)
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -91,7 +90,7 @@ def agree(notices: list[tuple[int, str, float] | None]) -> PreemptionInfo | None
 
 def leave_mark(rank: int) -> None:
     """Tells this node's agent that the group knew of a preemption (see module doc)."""
-    notice_dir = os.environ.get(NOTICE_DIR_ENV)
+    notice_dir = os.environ.get(env_vars.PREEMPTION_DIR)
     if notice_dir:
         with open(os.path.join(notice_dir, f"rank{rank}"), "w") as f:
             f.write(str(time.time()))

@@ -19,6 +19,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from elastic_train import env_vars
 from elastic_train.config import CheckpointConfig, RunConfig, ScalingConfig
 from elastic_train.context import WorkerEnv
 from elastic_train.storage import RunStorage
@@ -28,11 +29,9 @@ from elastic_train.worker.lifecycle import run_worker
 from elastic_train.worker.run_spec import RunSpec
 from elastic_train.worker.session import TrainSession, current_session, set_session_factory
 
-LAUNCH_ENV = "ELASTIC_TRAIN_LAUNCH"
-
 
 def _script_session() -> TrainSession:
-    settings = json.loads(os.environ[LAUNCH_ENV])
+    settings = json.loads(os.environ[env_vars.LAUNCH])
     env = WorkerEnv.from_environ()
     if env.world_size > 1 and not dist.is_initialized():
         raise RuntimeError(
@@ -59,7 +58,7 @@ def _script_session() -> TrainSession:
 
 
 def run_script(argv: list[str]) -> None:
-    if LAUNCH_ENV in os.environ:
+    if env_vars.LAUNCH in os.environ:
         set_session_factory(_script_session)
     if argv[0] == "-m":
         sys.argv = argv[1:]

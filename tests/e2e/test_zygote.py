@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from elastic_train import env_vars
 from elastic_train.agent import zygote
 from elastic_train.agent.local_agent import surviving
 from tests.support.paths import REPO
@@ -91,11 +92,11 @@ def test_closing_the_zygote_kills_its_workers():
 
 
 def test_only_this_packages_worker_modules_use_it(monkeypatch):
-    monkeypatch.delenv(zygote.ZYGOTE_ENV, raising=False)
+    monkeypatch.delenv(env_vars.ZYGOTE, raising=False)
     plain = ("train.py", "--lr", "0.1")
     assert zygote.worker_command("/bin/true", plain) == ("/bin/true", plain)
     assert zygote.worker_command(sys.executable, ("-m", "mypkg.train")) == \
         (sys.executable, ("-m", "mypkg.train"))
-    monkeypatch.setenv(zygote.ZYGOTE_ENV, "0")
+    monkeypatch.setenv(env_vars.ZYGOTE, "0")
     fit = ("-m", "elastic_train.worker.fit_worker", "spec.pkl", "/tmp/x")
     assert zygote.worker_command(sys.executable, fit) == (sys.executable, fit)

@@ -11,12 +11,13 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 import elastic_train as et
+from elastic_train import env_vars
 from elastic_train.agent.local_agent import TrainAgent
 from elastic_train.worker import preemption
 
 
 def test_agree_merges_every_ranks_notice(monkeypatch):
-    monkeypatch.setenv(preemption.GRACE_ENV, "10")
+    monkeypatch.setenv(env_vars.PREEMPTION_GRACE_S, "10")
     assert preemption.agree([None, None]) is None
     info = preemption.agree([None, (11, "b", 100.0), (12, "a", 99.0)])
     assert info == et.PreemptionInfo(ranks=(1, 2), hostnames=("a", "b"), deadline=109.0)
@@ -42,7 +43,7 @@ def test_marks_are_cleared_per_incarnation(tmp_path, monkeypatch):
     notice_dir = str(tmp_path / "notices")
     preemption.clear(notice_dir)
     assert not preemption.marked(notice_dir)
-    monkeypatch.setenv(preemption.NOTICE_DIR_ENV, notice_dir)
+    monkeypatch.setenv(env_vars.PREEMPTION_DIR, notice_dir)
     preemption.leave_mark(3)
     assert preemption.marked(notice_dir)
     preemption.clear(notice_dir)
@@ -84,7 +85,7 @@ def test_peer_errors_are_free_only_with_other_nodes(nodes, kind, left):
 def test_preemption_spends_its_own_budget(tmp_path, monkeypatch):
     notice_dir = str(tmp_path / "n")
     preemption.clear(notice_dir)
-    monkeypatch.setenv(preemption.NOTICE_DIR_ENV, notice_dir)
+    monkeypatch.setenv(env_vars.PREEMPTION_DIR, notice_dir)
     preemption.leave_mark(0)
     agent = _agent(notice_dir, max_preemptions=1)
     group = SimpleNamespace(group_world_size=1)

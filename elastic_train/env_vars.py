@@ -1,0 +1,40 @@
+"""Every ``ELASTIC_TRAIN_*`` environment variable, named once.
+
+Most are the agent's messages to the workers it starts (set in the worker's
+environment, read in the worker); two are switches a user may set. Modules
+import the names from here, so a variable is renamed or documented in one
+place. torch.distributed.elastic's own variables (``RANK``, ``WORLD_SIZE``,
+``TORCHELASTIC_*``) and torchrun's ``PET_*`` flags are torch's, not listed here.
+
+User switches:
+
+- ``ZYGOTE`` (``ELASTIC_TRAIN_ZYGOTE=0``): start every worker as a fresh
+  interpreter instead of forking it from the agent's zygote
+  (:mod:`elastic_train.agent.zygote`).
+- ``FAIL_AT_REPORT``: ``elastic-train verify-resume``'s injected crash, the
+  last rank exits after this ``report()`` of the first attempt
+  (:mod:`elastic_train.worker.fault_injection`).
+
+Set by the agent or the driver for each worker:
+
+- ``GENERATION``: the worker group's incarnation id, agreed by the agents;
+  workers namespace their process-group keys with it.
+- ``AGENT_PID``: the agent's pid, so a worker can tell it outlived its agent.
+- ``PROGRESS_DIR``: where the worker's heartbeat and stack-dump files go
+  (hang detection).
+- ``PREEMPTION_DIR`` / ``PREEMPTION_GRACE_S``: where a worker marks that the
+  group knew of a preemption notice, and the grace it has after one.
+- ``CHECKPOINT_CACHE``: the node's directory of downloaded checkpoints.
+- ``LAUNCH``: under ``elastic-train launch``, the run's storage, name and
+  checkpoint settings as JSON, from which a script's session is built.
+"""
+
+ZYGOTE = "ELASTIC_TRAIN_ZYGOTE"
+FAIL_AT_REPORT = "ELASTIC_TRAIN_FAIL_AT_REPORT"
+GENERATION = "ELASTIC_TRAIN_GENERATION"
+AGENT_PID = "ELASTIC_TRAIN_AGENT_PID"
+PROGRESS_DIR = "ELASTIC_TRAIN_PROGRESS_DIR"
+PREEMPTION_DIR = "ELASTIC_TRAIN_PREEMPTION_DIR"
+PREEMPTION_GRACE_S = "ELASTIC_TRAIN_PREEMPTION_GRACE_S"
+CHECKPOINT_CACHE = "ELASTIC_TRAIN_CHECKPOINT_CACHE"
+LAUNCH = "ELASTIC_TRAIN_LAUNCH"
