@@ -33,12 +33,19 @@ from tests.support.paths import REPO
 
 pytest.importorskip("etcd3gw", reason="etcd3gw is not installed (pip install etcd3gw)")
 
-from elastic_train.agent.rendezvous import create_etcd_v3_handler, register  # noqa: E402
+from elastic_train.agent.rendezvous.backends import lookup  # noqa: E402
+from elastic_train.agent.rendezvous.backends import register as register_backend  # noqa: E402
+from elastic_train.agent.rendezvous.etcd_handler import create_etcd_v3_handler  # noqa: E402
 from elastic_train.agent.rendezvous.etcd_v3 import (  # noqa: E402
     EtcdV3RendezvousBackend,
     EtcdV3Store,
     create_backend,
 )
+
+
+def register() -> None:
+    """Our etcd v3 handler into torch's registry, under "etcd-v3" and "etcd"."""
+    register_backend(lookup("etcd", "test"))
 
 
 def _params(endpoint: str, run_id: str | None = None, **config: object) -> RendezvousParameters:
@@ -69,12 +76,13 @@ def test_register_is_idempotent_and_import_registers_nothing() -> None:
     """Importing leaves torch's own "etcd" alone; "etcd-v3" comes only from the installed
     package's torchrun.handlers entry point, which torch itself loads."""
     probe = (
-        "import elastic_train.agent.rendezvous as r\n"
+        "import elastic_train.agent.rendezvous.etcd_handler as r\n"
+        "from elastic_train.agent.rendezvous.backends import lookup, register\n"
         "from torch.distributed.elastic.rendezvous.registry import handler_registry as h\n"
         "assert h._registry.get('etcd-v3', r.create_etcd_v3_handler) is "
         "r.create_etcd_v3_handler\n"
         "assert h._registry['etcd'] is not r.create_etcd_v3_handler\n"
-        "r.register(); r.register()\n"
+        "register(lookup('etcd', 'test')); register(lookup('etcd', 'test'))\n"
         "assert h._registry['etcd'] is h._registry['etcd-v3'] is r.create_etcd_v3_handler\n"
     )
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=50)

@@ -1,23 +1,19 @@
 """How the nodes of one job find each other: torchrun's ``--rdzv-*`` settings as a dataclass.
 
 Used by ``ScalingConfig(rendezvous=...)`` (the Python API) and by
-``elastic-train launch`` alike, so both get the same backends, aliases and
-recovery-oriented defaults.
+``elastic-train launch`` alike, so both get the same backends, aliases,
+recovery-oriented defaults and checks (see :mod:`.backends`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import uuid
 from dataclasses import dataclass
 
+from elastic_train.agent.rendezvous.backends import FAST_DEFAULTS, lookup
 from elastic_train.errors import ConfigError
-
-# Recovery-oriented defaults (torch's: 5 s keep-alive x 3 and a 30 s last call, so
-# survivors wait ~45 s for a dead node). Any of them can be overridden in ``conf``.
-FAST_RDZV_DEFAULTS: dict[str, object] = {"keep_alive_interval": 1, "keep_alive_max_attempt": 3,
-                                         "last_call_timeout": 2, "join_timeout": 600}
-BACKEND_ALIASES = {"etcd-v3": "etcd-v3", "etcd": "etcd-v3"}
 
 
 def parse_rdzv_conf(value: str, source: str = "--rdzv-conf") -> dict[str, object]:
@@ -38,6 +34,18 @@ def parse_rdzv_conf(value: str, source: str = "--rdzv-conf") -> dict[str, object
     return conf
 
 
+def check_endpoint(endpoint: str, source: str) -> None:
+    """``HOST:PORT`` with a port in 0..65535 (torch would fail later with a traceback).
+
+    An empty endpoint, a bare host and IPv6 forms are left to torch's parser."""
+    if endpoint.count(":") != 1:
+        return
+    host, port = endpoint.split(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"{source}={endpoint!r} is invalid: use HOST:PORT with a port from "
+                          "0 to 65535, e.g. node0:29400.")
+
+
 @dataclass
 class RendezvousConfig:
     """Where the nodes of a multi-node job meet (torchrun's ``--rdzv-*`` flags).
@@ -48,18 +56,20 @@ class RendezvousConfig:
 
     Args:
         backend: ``"c10d"`` (default, nothing to install; the first node to
-            bind ``endpoint`` hosts the store and must outlive the job) or
+            bind ``endpoint`` hosts the store and must outlive the job),
             ``"etcd"`` (alias ``"etcd-v3"``: etcd's v3 API, survives the loss
-            of any node; ``pip install elastic-train[etcd]``).
+            of any node; ``pip install elastic-train[etcd]``) or ``"static"``
+            (a fixed set of nodes: ``endpoint`` is the master's ``host:port``
+            and ``conf={"rank": N}`` this node's rank).
             torchrun: ``--rdzv-backend``; env ``PET_RDZV_BACKEND``.
-        endpoint: ``host:port`` of the c10d store or of etcd.
+        endpoint: ``host:port`` of the c10d store, of etcd, or of the static master.
             torchrun: ``--rdzv-endpoint``; env ``PET_RDZV_ENDPOINT``.
         run_id: The job's id, the same on every node and unique per job.
             torchrun: ``--rdzv-id``; env ``PET_RDZV_ID``.
         conf: Backend settings, e.g. ``{"last_call_timeout": 5}`` or etcd's
-            ``protocol``/``ca_cert``/``username``/``password``; our
-            fast-recovery defaults (1 s heartbeats, a node lost after 3 missed
-            ones, a 2 s last call) fill in what is not given.
+            ``protocol``/``ca_cert``/``username``/``password``; for the elastic
+            backends our fast-recovery defaults (1 s heartbeats, a node lost
+            after 3 missed ones, a 2 s last call) fill in what is not given.
             torchrun: ``--rdzv-conf k=v,...``; env ``PET_RDZV_CONF``.
 
     A field left ``None`` is read from its ``PET_*`` environment variable (what
@@ -77,13 +87,9 @@ class RendezvousConfig:
 
     def __post_init__(self) -> None:
         env = os.environ
-        backend = self.backend or env.get("PET_RDZV_BACKEND") or "c10d"
-        self.backend = BACKEND_ALIASES.get(backend, backend)
-        if self.backend not in ("c10d", "etcd-v3"):
-            raise ConfigError(
-                f"RendezvousConfig.backend={backend!r} is not supported: use 'c10d' (default) "
-                "or 'etcd' ('etcd-v3'); the static backend is elastic-train launch's "
-                "(--rdzv-backend static).")
+        backend = lookup(self.backend or env.get("PET_RDZV_BACKEND") or "c10d",
+                         "RendezvousConfig.backend")
+        self.backend = backend.name
         self.endpoint = self.endpoint or env.get("PET_RDZV_ENDPOINT") or None
         self.run_id = self.run_id or env.get("PET_RDZV_ID") or None
         if self.conf is None:
@@ -91,19 +97,47 @@ class RendezvousConfig:
         if not isinstance(self.conf, dict):
             raise ConfigError(f"RendezvousConfig.conf={self.conf!r} must be a dict such as "
                               "{'last_call_timeout': 5}.")
-        self.conf = {**FAST_RDZV_DEFAULTS, **self.conf}
+        if self.endpoint:
+            check_endpoint(self.endpoint, "RendezvousConfig.endpoint")
+        if backend.elastic:
+            self.conf = {**FAST_DEFAULTS, **self.conf}
+        elif "rank" not in self.conf:
+            raise ConfigError(
+                f"RendezvousConfig(backend={self.backend!r}) needs this node's rank: pass "
+                "conf={'rank': N} (elastic-train launch's --node-rank), or use an elastic "
+                "backend, 'c10d' or 'etcd', which ranks the nodes itself.")
+
+    @classmethod
+    def single_node(cls, name: str) -> RendezvousConfig:
+        """A job on this node alone: a c10d store of its own on a free local port, under a
+        fresh run id (``PET_RDZV_*`` are not read: they describe a multi-node job)."""
+        return cls(backend="c10d", endpoint="127.0.0.1:0",
+                   run_id=f"{name}-{uuid.uuid4().hex[:8]}", conf={})
+
+    @property
+    def is_elastic(self) -> bool:
+        """Whether nodes may join and leave (every backend but ``static``)."""
+        return lookup(self.backend, "RendezvousConfig.backend").elastic
 
     def without_secrets(self) -> RendezvousConfig:
         """A copy without ``conf["password"]`` (never stored)."""
         conf = {k: v for k, v in (self.conf or {}).items() if k != "password"}
         return dataclasses.replace(self, conf=conf)
 
+    def missing_for_multi_node(self) -> list[str]:
+        """The fields a job across nodes still needs: an endpoint, and a run id shared by
+        every node (a static job's nodes are told their ranks instead)."""
+        needed = ["endpoint", "run_id"] if self.is_elastic else ["endpoint"]
+        return [name for name in needed if not getattr(self, name)]
+
     def check_multi_node(self, nodes: str) -> None:
-        """A job of ``nodes`` (a description) needs an endpoint and a run id; else a ConfigError."""
-        for name, flag, example in (("endpoint", "--rdzv-endpoint", "'host0:29400'"),
-                                    ("run_id", "--rdzv-id", "'job42'")):
-            if not getattr(self, name):
-                raise ConfigError(
-                    f"{nodes} spans more than one node, so every node's driver must join one "
-                    f"rendezvous: set RendezvousConfig({name}={example}) (torchrun's {flag}, "
-                    f"env PET_{flag[2:].replace('-', '_').upper()}), the same on every node.")
+        """A job of ``nodes`` (a description) needs :meth:`missing_for_multi_node`; else a
+        ConfigError phrased for the Python API."""
+        examples = {"endpoint": ("'host0:29400'", "--rdzv-endpoint"),
+                    "run_id": ("'job42'", "--rdzv-id")}
+        for name in self.missing_for_multi_node():
+            example, flag = examples[name]
+            raise ConfigError(
+                f"{nodes} spans more than one node, so every node's driver must join one "
+                f"rendezvous: set RendezvousConfig({name}={example}) (torchrun's {flag}, "
+                f"env PET_{flag[2:].replace('-', '_').upper()}), the same on every node.")

@@ -1,0 +1,89 @@
+"""The rendezvous backends we offer, in one table: names, aliases, defaults, factories.
+
+Both front-ends (``ScalingConfig(rendezvous=RendezvousConfig(...))`` and
+``elastic-train launch --rdzv-backend``) look a backend up here, and the agent
+registers our own handlers into torch's registry from here, so nothing else
+branches on a backend's name. Adding a backend is a module with a
+``create_handler(params)`` and one :class:`Backend` line below.
+
+Example::
+
+    backend = lookup("etcd", "--rdzv-backend")   # Backend(name="etcd-v3", ...)
+    register(backend)                            # torch's registry now knows "etcd-v3"
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from elastic_train.errors import ConfigError
+
+# Recovery-oriented defaults for the elastic backends (torch's: 5 s keep-alive x 3 and a
+# 30 s last call, so survivors wait ~45 s for a dead node). ``conf`` overrides any of them.
+FAST_DEFAULTS: dict[str, object] = {"keep_alive_interval": 1, "keep_alive_max_attempt": 3,
+                                    "last_call_timeout": 2, "join_timeout": 600}
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One rendezvous backend.
+
+    Attributes:
+        name: Its name in torch's handler registry (what the agent asks for).
+        aliases: Other names users may give for it.
+        factory: ``"module:function"`` creating its ``RendezvousHandler`` from
+            torch's ``RendezvousParameters``, registered by :func:`register`;
+            ``None`` for torch's own backends.
+        elastic: Whether nodes may come and go (our :data:`FAST_DEFAULTS`
+            apply); ``static`` is a fixed set of nodes ranked by the user.
+        extra: The pip extra it needs, named in errors.
+        summary: How it is described in errors and help texts.
+    """
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    factory: str | None = None
+    elastic: bool = True
+    extra: str | None = None
+    summary: str = ""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
+
+
+BACKENDS: tuple[Backend, ...] = (
+    Backend("c10d", summary="c10d (default; torch's TCP store on the first node)"),
+    Backend("etcd-v3", aliases=("etcd",), extra="etcd",
+            factory="elastic_train.agent.rendezvous.etcd_handler:create_etcd_v3_handler",
+            summary="etcd or etcd-v3 (etcd's v3 API; survives the loss of any node)"),
+    Backend("static", elastic=False,
+            summary="static (a fixed set of nodes; --node-rank, --master-addr/--master-port)"),
+)
+
+
+def lookup(name: str, source: str) -> Backend:
+    """The backend called ``name`` (or an alias of it); a ConfigError naming ``source``
+    (the flag, field or variable it came from) and the choices otherwise."""
+    for backend in BACKENDS:
+        if name in backend.names:
+            return backend
+    choices = "; ".join(b.summary for b in BACKENDS)
+    raise ConfigError(f"{source}={name!r} is not supported: use {choices}.")
+
+
+def register(backend: Backend) -> None:
+    """Puts ``backend``'s factory into torch's handler registry under each of its names;
+    idempotent. torch registers its own v2 "etcd" handler on import, and its registry
+    refuses a taken name, so a name held by another factory is dropped first."""
+    if backend.factory is None:
+        return
+    from torch.distributed.elastic.rendezvous.registry import handler_registry
+
+    module, _, function = backend.factory.partition(":")
+    factory = getattr(importlib.import_module(module), function)
+    for name in backend.names:
+        if handler_registry._registry.get(name) is not factory:
+            handler_registry._registry.pop(name, None)
+            handler_registry.register(name, factory)
