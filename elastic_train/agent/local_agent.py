@@ -1,4 +1,4 @@
-"""``TrainAgent``: torch's ``LocalElasticAgent`` with two additions.
+"""``TrainAgent``: torch's ``LocalElasticAgent`` with these departures.
 
 1. Each incarnation of the worker group gets a *generation id*, agreed among
    the agents through the rendezvous round's store and given to the workers
@@ -9,14 +9,17 @@
 2. Every failed attempt is reported to a callback before the agent restarts
    the group, so the driver can record it in the run's history; every
    rendezvous is reported too (this node's group rank and the node count).
-3. Only this node's own failures spend its restart budget. When every failed
+3. Whether a failed group restarts is decided by a
+   :class:`~elastic_train.agent.restart_budget.RestartBudget`, not by torch's
+   counter (which this agent sets to the decision before torch reads it).
+   Only this node's own failures spend its restart budget. When every failed
    worker here failed because of a peer on another node (a node that left, a
    worker elsewhere that crashed), the restart is free: the node whose worker
    crashed charges its own budget, and a lost node is a membership change
    (counted in ``membership_changes``), not a failure of the job. On a
    single node every failure is the node's own and is charged.
 4. A failure after a preemption notice (see :mod:`elastic_train.worker.preemption`)
-   spends the preemption budget (``max_preemptions``, -1 = unlimited)
+   spends the preemption budget (``FailureConfig.max_preemption_failures``)
    instead of the restart budget.
 5. A group is stopped for a restart with SIGKILL, not torch's SIGTERM and
    30 s wait: the failed group's state is discarded anyway, SIGTERM is the
@@ -46,12 +49,14 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from elastic_train import env_vars
 from elastic_train.agent.failures import failures_of, is_secondary
 from elastic_train.agent.hang_watch import HangWatch
+from elastic_train.agent.restart_budget import Decision, RestartBudget
+from elastic_train.storage.run_state import FailureKind
 from elastic_train.worker import preemption
 
 logger = logging.getLogger(__name__)
 
-# (result, restarts left, kind: "failure" | "peer" | "preemption")
-FailureCallback = Callable[[RunResult, int, str], None]
+# (the failed attempt's result, what the restart budget decided)
+FailureCallback = Callable[[RunResult, Decision], None]
 RendezvousCallback = Callable[[int, int], None]
 
 
@@ -95,7 +100,7 @@ class TrainAgent(LocalElasticAgent):
                  on_failure: FailureCallback | None = None,
                  on_rendezvous: RendezvousCallback | None = None,
                  hang_watch: HangWatch | None = None, notice_dir: str | None = None,
-                 preemption_grace_s: float = 0.0, max_preemptions: int = -1,
+                 preemption_grace_s: float = 0.0, budget: RestartBudget | None = None,
                  worker_command: Callable[[], tuple[str, tuple[str, ...]]] | None = None,
                  **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -103,8 +108,7 @@ class TrainAgent(LocalElasticAgent):
         self._hang_watch = hang_watch
         self._notice_dir = notice_dir
         self._grace_s = preemption_grace_s
-        self._max_preemptions = max_preemptions
-        self.preemptions = 0
+        self.budget = budget or RestartBudget(max_failures=self._remaining_restarts)
         self.preemption_budget_spent = False
         self.unkillable: dict[int, str] = {}
         self._rendezvous_count = 0
@@ -160,26 +164,26 @@ class TrainAgent(LocalElasticAgent):
                 for w in worker_group.workers if w.local_rank in pids})
             # The killed workers show up as failures at the next check.
         if result.is_failed():
-            kind = self._charge(worker_group, result)
+            decision = self.budget.charge(self._classify(worker_group, result))
+            self.preemption_budget_spent = decision.preemption_budget_spent
+            # torch restarts while its counter is positive and takes one off; the workers'
+            # TORCHELASTIC_RESTART_COUNT is then max_restarts minus the counter, which
+            # this keeps at the number of restarts charged to max_failures.
+            spec = worker_group.spec
+            self._remaining_restarts = (spec.max_restarts - self.budget.failures + 1
+                                        if decision.restart else 0)
             if self._on_failure is not None:
-                self._on_failure(result, self._remaining_restarts, kind)
+                self._on_failure(result, decision)
         return result
 
-    def _charge(self, worker_group: WorkerGroup, result: RunResult) -> str:
-        """Decides which budget the failure spends; torch then takes one restart off."""
+    def _classify(self, worker_group: WorkerGroup, result: RunResult) -> FailureKind:
+        """Which budget the failed attempt spends (see :mod:`.restart_budget`)."""
         if self._notice_dir is not None and preemption.marked(self._notice_dir):
-            self.preemptions += 1
-            if self._max_preemptions == -1 or self.preemptions <= self._max_preemptions:
-                self._remaining_restarts += 1
-            else:
-                self._remaining_restarts = 0
-                self.preemption_budget_spent = True
-            return "preemption"
+            return FailureKind.PREEMPTION
         if (worker_group.group_world_size or 1) > 1 \
                 and all(is_secondary(f) for f in failures_of(result)):
-            self._remaining_restarts += 1
-            return "peer"
-        return "failure"
+            return FailureKind.PEER
+        return FailureKind.FAILURE
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._shutdown(signal.SIGKILL)

@@ -13,6 +13,8 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 import elastic_train as et
 from elastic_train import env_vars
 from elastic_train.agent.local_agent import TrainAgent
+from elastic_train.agent.restart_budget import RestartBudget
+from elastic_train.storage.run_state import FailureKind
 from elastic_train.worker import preemption
 
 
@@ -59,11 +61,9 @@ def test_failure_config_rejects_bad_preemption_settings(kwargs, fragment):
         et.FailureConfig(**kwargs)
 
 
-def _agent(notice_dir: str | None, max_preemptions: int = -1) -> TrainAgent:
-    agent = TrainAgent.__new__(TrainAgent)  # only the budget bookkeeping is exercised
-    agent._notice_dir, agent._max_preemptions = notice_dir, max_preemptions
-    agent.preemptions, agent.preemption_budget_spent = 0, False
-    agent._remaining_restarts = 1
+def _agent(notice_dir: str | None) -> TrainAgent:
+    agent = TrainAgent.__new__(TrainAgent)  # only the failure classification is exercised
+    agent._notice_dir = notice_dir
     return agent
 
 
@@ -73,13 +73,16 @@ def _failed(message: str) -> RunResult:
     return RunResult(state=WorkerState.FAILED, failures={0: failure})
 
 
-@pytest.mark.parametrize("nodes,kind,left", [(1, "failure", 1), (2, "peer", 2)])
+@pytest.mark.parametrize("nodes,kind,left", [(1, FailureKind.FAILURE, 0),
+                                             (2, FailureKind.PEER, 1)])
 def test_peer_errors_are_free_only_with_other_nodes(nodes, kind, left):
     """On one node a 'Connection refused' is the job's own error: it is charged."""
-    agent = _agent(None)
     group = SimpleNamespace(group_world_size=nodes)
-    assert agent._charge(group, _failed("ConnectionRefusedError: Connection refused")) == kind
-    assert agent._remaining_restarts == left
+    failed = _failed("ConnectionRefusedError: Connection refused")
+    classified = _agent(None)._classify(group, failed)
+    assert classified == kind
+    decision = RestartBudget(max_failures=1).charge(classified)
+    assert decision.restart and decision.restarts_left == left
 
 
 def test_preemption_spends_its_own_budget(tmp_path, monkeypatch):
@@ -87,12 +90,13 @@ def test_preemption_spends_its_own_budget(tmp_path, monkeypatch):
     preemption.clear(notice_dir)
     monkeypatch.setenv(env_vars.PREEMPTION_DIR, notice_dir)
     preemption.leave_mark(0)
-    agent = _agent(notice_dir, max_preemptions=1)
     group = SimpleNamespace(group_world_size=1)
-    assert agent._charge(group, _failed("killed")) == "preemption"
-    assert agent._remaining_restarts == 2 and not agent.preemption_budget_spent
-    assert agent._charge(group, _failed("killed")) == "preemption"
-    assert agent._remaining_restarts == 0 and agent.preemption_budget_spent
+    assert _agent(notice_dir)._classify(group, _failed("killed")) == FailureKind.PREEMPTION
+    budget = RestartBudget(max_failures=0, max_preemptions=1)
+    first = budget.charge(FailureKind.PREEMPTION)
+    assert first.restart and not first.preemption_budget_spent
+    second = budget.charge(FailureKind.PREEMPTION)
+    assert not second.restart and second.preemption_budget_spent
 
 
 def test_surviving_reports_live_workers_and_ignores_dead_ones():
