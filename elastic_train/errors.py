@@ -58,6 +58,15 @@ class WorkerFailure:
         where = f" on {self.hostname}" if self.hostname else ""
         return f"rank {self.rank} (local rank {self.local_rank}, pid {self.pid}{where}) {how}"
 
+    @classmethod
+    def from_json(cls, data: dict) -> WorkerFailure:
+        """The inverse of :meth:`to_json` (``signal`` is derived, so it is not read)."""
+        return cls(rank=int(data["rank"]), local_rank=int(data.get("local_rank", 0)),
+                   pid=int(data.get("pid", 0)), exitcode=int(data["exitcode"]),
+                   message=str(data.get("message", "")), traceback=data.get("traceback"),
+                   hostname=str(data.get("hostname", "")),
+                   timestamp=float(data.get("timestamp", 0.0)))
+
     def to_json(self) -> dict:
         return {
             "rank": self.rank,

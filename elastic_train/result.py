@@ -22,6 +22,7 @@ from elastic_train.checkpoint import Checkpoint
 from elastic_train.errors import ConfigError, TrainingFailedError
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.run_state import RunStatus
 
 
 @dataclass
@@ -83,10 +84,10 @@ class Result:
         manifests = storage.checkpoints.committed()
         checkpoints = [(Checkpoint(storage.checkpoints.path(m.index), storage.fs), m.metrics)
                        for m in manifests]
-        state = storage.read_run_state() or {}
+        state = storage.read_run_state()
         error = None
-        if state.get("status") == "failed":
-            error = TrainingFailedError(state.get("error") or "The run failed.",
+        if state is not None and state.status is RunStatus.FAILED:
+            error = TrainingFailedError(state.error or "The run failed.",
                                         run_path=storage.display_path)
         return cls(
             metrics=rows[-1] if rows else None,

@@ -10,6 +10,21 @@ from elastic_train.errors import ConfigError
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage.checkpoint_store import dir_name
 from elastic_train.storage.retention import CheckpointRecord, ranked
+from elastic_train.storage.run_state import FailureKind, FailureRecord, RestoreRecord, RunState
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """How one failure was recovered from: seconds to detect it, to rendezvous again,
+    to have the group ready (processes, process group, checkpoint chosen and
+    verified), and the work redone. None where that step never happened."""
+
+    kind: FailureKind
+    detect_s: float
+    rendezvous_s: float | None
+    restore_s: float | None
+    recomputed_iterations: int | None
+    recomputed_s: float | None
 
 
 @dataclass
@@ -21,7 +36,7 @@ class RunSummary:
     score_attribute: str | None
     iterations: int
     deleted: list[str]
-    recoveries: list[dict] = field(default_factory=list)  # one per failure, in order
+    recoveries: list[Recovery] = field(default_factory=list)  # one per failure, in order
     train_s: float = 0.0
     wall_s: float = 0.0
     redone_s: float = 0.0
@@ -32,8 +47,8 @@ class RunSummary:
         return self.train_s / self.wall_s if self.wall_s > 0 else None
 
     @classmethod
-    def read(cls, storage: RunStorage, state: dict) -> RunSummary:
-        config = CheckpointConfig(**state.get("spec", {}).get("checkpoint_config", {}))
+    def read(cls, storage: RunStorage, state: RunState) -> RunSummary:
+        config = CheckpointConfig(**state.spec.get("checkpoint_config", {}))
         checkpoints = storage.checkpoints.committed()
         try:
             best = ranked([CheckpointRecord(c.index, c.metrics) for c in checkpoints], config)
@@ -46,14 +61,14 @@ class RunSummary:
                    if r.get("checkpoint_dir_name") and r["checkpoint_dir_name"] not in kept]
         restores = storage.read_restores()
         now = time.time()
-        wall = sum(launch.get("ended", state.get("updated", now)) - launch["started"]
-                   for launch in state.get("launches", []) if "started" in launch)
+        wall = sum((launch.ended or state.updated or now) - launch.started
+                   for launch in state.launches if launch.started)
         return cls(checkpoints, by_index[best[0].index] if best else None,
                    config.checkpoint_score_attribute,
                    int(rows[-1].get("training_iteration", 0)) if rows else 0, deleted,
-                   recoveries=recoveries(state.get("failures", []), restores),
+                   recoveries=recoveries(state.failures, restores),
                    train_s=float(rows[-1].get("time_total_s", 0.0)) if rows else 0.0,
-                   wall_s=wall, redone_s=sum(r.get("recomputed_s", 0.0) for r in restores))
+                   wall_s=wall, redone_s=sum(r.recomputed_s for r in restores))
 
     def best_label(self) -> str:
         if self.best is None:
@@ -63,27 +78,22 @@ class RunSummary:
         return f"latest {dir_name(self.best.index)}"
 
 
-def recoveries(failures: list[dict], restores: list[dict]) -> list[dict]:
-    """Per failure: seconds to detect it, to rendezvous again, to have the group ready
-    (processes, process group, checkpoint chosen and verified), and the work redone.
+def recoveries(failures: list[FailureRecord], restores: list[RestoreRecord]) -> list[Recovery]:
+    """One :class:`Recovery` per failure.
 
     A restart is matched with the first ``restores.json`` entry after its failure;
     entries without a failure are resumed launches (after a driver's death).
     """
     out, pending = [], list(restores)
     for failure in failures:
-        detected = failure["time"]
-        rendezvous = failure.get("rendezvous_at")
-        while pending and pending[0]["time"] < detected:
+        rendezvous = failure.rendezvous_at
+        while pending and pending[0].time < failure.time:
             pending.pop(0)
         restore = pending.pop(0) if pending and rendezvous else None
-        out.append({
-            "kind": failure.get("kind", "failure"),
-            "detect_s": detected - failure.get("failed_at", detected),
-            "rendezvous_s": rendezvous - detected if rendezvous else None,
-            "restore_s": restore["time"] - rendezvous if restore else None,
-            "recomputed_iterations": restore["recomputed_iterations"] if restore else None,
-            "recomputed_s": restore["recomputed_s"] if restore else None,
-        })
+        out.append(Recovery(
+            kind=failure.kind, detect_s=failure.time - failure.failed_at,
+            rendezvous_s=rendezvous - failure.time if rendezvous else None,
+            restore_s=restore.time - rendezvous if restore and rendezvous else None,
+            recomputed_iterations=restore.recomputed_iterations if restore else None,
+            recomputed_s=restore.recomputed_s if restore else None))
     return out
-

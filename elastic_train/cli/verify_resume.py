@@ -65,8 +65,8 @@ class Verdict:
 def _final(storage_path: str, name: str) -> tuple[CommitManifest | None, int]:
     storage = RunStorage.open(storage_path, name)
     committed = storage.checkpoints.committed()
-    state = storage.read_run_state() or {}
-    return (committed[-1] if committed else None), len(state.get("failures", []))
+    state = storage.read_run_state()
+    return (committed[-1] if committed else None), len(state.failures) if state else 0
 
 
 def verify(script_and_args: list[str], nproc_per_node: int, fail_at_report: int,

@@ -32,6 +32,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from elastic_train.storage.run_state import RunState
+
 
 @dataclass(frozen=True)
 class SpecChange:
@@ -106,10 +108,10 @@ def start_over_hint(spec: dict[str, Any], display_path: str) -> str:
             "(nothing is deleted) and start a fresh run under this name")
 
 
-def refusal(display_path: str, state: dict[str, Any], new_spec: dict[str, Any],
+def refusal(display_path: str, state: RunState, new_spec: dict[str, Any],
             changes: list[SpecChange]) -> str | None:
     """Why the stored run cannot be continued by ``new_spec``; None if it can."""
-    if state.get("status") == "finished":
+    if state.is_finished:
         continue_hint = ("start a run of another --name whose script loads its last "
                          "checkpoint" if is_launch(new_spec) else
                          "pass resume_from_checkpoint=Result.from_path(path).checkpoint to a "

@@ -16,10 +16,17 @@ from typing import Any
 
 import torch
 
+from elastic_train.agent.restart_budget import Decision
 from elastic_train.driver.resume_rules import SpecChange, refusal, spec_changes
 from elastic_train.errors import ConfigError, StorageError, WorkerFailure
 from elastic_train.storage import RunStorage
 from elastic_train.storage.archive import archive_run
+from elastic_train.storage.run_state import (
+    FailureRecord,
+    LaunchRecord,
+    RunState,
+    RunStatus,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +47,7 @@ class ResumeCheck:
     archived). ``warnings``: changes it is continued despite.
     """
 
-    state: dict[str, Any] | None
+    state: RunState | None
     refused: str | None
     warnings: list[SpecChange]
 
@@ -52,10 +59,10 @@ class RunRecord:
 
         record = RunRecord.begin(storage, name="digits", spec={"command": [...]})
         ...
-        record.set_status("finished")
+        record.set_status(RunStatus.FINISHED)
     """
 
-    def __init__(self, storage: RunStorage, state: dict[str, Any]):
+    def __init__(self, storage: RunStorage, state: RunState):
         self.storage = storage
         self.state = state
 
@@ -75,16 +82,16 @@ class RunRecord:
                            "restarts with the new split of the data).",
                            storage.display_path, change.describe())
         if check.refused:
-            archived = archive_run(storage, check.state.get("status", "unknown"))
+            archived = archive_run(storage, check.state.status.value)
             logger.warning("Start over: the stored run (%s) was moved to %s; a fresh run "
-                           "starts at %s.", check.state.get("status"), archived,
+                           "starts at %s.", check.state.status.value, archived,
                            storage.display_path)
         now = time.time()
         state = None if check.refused else check.state
-        state = state or {"name": name, "created": now, "launches": [], "failures": []}
-        state.update(status="running", updated=now, versions=versions(), spec=spec)
-        state["launches"].append({"started": now, "pid": os.getpid(),
-                                  "host": platform.node(), "status": "running"})
+        state = state or RunState(name=name, created=now)
+        state.status, state.updated, state.versions, state.spec = (
+            RunStatus.RUNNING, now, versions(), spec)
+        state.launches.append(LaunchRecord(started=now, pid=os.getpid(), host=platform.node()))
         record = cls(storage, state)
         record._write(required=True)
         return record
@@ -105,37 +112,37 @@ class RunRecord:
         state = storage.read_run_state()
         if not state:
             return ResumeCheck(None, None, [])
-        changes = spec_changes(state.get("spec", {}), spec, accepted)
+        changes = spec_changes(state.spec, spec, accepted)
         reason = refusal(storage.display_path, state, spec, changes)
         if reason and not start_over:
             raise ConfigError(reason)
         return ResumeCheck(state, reason, [c for c in changes if not c.breaks])
 
-    def record_failure(self, failures: list[WorkerFailure], restarts_left: int,
-                       unlimited: bool, kind: str = "failure") -> None:
-        """Appends a failed attempt; ``kind`` is the budget it spent: "failure" (a
-        crash here), "peer" (a worker on another node; free) or "preemption"."""
-        left = "unlimited" if unlimited else restarts_left or "no"
-        logger.warning("Worker group failed (%s): %s; %s restart(s) left.", kind,
+    def record_failure(self, failures: list[WorkerFailure], decision: Decision) -> None:
+        """Appends a failed attempt, with the budget it spent and what is left of it."""
+        left = {-1: "unlimited", 0: "no"}.get(decision.restarts_left, decision.restarts_left)
+        logger.warning("Worker group failed (%s): %s; %s restart(s) left.", decision.kind.value,
                        failures[0].describe(), left)
         failed_at = min((f.timestamp for f in failures if f.timestamp), default=time.time())
-        self.state["failures"].append({"time": time.time(), "failed_at": failed_at,
-                                       "restarts_left": restarts_left, "kind": kind,
-                                       "workers": [f.to_json() for f in failures]})
+        self.state.failures.append(FailureRecord(
+            time=time.time(), failed_at=failed_at, restarts_left=decision.restarts_left,
+            kind=decision.kind, workers=list(failures)))
         self._write(required=False)
 
     def note_rendezvous(self) -> None:
         """The group re-formed: closes the latest failure's rendezvous time."""
-        failures = self.state["failures"]
-        if failures and "rendezvous_at" not in failures[-1]:
-            failures[-1]["rendezvous_at"] = time.time()
+        failures = self.state.failures
+        if failures and failures[-1].rendezvous_at is None:
+            failures[-1].rendezvous_at = time.time()
             self._write(required=False)
 
-    def set_status(self, status: str, **extra: Any) -> None:
+    def set_status(self, status: RunStatus, error: str | None = None) -> None:
         now = time.time()
-        self.state.update(status=status, updated=now, **extra)
-        self.state["launches"][-1].update(status=status, ended=now)
-        self._write(required=status == "finished")
+        self.state.status, self.state.updated = status, now
+        if error is not None:
+            self.state.error = error
+        self.state.launches[-1].status, self.state.launches[-1].ended = status, now
+        self._write(required=status is RunStatus.FINISHED)
 
     def _write(self, required: bool) -> None:
         try:
@@ -144,4 +151,4 @@ class RunRecord:
             if required:
                 raise
             logger.warning("Could not update %s/run.json (status %r).",
-                           self.storage.display_path, self.state["status"], exc_info=True)
+                           self.storage.display_path, self.state.status.value, exc_info=True)

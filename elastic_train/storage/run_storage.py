@@ -27,6 +27,7 @@ from elastic_train.errors import ConfigError, StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import CheckpointStore
 from elastic_train.storage.retry import RetryPolicy
+from elastic_train.storage.run_state import RestoreRecord, RunState
 
 if TYPE_CHECKING:
     from elastic_train.config import RunConfig
@@ -131,7 +132,7 @@ class RunStorage:
                            self.display_path, exc)
 
     # run.json: the driver's record of the run
-    def read_run_state(self) -> dict[str, Any] | None:
+    def read_run_state(self) -> RunState | None:
         def read() -> dict[str, Any] | None:
             self.fs.invalidate_cache(self.run_path)
             try:
@@ -151,10 +152,14 @@ class RunStorage:
                 f"{self.display_path}/{RUN_FILE} has format_version {version}, newer than this "
                 f"elastic-train understands ({RUN_FORMAT_VERSION}): upgrade elastic-train."
             )
-        return state
+        try:
+            return RunState.from_json(state)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StorageError(f"{self.display_path}/{RUN_FILE} is not a run record this "
+                               f"elastic-train can read: {exc!r}") from exc
 
-    def write_run_state(self, state: dict[str, Any]) -> None:
-        data = {**state, "format_version": RUN_FORMAT_VERSION}
+    def write_run_state(self, state: RunState) -> None:
+        data = {**state.to_json(), "format_version": RUN_FORMAT_VERSION}
         self._retry("writing run.json",
                     lambda: fsutil.write_json_atomic(self.fs, self._path(RUN_FILE), data))
 
@@ -196,16 +201,17 @@ class RunStorage:
             self.write_metrics(history)
 
     # restores.json: rank 0's account of each restart (for goodput)
-    def read_restores(self) -> list[dict[str, Any]]:
+    def read_restores(self) -> list[RestoreRecord]:
         path = self._path(RESTORES_FILE)
         if not self._retry("reading restores.json", lambda: self.fs.exists(path)):
             return []
-        return self._retry("reading restores.json", lambda: fsutil.read_json(self.fs, path))
+        entries = self._retry("reading restores.json", lambda: fsutil.read_json(self.fs, path))
+        return [RestoreRecord.from_json(entry) for entry in entries]
 
-    def add_restore(self, entry: dict[str, Any]) -> None:
+    def add_restore(self, entry: RestoreRecord) -> None:
         """Appends one restart's entry: when the group was ready again, from which
         iteration, and how much of the failed attempt's work is redone."""
-        entries = [*self.read_restores(), entry]
+        entries = [e.to_json() for e in [*self.read_restores(), entry]]
         self._retry("writing restores.json", lambda: fsutil.write_json_atomic(
             self.fs, self._path(RESTORES_FILE), entries))
 

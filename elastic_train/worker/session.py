@@ -44,6 +44,7 @@ from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import dir_name, list_directory, mismatched_files
 from elastic_train.storage.retention import CheckpointRecord, score_of, to_delete
+from elastic_train.storage.run_state import RestoreRecord
 from elastic_train.storage.uploader import CheckpointUploader, UploadJob
 from elastic_train.worker import heartbeat, preemption
 from elastic_train.worker.backend import WorkerResources
@@ -212,12 +213,12 @@ class TrainSession:
         time_before = float(kept[-1].get("time_total_s", 0.0)) if kept else 0.0
         if rows or restored:  # a restart: account for it (goodput in `elastic-train show`)
             lost = float(rows[-1].get("time_total_s", 0.0)) - time_before if rows else 0.0
-            self._note_restore({"time": time.time(), "restored_iteration": last_iteration,
-                                "recomputed_iterations": len(rows) - len(kept),
-                                "recomputed_s": max(lost, 0.0)})
+            self._note_restore(RestoreRecord(
+                time=time.time(), restored_iteration=last_iteration,
+                recomputed_iterations=len(rows) - len(kept), recomputed_s=max(lost, 0.0)))
         return (asdict(restored) if restored else None), next_index, time_before
 
-    def _note_restore(self, entry: dict[str, Any]) -> None:
+    def _note_restore(self, entry: RestoreRecord) -> None:
         try:
             self.storage.add_restore(entry)
         except StorageError:  # bookkeeping only: never fail a restart for it

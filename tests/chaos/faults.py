@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import elastic_train as et
 from elastic_train.storage import RunStorage
 from elastic_train.storage.checkpoint_store import MARKER
+from elastic_train.storage.run_state import RunStatus
 from elastic_train.torch import TorchTrainer
 from tests.conftest import EPOCHS, StorageUnderTest, wait_until
 from tests.support import jobs
@@ -237,7 +238,7 @@ def _driver_kill_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: 
                 os.killpg(driver.pid, signal.SIGKILL)
             driver.wait()
         state = run_storage.read_run_state()
-        assert state["status"] == "running"  # nobody could record anything
+        assert state.status is RunStatus.RUNNING  # nobody could record anything
         trainer = TorchTrainer.restore(f"{storage.url}/{name}", storage_options=storage.options)
         result = trainer.fit()
     return _outcome(result.return_value["digest"], run_storage, watcher, tmp_path,

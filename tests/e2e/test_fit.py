@@ -44,7 +44,7 @@ def test_result_fields(storage):
     again = et.Result.from_path(result.path, storage_filesystem=result.filesystem)
     assert again.metrics == result.metrics
     assert again.checkpoint == result.checkpoint
-    state = storage.run("fields").read_run_state()
+    state = storage.run("fields").read_run_state().to_json()
     assert state["status"] == "finished"
     assert state["versions"]["torch"]
 
@@ -78,7 +78,7 @@ def test_worker_failure_resumes_bit_identical(storage, tmp_path, baseline, how, 
     assert result.return_value["digest"] == baseline.return_value["digest"]
     iterations = list(result.metrics_dataframe["training_iteration"])
     assert iterations == list(range(1, EPOCHS + 1))
-    failures = storage.run(f"fail-{how}").read_run_state()["failures"]
+    failures = storage.run(f"fail-{how}").read_run_state().to_json()["failures"]
     assert len(failures) == 1 and failures[0]["workers"][0]["rank"] == 1
 
 

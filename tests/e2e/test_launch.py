@@ -41,7 +41,7 @@ def starts(out_dir):
 
 def run_state(storage_path, name):
     fs, path = fsutil.resolve(os.path.join(storage_path, name))
-    return RunStorage(fs, path).read_run_state()
+    return RunStorage(fs, path).read_run_state().to_json()
 
 
 def worker_pids(out_dir):

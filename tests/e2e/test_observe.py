@@ -13,6 +13,7 @@ import pytest
 
 import elastic_train as et
 from elastic_train.callbacks import CSVLoggerCallback, TensorBoardLoggerCallback
+from elastic_train.storage.run_state import RunStatus
 from tests.conftest import EPOCHS, fit
 from tests.support.paths import REPO
 
@@ -92,7 +93,8 @@ def test_ls_and_show_on_finished_failed_and_interrupted_runs(storage, tmp_path):
         fit(storage, "broken", config={"fault": fault, "epochs": 2, "upload_mode": "SYNC"})
     run = storage.run("broken")
     state = run.read_run_state()
-    run.write_run_state({**state, "status": "interrupted"})  # as Ctrl-C leaves it
+    state.status = RunStatus.INTERRUPTED  # as Ctrl-C leaves it
+    run.write_run_state(state)
     env = {**os.environ}
     if storage.options:
         env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",

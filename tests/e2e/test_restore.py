@@ -51,7 +51,7 @@ def result_state(run_path):
     from elastic_train.storage import filesystem as fsutil
 
     fs, path = fsutil.resolve(run_path)
-    return RunStorage(fs, path).read_run_state()
+    return RunStorage(fs, path).read_run_state().to_json()
 
 
 def test_can_restore_and_start_over_of_a_finished_run(storage_path, tmp_path):
@@ -109,7 +109,7 @@ def test_restore_with_a_new_train_function_and_a_changed_one(storage_path, tmp_p
     fault = {"rank": 0, "epoch": 1, "how": "raise", "marker": str(tmp_path / "m")}
     with pytest.raises(et.TrainingFailedError):
         fit(storage_path, "changed", config={"fault": fault})
-    with pytest.raises(et.ConfigError, match="train function: tests.jobs.train_mlp -> "):
+    with pytest.raises(et.ConfigError, match="train function: tests.support.jobs.train_mlp -> "):
         TorchTrainer(lambda: None, run_config=et.RunConfig(
             storage_path=storage_path, name="changed")).fit()
     result = TorchTrainer.restore(os.path.join(storage_path, "changed"),

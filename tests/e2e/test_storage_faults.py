@@ -51,7 +51,7 @@ def test_s3_outage_of_seconds_is_survived(proxied_s3, baseline):
     result = fit(through, "outage", config={"step_sleep": 0.1})
     thread.join(10)
     assert result.return_value["digest"] == baseline.return_value["digest"]
-    state = direct.run("outage").read_run_state()
+    state = direct.run("outage").read_run_state().to_json()
     assert state["status"] == "finished" and state["failures"] == []
     assert [c.path.rsplit("_", 1)[1] for c, _ in result.best_checkpoints] == \
         [f"{i:06d}" for i in range(EPOCHS)]

@@ -10,6 +10,7 @@ import pytest
 from elastic_train.driver.resume_rules import TRAIN_FUNCTION_CHANGES, SpecChange, spec_changes
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.errors import ConfigError, StorageError
+from elastic_train.storage.run_state import RunState, RunStatus
 from tests.conftest import make_storage
 
 FIT = {"train_function": "jobs.train", "train_signature": "(config)",
@@ -53,8 +54,8 @@ def stored_run(storage, status="finished", spec=FIT):
     """A run as a driver leaves it: run.json, metrics and one checkpoint."""
     run = storage.run("run")
     run.ensure_writable()
-    run.write_run_state({"name": "run", "status": status, "spec": spec, "launches": [{}],
-                         "failures": []})
+    run.write_run_state(RunState.from_json({"name": "run", "status": status, "spec": spec,
+                                            "launches": [{}], "failures": []}))
     storage.fs.pipe_file(f"{run.run_path}/metrics.jsonl", b'{"training_iteration": 1}\n')
     storage.fs.makedirs(f"{run.run_path}/checkpoint_000000", exist_ok=True)
     storage.fs.pipe_file(f"{run.run_path}/checkpoint_000000/state.pt", b"weights" * 100)
@@ -93,7 +94,7 @@ def test_another_number_of_workers_is_resumed_with_a_warning(tmp_path, caplog):
     run = stored_run(make_storage("local", tmp_path, None), "interrupted")
     with caplog.at_level(logging.WARNING):
         record = RunRecord.begin(run, "run", {**FIT, "scaling_config": {"num_workers": 3}})
-    assert len(record.state["launches"]) == 2
+    assert len(record.state.launches) == 2
     assert "number of workers: 2 -> 3" in caplog.text and "bit-identically" in caplog.text
 
 
@@ -108,7 +109,7 @@ def test_start_over_moves_a_finished_run_aside_whole(storage, caplog):
     assert len(archives) == 1 and archives[0].rsplit("/", 1)[1].startswith("run.finished-2")
     assert files_under(storage.fs, archives[0]) == before
     assert list(files_under(storage.fs, run.run_path)) == ["/run.json"]
-    assert record.state["status"] == "running" and len(record.state["launches"]) == 1
+    assert record.state.status is RunStatus.RUNNING and len(record.state.launches) == 1
     assert "moved to" in caplog.text
 
 
@@ -116,7 +117,7 @@ def test_start_over_continues_a_run_that_can_be_continued(tmp_path):
     storage = make_storage("local", tmp_path, None)
     run = stored_run(storage, "interrupted")
     record = RunRecord.begin(run, "run", FIT, start_over=True)
-    assert len(record.state["launches"]) == 2
+    assert len(record.state.launches) == 2
     assert storage.fs.ls(run.run_path.rsplit("/", 1)[0], detail=False) == [run.run_path]
 
 

@@ -23,6 +23,7 @@ from elastic_train.storage.checkpoint_store import (
     mismatched_files,
     scan_directory,
 )
+from elastic_train.storage.run_state import LaunchRecord, RunState, RunStatus
 from elastic_train.storage.run_storage import METRICS_FILE, RUN_FILE, RUN_FORMAT_VERSION
 
 
@@ -159,9 +160,12 @@ def test_dir_name_and_manifest_from_json_ignores_unknown_keys():
 
 def test_run_state_roundtrip_adds_format_version(run):
     assert run.read_run_state() is None
-    run.write_run_state({"status": "running", "launches": [1]})
-    assert run.read_run_state() == {"status": "running", "launches": [1],
-                                    "format_version": RUN_FORMAT_VERSION}
+    state = RunState(name="run", created=1.0, status=RunStatus.RUNNING,
+                     launches=[LaunchRecord(started=1.0, pid=7, host="h")])
+    run.write_run_state(state)
+    assert run.read_run_state() == state
+    assert fsutil.read_json(run.fs, f"{run.run_path}/run.json")["format_version"] == \
+        RUN_FORMAT_VERSION
 
 
 def test_newer_run_format_asks_to_upgrade(run):

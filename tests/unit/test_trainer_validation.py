@@ -11,6 +11,7 @@ import torch
 import elastic_train as et
 from elastic_train import ConfigError
 from elastic_train.storage import RunStorage
+from elastic_train.storage.run_state import RunState, RunStatus
 from elastic_train.torch import TorchConfig, TorchTrainer
 from tests.conftest import child_pids
 from tests.support.jobs import make_dataset
@@ -147,14 +148,14 @@ def test_unpicklable_closure_leaves_no_running_record(tmp_path):
     with pytest.raises(ConfigError, match="pickled"):
         trainer.fit()
     state = RunStorage.open(storage_path, "run").read_run_state()
-    assert state is None or state["status"] != "running"
+    assert state is None or state.status is not RunStatus.RUNNING
 
 
 def test_fit_on_finished_run_raises(tmp_path):
     storage_path = str(tmp_path / "results")
     storage = RunStorage.open(storage_path, "run")
     storage.ensure_writable()
-    storage.write_run_state({"status": "finished"})
+    storage.write_run_state(RunState(status=RunStatus.FINISHED))
     before_files = snapshot(tmp_path)
     before_pids = set(child_pids(os.getpid()))
     with pytest.raises(ConfigError, match="already finished") as info:
@@ -169,7 +170,8 @@ def test_fit_on_finished_run_raises(tmp_path):
 def test_restore_of_a_launch_run_points_to_the_cli(tmp_path):
     storage = RunStorage.open(str(tmp_path), "launched")
     storage.ensure_writable()
-    storage.write_run_state({"status": "interrupted", "spec": {"command": ["elastic-train"]}})
+    storage.write_run_state(RunState(status=RunStatus.INTERRUPTED,
+                                     spec={"command": ["elastic-train"]}))
     with pytest.raises(ConfigError, match="run of `elastic-train launch`.*elastic-train restore"):
         TorchTrainer.restore(tmp_path / "launched")
 

@@ -1,0 +1,166 @@
+"""``run.json`` and ``restores.json`` as typed records: what a run directory says of its run.
+
+The driver writes them (:mod:`elastic_train.driver.run_record`, rank 0's
+session for restores); ``elastic-train ls``/``show``, ``Result`` and restore
+read them. Every record reads the JSON of older versions (missing fields get
+their defaults) and writes the same field names as before, so a run directory
+stays readable across versions.
+
+Example::
+
+    state = storage.read_run_state()
+    if state is not None and state.status is RunStatus.FAILED:
+        print(state.failures[-1].root.describe())
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from elastic_train.errors import WorkerFailure
+
+
+class RunStatus(str, enum.Enum):
+    """Where a run stands. ``FINISHED`` is final; the others can be continued."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    UNKNOWN = "unknown"  # a run.json without a status (never written by us)
+
+
+class FailureKind(str, enum.Enum):
+    """The budget a failed attempt spent (see :mod:`elastic_train.agent.restart_budget`)."""
+
+    FAILURE = "failure"        # a worker of this node failed: FailureConfig.max_failures
+    PEER = "peer"              # only because a peer on another node failed: free here
+    PREEMPTION = "preemption"  # after a preemption notice: max_preemption_failures
+
+
+@dataclass
+class LaunchRecord:
+    """One start of the run's driver (a ``fit()``, ``launch`` or restore)."""
+
+    started: float
+    pid: int
+    host: str
+    status: RunStatus = RunStatus.RUNNING
+    ended: float | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LaunchRecord:
+        return cls(started=float(data.get("started", 0.0)), pid=int(data.get("pid", 0)),
+                   host=str(data.get("host", "?")),
+                   status=RunStatus(data.get("status", RunStatus.UNKNOWN.value)),
+                   ended=data.get("ended"))
+
+    def to_json(self) -> dict[str, Any]:
+        data = {**asdict(self), "status": self.status.value}
+        if self.ended is None:
+            del data["ended"]
+        return data
+
+
+@dataclass
+class FailureRecord:
+    """One failed attempt of the worker group, root cause first in ``workers``.
+
+    ``failed_at``: when the first worker failed; ``time``: when the agent saw it;
+    ``rendezvous_at``: when the group had formed again (None until then, or for
+    the last failure of a run that stopped).
+    """
+
+    time: float
+    failed_at: float
+    restarts_left: int
+    kind: FailureKind
+    workers: list[WorkerFailure]
+    rendezvous_at: float | None = None
+
+    @property
+    def root(self) -> WorkerFailure:
+        """The worker whose failure is the cause."""
+        return self.workers[0]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FailureRecord:
+        return cls(time=float(data["time"]), failed_at=float(data.get("failed_at", data["time"])),
+                   restarts_left=int(data.get("restarts_left", 0)),
+                   kind=FailureKind(data.get("kind", FailureKind.FAILURE.value)),
+                   workers=[WorkerFailure.from_json(w) for w in data.get("workers", [])],
+                   rendezvous_at=data.get("rendezvous_at"))
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"time": self.time, "failed_at": self.failed_at,
+                                "restarts_left": self.restarts_left, "kind": self.kind.value,
+                                "workers": [w.to_json() for w in self.workers]}
+        if self.rendezvous_at is not None:
+            data["rendezvous_at"] = self.rendezvous_at
+        return data
+
+
+@dataclass
+class RunState:
+    """``run.json``: the run's spec, its launches, failures and status.
+
+    ``spec`` is what the front-end recorded of the run (``fit()``: the train
+    function, configs; ``launch``: the command, flags), compared on resume by
+    :mod:`elastic_train.driver.resume_rules`.
+    """
+
+    name: str = ""
+    created: float = 0.0
+    status: RunStatus = RunStatus.UNKNOWN
+    updated: float = 0.0
+    spec: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    launches: list[LaunchRecord] = field(default_factory=list)
+    failures: list[FailureRecord] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RunStatus.FINISHED
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunState:
+        return cls(name=str(data.get("name", "")), created=float(data.get("created", 0.0)),
+                   status=RunStatus(data.get("status", RunStatus.UNKNOWN.value)),
+                   updated=float(data.get("updated", 0.0)), spec=dict(data.get("spec", {})),
+                   versions=dict(data.get("versions", {})),
+                   launches=[LaunchRecord.from_json(x) for x in data.get("launches", [])],
+                   failures=[FailureRecord.from_json(x) for x in data.get("failures", [])],
+                   error=data.get("error"))
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "name": self.name, "created": self.created, "status": self.status.value,
+            "updated": self.updated, "spec": self.spec, "versions": self.versions,
+            "launches": [x.to_json() for x in self.launches],
+            "failures": [x.to_json() for x in self.failures]}
+        if self.error is not None:
+            data["error"] = self.error
+        return data
+
+
+@dataclass
+class RestoreRecord:
+    """One entry of ``restores.json``: a start that resumed (after a failure or a
+    relaunch), when its group was ready, and the work it redoes."""
+
+    time: float
+    restored_iteration: int
+    recomputed_iterations: int
+    recomputed_s: float
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RestoreRecord:
+        return cls(time=float(data["time"]), restored_iteration=int(data["restored_iteration"]),
+                   recomputed_iterations=int(data.get("recomputed_iterations", 0)),
+                   recomputed_s=float(data.get("recomputed_s", 0.0)))
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
