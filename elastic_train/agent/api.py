@@ -1,9 +1,10 @@
 """Runs one node's agent: rendezvous, workers, restarts, and the outcome.
 
-:func:`run_agent` is the single entry from the driver (``fit()``) and, later,
-``elastic-train launch``. It builds torch's rendezvous handler from the
-registry by backend name, runs a :class:`TrainAgent`, and turns the result
-into :class:`WorkerFailure` records (rank, exit code or signal, traceback).
+:func:`run_agent` is the single entry from the driver's node-run path
+(:mod:`elastic_train.driver.node_run`, behind ``fit()`` and ``elastic-train
+launch``). It builds torch's rendezvous handler from the registry by backend
+name, runs a :class:`TrainAgent`, and turns the result into
+:class:`WorkerFailure` records (rank, exit code or signal, traceback).
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from elastic_train.agent import zygote
 from elastic_train.agent.failures import failures_of
 from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.agent.local_agent import TrainAgent
+from elastic_train.agent.rendezvous.backends import lookup, register
+from elastic_train.agent.rendezvous.config import RendezvousConfig
+from elastic_train.agent.restart_budget import Decision, RestartBudget
+from elastic_train.config import FailureConfig
 from elastic_train.errors import RendezvousLostError, WorkerFailure
 
 logger = logging.getLogger(__name__)
@@ -39,31 +44,27 @@ class AgentSpec:
 
     ``entrypoint``/``args`` is the worker command; ``worker_env`` is added to
     each worker's environment on top of what torch.distributed.elastic sets.
-    Workers write to their log files under ``log_dir`` only; the driver's
-    console shows them (see :mod:`elastic_train.driver.console`). ``agent_logs``
-    shows torch.distributed.elastic's own logs too. When the agent gets a
-    SIGTERM it passes it on to the workers (a preemption notice) and kills
-    them ``preemption_grace_s`` later.
+    ``rendezvous`` says where the nodes meet (settled: backend, endpoint and
+    run id all given) and ``failure`` the restart, hang and preemption
+    budgets. Workers write to their log files under ``log_dir`` only; the
+    driver's console shows them (see :mod:`elastic_train.driver.console`).
+    ``agent_logs`` shows torch.distributed.elastic's own logs too. When the
+    agent gets a SIGTERM it passes it on to the workers (a preemption notice)
+    and kills them ``failure.preemption_grace_s`` later.
     """
 
     entrypoint: str
     args: tuple[str, ...]
     nproc_per_node: int
-    run_id: str
-    max_restarts: int
+    rendezvous: RendezvousConfig
+    failure: FailureConfig
     min_nodes: int = 1
     max_nodes: int = 1
-    rdzv_backend: str = "c10d"
-    rdzv_endpoint: str = "127.0.0.1:0"
-    rdzv_configs: dict[str, object] = field(default_factory=dict)
     monitor_interval: float = 0.1
     log_dir: str | None = None
     agent_logs: bool = False
     worker_env: dict[str, str] = field(default_factory=dict)
     local_addr: str | None = None
-    hang_timeout_s: float | None = None
-    preemption_grace_s: float = 25.0
-    max_preemptions: int = -1
 
 
 class Interrupted(Exception):
@@ -99,49 +100,21 @@ def _restored_signal_handlers() -> Iterator[None]:
 
 
 def run_agent(spec: AgentSpec,
-              on_failure: Callable[[list[WorkerFailure], int, str], None] | None = None,
+              on_failure: Callable[[list[WorkerFailure], Decision], None] | None = None,
               on_rendezvous: Callable[[int, int], None] | None = None,
               ) -> tuple[list[WorkerFailure], bool]:
     """Runs the workers to the end; returns the final failures (empty on success)
     and whether it was the preemption budget that ran out.
 
-    ``on_failure(failures, restarts_left, kind)`` is called for every failed
-    attempt, including the last, with the budget it was charged to (see
-    :class:`TrainAgent`); ``on_rendezvous(group_rank, nodes)`` after every
+    ``on_failure(failures, decision)`` is called for every failed attempt,
+    including the last, with what the restart budget decided (see
+    :mod:`.restart_budget`); ``on_rendezvous(group_rank, nodes)`` after every
     rendezvous. Raises :class:`Interrupted` after a SIGINT/SIGTERM, once every
     worker is stopped, and :class:`RendezvousLostError` when the rendezvous became
     unreachable (with c10d: the node hosting its store is gone).
     """
-    params = RendezvousParameters(
-        backend=spec.rdzv_backend, endpoint=spec.rdzv_endpoint, run_id=spec.run_id,
-        min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, local_addr=spec.local_addr,
-        **spec.rdzv_configs,
-    )
-    rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
-    def worker_command() -> tuple[str, tuple[str, ...]]:
-        return zygote.worker_command(spec.entrypoint, spec.args)
-
-    entrypoint, args = worker_command()  # starts the zygote now, during the rendezvous
-    worker_spec = WorkerSpec(
-        role="trainer", local_world_size=spec.nproc_per_node, entrypoint=entrypoint,
-        args=args, rdzv_handler=rdzv_handler, max_restarts=spec.max_restarts,
-        monitor_interval=spec.monitor_interval, local_addr=spec.local_addr,
-    )
-    logs = DefaultLogsSpecs(log_dir=spec.log_dir, redirects=Std.ALL, tee=Std.NONE)
-
-    def report(result: RunResult, restarts_left: int, kind: str) -> None:
-        if on_failure is not None:
-            on_failure(failures_of(result), restarts_left, kind)
-
-    agent = TrainAgent(
-        spec=worker_spec, logs_specs=logs, start_method="spawn",
-        shutdown_timeout=math.ceil(spec.preemption_grace_s), worker_env=spec.worker_env,
-        notice_dir=os.path.join(logs.root_log_dir, "preemption"),
-        preemption_grace_s=spec.preemption_grace_s, max_preemptions=spec.max_preemptions,
-        on_failure=report, on_rendezvous=on_rendezvous, worker_command=worker_command,
-        hang_watch=HangWatch(os.path.join(logs.root_log_dir, "progress"), spec.hang_timeout_s)
-        if spec.hang_timeout_s else None,
-    )
+    agent = _train_agent(spec, on_failure, on_rendezvous)
+    rdzv_handler, rdzv = agent.get_worker_group().spec.rdzv_handler, spec.rendezvous
     quiet = contextlib.nullcontext() if spec.agent_logs else _quiet_torch_agent_logs()
     with _restored_signal_handlers(), quiet:
         try:
@@ -150,9 +123,50 @@ def run_agent(spec: AgentSpec,
             # Like torchrun, leave the rendezvous open: other nodes may go on without us.
             raise Interrupted(int(exc.sigval)) from None
         except RendezvousConnectionError as exc:
-            raise RendezvousLostError.for_backend(spec.rdzv_backend, spec.rdzv_endpoint,
-                                                  exc) from exc
+            raise RendezvousLostError.for_backend(rdzv.backend, rdzv.endpoint, exc) from exc
         rdzv_handler.shutdown()
     if not result.is_failed():
         return [], False
     return failures_of(result), agent.preemption_budget_spent
+
+
+def _train_agent(spec: AgentSpec,
+                 on_failure: Callable[[list[WorkerFailure], Decision], None] | None,
+                 on_rendezvous: Callable[[int, int], None] | None) -> TrainAgent:
+    """torch's rendezvous handler (from its registry, by backend name) and our agent."""
+    rdzv = spec.rendezvous
+    params = RendezvousParameters(
+        backend=rdzv.backend, endpoint=rdzv.endpoint, run_id=rdzv.run_id,
+        min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, local_addr=spec.local_addr,
+        **(rdzv.conf or {}),
+    )
+    register(lookup(rdzv.backend, "RendezvousConfig.backend"))  # ours, into torch's registry
+    rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
+
+    def worker_command() -> tuple[str, tuple[str, ...]]:
+        return zygote.worker_command(spec.entrypoint, spec.args)
+
+    entrypoint, args = worker_command()  # starts the zygote now, during the rendezvous
+    worker_spec = WorkerSpec(
+        role="trainer", local_world_size=spec.nproc_per_node, entrypoint=entrypoint,
+        args=args, rdzv_handler=rdzv_handler, max_restarts=spec.failure.max_restarts,
+        monitor_interval=spec.monitor_interval, local_addr=spec.local_addr,
+    )
+    logs = DefaultLogsSpecs(log_dir=spec.log_dir, redirects=Std.ALL, tee=Std.NONE)
+
+    def report(result: RunResult, decision: Decision) -> None:
+        if on_failure is not None:
+            on_failure(failures_of(result), decision)
+
+    return TrainAgent(
+        spec=worker_spec, logs_specs=logs, start_method="spawn",
+        shutdown_timeout=math.ceil(spec.failure.preemption_grace_s), worker_env=spec.worker_env,
+        notice_dir=os.path.join(logs.root_log_dir, "preemption"),
+        preemption_grace_s=spec.failure.preemption_grace_s,
+        budget=RestartBudget(max_failures=spec.failure.max_failures,
+                             max_preemptions=spec.failure.max_preemption_failures),
+        on_failure=report, on_rendezvous=on_rendezvous, worker_command=worker_command,
+        hang_watch=HangWatch(os.path.join(logs.root_log_dir, "progress"),
+                             spec.failure.hang_timeout_s)
+        if spec.failure.hang_timeout_s else None,
+    )

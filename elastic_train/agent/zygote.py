@@ -76,35 +76,32 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def serve(path: str) -> Request | None:
-    """The zygote's loop. Returns in a forked child (the request it is to run), or
-    None in the zygote itself once its parent has gone."""
-    from elastic_train.worker.lifecycle import die_with_parent
+class _Server:
+    """The zygote's state: its listening socket, the clients, and the forked workers."""
 
-    die_with_parent()
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(path)
-    listener.listen(128)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    selector = selectors.DefaultSelector()
-    selector.register(listener, selectors.EVENT_READ)
-    selector.register(sys.stdin, selectors.EVENT_READ)
-    selector.register(wake_r, selectors.EVENT_READ)
-    workers: dict[int, socket.socket | None] = {}  # pid -> its client's connection
-    clients: dict[socket.socket, int | None] = {}  # connection -> its worker's pid
+    def __init__(self, path: str):
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.listener.bind(path)
+        self.listener.listen(128)
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.selector = selectors.DefaultSelector()
+        for source in (self.listener, sys.stdin, self.wake_r):
+            self.selector.register(source, selectors.EVENT_READ)
+        self.workers: dict[int, socket.socket | None] = {}  # pid -> its client's connection
+        self.clients: dict[socket.socket, int | None] = {}  # connection -> its worker's pid
 
-    def drop(conn: socket.socket) -> None:
-        selector.unregister(conn)
+    def drop(self, conn: socket.socket) -> None:
+        self.selector.unregister(conn)
         conn.close()
-        pid = clients.pop(conn)
-        if pid is not None and workers.get(pid) is conn:
-            workers[pid] = None
+        pid = self.clients.pop(conn)
+        if pid is not None and self.workers.get(pid) is conn:
+            self.workers[pid] = None
             _kill(pid)  # the client was killed: so is its worker
 
-    def reap(block: bool = False) -> None:
+    def reap(self, block: bool = False) -> None:
         """Tells the clients of exited workers how they ended."""
         while True:
             try:
@@ -113,51 +110,73 @@ def serve(path: str) -> Request | None:
                 return
             if pid == 0:
                 return
-            conn = workers.pop(pid, None)
+            conn = self.workers.pop(pid, None)
             if conn is not None:
-                clients[conn] = None
+                self.clients[conn] = None
                 with contextlib.suppress(OSError):  # the client may be gone already
                     conn.send(f"exit {os.waitstatus_to_exitcode(status)}".encode())
-                drop(conn)
+                self.drop(conn)
 
+    def parent_gone(self) -> bool:
+        """Whether the parent closed our stdin; then every worker is killed and reaped."""
+        if os.read(sys.stdin.fileno(), 4096):
+            return False
+        for pid in self.workers:
+            _kill(pid)
+        self.reap(block=True)
+        return True
+
+    def fork_for(self, conn: socket.socket) -> Request | None:
+        """Serves one request of ``conn``: the request in the forked child, None here."""
+        request = _recv_request(conn)
+        if request is None:
+            self.drop(conn)
+            return None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            self.close_in_child()
+            return request
+        for fd in request.fds:
+            os.close(fd)
+        self.clients[conn] = pid
+        self.workers[pid] = conn
+        conn.send(f"pid {pid}".encode())
+        return None
+
+    def close_in_child(self) -> None:
+        """A forked worker keeps none of the zygote's sockets, pipes or handlers."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        self.selector.close()
+        for sock in (self.listener, *self.clients):
+            sock.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+
+
+def serve(path: str) -> Request | None:
+    """The zygote's loop. Returns in a forked child (the request it is to run), or
+    None in the zygote itself once its parent has gone."""
+    from elastic_train.worker.lifecycle import die_with_parent
+
+    die_with_parent()
+    server = _Server(path)
     while True:
-        for key, _ in selector.select():
-            if key.fileobj is listener:
-                conn, _ = listener.accept()
-                clients[conn] = None
-                selector.register(conn, selectors.EVENT_READ)
+        for key, _ in server.selector.select():
+            if key.fileobj is server.listener:
+                conn, _ = server.listener.accept()
+                server.clients[conn] = None
+                server.selector.register(conn, selectors.EVENT_READ)
             elif key.fileobj is sys.stdin:
-                if not os.read(sys.stdin.fileno(), 4096):  # the parent has gone
-                    for pid in workers:
-                        _kill(pid)
-                    reap(block=True)
+                if server.parent_gone():
                     return None
-            elif key.fileobj == wake_r:
-                os.read(wake_r, 4096)
-                reap()
-            else:
-                conn = key.fileobj
-                request = _recv_request(conn)
-                if request is None:
-                    drop(conn)
-                    continue
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:
-                    signal.set_wakeup_fd(-1)
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    selector.close()
-                    for sock in (listener, *clients):
-                        sock.close()
-                    os.close(wake_r)
-                    os.close(wake_w)
-                    return request
-                for fd in request.fds:
-                    os.close(fd)
-                clients[conn] = pid
-                workers[pid] = conn
-                conn.send(f"pid {pid}".encode())
+            elif key.fileobj == server.wake_r:
+                os.read(server.wake_r, 4096)
+                server.reap()
+            elif (request := server.fork_for(key.fileobj)) is not None:
+                return request
 
 
 def _become_worker(request: Request) -> None:

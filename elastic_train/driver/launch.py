@@ -1,46 +1,65 @@
 """``elastic-train launch``: torchrun's command line, with checkpoints, run records and resume.
 
-One launcher process runs on each node. It validates its settings, records
-the run in ``run.json`` (on the node that is group rank 0 after rendezvous),
-and runs this node's agent; the workers run the user's script unchanged, with
-torchrun's environment. Scripts that call ``elastic_train.report`` /
-``get_checkpoint`` get checkpoints, retention and resume.
+One launcher process runs on each node. Its flags become the configuration
+objects of the Python API (:class:`~elastic_train.ScalingConfig`,
+:class:`~elastic_train.RunConfig`, :class:`~elastic_train.FailureConfig`,
+:class:`~elastic_train.CheckpointConfig`,
+:class:`~elastic_train.RendezvousConfig`), so every rule is checked once and a
+bad flag gets the same error as the setting it maps to, with the flag named.
+The node's run is then :mod:`.node_run`'s, as for ``fit()``; the workers run
+the user's script unchanged, with torchrun's environment. Scripts that call
+``elastic_train.report`` / ``get_checkpoint`` get checkpoints, retention and
+resume.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import logging
 import os
 import shlex
-import shutil
 import signal
-import socket
 import sys
-import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields
 
 from elastic_train import env_vars
-from elastic_train.agent import AgentSpec, Interrupted
-from elastic_train.agent.rendezvous.config import (
-    BACKEND_ALIASES,
-    FAST_RDZV_DEFAULTS,
-    parse_rdzv_conf,
+from elastic_train.agent.api import Interrupted
+from elastic_train.agent.rendezvous.backends import lookup
+from elastic_train.agent.rendezvous.config import RendezvousConfig, parse_rdzv_conf
+from elastic_train.config import (
+    DEFAULT_STORAGE_PATH,
+    CheckpointConfig,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
 )
-from elastic_train.config import CheckpointConfig
-from elastic_train.driver.run_record import RunRecord
-from elastic_train.driver.supervisor import RunSupervisor
-from elastic_train.errors import (
-    ConfigError,
-    PreemptionError,
-    RendezvousLostError,
-    TrainingFailedError,
-)
+from elastic_train.driver.node_run import FailureHints, NodePlan, NodeRun
+from elastic_train.errors import ConfigError, TrainingFailedError
 from elastic_train.storage import RunStorage
 
-logger = logging.getLogger(__name__)
+SCRIPT_WORKER = "elastic_train.worker.script_worker"
+
+# The config field each flag sets: a ConfigError about the field names the flag too.
+_FIELD_FLAGS = {
+    "ScalingConfig.num_workers_per_node": "--nproc-per-node",
+    "FailureConfig.max_failures": "--max-restarts",
+    "FailureConfig.hang_timeout_s": "--hang-timeout",
+    "FailureConfig.preemption_grace_s": "--preemption-grace",
+    "FailureConfig.max_preemption_failures": "--max-preemption-failures",
+    "CheckpointConfig.num_to_keep": "--num-to-keep",
+    "CheckpointConfig.checkpoint_score_attribute": "--checkpoint-score-attribute",
+    "RunConfig.name": "--name",
+    "RunConfig.storage_path": "--storage-path",
+    "RendezvousConfig.backend": "--rdzv-backend",
+    "CheckpointConfig.checkpoint_score_order": "--checkpoint-score-order",
+}
+# Flags not recorded in run.json's "launch": the checkpoint settings are recorded as
+# "checkpoint_config"; --start-over applies to one launch only.
+_NOT_RECORDED = ("num_to_keep", "checkpoint_score_attribute", "checkpoint_score_order",
+                 "start_over")
 
 
 def parse_nnodes(value: str) -> tuple[int, int]:
@@ -56,21 +75,29 @@ def parse_nnodes(value: str) -> tuple[int, int]:
     return bounds
 
 
-def _check_endpoint(endpoint: str) -> None:
-    """``HOST:PORT`` with a port in 0..65535 (torch would fail later with a traceback).
-
-    An empty endpoint, a bare host and IPv6 forms are left to torch's parser."""
-    if endpoint.count(":") != 1:
-        return
-    host, port = endpoint.split(":")
-    if not host or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"--rdzv-endpoint={endpoint!r} is invalid: use HOST:PORT with a "
-                          "port from 0 to 65535, e.g. --rdzv-endpoint node0:29400.")
+@contextlib.contextmanager
+def _flags_named(more: dict[str, str] | None = None) -> Iterator[None]:
+    """Prefixes a ConfigError about a config field with the flag that set it (``more``:
+    fields whose flag depends on the settings)."""
+    try:
+        yield
+    except ConfigError as exc:
+        text = str(exc)
+        for name, flag in {**_FIELD_FLAGS, **(more or {})}.items():
+            if text.startswith(name + "=") or text.startswith(name + " "):
+                raise ConfigError(f"{flag}: {text}") from None
+        raise
 
 
 @dataclass
 class LaunchSettings:
-    """Everything ``elastic-train launch`` was told (torchrun's flags plus ours)."""
+    """Everything ``elastic-train launch`` was told (torchrun's flags plus ours).
+
+    ``__post_init__`` checks what only the command line has (``--nnodes``
+    syntax, the script, a multi-node job's ``--rdzv-id``) and turns the rest
+    into the Python API's configs: :attr:`scaling`, :attr:`rendezvous` and
+    :attr:`run_config`.
+    """
 
     target: str
     target_args: list[str] = field(default_factory=list)
@@ -96,59 +123,76 @@ class LaunchSettings:
     hang_timeout_s: float | None = None
     preemption_grace_s: float = 25.0
     max_preemption_failures: int = -1
-    storage_path: str = os.path.join("~", "elastic_train_results")
+    storage_path: str = DEFAULT_STORAGE_PATH
     name: str | None = None
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    num_to_keep: int | None = None
+    checkpoint_score_attribute: str | None = None
+    checkpoint_score_order: str = "max"
     start_over: bool = False
 
     def __post_init__(self) -> None:
-        self.min_nodes, self.max_nodes = parse_nnodes(self.nnodes)
-        if self.nproc_per_node < 1:
-            raise ConfigError(f"--nproc-per-node={self.nproc_per_node} is invalid: use >= 1.")
-        if self.max_restarts < -1:
-            raise ConfigError(f"--max-restarts={self.max_restarts} is invalid: use >= 0, "
-                              "or -1 for unlimited.")
         if not (self.module or self.no_python) and not os.path.isfile(self.target):
             raise ConfigError(f"The training script {self.target!r} does not exist. Pass a "
                               "script path, or -m MODULE, or --no-python PROGRAM.")
-        self.rdzv_backend = BACKEND_ALIASES.get(self.rdzv_backend, self.rdzv_backend)
-        if self.rdzv_backend not in ("c10d", "static", "etcd-v3"):
-            raise ConfigError(f"--rdzv-backend={self.rdzv_backend!r} is not supported: use "
-                              "c10d (default), static, or etcd (etcd-v3).")
-        self.rdzv_configs = parse_rdzv_conf(self.rdzv_conf)
+        if self.nproc_per_node < 1:
+            raise ConfigError(f"--nproc-per-node={self.nproc_per_node} is invalid: use >= 1.")
+        min_nodes, max_nodes = (1, 1) if self.standalone else parse_nnodes(self.nnodes)
+        if max_nodes > 1 and not self.rdzv_id:
+            raise ConfigError(
+                "--rdzv-id is required with more than one node: every node of one job "
+                "must pass the same unique id (torchrun's default, the literal 'none', "
+                "would join unrelated jobs), e.g. --rdzv-id job-$(date +%s).")
+        with _flags_named():
+            self.rendezvous = self._rendezvous(max_nodes)
+            workers = (min_nodes * self.nproc_per_node, max_nodes * self.nproc_per_node)
+            self.scaling = ScalingConfig(
+                num_workers=workers if min_nodes < max_nodes else workers[0],
+                num_workers_per_node=self.nproc_per_node, rendezvous=self.rendezvous)
+            self.checkpoint = CheckpointConfig(
+                num_to_keep=self.num_to_keep,
+                checkpoint_score_attribute=self.checkpoint_score_attribute,
+                checkpoint_score_order=self.checkpoint_score_order)
+            self.run_config = RunConfig(
+                name=self.name or (self.rdzv_id if max_nodes > 1 else
+                                   f"launch_{time.strftime('%Y-%m-%d_%H-%M-%S')}"),
+                storage_path=self.storage_path, checkpoint_config=self.checkpoint,
+                verbose=self.verbose, start_over=self.start_over,
+                failure_config=FailureConfig(
+                    max_failures=self.max_restarts, hang_timeout_s=self.hang_timeout_s,
+                    max_preemption_failures=self.max_preemption_failures,
+                    preemption_grace_s=self.preemption_grace_s))
+
+    def _rendezvous(self, max_nodes: int) -> RendezvousConfig:
+        """torchrun's rendezvous flags as a :class:`RendezvousConfig`."""
         if self.standalone:
-            self.rdzv_backend, self.rdzv_endpoint = "c10d", "127.0.0.1:0"
-            self.min_nodes = self.max_nodes = 1
-        if self.max_nodes == 1 and not self.rdzv_endpoint:
-            self.rdzv_endpoint = "127.0.0.1:0"
-        if self.rdzv_id is None:
-            if self.max_nodes > 1:
-                raise ConfigError(
-                    "--rdzv-id is required with more than one node: every node of one job "
-                    "must pass the same unique id (torchrun's default, the literal 'none', "
-                    "would join unrelated jobs), e.g. --rdzv-id job-$(date +%s).")
-            self.rdzv_id = f"single-{uuid.uuid4().hex[:12]}"
-        if self.rdzv_backend != "static" and not self.rdzv_endpoint:
+            return RendezvousConfig.single_node("standalone")
+        backend = lookup(self.rdzv_backend, "--rdzv-backend")
+        conf = parse_rdzv_conf(self.rdzv_conf, "--rdzv-conf")
+        endpoint = self.rdzv_endpoint or ("127.0.0.1:0" if max_nodes == 1 else "")
+        if not backend.elastic:
+            endpoint = f"{self.master_addr}:{self.master_port}"
+            conf.setdefault("rank", self.node_rank)
+        elif max_nodes > 1 and not endpoint:
             raise ConfigError(f"--rdzv-endpoint is required for --rdzv-backend "
                               f"{self.rdzv_backend} with --nnodes {self.nnodes}, "
                               "e.g. --rdzv-endpoint host0:29400.")
-        _check_endpoint(self.rdzv_endpoint)
-        if self.rdzv_backend == "static":
-            self.rdzv_endpoint = f"{self.master_addr}:{self.master_port}"
-            self.rdzv_configs.setdefault("rank", self.node_rank)
-        else:
-            for key, value in FAST_RDZV_DEFAULTS.items():
-                self.rdzv_configs.setdefault(key, value)
-        self.name = self.name or (self.rdzv_id if self.max_nodes > 1 else
-                                  f"launch_{time.strftime('%Y-%m-%d_%H-%M-%S')}")
+        flag = "--rdzv-endpoint" if backend.elastic else "--master-addr/--master-port"
+        with _flags_named({"RendezvousConfig.endpoint": flag}):
+            return RendezvousConfig(backend=backend.name, endpoint=endpoint,
+                                    run_id=self.rdzv_id or f"single-{uuid.uuid4().hex[:12]}",
+                                    conf=conf)
+
+    def flags(self) -> dict[str, object]:
+        """The flags as given, JSON-ready (recorded in ``run.json``)."""
+        return {f.name: sorted(v) if isinstance(v := getattr(self, f.name), (set, frozenset))
+                else v for f in fields(self) if f.name not in _NOT_RECORDED}
 
     def worker_command(self) -> tuple[str, tuple[str, ...]]:
         """The agent's entrypoint and arguments for one worker."""
         if self.no_python:
             return self.target, tuple(self.target_args)
         target = ("-m", self.target) if self.module else (self.target,)
-        return sys.executable, ("-m", "elastic_train.worker.script_worker", *target,
-                                *self.target_args)
+        return sys.executable, ("-m", SCRIPT_WORKER, *target, *self.target_args)
 
     def identity(self) -> list[str]:
         """What must not change when a run is resumed: the program and its arguments."""
@@ -164,7 +208,7 @@ def continuing_command(settings: LaunchSettings, argv: list[str]) -> list[str]:
     made explicit and without --start-over (which applies to one launch only)."""
     own = len(argv) - len(settings.target_args)
     argv = [a for a in argv[:own] if a not in START_OVER_FLAGS] + argv[own:]
-    explicit = ["--name", settings.name, "--storage-path", settings.storage_path]
+    explicit = ["--name", settings.run_config.name, "--storage-path", settings.storage_path]
     return ["elastic-train", "launch", *([] if argv[:4] == explicit else explicit), *argv]
 
 
@@ -174,77 +218,36 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
     ``argv``: the arguments after ``launch``, stored as the command that continues
     the run.
     """
-    storage = RunStorage.open(settings.storage_path, settings.name)
-    storage.ensure_writable()
-    spec = {"command": continuing_command(settings, argv), "cwd": os.getcwd(),
-            "identity": settings.identity(),
-            "launch": {k: sorted(v) if isinstance(v, (set, frozenset)) else v
-                       for k, v in asdict(settings).items()
-                       if k not in ("checkpoint", "start_over")},
-            "checkpoint_config": asdict(settings.checkpoint)}
-    # Every node checks before it starts anything; the node that becomes group rank 0
-    # checks again as it records the launch, and is the one that starts over.
-    RunRecord.check_resumable(storage, spec, start_over=settings.start_over)
-    if settings.rdzv_backend == "etcd-v3":
-        from elastic_train.agent.rendezvous import register
-
-        register()
-    if settings.rdzv_backend != "static":
+    command = continuing_command(settings, argv)
+    run_config = settings.run_config
+    plan = NodePlan(
+        storage=RunStorage.open(settings.storage_path, run_config.name), run_config=run_config,
+        scaling=settings.scaling, rendezvous=settings.rendezvous,
+        spec={"command": command, "cwd": os.getcwd(), "identity": settings.identity(),
+              "launch": settings.flags(), "checkpoint_config": asdict(settings.checkpoint)},
+        hints=FailureHints(resume=f"run the same command again: {shlex.join(command)}",
+                           retry="pass --max-restarts N (or -1 for unlimited)"),
+        local_ranks=settings.local_ranks_filter, streams=settings.console_streams,
+        log_dir=settings.log_dir, monitor_interval=settings.monitor_interval,
+        local_addr=settings.local_addr)
+    if settings.rendezvous.is_elastic:
         # Scripts join their process group through env:// against the agent's store;
         # a store shared across restarts serves stale addresses to a restarted gloo
         # group. Unshared, each incarnation gets a fresh store on rank 0.
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    supervisor = RunSupervisor(
-        storage, settings.name, settings.max_restarts == -1, verbose=settings.verbose,
-        local_ranks=settings.local_ranks_filter, streams=settings.console_streams,
-        begin_record=lambda: RunRecord.begin(storage, settings.name, spec,
-                                             start_over=settings.start_over))
-    scratch = tempfile.mkdtemp(prefix="elastic_train_launch_")
-    entrypoint, args = settings.worker_command()
-    worker_env = {
-        env_vars.LAUNCH: json.dumps({"storage_path": settings.storage_path, "name": settings.name,
-                                "checkpoint_config": asdict(settings.checkpoint),
-                                "staging_dir": os.path.join(scratch, "staging")}),
-        env_vars.CHECKPOINT_CACHE: os.path.join(scratch, "checkpoint_cache"),
-    }
-    if settings.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
-        worker_env["OMP_NUM_THREADS"] = "1"  # as torchrun does
-    agent_spec = AgentSpec(
-        entrypoint=entrypoint, args=args, nproc_per_node=settings.nproc_per_node,
-        run_id=settings.rdzv_id, max_restarts=2**31 - 1 if settings.max_restarts == -1
-        else settings.max_restarts,
-        min_nodes=settings.min_nodes, max_nodes=settings.max_nodes,
-        rdzv_backend=settings.rdzv_backend, rdzv_endpoint=settings.rdzv_endpoint,
-        rdzv_configs=settings.rdzv_configs, monitor_interval=settings.monitor_interval,
-        log_dir=settings.log_dir or (os.path.join(storage.log_dir(), socket.gethostname())
-                                     if storage.is_local else os.path.join(scratch, "logs")),
-        agent_logs=settings.verbose >= 2, worker_env=worker_env, local_addr=settings.local_addr,
-        hang_timeout_s=settings.hang_timeout_s,
-        preemption_grace_s=settings.preemption_grace_s,
-        max_preemptions=settings.max_preemption_failures,
-    )
-    try:
-        failures = supervisor.run(agent_spec)
-    except Interrupted as exc:
-        print(f"elastic-train: stopped by {signal.Signals(exc.signum).name}; resume with: "
-              f"{shlex.join(spec['command'])}", file=sys.stderr)
-        return 128 + exc.signum
-    except RendezvousLostError as exc:
-        print(f"elastic-train: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    if failures:
-        preempted = supervisor.preempted_out
-        error = (PreemptionError if preempted else TrainingFailedError).from_failures(
-            failures, storage.display_path,
-            settings.max_preemption_failures if preempted else settings.max_restarts,
-            resume_hint=f"run the same command again: {shlex.join(spec['command'])}",
-            retry_hint="pass --max-restarts N (or -1 for unlimited)")
-        if supervisor.record is not None:
-            supervisor.record.set_status("failed", error=str(error))
-        print(f"elastic-train: {error}", file=sys.stderr)
-        return 1
-    if supervisor.record is not None:
-        supervisor.record.set_status("finished")
+    with NodeRun(plan) as node:
+        worker_env = {env_vars.LAUNCH: json.dumps({
+            "storage_path": settings.storage_path, "name": run_config.name,
+            "checkpoint_config": asdict(settings.checkpoint), "staging_dir": node.staging_dir})}
+        if settings.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+            worker_env["OMP_NUM_THREADS"] = "1"  # as torchrun does
+        try:
+            node.run(*settings.worker_command(), worker_env)
+        except Interrupted as exc:
+            print(f"elastic-train: stopped by {signal.Signals(exc.signum).name}; resume with: "
+                  f"{shlex.join(command)}", file=sys.stderr)
+            return 128 + exc.signum
+        except TrainingFailedError as exc:  # the budget is spent, or the rendezvous lost
+            print(f"elastic-train: {exc}", file=sys.stderr)
+            return 1
     return 0

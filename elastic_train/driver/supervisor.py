@@ -1,4 +1,4 @@
-"""Runs this node's agent for a run, for ``fit()`` and ``elastic-train launch`` alike.
+"""Runs this node's agent for a run and wires its events to the record and the live view.
 
 :class:`RunSupervisor` wires the agent's events to the run's record
 (``run.json``: failures, final status) and to the live view and callbacks
@@ -11,12 +11,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from elastic_train.agent import AgentSpec, Interrupted, run_agent
+from elastic_train.agent.api import AgentSpec, Interrupted, run_agent
+from elastic_train.agent.restart_budget import Decision
 from elastic_train.callbacks import RunContext, UserCallback
 from elastic_train.driver.progress import RunMonitor
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.errors import RendezvousLostError, WorkerFailure
 from elastic_train.storage import RunStorage
+from elastic_train.storage.run_state import RunStatus
 
 logger = logging.getLogger(__name__)
 
@@ -24,21 +26,19 @@ logger = logging.getLogger(__name__)
 class RunSupervisor:
     """One node's run of the agent, recorded and shown.
 
-    ``record`` is the run's :class:`RunRecord` when this process owns
-    ``run.json`` from the start (``fit()``); ``begin_record`` creates it at the
-    first rendezvous that makes this node group rank 0 (``launch``).
+    ``begin_record`` creates the run's :class:`RunRecord` at the first
+    rendezvous that makes this node group rank 0 (on a single node: the first);
+    ``record`` is None on the other nodes.
     """
 
-    def __init__(self, storage: RunStorage, name: str, unlimited_restarts: bool, *,
-                 record: RunRecord | None = None,
-                 begin_record: Callable[[], RunRecord] | None = None,
+    def __init__(self, storage: RunStorage, name: str, *,
+                 begin_record: Callable[[], RunRecord],
                  callbacks: list[UserCallback] | None = None, verbose: int = 1,
                  local_ranks: set[int] | None = None,
                  streams: frozenset[str] = frozenset({"stdout", "stderr"})):
         self.storage = storage
-        self.record = record
+        self.record: RunRecord | None = None
         self.begin_record = begin_record
-        self.unlimited = unlimited_restarts
         self.callbacks = list(callbacks or [])
         self.verbose = verbose
         self.local_ranks = local_ranks
@@ -58,39 +58,37 @@ class RunSupervisor:
 
         def on_rendezvous(group_rank: int, nodes: int) -> None:
             monitor.note_rendezvous(group_rank, nodes)
-            if group_rank == 0 and self.record is None and self.begin_record is not None:
+            if group_rank == 0 and self.record is None:
                 self.record = self.begin_record()
             elif self.record is not None:
                 self.record.note_rendezvous()
 
-        def on_failure(failures: list[WorkerFailure], restarts_left: int, kind: str) -> None:
-            # The agent tells the budget before torch takes this restart off it.
-            monitor.note_failure(failures, restarting=restarts_left > 0)
+        def on_failure(failures: list[WorkerFailure], decision: Decision) -> None:
+            monitor.note_failure(failures, restarting=decision.restart)
             if self.record is not None:
-                self.record.record_failure(failures, max(restarts_left - 1, 0),
-                                           self.unlimited, kind)
+                self.record.record_failure(failures, decision)
 
         monitor.start()
         try:
             failures, self.preempted_out = run_agent(spec, on_failure=on_failure,
                                                      on_rendezvous=on_rendezvous)
         except Interrupted:
-            self._set_status("interrupted")
+            self._set_status(RunStatus.INTERRUPTED)
             raise
         except RendezvousLostError as exc:
-            self._set_status("failed", error=str(exc))
+            self._set_status(RunStatus.FAILED, error=str(exc))
             raise
         except BaseException:
-            self._set_status("failed", error="The driver stopped unexpectedly.")
+            self._set_status(RunStatus.FAILED, error="The driver stopped unexpectedly.")
             raise
         finally:
             monitor.stop()
             self._upload_logs(spec.log_dir)
         return failures
 
-    def _set_status(self, status: str, **extra: object) -> None:
+    def _set_status(self, status: RunStatus, error: str | None = None) -> None:
         if self.record is not None:
-            self.record.set_status(status, **extra)
+            self.record.set_status(status, error)
 
     def _upload_logs(self, log_dir: str | None) -> None:
         if log_dir and not self.storage.is_local:

@@ -14,40 +14,31 @@ import inspect
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 import cloudpickle
 
-from elastic_train import env_vars
-from elastic_train.agent import AgentSpec, Interrupted
-from elastic_train.agent.rendezvous import ETCD_V3_BACKENDS
-from elastic_train.agent.rendezvous import register as register_rendezvous_backends
+from elastic_train.agent.api import Interrupted
+from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.callbacks import UserCallback
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.config import RunConfig, ScalingConfig
+from elastic_train.driver.node_run import FailureHints, NodePlan, NodeRun
 from elastic_train.driver.resume_rules import TRAIN_FUNCTION_CHANGES, is_launch
-from elastic_train.driver.run_record import RunRecord
-from elastic_train.driver.supervisor import RunSupervisor
 from elastic_train.errors import (
     ConfigError,
-    PreemptionError,
     StorageError,
-    TrainingFailedError,
-    WorkerFailure,
 )
 from elastic_train.result import Result
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.worker.backend import BackendConfig
-from elastic_train.worker.fit_worker import RETURN_VALUE_FILE
+from elastic_train.worker.fit_worker import FIT_WORKER, read_return_value
 from elastic_train.worker.run_spec import RunSpec, check_train_function
 
 logger = logging.getLogger(__name__)
@@ -77,6 +68,18 @@ def _storage_at(path: str | os.PathLike, filesystem: Any,
                 options: dict[str, Any] | None) -> RunStorage:
     fs, run_path = fsutil.resolve(os.fspath(path), filesystem, options)
     return RunStorage(fs, run_path)
+
+
+def _refuse_inside_a_worker() -> None:
+    """fit() in a worker of launch or torchrun would start a job per worker."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        raise ConfigError(
+            "fit() was called inside a worker of `elastic-train launch` or torchrun "
+            f"(TORCHELASTIC_RUN_ID={os.environ['TORCHELASTIC_RUN_ID']!r}): every worker "
+            "would start a job of its own. Run the driver script itself on each node "
+            "(`python train.py`, with ScalingConfig(num_workers_per_node=..., "
+            "rendezvous=RendezvousConfig(...))), or give `elastic-train launch` a script "
+            "that calls elastic_train.report() itself.")
 
 
 def _trainer_arguments(spec: RunSpec) -> dict[str, Any]:
@@ -151,7 +154,7 @@ class DataParallelTrainer:
         if not storage.has_trainable():
             raise ConfigError(f"Cannot restore {os.fspath(path)!r} with restore(): " + (
                 "it is a run of `elastic-train launch`; continue it with `elastic-train "
-                "restore PATH`." if is_launch(state.get("spec", {})) else
+                "restore PATH`." if is_launch(state.spec) else
                 "it has no stored train function (trainable.pkl)."))
         spec: RunSpec = storage.read_trainable()
         fs, run_path = storage.fs, storage.run_path
@@ -181,7 +184,7 @@ class DataParallelTrainer:
             state = storage.read_run_state()
         except (ConfigError, StorageError, OSError):
             return False
-        return bool(state) and state.get("status") != "finished" and storage.has_trainable()
+        return state is not None and not state.is_finished and storage.has_trainable()
 
     def _validate(self) -> None:
         for callback in self.run_config.callbacks:
@@ -225,14 +228,7 @@ class DataParallelTrainer:
             KeyboardInterrupt: Ctrl-C; every worker is stopped and the run is
                 left resumable (status ``interrupted``).
         """
-        if "TORCHELASTIC_RUN_ID" in os.environ:
-            raise ConfigError(
-                "fit() was called inside a worker of `elastic-train launch` or torchrun "
-                f"(TORCHELASTIC_RUN_ID={os.environ['TORCHELASTIC_RUN_ID']!r}): every worker "
-                "would start a job of its own. Run the driver script itself on each node "
-                "(`python train.py`, with ScalingConfig(num_workers_per_node=..., "
-                "rendezvous=RendezvousConfig(...))), or give `elastic-train launch` a script "
-                "that calls elastic_train.report() itself.")
+        _refuse_inside_a_worker()
         name = self._experiment_name()
         run_config = dataclasses.replace(self.run_config, name=name)
         start = self.resume_from_checkpoint
@@ -245,43 +241,47 @@ class DataParallelTrainer:
             scaling_config=self.scaling_config,
             run_config=dataclasses.replace(run_config, callbacks=[]),  # driver-side only
             experiment_name=name, datasets=self.datasets,
-            resume_from_checkpoint=self.resume_from_checkpoint, metadata=self.metadata,
+            resume_from_checkpoint=start, metadata=self.metadata,
         )
         pickled = self._pickle(spec)
-        storage = RunStorage.for_run(run_config, name)
-        storage.ensure_writable()
-        accepted = TRAIN_FUNCTION_CHANGES if self._replaces_function else frozenset()
-        described = self._describe(run_config)
-        # For restore(path): the spec without what must never be stored (credentials),
-        # and without start_over, which applies to this launch only.
-        trainable = self._pickle(dataclasses.replace(
+        plan = NodePlan(
+            storage=RunStorage.for_run(run_config, name), run_config=run_config,
+            scaling=self.scaling_config,
+            rendezvous=self.scaling_config.rendezvous or RendezvousConfig.single_node(name),
+            spec=self._describe(run_config), hints=FailureHints.for_fit(),
+            accepted=TRAIN_FUNCTION_CHANGES if self._replaces_function else frozenset(),
+            trainable=self._trainable(spec, run_config))
+        with NodeRun(plan) as node:
+            return_value = self._run_node(node, pickled)
+        return Result.from_storage(plan.storage, return_value=return_value)
+
+    def _run_node(self, node: NodeRun, pickled_spec: bytes) -> Any:
+        """This node's workers, each running ``python -m elastic_train.worker.fit_worker
+        SPEC SCRATCH``; returns what rank 0's train function returned (on its node)."""
+        spec_path = os.path.join(node.scratch, "spec.pkl")
+        with open(spec_path, "wb") as f:
+            f.write(pickled_spec)
+        scaling = self.scaling_config
+        try:
+            node.run(sys.executable, ("-m", FIT_WORKER, spec_path, node.scratch),
+                     {"OMP_NUM_THREADS": str(scaling.threads_per_worker(scaling.workers_per_node))})
+        except Interrupted as exc:
+            logger.warning("Run interrupted by %s; it can be resumed by running fit() again "
+                           "with RunConfig(name=%r).", signal.Signals(exc.signum).name,
+                           node.plan.run_config.name)
+            signal.raise_signal(exc.signum)  # the caller's own handler decides what happens
+            raise KeyboardInterrupt from None
+        return read_return_value(node.scratch)
+
+    def _trainable(self, spec: RunSpec, run_config: RunConfig) -> bytes:
+        """The spec ``restore(path)`` reads: without what must never be stored
+        (credentials), and without ``start_over``, which applies to this launch only."""
+        start = self.resume_from_checkpoint
+        return self._pickle(dataclasses.replace(
             spec, scaling_config=self.scaling_config.without_secrets(),
             run_config=dataclasses.replace(run_config, storage_filesystem=None,
                                            storage_options=None, start_over=False),
             resume_from_checkpoint=start and start.without_credentials()))
-
-        def begin_record() -> RunRecord:
-            record = RunRecord.begin(storage, name, described,
-                                     start_over=run_config.start_over, accepted=accepted)
-            storage.write_trainable(trainable)
-            return record
-
-        record = None
-        if self.scaling_config.nodes[1] > 1:  # the node that becomes group rank 0 records
-            RunRecord.check_resumable(storage, described, start_over=run_config.start_over,
-                                      accepted=accepted)
-        else:
-            record = begin_record()
-        scratch = tempfile.mkdtemp(prefix="elastic_train_")
-        try:
-            spec_path = os.path.join(scratch, "spec.pkl")
-            with open(spec_path, "wb") as f:
-                f.write(pickled)
-            failures, preempted, record = self._run_workers(
-                storage, record, begin_record, run_config, spec_path, scratch)
-            return self._finish(storage, record, run_config, failures, preempted, scratch)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
 
     @staticmethod
     def _pickle(spec: RunSpec) -> bytes:
@@ -306,68 +306,3 @@ class DataParallelTrainer:
             "storage_path": run_config.storage_path,
             "backend": repr(self.backend_config),
         }
-
-    def _run_workers(self, storage: RunStorage, record: RunRecord | None,
-                     begin_record: Callable[[], RunRecord], run_config: RunConfig,
-                     spec_path: str, scratch: str,
-                     ) -> tuple[list[WorkerFailure], bool, RunRecord | None]:
-        """The final failures, whether the preemption budget is what ran out, and the
-        run's record if this node keeps it."""
-        scaling = self.scaling_config
-        supervisor = RunSupervisor(
-            storage, run_config.name, run_config.failure_config.max_failures == -1,
-            record=record, begin_record=None if record else begin_record,
-            callbacks=run_config.callbacks, verbose=run_config.verbose)
-        rendezvous = scaling.rendezvous  # None: this node alone, on a store of its own
-        if rendezvous is not None and rendezvous.backend in ETCD_V3_BACKENDS:
-            register_rendezvous_backends()
-        agent_spec = AgentSpec(
-            entrypoint=sys.executable,
-            args=("-m", "elastic_train.worker.fit_worker", spec_path, scratch),
-            nproc_per_node=scaling.workers_per_node,
-            run_id=(rendezvous and rendezvous.run_id) or
-            f"{run_config.name}-{uuid.uuid4().hex[:8]}",
-            min_nodes=scaling.nodes[0], max_nodes=scaling.nodes[1],
-            rdzv_backend=rendezvous.backend if rendezvous else "c10d",
-            rdzv_endpoint=(rendezvous and rendezvous.endpoint) or "127.0.0.1:0",
-            rdzv_configs=dict(rendezvous.conf or {}) if rendezvous else {},
-            max_restarts=run_config.failure_config.max_restarts,
-            log_dir=storage.log_dir() if storage.is_local else os.path.join(scratch, "logs"),
-            agent_logs=run_config.verbose >= 2,
-            hang_timeout_s=run_config.failure_config.hang_timeout_s,
-            preemption_grace_s=run_config.failure_config.preemption_grace_s,
-            max_preemptions=run_config.failure_config.max_preemption_failures,
-            worker_env={
-                "OMP_NUM_THREADS": str(scaling.threads_per_worker(scaling.workers_per_node)),
-                env_vars.CHECKPOINT_CACHE: os.path.join(scratch, "checkpoint_cache"),
-            },
-        )
-        try:
-            failures = supervisor.run(agent_spec)
-            return failures, supervisor.preempted_out, supervisor.record
-        except Interrupted as exc:
-            logger.warning("Run interrupted by %s; it can be resumed by running fit() again "
-                           "with RunConfig(name=%r).", signal.Signals(exc.signum).name,
-                           run_config.name)
-            signal.raise_signal(exc.signum)  # the caller's own handler decides what happens
-            raise KeyboardInterrupt from None
-
-    def _finish(self, storage: RunStorage, record: RunRecord | None, run_config: RunConfig,
-                failures: list[WorkerFailure], preempted: bool, scratch: str) -> Result:
-        if failures:
-            budget = run_config.failure_config
-            error = (PreemptionError if preempted else TrainingFailedError).from_failures(
-                failures, storage.display_path,
-                budget.max_preemption_failures if preempted else budget.max_failures)
-            if record is not None:
-                record.set_status("failed", error=str(error))
-            storage.discard_unfinished_uploads()
-            raise error
-        if record is not None:
-            record.set_status("finished")
-        return_value = None
-        path = os.path.join(scratch, RETURN_VALUE_FILE)
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                return_value = cloudpickle.load(f)
-        return Result.from_storage(storage, return_value=return_value)

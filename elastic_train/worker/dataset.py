@@ -133,10 +133,16 @@ class DatasetShard(ResumableIterable):
                 f"iter_torch_batches(prefetch_batches={prefetch_batches!r}, "
                 f"local_shuffle_buffer_size={local_shuffle_buffer_size!r}): use values >= 0.")
         seed = local_shuffle_seed if seed is None else seed
-        skip = self._begin_pass()
-        indices = self._indices(shuffle, self._default_seed() if seed is None else seed)
-        collate = collate_fn or default_collate
         target = self._device if device == "auto" else torch.device(device)
+        return self._batches(shuffle, seed, batch_size, drop_last,
+                             collate_fn or default_collate, target, dtypes)
+
+    def _batches(self, shuffle: bool, seed: int | None, batch_size: int, drop_last: bool,
+                 collate: Callable[[list[Any]], Any], target: torch.device,
+                 dtypes: Any) -> Iterator[Any]:
+        """The epoch's batches, from where a restored position left off."""
+        skip = self._begin_pass()  # first: it decides the epoch, which the order depends on
+        indices = self._indices(shuffle, self._default_seed() if seed is None else seed)
         starts = range(0, len(indices), batch_size)
         for number, start in enumerate(starts):
             rows = indices[start : start + batch_size]

@@ -21,7 +21,17 @@ from elastic_train.worker.lifecycle import run_worker
 from elastic_train.worker.run_spec import RunSpec
 from elastic_train.worker.session import TrainSession, init_session, shutdown_session
 
+FIT_WORKER = "elastic_train.worker.fit_worker"  # this module, as the agent runs it
 RETURN_VALUE_FILE = "return_value.pkl"
+
+
+def read_return_value(result_dir: str) -> object:
+    """In the driver, after the run: what rank 0's train function returned, else None."""
+    path = os.path.join(result_dir, RETURN_VALUE_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        return cloudpickle.load(f)
 
 
 def run(spec_path: str, result_dir: str) -> None:

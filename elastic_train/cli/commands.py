@@ -1,0 +1,141 @@
+"""``elastic-train ls | show | restore | verify-resume``: what each command does.
+
+``ls`` and ``show`` read the run directory only (no torch import: they start
+in a fraction of a second); ``restore`` continues a run the way it was
+started (``fit()`` through its stored train function, ``launch`` by
+relaunching its stored command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import sys
+import time
+
+from elastic_train.cli import render
+from elastic_train.cli.launch_args import main_launch
+from elastic_train.cli.run_summary import RunSummary
+from elastic_train.errors import ConfigError, TrainingFailedError
+from elastic_train.storage import RunStorage
+from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.run_state import RunState
+
+
+def _runs(storage_path: str) -> list[tuple[str, RunStorage, RunState]]:
+    """The runs under ``storage_path``, oldest first."""
+    fs, root = fsutil.resolve(storage_path)
+    try:
+        entries = fs.ls(root, detail=True)
+    except FileNotFoundError:
+        return []
+    runs = []
+    for entry in entries:
+        if entry["type"] != "directory":
+            continue
+        storage = RunStorage(fs, entry["name"])
+        state = storage.read_run_state()
+        if state is not None:
+            runs.append((entry["name"].rstrip("/").rsplit("/", 1)[-1], storage, state))
+    return sorted(runs, key=lambda r: r[2].created)
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    runs = [(name, state, RunSummary.read(storage, state))
+            for name, storage, state in _runs(args.storage_path)]
+    if args.json:
+        print(render.runs_json(runs))
+    elif not runs:
+        print(f"No runs under {args.storage_path}")
+    else:
+        print("\n".join(render.runs_table(runs, time.time())))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    fs, path = fsutil.resolve(args.run_path)
+    storage = RunStorage(fs, path)
+    state = storage.read_run_state()
+    if state is None:
+        print(f"{args.run_path} is not a run directory (no run.json).", file=sys.stderr)
+        return 2
+    summary = RunSummary.read(storage, state)
+    if args.json:
+        print(render.run_json(state, summary))
+    else:
+        log_dir = fsutil.display_path(fs, storage.log_dir())
+        print("\n".join(render.run_text(storage.display_path, state, summary, log_dir)))
+    return 0
+
+
+def storage_options(pairs: list[str]) -> dict[str, str] | None:
+    """``--storage-option KEY=VALUE`` flags as fsspec options."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--storage-option {pair!r}: use KEY=VALUE, e.g. "
+                              "--storage-option endpoint_url=http://127.0.0.1:9000")
+        options[key] = value
+    return options or None
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    options = storage_options(args.storage_option)
+    fs, path = fsutil.resolve(args.run_path, options=options)
+    storage = RunStorage(fs, path)
+    state = storage.read_run_state()
+    finished = state is not None and state.is_finished and not args.start_over
+    command = state.spec.get("command") if state is not None else None
+    if command and not finished:  # a run of `elastic-train launch`
+        return _relaunch(command, state.spec.get("cwd", os.getcwd()), args.start_over)
+    if finished or state is None or not storage.has_trainable():
+        why = ("its run has already finished: pass --start-over to move it aside and train "
+               "it again from scratch" if finished else "it is not a run directory")
+        print(f"{args.run_path} cannot be restored: {why} (see `elastic-train show`).",
+              file=sys.stderr)
+        return 2
+    return _refit(args.run_path, options, args.start_over)
+
+
+def _relaunch(command: list[str], cwd: str, start_over: bool) -> int:
+    """Runs a launch run's stored command again, from its directory if it exists here."""
+    if start_over:
+        command = [*command[:2], "--start-over", *command[2:]]
+    print(f"elastic-train: relaunching {shlex.join(command)}", file=sys.stderr)
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
+    else:  # another machine: the script's relative path must resolve from here
+        print(f"elastic-train: {cwd} does not exist here; relaunching from "
+              f"{os.getcwd()}", file=sys.stderr)
+    return main_launch(command[2:])
+
+
+def _refit(run_path: str, options: dict[str, str] | None, start_over: bool) -> int:
+    """Continues a ``fit()`` run through its stored train function."""
+    from elastic_train.torch import TorchTrainer
+
+    try:
+        trainer = TorchTrainer.restore(run_path, storage_options=options)
+        trainer.run_config = dataclasses.replace(trainer.run_config, start_over=start_over)
+        result = trainer.fit()
+    except TrainingFailedError as exc:
+        print(f"elastic-train: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    print(f"finished: {result.path}  iteration {result.metrics.get('training_iteration')}")
+    return 0
+
+
+def cmd_verify_resume(args: argparse.Namespace) -> int:
+    from elastic_train.cli.verify_resume import verify
+
+    if args.fail_at_report < 1:
+        raise ConfigError(f"--fail-at-report={args.fail_at_report} is invalid: use >= 1.")
+    verdict = verify([args.script, *args.script_args], args.nproc_per_node,
+                     args.fail_at_report, args.workdir)
+    print(verdict.describe())
+    return 0 if verdict.identical and verdict.resumed else 1

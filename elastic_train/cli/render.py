@@ -1,0 +1,123 @@
+"""How ``elastic-train ls`` and ``show`` print a run: plain text for people, JSON for tools."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import shlex
+from dataclasses import asdict
+
+from elastic_train.cli.run_summary import Recovery, RunSummary
+from elastic_train.storage.checkpoint_store import dir_name
+from elastic_train.storage.run_state import FailureRecord, RunState
+
+# The fields the project adds to every reported row (not the user's metrics).
+AUTO_FIELDS = {"timestamp", "date", "time_this_iter_s", "time_total_s", "time_since_restore",
+               "iterations_since_restore", "hostname", "pid", "checkpoint_dir_name",
+               "training_iteration"}
+
+
+def when(timestamp: float | None) -> str:
+    if not timestamp:
+        return "-"
+    return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def age(timestamp: float | None, now: float) -> str:
+    """``"42s"``, ``"5m"``, ``"3h"``, ``"2d"``: how long ago."""
+    if not timestamp:
+        return "-"
+    seconds = max(0, int(now - timestamp))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def runs_table(runs: list[tuple[str, RunState, RunSummary]], now: float) -> list[str]:
+    """``ls``: one line per run."""
+    lines = [f"{'NAME':32} {'STATUS':11} {'ITER':>6} {'FAILURES':>8}  {'AGE':>5}  BEST"]
+    for name, state, summary in runs:
+        lines.append(f"{name:32} {state.status.value:11} {summary.iterations:>6} "
+                     f"{len(state.failures):>8}  {age(state.updated, now):>5}  "
+                     f"{summary.best_label()}")
+    return lines
+
+
+def runs_json(runs: list[tuple[str, RunState, RunSummary]]) -> str:
+    return json.dumps([{"name": name, **state.to_json(), "iterations": summary.iterations,
+                        "best_checkpoint": summary.best and dir_name(summary.best.index)}
+                       for name, state, summary in runs], indent=2)
+
+
+def run_json(state: RunState, summary: RunSummary) -> str:
+    """``show --json``."""
+    best = summary.best.index if summary.best else None
+    return json.dumps({**state.to_json(), "iterations": summary.iterations,
+                       "goodput": summary.goodput,
+                       "recoveries": [asdict(r) for r in summary.recoveries],
+                       "checkpoints": [{"index": c.index,
+                                        "training_iteration": c.training_iteration,
+                                        "metrics": c.metrics, "best": c.index == best}
+                                       for c in summary.checkpoints],
+                       "deleted_checkpoints": summary.deleted}, indent=2)
+
+
+def run_text(display_path: str, state: RunState, summary: RunSummary, log_dir: str) -> list[str]:
+    """``show``: the run's spec, launches, failures with their recoveries, checkpoints."""
+    spec = state.spec
+    lines = [f"run:      {display_path}",
+             f"status:   {state.status.value}   updated {when(state.updated)}   "
+             f"iteration {summary.iterations}"]
+    if spec.get("command"):
+        lines.append(f"command:  {shlex.join(spec['command'])}")
+    if spec.get("train_function"):
+        workers = spec.get("scaling_config", {}).get("num_workers")
+        lines.append(f"train:    {spec['train_function']} on {workers} worker(s)")
+    for key in ("failure_config", "checkpoint_config"):
+        if spec.get(key):
+            lines.append(f"{key.split('_')[0] + ':':9} {spec[key]}")
+    lines.append(f"launches: {len(state.launches)}")
+    lines += [f"  {when(launch.started)}  {launch.host}  pid {launch.pid}  "
+              f"{launch.status.value}" for launch in state.launches]
+    lines.append(f"failures: {len(state.failures)}")
+    for failure, recovery in zip(state.failures, summary.recoveries, strict=True):
+        lines += [failure_line(failure), f"      {recovery_line(recovery)}"]
+    if summary.goodput is not None:
+        lines.append(f"goodput:  {summary.goodput:.1%}  ({summary.train_s:.1f} s of training "
+                     f"kept, {summary.wall_s:.1f} s wall clock over all launches, "
+                     f"{summary.redone_s:.1f} s redone after failures)")
+    return lines + checkpoint_lines(summary) + [f"logs:     {log_dir}"]
+
+
+def failure_line(failure: FailureRecord) -> str:
+    root = failure.root
+    how = f"signal {root.signal_name}" if root.signal_name else f"exit code {root.exitcode}"
+    return (f"  {when(failure.time)}  [{failure.kind.value}] rank {root.rank} {how}: "
+            f"{root.message[:100]}")
+
+
+def recovery_line(recovery: Recovery) -> str:
+    def sec(value: float | None) -> str:
+        return "?" if value is None else f"{value:.1f} s"
+
+    redone = ("?" if recovery.recomputed_iterations is None else
+              f"{recovery.recomputed_iterations} iteration(s), {sec(recovery.recomputed_s)}")
+    return (f"recovery: detected in {sec(recovery.detect_s)}, rendezvous "
+            f"{sec(recovery.rendezvous_s)}, ready {sec(recovery.restore_s)}; redone {redone}")
+
+
+def checkpoint_lines(summary: RunSummary) -> list[str]:
+    best = summary.best.index if summary.best else None
+    lines = [f"checkpoints: {len(summary.checkpoints)} retained, {len(summary.deleted)} "
+             "deleted by retention"]
+    for c in summary.checkpoints:
+        shown = {k: v for k, v in c.metrics.items() if k not in AUTO_FIELDS}
+        mark = "*" if c.index == best else " "
+        lines.append(f"{mark} {dir_name(c.index)}  iteration {c.training_iteration}  {shown}")
+    if best is not None:
+        lines.append(f"  (* best: {summary.best_label()})")
+    if summary.deleted:
+        lines.append(f"  deleted: {', '.join(summary.deleted)}")
+    return lines
+

@@ -1,0 +1,186 @@
+"""One node's part of a run: the single path behind ``fit()`` and ``elastic-train launch``.
+
+Everything between "settings validated" and "outcome recorded" happens here,
+once, for both front-ends: the check that the stored run may be continued, the
+node's scratch directory (staging, checkpoint cache, logs on remote storage),
+the worker environment every worker gets, the agent's spec, the run's record
+(``run.json``, begun by the node that becomes group rank 0; failures; final
+status), the live view and callbacks (:mod:`.supervisor`), and the outcome: a
+failure becomes the error the user sees, is recorded, and the uploads its
+attempt cut short are removed. A front-end keeps only its own validation, its
+worker command and its hint texts.
+
+Example (what ``fit()`` does, in short)::
+
+    plan = NodePlan(storage, run_config, scaling, rendezvous, spec={...},
+                    hints=FailureHints.for_fit())
+    with NodeRun(plan) as node:
+        node.run(sys.executable, ("-m", "elastic_train.worker.fit_worker", ...),
+                 worker_env={"OMP_NUM_THREADS": "1"})
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from elastic_train import env_vars
+from elastic_train.agent.api import AgentSpec
+from elastic_train.agent.rendezvous.config import RendezvousConfig
+from elastic_train.config import RunConfig, ScalingConfig
+from elastic_train.driver.run_record import RunRecord
+from elastic_train.driver.supervisor import RunSupervisor
+from elastic_train.errors import PreemptionError, TrainingFailedError, WorkerFailure
+from elastic_train.storage import RunStorage
+from elastic_train.storage.run_state import RunStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FailureHints:
+    """How a failed run's error tells the user to go on: ``resume`` (continue from the
+    latest checkpoint) and ``retry`` (raise the restart budget), in the front-end's terms."""
+
+    resume: str
+    retry: str
+
+    @classmethod
+    def for_fit(cls) -> FailureHints:
+        return cls(resume="run fit() again with the same RunConfig(name=..., storage_path=...)",
+                   retry="set RunConfig(failure_config=FailureConfig(max_failures=N)) with "
+                         "N > 0, or -1 for unlimited retries")
+
+
+@dataclass
+class NodePlan:
+    """One node's part of a run, as a front-end settled and validated it.
+
+    Attributes:
+        storage: The run directory.
+        run_config: Name, failure and checkpoint settings, callbacks, verbosity,
+            ``start_over``.
+        scaling: Workers per node and the job's node bounds.
+        rendezvous: Where the nodes meet, settled (single node: a local store).
+        spec: What ``run.json`` records of the run, and a resume is compared with.
+        hints: The front-end's words for resuming and retrying.
+        accepted: Spec changes this launch accepts on resume (see ``resume_rules``).
+        trainable: ``fit()``'s pickled spec, written beside ``run.json`` for restore.
+        local_ranks: Local ranks whose output the console shows (None: all).
+        streams: Streams the console shows.
+        log_dir: Where worker logs go (default: the run's ``logs/<host>`` on local
+            storage, uploaded there at the end from scratch on remote storage).
+        monitor_interval: Seconds between the agent's looks at its workers.
+        local_addr: This node's address for the rendezvous (None: its hostname).
+    """
+
+    storage: RunStorage
+    run_config: RunConfig
+    scaling: ScalingConfig
+    rendezvous: RendezvousConfig
+    spec: dict[str, Any]
+    hints: FailureHints
+    accepted: frozenset[str] = frozenset()
+    trainable: bytes | None = None
+    local_ranks: set[int] | None = None
+    streams: frozenset[str] = frozenset({"stdout", "stderr"})
+    log_dir: str | None = None
+    monitor_interval: float = 0.1
+    local_addr: str | None = None
+
+
+class NodeRun:
+    """Runs a :class:`NodePlan`; a context manager that owns the node's scratch directory.
+
+    ``__enter__`` checks, before any process starts, that the storage is
+    writable and that the stored run (if any) may be continued; the scratch
+    directory lives until ``__exit__``.
+    """
+
+    def __init__(self, plan: NodePlan):
+        self.plan = plan
+        self.scratch = ""
+
+    def __enter__(self) -> NodeRun:
+        plan = self.plan
+        plan.storage.ensure_writable()
+        # Every node checks before it starts anything; the node that becomes group
+        # rank 0 checks again as it records the launch, and is the one that starts over.
+        RunRecord.check_resumable(plan.storage, plan.spec,
+                                  start_over=plan.run_config.start_over, accepted=plan.accepted)
+        self.scratch = tempfile.mkdtemp(prefix="elastic_train_")
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    @property
+    def staging_dir(self) -> str:
+        """Where the workers stage checkpoint files before they are uploaded."""
+        return os.path.join(self.scratch, "staging")
+
+    def run(self, entrypoint: str, args: tuple[str, ...], worker_env: dict[str, str]) -> None:
+        """Runs this node's workers to the end and records the outcome.
+
+        Raises:
+            TrainingFailedError: the failure budget is spent (``PreemptionError``
+                when it was the preemption budget); recorded in ``run.json``.
+            RendezvousLostError: this node lost the job's rendezvous.
+            Interrupted: a signal stopped the node; the run is left resumable.
+        """
+        supervisor = RunSupervisor(self.plan.storage, self.plan.run_config.name,
+                                   begin_record=self._begin_record,
+                                   callbacks=self.plan.run_config.callbacks,
+                                   verbose=self.plan.run_config.verbose,
+                                   local_ranks=self.plan.local_ranks, streams=self.plan.streams)
+        failures = supervisor.run(self._agent_spec(entrypoint, args, worker_env))
+        if failures:
+            raise self._failed(failures, supervisor)
+        if supervisor.record is not None:
+            supervisor.record.set_status(RunStatus.FINISHED)
+
+    def _begin_record(self) -> RunRecord:
+        plan = self.plan
+        record = RunRecord.begin(plan.storage, plan.run_config.name, plan.spec,
+                                 start_over=plan.run_config.start_over, accepted=plan.accepted)
+        if plan.trainable is not None:
+            plan.storage.write_trainable(plan.trainable)
+        return record
+
+    def _agent_spec(self, entrypoint: str, args: tuple[str, ...],
+                    worker_env: dict[str, str]) -> AgentSpec:
+        plan = self.plan
+        log_dir = plan.log_dir or (
+            os.path.join(plan.storage.log_dir(), socket.gethostname()) if plan.storage.is_local
+            else os.path.join(self.scratch, "logs"))
+        min_nodes, max_nodes = plan.scaling.nodes
+        return AgentSpec(
+            entrypoint=entrypoint, args=args, nproc_per_node=plan.scaling.workers_per_node,
+            rendezvous=plan.rendezvous, failure=plan.run_config.failure_config,
+            min_nodes=min_nodes, max_nodes=max_nodes, monitor_interval=plan.monitor_interval,
+            log_dir=log_dir, agent_logs=plan.run_config.verbose >= 2, local_addr=plan.local_addr,
+            worker_env={env_vars.CHECKPOINT_CACHE: os.path.join(self.scratch, "checkpoint_cache"),
+                        **worker_env})
+
+    def _failed(self, failures: list[WorkerFailure],
+                supervisor: RunSupervisor) -> TrainingFailedError:
+        """The error for a spent budget, recorded; the run's cut-short uploads removed by the
+        node that records the run (others may still be training on it)."""
+        budget = self.plan.run_config.failure_config
+        preempted = supervisor.preempted_out
+        error = (PreemptionError if preempted else TrainingFailedError).from_failures(
+            failures, self.plan.storage.display_path,
+            budget.max_preemption_failures if preempted else budget.max_failures,
+            resume_hint=self.plan.hints.resume, retry_hint=self.plan.hints.retry)
+        if supervisor.record is not None:
+            supervisor.record.set_status(RunStatus.FAILED, error=str(error))
+            self.plan.storage.discard_unfinished_uploads()
+        return error
+
