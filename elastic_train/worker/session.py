@@ -37,7 +37,6 @@ import torch
 import torch.distributed as dist
 
 from elastic_train.checkpoint import Checkpoint
-from elastic_train.cli.verify_resume import maybe_fail_after_report
 from elastic_train.context import StorageInfo, TrainContext, WorkerEnv
 from elastic_train.errors import ConfigError, StorageError
 from elastic_train.storage import CommitManifest, RunStorage
@@ -48,6 +47,7 @@ from elastic_train.storage.uploader import CheckpointUploader, UploadJob
 from elastic_train.worker import heartbeat, preemption
 from elastic_train.worker.backend import WorkerResources
 from elastic_train.worker.dataset import DatasetShard, ResumableIterable
+from elastic_train.worker.fault_injection import maybe_fail_after_report
 from elastic_train.worker.preemption import PreemptionInfo
 from elastic_train.worker.run_spec import RunSpec
 
