@@ -25,6 +25,7 @@ from elastic_train import __version__
 from elastic_train.cli.run_summary import RunSummary
 from elastic_train.config import DEFAULT_STORAGE_PATH, CheckpointConfig
 from elastic_train.errors import ConfigError, StorageError, TrainingFailedError
+from elastic_train.metric_rows import user_metrics
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import dir_name
@@ -139,7 +140,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"checkpoints: {len(summary.checkpoints)} retained, {len(summary.deleted)} deleted "
           "by retention")
     for c in summary.checkpoints:
-        shown = {k: v for k, v in c.metrics.items() if k not in _AUTO_FIELDS}
+        shown = user_metrics(c.metrics)
         mark = "*" if c.index == best else " "
         print(f"{mark} {dir_name(c.index)}  iteration {c.training_iteration}  {shown}")
     if best is not None:
@@ -158,11 +159,6 @@ def _recovery_line(recovery: dict) -> str:
               f"{recovery['recomputed_iterations']} iteration(s), {sec('recomputed_s')}")
     return (f"recovery: detected in {sec('detect_s')}, rendezvous {sec('rendezvous_s')}, "
             f"ready {sec('restore_s')}; redone {redone}")
-
-
-_AUTO_FIELDS = {"timestamp", "date", "time_this_iter_s", "time_total_s", "time_since_restore",
-                "iterations_since_restore", "hostname", "pid", "checkpoint_dir_name",
-                "training_iteration"}
 
 
 def _options(pairs: list[str]) -> dict[str, str] | None:

@@ -25,9 +25,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import math
-import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -39,6 +36,7 @@ import torch.distributed as dist
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.context import StorageInfo, TrainContext, WorkerEnv
 from elastic_train.errors import ConfigError, StorageError
+from elastic_train.metric_rows import ReportRows, clean_metrics
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import dir_name, list_directory, mismatched_files
@@ -79,27 +77,6 @@ class CheckpointUploadMode(str, enum.Enum):
     ASYNC = "ASYNC"
 
 
-def _jsonable(value: Any, key: str) -> Any:
-    """Plain JSON values; one-element tensors and numpy scalars become numbers."""
-    if isinstance(value, (str, bool, int)) or value is None:
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, torch.Tensor):
-        if value.numel() == 1:
-            return _jsonable(value.item(), key)
-    elif hasattr(value, "item") and getattr(value, "size", None) == 1:  # numpy scalars
-        return _jsonable(value.item(), key)
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v, key) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v, f"{key}.{k}") for k, v in value.items()}
-    raise ConfigError(
-        f"report(): metric {key!r} has a value of type {type(value).__name__} ({value!r:.80}), "
-        "which cannot be stored as JSON: report numbers, strings or lists of them."
-    )
-
-
 class TrainSession:
     """Per-worker state behind the public session functions."""
 
@@ -126,17 +103,14 @@ class TrainSession:
         self._loader_count = 0
         self._committed: list[CheckpointRecord] = []
         self._history: list[dict[str, Any]] = []
-        self._start_time = time.time()
-        self._last_report_time = self._start_time
+        start = time.time()
         self._preemption: PreemptionInfo | None = None
         preemption.install()
         self.uploader = CheckpointUploader(storage.checkpoints, env.rank, staging_dir,
                                            on_commit=self._apply_retention)
         restored, self._next_index, time_before = self._agree_on_restore_point()
         self.restored = restored
-        self.iteration = restored.training_iteration if restored else 0
-        self._time_before_restore = time_before
-        self._iterations_at_start = self.iteration
+        self.rows = ReportRows(restored.training_iteration if restored else 0, time_before, start)
 
     # collectives over the control group
     def _all_gather(self, obj: Any) -> list[Any]:
@@ -278,9 +252,7 @@ class TrainSession:
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
                checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.ASYNC
                ) -> None:
-        if not isinstance(metrics, dict):
-            raise ConfigError(f"report(metrics={metrics!r}): metrics must be a dict.")
-        clean = {str(k): _jsonable(v, str(k)) for k, v in metrics.items()}
+        clean = clean_metrics(metrics)
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
             raise ConfigError(f"report(checkpoint={checkpoint!r}) must be a Checkpoint.")
         if checkpoint is not None and not fsutil.is_local(checkpoint.filesystem):
@@ -289,21 +261,7 @@ class TrainSession:
         mode = CheckpointUploadMode(checkpoint_upload_mode)
         self.uploader.raise_if_failed()
         heartbeat.beat()
-        now = time.time()
-        self.iteration += 1
-        row = {
-            **clean,
-            "training_iteration": self.iteration,
-            "timestamp": int(now),
-            "date": time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now)),
-            "time_this_iter_s": now - self._last_report_time,
-            "time_total_s": self._time_before_restore + now - self._start_time,
-            "time_since_restore": now - self._start_time,
-            "iterations_since_restore": self.iteration - self._iterations_at_start,
-            "hostname": socket.gethostname(),
-            "pid": os.getpid(),
-        }
-        self._last_report_time = now
+        row = self.rows.next(clean)
         files = list_directory(checkpoint.path) if checkpoint is not None else None
         config = self.spec.run_config.checkpoint_config
         if files is not None and self.env.rank == 0 and config.checkpoint_score_attribute:
@@ -325,7 +283,7 @@ class TrainSession:
         if self.env.rank == 0:
             self._history.append(row)
             self.storage.append_metrics(row, self._history)
-        maybe_fail_after_report(self.iteration, self.env.rank, self.env.world_size,
+        maybe_fail_after_report(self.rows.iteration, self.env.rank, self.env.world_size,
                                 self.env.restart_count)
 
     def _persist_checkpoint(self, gathered: list[tuple[list[str] | None, dict]],
@@ -341,7 +299,7 @@ class TrainSession:
         manifest = None
         if self.env.rank == 0:
             manifest = CommitManifest(
-                index=index, training_iteration=self.iteration, metrics=row,
+                index=index, training_iteration=self.rows.iteration, metrics=row,
                 files={},  # filled in by the uploader from the owners' checksums
                 world_size=self.env.world_size,
                 worker_states={str(r): states for r, (_, states) in enumerate(gathered)},
@@ -354,7 +312,7 @@ class TrainSession:
             errors = [e for e in self._all_gather(self.uploader.wait_for(index)) if e]
             if errors:
                 raise StorageError(f"{self.storage.display_path}: {'; '.join(errors)}")
-            self.restored = CommitManifest(index, self.iteration, row, {}, self.env.world_size)
+            self.restored = CommitManifest(index, self.rows.iteration, row, {}, self.env.world_size)
 
     def _apply_retention(self, manifest: CommitManifest) -> None:
         """Runs on rank 0's upload thread after each commit."""
