@@ -65,9 +65,12 @@ def is_transient(exc: BaseException,
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Backoff from ``base_delay_s`` doubling up to ``max_delay_s``, for ``budget_s`` in all.
+    """Backoff with full jitter within ``budget_s`` seconds from the first attempt.
 
-    ``store_sign`` is the store's own test for a passing fault (see :func:`is_transient`).
+    The n-th retry waits a random time between 0 and
+    ``min(max_delay_s, base_delay_s * 2**n)``; there is no retry whose wait would
+    end past the budget. ``store_sign`` is the store's own test for a passing fault
+    (see :func:`is_transient`).
     """
 
     budget_s: float = 120.0
