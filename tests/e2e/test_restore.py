@@ -109,7 +109,7 @@ def test_restore_with_a_new_train_function_and_a_changed_one(storage_path, tmp_p
     fault = {"rank": 0, "epoch": 1, "how": "raise", "marker": str(tmp_path / "m")}
     with pytest.raises(et.TrainingFailedError):
         fit(storage_path, "changed", config={"fault": fault})
-    with pytest.raises(et.ConfigError, match="train function: tests.jobs.train_mlp -> "):
+    with pytest.raises(et.ConfigError, match="train function: tests.support.jobs.train_mlp -> "):
         TorchTrainer(lambda: None, run_config=et.RunConfig(
             storage_path=storage_path, name="changed")).fit()
     result = TorchTrainer.restore(os.path.join(storage_path, "changed"),
