@@ -68,7 +68,7 @@ def verify(script_and_args: list[str], nproc_per_node: int, fail_at_report: int,
             raise ConfigError(f"--workdir {storage} already holds a run {name!r} of an earlier "
                               "verify-resume: pass an empty directory, or none for a new "
                               "temporary one.")
-    base = [sys.executable, "-m", "elastic_train.cli.main", "launch", "--standalone", "--quiet",
+    base = [sys.executable, "-m", "elastic_train.cli", "launch", "--standalone", "--quiet",
             "--nproc-per-node", str(nproc_per_node), "--storage-path", storage]
     for name, extra, env in (
         ("straight", [], {}),
