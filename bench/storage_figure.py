@@ -25,6 +25,7 @@ import fsspec
 from bench.report import Table
 from bench.stats import Summary, fmt_ratio, ratio
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.stores.s3 import PART_SIZE, PARTS_AT_ONCE
 
 MIB = 1 << 20
 _TENSORS = 8  # the state is this many float32 tensors, as a model's would be
@@ -149,7 +150,7 @@ def _table(rows: dict[tuple[str, int], dict[str, list[float]]], repeat: int) -> 
         "until the commit marker is visible, as the worker polls it (10 ms).",
         "Bare fs.put = one fs.put of a file of the same size to the same filesystem from the "
         "benchmark process (s3fs defaults: 50 MiB parts, 10 at once; elastic-train sends "
-        f"{fsutil.PART_SIZE // MIB} MiB parts, {fsutil.PARTS_AT_ONCE} at once, to bound "
+        f"{PART_SIZE // MIB} MiB parts, {PARTS_AT_ONCE} at once, to bound "
         "memory).",
         "S3 is moto's server (in memory) on 127.0.0.1: it measures the client path, not a "
         "network.",

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_train.checkpoint import Checkpoint
+from elastic_train.metric_rows import plotted
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 
@@ -60,11 +61,6 @@ class UserCallback:
 
     def after_run(self, run_context: RunContext) -> None:
         """When the run ends, however it ends (flush and upload files here)."""
-
-
-def numeric_items(row: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in row.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 class CSVLoggerCallback(UserCallback):
@@ -138,9 +134,8 @@ class TensorBoardLoggerCallback(UserCallback):
         row = metrics[0]
         writer = self._writer_for(run_context.storage)
         step = int(row.get("training_iteration", 0))
-        for key, value in numeric_items(row).items():
-            if key not in ("training_iteration", "timestamp", "pid"):
-                writer.add_scalar(key, value, global_step=step)
+        for key, value in plotted(row).items():
+            writer.add_scalar(key, value, global_step=step)
         writer.flush()
 
     def after_run(self, run_context: RunContext) -> None:

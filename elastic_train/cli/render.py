@@ -8,13 +8,9 @@ import shlex
 from dataclasses import asdict
 
 from elastic_train.cli.run_summary import Recovery, RunSummary
+from elastic_train.metric_rows import user_metrics
 from elastic_train.storage.checkpoint_store import dir_name
 from elastic_train.storage.run_state import FailureRecord, RunState
-
-# The fields the project adds to every reported row (not the user's metrics).
-AUTO_FIELDS = {"timestamp", "date", "time_this_iter_s", "time_total_s", "time_since_restore",
-               "iterations_since_restore", "hostname", "pid", "checkpoint_dir_name",
-               "training_iteration"}
 
 
 def when(timestamp: float | None) -> str:
@@ -112,7 +108,7 @@ def checkpoint_lines(summary: RunSummary) -> list[str]:
     lines = [f"checkpoints: {len(summary.checkpoints)} retained, {len(summary.deleted)} "
              "deleted by retention"]
     for c in summary.checkpoints:
-        shown = {k: v for k, v in c.metrics.items() if k not in AUTO_FIELDS}
+        shown = user_metrics(c.metrics)
         mark = "*" if c.index == best else " "
         lines.append(f"{mark} {dir_name(c.index)}  iteration {c.training_iteration}  {shown}")
     if best is not None:

@@ -2,7 +2,8 @@
 
 Runs the user's launch script twice on this machine: once straight through,
 once with a worker killed right after its K-th ``report()`` (then restarted
-from the latest checkpoint, as after a real crash). If the final committed
+from the latest checkpoint, as after a real crash; the crash is injected by
+:mod:`elastic_train.worker.fault_injection`). If the final committed
 checkpoints of both runs have the same files with the same CRC-32s, the
 script resumes bit-identically; otherwise the differing files are named, which
 points at state the checkpoint does not carry (an RNG, a data-loader position,
@@ -23,17 +24,6 @@ from elastic_train import env_vars
 from elastic_train.errors import ConfigError
 from elastic_train.storage import RunStorage
 from elastic_train.storage.checkpoint_store import CommitManifest
-
-FAIL_EXIT_CODE = 75
-
-
-def maybe_fail_after_report(iteration: int, rank: int, world_size: int,
-                            restart_count: int) -> None:
-    """The injected crash: the last rank exits after report number K, first attempt only."""
-    at = os.environ.get(env_vars.FAIL_AT_REPORT)
-    if at and restart_count == 0 and iteration == int(at) and rank == world_size - 1:
-        sys.stdout.flush()
-        os._exit(FAIL_EXIT_CODE)
 
 
 @dataclass
@@ -78,7 +68,7 @@ def verify(script_and_args: list[str], nproc_per_node: int, fail_at_report: int,
             raise ConfigError(f"--workdir {storage} already holds a run {name!r} of an earlier "
                               "verify-resume: pass an empty directory, or none for a new "
                               "temporary one.")
-    base = [sys.executable, "-m", "elastic_train.cli.main", "launch", "--standalone", "--quiet",
+    base = [sys.executable, "-m", "elastic_train.cli", "launch", "--standalone", "--quiet",
             "--nproc-per-node", str(nproc_per_node), "--storage-path", storage]
     for name, extra, env in (
         ("straight", [], {}),

@@ -23,12 +23,9 @@ from elastic_train.callbacks import RunContext, UserCallback
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.driver.console import Console, LogTail
 from elastic_train.errors import WorkerFailure
+from elastic_train.metric_rows import user_metrics
 
 logger = logging.getLogger(__name__)
-
-_SKIP = {"timestamp", "date", "time_this_iter_s", "time_since_restore", "hostname", "pid",
-         "iterations_since_restore", "checkpoint_dir_name", "training_iteration",
-         "time_total_s"}
 
 
 def _format(value: Any) -> str:
@@ -169,8 +166,8 @@ class RunMonitor:
         parts = [f"[elastic-train] {self.context.run_name}", f"{elapsed:.0f}s", self._workers]
         if self._last_row:
             parts.append(f"iter {self._last_row.get('training_iteration')}")
-            parts += [f"{k} {_format(v)}" for k, v in self._last_row.items()
-                      if k not in _SKIP and isinstance(v, (int, float, str))][:4]
+            parts += [f"{k} {_format(v)}" for k, v in user_metrics(self._last_row).items()
+                      if isinstance(v, (int, float, str))][:4]
             if self._last_row.get("checkpoint_dir_name"):
                 parts.append(f"ckpt {self._last_row['checkpoint_dir_name']}")
         if self._uploading:

@@ -11,7 +11,6 @@ directory that says what it is, and is archived again (never lost) next time.
 
 from __future__ import annotations
 
-import os
 import time
 
 from elastic_train.errors import StorageError
@@ -39,9 +38,7 @@ def archive_run(storage: RunStorage, status: str) -> str:
         where = archive_run(RunStorage.open("/tmp/results", "digits"), "finished")
     """
     target = archive_path(storage, status)
-    if fsutil.is_local(storage.fs):
-        os.rename(storage.run_path, target)
-    else:
+    if not storage.adapter.rename_tree(storage.run_path, target):
         _copy_then_delete(storage, target)
     return fsutil.display_path(storage.fs, target)
 

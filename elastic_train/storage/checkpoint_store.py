@@ -30,6 +30,7 @@ import fsspec
 
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.retry import RetryPolicy
+from elastic_train.storage.stores import adapter_for
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,8 @@ class CheckpointStore:
                  retry: RetryPolicy | None = None):
         self.fs = fs
         self.run_path = run_path
-        self.retry = retry or RetryPolicy()
+        self.adapter = adapter_for(fs)
+        self.retry = (retry or RetryPolicy()).for_store(self.adapter)
 
     @property
     def display_path(self) -> str:
@@ -156,7 +158,7 @@ class CheckpointStore:
         """Deletes leftovers of interrupted uploads (directories without a marker, and
         unfinished multipart uploads on object stores); returns the directories' indices."""
         aborted = self._retry("aborting unfinished multipart uploads",
-                              lambda: fsutil.abort_unfinished_uploads(self.fs, self.run_path))
+                              lambda: self.adapter.abort_unfinished_uploads(self.run_path))
         if aborted:
             logger.info("Aborted %d unfinished multipart upload(s) under %s", aborted,
                         self.display_path)
@@ -165,11 +167,11 @@ class CheckpointStore:
             if self._read_manifest(path) is None:
                 logger.info("Removing uncommitted checkpoint directory %s", path)
                 self._retry("removing an uncommitted checkpoint",
-                            lambda p=path: fsutil.remove_tree(self.fs, p))
+                            lambda p=path: self.adapter.remove_tree(p))
                 removed.append(index)
         uploads = fsutil.join(self.run_path, UPLOADS_DIR)
         if self._retry("listing upload markers", lambda: self.fs.exists(uploads)):
-            self._retry("removing upload markers", lambda: fsutil.remove_tree(self.fs, uploads))
+            self._retry("removing upload markers", lambda: self.adapter.remove_tree(uploads))
         return removed
 
     def upload(self, index: int, local_dir: str, relpaths: list[str]) -> None:
@@ -185,9 +187,9 @@ class CheckpointStore:
         for directory in sorted({r.rsplit("/", 1)[0] for r in remote}):
             self._retry("creating a checkpoint directory",
                         lambda d=directory: self.fs.makedirs(d, exist_ok=True))
-        if fsutil.is_local(self.fs) and fsutil.link_all(local, remote):
+        if self.adapter.link_files(local, remote):
             return
-        options = fsutil.put_options(self.fs)
+        options = self.adapter.put_options()
         for start in range(0, len(local), UPLOAD_BATCH):
             batch = slice(start, start + UPLOAD_BATCH)
             # A retry first aborts the multipart uploads the failed attempt left open
@@ -195,8 +197,8 @@ class CheckpointStore:
             self.retry.call(
                 f"uploading {dir_name(index)}", self.display_path,
                 lambda b=batch: self.fs.put(local[b], remote[b], **options),
-                before_retry=lambda b=batch: fsutil.abort_unfinished_uploads(
-                    self.fs, target, only=remote[b]))
+                before_retry=lambda b=batch: self.adapter.abort_unfinished_uploads(
+                    target, only=remote[b]))
 
     def _upload_mark(self, index: int, rank: int | None = None) -> str:
         name = dir_name(index) + (f".rank{rank}" if rank is not None else "")
@@ -247,4 +249,4 @@ class CheckpointStore:
         """Removes a whole checkpoint, marker first so it vanishes for readers at once."""
         path = self.path(index)
         self._retry(f"deleting {dir_name(index)}", lambda: self.fs.rm(fsutil.join(path, MARKER)))
-        self._retry(f"deleting {dir_name(index)}", lambda: fsutil.remove_tree(self.fs, path))
+        self._retry(f"deleting {dir_name(index)}", lambda: self.adapter.remove_tree(path))

@@ -2,6 +2,10 @@
 
 Only transient errors are retried -- refused or reset connections, timeouts,
 HTTP 5xx and throttling; a missing file or a permission error fails at once.
+The signs every store shares are here (:func:`is_transient`); a store's own
+(e.g. botocore's HTTP status) come from its adapter
+(:meth:`~elastic_train.storage.stores.StoreAdapter.transient`), which the
+run's storage binds to its policy (:meth:`RetryPolicy.for_store`).
 When the budget is spent, :class:`~elastic_train.errors.StorageError` names the
 operation, the storage URL and the last error.
 """
@@ -13,10 +17,13 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, TypeVar
 
 from elastic_train.errors import StorageError
+
+if TYPE_CHECKING:
+    from elastic_train.storage.stores import StoreAdapter
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +36,14 @@ _TRANSIENT_WORDS = ("connect", "timeout", "timed out", "throttl", "slowdown", "s
                     "502", "504", "reset by peer", "broken pipe", "temporarily")
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` (or its cause) looks like a passing network or server fault."""
+def _no_sign(exc: BaseException) -> bool:
+    return False
+
+
+def is_transient(exc: BaseException,
+                 store_sign: Callable[[BaseException], bool] = _no_sign) -> bool:
+    """Whether ``exc`` (or its cause) looks like a passing network or server fault;
+    ``store_sign`` adds a store's own signs, asked of each exception in the chain."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -41,11 +54,8 @@ def is_transient(exc: BaseException) -> bool:
             return True
         if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
             return True
-        status = getattr(exc, "response", None)
-        if isinstance(status, dict):
-            code = status.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-            if code >= 500 or code == 429:
-                return True
+        if store_sign(exc):
+            return True
         text = f"{type(exc).__name__} {exc}".lower()
         if any(word in text for word in _TRANSIENT_WORDS):
             return True
@@ -55,11 +65,22 @@ def is_transient(exc: BaseException) -> bool:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Backoff from ``base_delay_s`` doubling up to ``max_delay_s``, for ``budget_s`` in all."""
+    """Backoff with full jitter within ``budget_s`` seconds from the first attempt.
+
+    The n-th retry waits a random time between 0 and
+    ``min(max_delay_s, base_delay_s * 2**n)``; there is no retry whose wait would
+    end past the budget. ``store_sign`` is the store's own test for a passing fault
+    (see :func:`is_transient`).
+    """
 
     budget_s: float = 120.0
     base_delay_s: float = 0.2
     max_delay_s: float = 5.0
+    store_sign: Callable[[BaseException], bool] = _no_sign
+
+    def for_store(self, store: StoreAdapter) -> RetryPolicy:
+        """This policy, retrying what ``store`` (a store's adapter) says passes as well."""
+        return replace(self, store_sign=store.transient)
 
     def call(self, what: str, where: str, fn: Callable[[], T],
              before_retry: Callable[[], object] | None = None) -> T:
@@ -76,7 +97,7 @@ class RetryPolicy:
                     before_retry()
                 return fn()
             except Exception as exc:
-                if not is_transient(exc):
+                if not is_transient(exc, self.store_sign):
                     raise
                 attempt += 1
                 delay = random.uniform(0, min(self.max_delay_s, self.base_delay_s * 2**attempt))

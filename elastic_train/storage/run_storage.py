@@ -28,6 +28,7 @@ from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import CheckpointStore
 from elastic_train.storage.retry import RetryPolicy
 from elastic_train.storage.run_state import RestoreRecord, RunState
+from elastic_train.storage.stores import adapter_for
 
 if TYPE_CHECKING:
     from elastic_train.config import RunConfig
@@ -56,7 +57,8 @@ class RunStorage:
                  retry: RetryPolicy | None = None):
         self.fs = fs
         self.run_path = run_path.rstrip("/")
-        self.retry = retry or RetryPolicy()
+        self.adapter = adapter_for(fs)
+        self.retry = (retry or RetryPolicy()).for_store(self.adapter)
         self.checkpoints = CheckpointStore(fs, self.run_path, self.retry)
 
     @classmethod
@@ -83,7 +85,7 @@ class RunStorage:
 
     @property
     def is_local(self) -> bool:
-        return fsutil.is_local(self.fs)
+        return self.adapter.is_local
 
     def _path(self, name: str) -> str:
         return fsutil.join(self.run_path, name)
@@ -96,7 +98,7 @@ class RunStorage:
         """
         probe = self._path(f".write-probe-{uuid.uuid4().hex[:8]}")
         try:
-            bucket = fsutil.missing_bucket(self.fs, self.run_path)
+            bucket = self.adapter.missing_bucket(self.run_path)
             if bucket is not None:
                 raise ConfigError(
                     f"The bucket {self.fs.unstrip_protocol(bucket)} of the run directory "
@@ -194,10 +196,7 @@ class RunStorage:
         Object stores cannot append, so there the whole history is written again
         in one atomic PUT.
         """
-        if self.is_local:
-            with open(self._path(METRICS_FILE), "a") as f:
-                f.write(json.dumps(row) + "\n")
-        else:
+        if not self.adapter.append(self._path(METRICS_FILE), (json.dumps(row) + "\n").encode()):
             self.write_metrics(history)
 
     # restores.json: rank 0's account of each restart (for goodput)

@@ -4,9 +4,11 @@
 :class:`CheckpointUploader`: the files are copied into a local staging area
 (so the user's directory can go away) and queued. A background thread uploads
 them, then writes this rank's *done* marker under ``<run>/.upload-marks/``. Rank 0's
-job waits for the done markers of every rank that owns files, writes the
-commit marker, removes the done markers and applies retention. The queue is
-bounded: when uploads fall behind, ``report()`` waits instead of filling the disk.
+job then commits the checkpoint (``commit``: the
+:class:`~elastic_train.storage.checkpoint_manager.CheckpointManager` waits for the
+done markers of every rank that owns files, writes the commit marker and applies
+retention). The queue is bounded: when uploads fall behind, ``report()`` waits
+instead of filling the disk.
 
 Coordination goes through storage, not collectives, so the background thread
 never touches the process group the training uses.
@@ -19,8 +21,7 @@ import os
 import queue
 import shutil
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from elastic_train.errors import StorageError
@@ -45,16 +46,33 @@ class UploadJob:
     manifest: CommitManifest | None = None
     staged_dir: str | None = None
 
+    @classmethod
+    def plan(cls, index: int, file_lists: Sequence[Sequence[str] | None], rank: int,
+             manifest: CommitManifest | None = None) -> UploadJob:
+        """``rank``'s job, given every rank's file list (None: no checkpoint): each file
+        goes up from the lowest rank that has it, so a file all ranks hold goes up once."""
+        owners: dict[str, int] = {}
+        for owner, files in enumerate(file_lists):
+            for rel in files or ():
+                owners.setdefault(rel, owner)
+        return cls(index=index, relpaths=[rel for rel, r in owners.items() if r == rank],
+                   owner_ranks=sorted(set(owners.values())), manifest=manifest)
+
 
 class CheckpointUploader:
-    """Uploads this rank's checkpoint files in the background and (rank 0) commits them."""
+    """Uploads this rank's checkpoint files in the background and (rank 0) commits them.
+
+    ``commit(manifest, owner_ranks)`` runs on the upload thread for a job with a
+    manifest, after this rank's own files are up; ``max_pending`` jobs wait in the
+    queue besides the one uploading.
+    """
 
     def __init__(self, store: CheckpointStore, rank: int, staging_root: str,
-                 on_commit: Callable[[CommitManifest], None], max_pending: int = 1):
+                 commit: Callable[[CommitManifest, list[int]], None], max_pending: int = 1):
         self.store = store
         self.rank = rank
         self.staging_root = staging_root
-        self.on_commit = on_commit
+        self.commit = commit
         self._queue: queue.Queue[UploadJob | None] = queue.Queue(maxsize=max_pending)
         self._done: dict[int, str | None] = {}
         self._cond = threading.Condition()
@@ -115,20 +133,4 @@ class CheckpointUploader:
             self.store.upload(job.index, job.staged_dir, job.relpaths)
             self.store.mark_uploaded(job.index, self.rank, files)
         if job.manifest is not None:
-            self._wait_for_owners(job)
-            job.manifest.files = self.store.uploaded_files(job.index, job.owner_ranks)
-            self.store.commit(job.manifest)
-            self.store.clear_upload_marks(job.index)
-            self.on_commit(job.manifest)
-
-    def _wait_for_owners(self, job: UploadJob) -> None:
-        deadline = time.monotonic() + self.store.retry.budget_s
-        delay = 0.01
-        while missing := set(job.owner_ranks) - self.store.uploaded_ranks(job.index):
-            if time.monotonic() > deadline:
-                raise StorageError(
-                    f"ranks {sorted(missing)} did not finish uploading {dir_name(job.index)} "
-                    f"to {self.store.display_path} within {self.store.retry.budget_s:.0f}s")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
-
+            self.commit(job.manifest, job.owner_ranks)

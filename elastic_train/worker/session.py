@@ -1,5 +1,5 @@
 """The worker side of the public API: ``report``, ``get_checkpoint``, ``get_context``,
-``get_dataset_shard``.
+``get_dataset_shard``, ``get_preemption_info``.
 
 One :class:`TrainSession` lives in each worker process while the train
 function runs. Rank 0 decides, once per start, which committed checkpoint the
@@ -25,31 +25,26 @@ from __future__ import annotations
 
 import enum
 import logging
-import math
-import os
-import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
 from elastic_train.checkpoint import Checkpoint
-from elastic_train.cli.verify_resume import maybe_fail_after_report
 from elastic_train.context import StorageInfo, TrainContext, WorkerEnv
 from elastic_train.errors import ConfigError, StorageError
+from elastic_train.metric_rows import ReportRows, clean_metrics
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.checkpoint_store import dir_name, list_directory, mismatched_files
-from elastic_train.storage.retention import CheckpointRecord, score_of, to_delete
-from elastic_train.storage.run_state import RestoreRecord
+from elastic_train.storage.checkpoint_manager import CheckpointManager
+from elastic_train.storage.checkpoint_store import dir_name, list_directory
 from elastic_train.storage.uploader import CheckpointUploader, UploadJob
 from elastic_train.worker import heartbeat, preemption
 from elastic_train.worker.backend import WorkerResources
+from elastic_train.worker.control_group import ControlGroup
 from elastic_train.worker.dataset import DatasetShard, ResumableIterable
+from elastic_train.worker.fault_injection import maybe_fail_after_report
 from elastic_train.worker.preemption import PreemptionInfo
+from elastic_train.worker.restore import RestorePoint, load_restore_point, resumable_state
 from elastic_train.worker.run_spec import RunSpec
 
 logger = logging.getLogger(__name__)
@@ -80,29 +75,14 @@ class CheckpointUploadMode(str, enum.Enum):
     ASYNC = "ASYNC"
 
 
-def _jsonable(value: Any, key: str) -> Any:
-    """Plain JSON values; one-element tensors and numpy scalars become numbers."""
-    if isinstance(value, (str, bool, int)) or value is None:
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, torch.Tensor):
-        if value.numel() == 1:
-            return _jsonable(value.item(), key)
-    elif hasattr(value, "item") and getattr(value, "size", None) == 1:  # numpy scalars
-        return _jsonable(value.item(), key)
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v, key) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v, f"{key}.{k}") for k, v in value.items()}
-    raise ConfigError(
-        f"report(): metric {key!r} has a value of type {type(value).__name__} ({value!r:.80}), "
-        "which cannot be stored as JSON: report numbers, strings or lists of them."
-    )
-
-
 class TrainSession:
-    """Per-worker state behind the public session functions."""
+    """Per-worker state behind the public session functions.
+
+    Built at the start of each attempt, it composes, in order: the restore point
+    the ranks agree on (:mod:`.restore`), the report rows (:mod:`elastic_train.metric_rows`),
+    the checkpoint numbering, commit and retention
+    (:mod:`elastic_train.storage.checkpoint_manager`) and the background uploader.
+    """
 
     def __init__(self, spec: RunSpec, env: WorkerEnv, resources: WorkerResources,
                  storage: RunStorage, staging_dir: str):
@@ -125,104 +105,26 @@ class TrainSession:
         self._shards: dict[str, DatasetShard] = {}
         self._resumables: dict[str, ResumableIterable] = {}
         self._loader_count = 0
-        self._committed: list[CheckpointRecord] = []
-        self._history: list[dict[str, Any]] = []
-        self._start_time = time.time()
-        self._last_report_time = self._start_time
+        start = time.time()
         self._preemption: PreemptionInfo | None = None
         preemption.install()
+        self.group = ControlGroup(env.world_size, resources.control_group)
+        point = self._agree_on_restore_point()
+        self.restored = point.manifest
+        self._history = list(point.kept_rows)  # rank 0's; stores without append rewrite it
+        self.rows = ReportRows(point.training_iteration, point.time_before_restore_s, start)
+        self.checkpoints = CheckpointManager(storage.checkpoints,
+                                             spec.run_config.checkpoint_config,
+                                             point.committed, point.next_index)
         self.uploader = CheckpointUploader(storage.checkpoints, env.rank, staging_dir,
-                                           on_commit=self._apply_retention)
-        restored, self._next_index, time_before = self._agree_on_restore_point()
-        self.restored = restored
-        self.iteration = restored.training_iteration if restored else 0
-        self._time_before_restore = time_before
-        self._iterations_at_start = self.iteration
+                                           commit=self.checkpoints.commit)
 
-    # collectives over the control group
-    def _all_gather(self, obj: Any) -> list[Any]:
-        if self.env.world_size == 1:
-            return [obj]
-        out: list[Any] = [None] * self.env.world_size
-        dist.all_gather_object(out, obj, group=self.resources.control_group)
-        return out
-
-    def _any_rank(self, *flags: bool) -> tuple[bool, ...]:
-        """Each flag OR-ed over the ranks: one all_reduce of a few integers, the
-        cheapest collective there is (an object gather is two, plus pickling)."""
-        if self.env.world_size == 1:
-            return flags
-        tensor = torch.tensor(flags, dtype=torch.int32)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.resources.control_group)
-        return tuple(bool(v) for v in tensor.tolist())
-
-    def _broadcast(self, obj: Any) -> Any:
-        if self.env.world_size == 1:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0, group=self.resources.control_group)
-        return box[0]
-
-    def _agree_on_restore_point(self) -> tuple[CommitManifest | None, int, float]:
-        """Rank 0 picks the newest intact checkpoint, trims history past it, tells all."""
-        decision = None
-        if self.env.rank == 0:
-            decision = self._choose_restore_point()
-        restored, next_index, time_before = self._broadcast(decision)
-        return (CommitManifest.from_json(restored) if restored else None), next_index, time_before
-
-    def _intact(self, manifest: CommitManifest) -> bool:
-        """Whether every file of the checkpoint matches its manifest (size and CRC-32).
-
-        A remote checkpoint is checked on the node's cached copy, which the
-        ranks of this node then load from.
-        """
-        checkpoint = Checkpoint(self.storage.checkpoints.path(manifest.index), self.storage.fs)
-        with checkpoint.as_directory() as local:
-            bad = mismatched_files(local, manifest)
-        if bad:
-            checkpoint.drop_cached_copy()
-            logger.warning("Checkpoint %s is damaged (files not matching its manifest: %s); "
-                           "resuming from an earlier one.", dir_name(manifest.index),
-                           ", ".join(bad[:5]))
-        return not bad
-
-    def _choose_restore_point(self) -> tuple[dict | None, int, float]:
-        checkpoints = self.storage.checkpoints
-        removed = checkpoints.remove_uncommitted()
-        manifests = checkpoints.committed()
-        self._committed = [CheckpointRecord(m.index, m.metrics) for m in manifests]
-        restored = next((m for m in reversed(manifests) if self._intact(m)), None)
-        if restored and restored.world_size != self.env.world_size:
-            logger.warning(
-                "Resuming from %s, written by %d workers, with %d: your checkpoint files are "
-                "loaded as they are, but dataset shards and prepared data loaders start "
-                "the checkpoint's epoch again from its beginning with the new split, so "
-                "the result will not be bit-identical to a run of fixed size.",
-                dir_name(restored.index), restored.world_size, self.env.world_size)
-        next_index = max([m.index for m in manifests] + removed + [-1]) + 1
-        rows = self.storage.read_metrics()
-        last_iteration = restored.training_iteration if restored else 0
-        kept = [r for r in rows if r.get("training_iteration", 0) <= last_iteration]
-        if len(kept) != len(rows):
-            logger.info("Dropping %d metric rows reported after the restored checkpoint.",
-                        len(rows) - len(kept))
-        # Rewritten at every start: this also drops a line a crash cut short.
-        self.storage.write_metrics(kept)
-        self._history = kept
-        time_before = float(kept[-1].get("time_total_s", 0.0)) if kept else 0.0
-        if rows or restored:  # a restart: account for it (goodput in `elastic-train show`)
-            lost = float(rows[-1].get("time_total_s", 0.0)) - time_before if rows else 0.0
-            self._note_restore(RestoreRecord(
-                time=time.time(), restored_iteration=last_iteration,
-                recomputed_iterations=len(rows) - len(kept), recomputed_s=max(lost, 0.0)))
-        return (asdict(restored) if restored else None), next_index, time_before
-
-    def _note_restore(self, entry: RestoreRecord) -> None:
-        try:
-            self.storage.add_restore(entry)
-        except StorageError:  # bookkeeping only: never fail a restart for it
-            logger.warning("Could not record the restart in restores.json", exc_info=True)
+    def _agree_on_restore_point(self) -> RestorePoint:
+        """Rank 0 decides (and trims the history past the point); every rank learns it."""
+        point = load_restore_point(self.storage, self.env.world_size) \
+            if self.env.rank == 0 else None
+        shared = self.group.broadcast(point.for_every_rank() if point is not None else None)
+        return point if point is not None else shared
 
     # resumable iterables (dataset shards, prepared data loaders)
     def register_resumable(self, key: str, iterable: ResumableIterable) -> None:
@@ -230,11 +132,7 @@ class TrainSession:
         self._resumables[key] = iterable
         if not self.restored:
             return
-        if self.restored.world_size == self.env.world_size:
-            state = self.restored.worker_states.get(str(self.env.rank), {}).get(key)
-        else:  # another split of the data: keep the epoch, start it from its beginning
-            state = self.restored.worker_states.get("0", {}).get(key)
-            state = state and {"epoch": state["epoch"], "batch": 0}
+        state = resumable_state(self.restored, self.env.rank, self.env.world_size, key)
         if state is not None:
             iterable.load_state_dict(state)
 
@@ -273,15 +171,13 @@ class TrainSession:
         return info
 
     def get_preemption_info(self) -> PreemptionInfo | None:
-        return self._note_preemption(self._all_gather(preemption.local_notice()))
+        return self._note_preemption(self.group.all_gather(preemption.local_notice()))
 
     # report
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
                checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.ASYNC
                ) -> None:
-        if not isinstance(metrics, dict):
-            raise ConfigError(f"report(metrics={metrics!r}): metrics must be a dict.")
-        clean = {str(k): _jsonable(v, str(k)) for k, v in metrics.items()}
+        clean = clean_metrics(metrics)
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
             raise ConfigError(f"report(checkpoint={checkpoint!r}) must be a Checkpoint.")
         if checkpoint is not None and not fsutil.is_local(checkpoint.filesystem):
@@ -290,84 +186,51 @@ class TrainSession:
         mode = CheckpointUploadMode(checkpoint_upload_mode)
         self.uploader.raise_if_failed()
         heartbeat.beat()
-        now = time.time()
-        self.iteration += 1
-        row = {
-            **clean,
-            "training_iteration": self.iteration,
-            "timestamp": int(now),
-            "date": time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now)),
-            "time_this_iter_s": now - self._last_report_time,
-            "time_total_s": self._time_before_restore + now - self._start_time,
-            "time_since_restore": now - self._start_time,
-            "iterations_since_restore": self.iteration - self._iterations_at_start,
-            "hostname": socket.gethostname(),
-            "pid": os.getpid(),
-        }
-        self._last_report_time = now
+        row = self.rows.next(clean)
         files = list_directory(checkpoint.path) if checkpoint is not None else None
-        config = self.spec.run_config.checkpoint_config
-        if files is not None and self.env.rank == 0 and config.checkpoint_score_attribute:
-            score_of(CheckpointRecord(self._next_index, clean), config)
+        if files is not None and self.env.rank == 0:
+            self.checkpoints.check_score(clean)
         notice = preemption.local_notice()
         # Most reports carry metrics alone: then the ranks only learn that nobody
         # has a checkpoint or a notice, and nothing else crosses the wire.
-        any_checkpoint, any_notice = self._any_rank(files is not None, notice is not None)
+        any_checkpoint, any_notice = self.group.any_rank(files is not None, notice is not None)
         if any_checkpoint or any_notice:
             states = ({key: it.state_dict() for key, it in self._resumables.items()}
                       if any_checkpoint else {})
-            gathered = self._all_gather((files, states, notice))
+            gathered = self.group.all_gather((files, states, notice))
             if self._note_preemption([n for _, _, n in gathered]) is not None:
                 mode = CheckpointUploadMode.SYNC  # the node may go any moment: commit now
             if any_checkpoint:
-                row["checkpoint_dir_name"] = dir_name(self._next_index)
+                row["checkpoint_dir_name"] = dir_name(self.checkpoints.next_index)
                 self._persist_checkpoint([(f, s) for f, s, _ in gathered], checkpoint, row,
                                          mode)
         if self.env.rank == 0:
             self._history.append(row)
             self.storage.append_metrics(row, self._history)
-        maybe_fail_after_report(self.iteration, self.env.rank, self.env.world_size,
+        maybe_fail_after_report(self.rows.iteration, self.env.rank, self.env.world_size,
                                 self.env.restart_count)
 
     def _persist_checkpoint(self, gathered: list[tuple[list[str] | None, dict]],
                             checkpoint: Checkpoint | None, row: dict[str, Any],
                             mode: CheckpointUploadMode) -> None:
         """Each file goes up from the lowest rank that has it; rank 0 commits after all."""
-        index = self._next_index
-        self._next_index += 1
-        owners: dict[str, int] = {}
-        for rank, (files, _) in enumerate(gathered):
-            for rel in files or ():
-                owners.setdefault(rel, rank)
+        index = self.checkpoints.reserve_index()
         manifest = None
         if self.env.rank == 0:
             manifest = CommitManifest(
-                index=index, training_iteration=self.iteration, metrics=row,
-                files={},  # filled in by the uploader from the owners' checksums
+                index=index, training_iteration=self.rows.iteration, metrics=row,
+                files={},  # filled in at the commit from the owners' checksums
                 world_size=self.env.world_size,
                 worker_states={str(r): states for r, (_, states) in enumerate(gathered)},
             )
-        job = UploadJob(index=index,
-                        relpaths=[rel for rel, rank in owners.items() if rank == self.env.rank],
-                        owner_ranks=sorted(set(owners.values())), manifest=manifest)
+        job = UploadJob.plan(index, [files for files, _ in gathered], self.env.rank, manifest)
         self.uploader.submit(job, checkpoint.path if checkpoint is not None else None)
         if mode is CheckpointUploadMode.SYNC:
-            errors = [e for e in self._all_gather(self.uploader.wait_for(index)) if e]
+            errors = [e for e in self.group.all_gather(self.uploader.wait_for(index)) if e]
             if errors:
                 raise StorageError(f"{self.storage.display_path}: {'; '.join(errors)}")
-            self.restored = CommitManifest(index, self.iteration, row, {}, self.env.world_size)
-
-    def _apply_retention(self, manifest: CommitManifest) -> None:
-        """Runs on rank 0's upload thread after each commit."""
-        self._committed.append(CheckpointRecord(manifest.index, manifest.metrics))
-        for index in to_delete(self._committed, self.spec.run_config.checkpoint_config):
-            try:
-                self.storage.checkpoints.delete(index)
-            except Exception:
-                logger.warning("Could not delete %s; retention will retry at the next "
-                               "checkpoint.", dir_name(index), exc_info=True)
-                continue
-            self._committed = [r for r in self._committed if r.index != index]
+            self.restored = CommitManifest(index, self.rows.iteration, row, {},
+                                           self.env.world_size)
 
     def finish(self) -> None:
         """Waits for pending uploads and commits (the run ends only when they are stored)."""

@@ -1,4 +1,5 @@
-"""Run storage and checkpoint commits, on local disk and fsspec's in-memory store."""
+"""Run storage and checkpoint commits, the same tests on local disk, on S3 (moto's server,
+through s3fs) and on fsspec's in-memory store (the adapter every other store gets)."""
 
 import errno
 import json
@@ -25,25 +26,32 @@ from elastic_train.storage.checkpoint_store import (
 )
 from elastic_train.storage.run_state import LaunchRecord, RunState, RunStatus
 from elastic_train.storage.run_storage import METRICS_FILE, RUN_FILE, RUN_FORMAT_VERSION
+from elastic_train.storage.stores import S3Store
+from tests.conftest import make_storage
 
 
-@pytest.fixture(params=["local", "memory"])
+@pytest.fixture(params=["local", "s3", "memory"])
 def root(request, tmp_path):
-    """``(storage_path URL, fs, path)`` of an empty storage root."""
+    """``(storage_path URL, fs, path, options)`` of an empty storage root."""
     if request.param == "local":
-        yield str(tmp_path / "store"), LocalFileSystem(), str(tmp_path / "store")
+        yield str(tmp_path / "store"), LocalFileSystem(), str(tmp_path / "store"), None
+        return
+    if request.param == "s3":
+        storage = make_storage("s3", tmp_path, request.getfixturevalue("s3_endpoint"))
+        fs, path = fsutil.resolve(storage.url, options=storage.options)
+        yield storage.url, fs, path, storage.options
         return
     fs = fsspec.filesystem("memory")
     path = f"/elastic-train-test-{uuid.uuid4().hex}"
-    yield f"memory://{path}", fs, path
+    yield f"memory://{path}", fs, path, None
     if fs.exists(path):
         fs.rm(path, recursive=True)
 
 
 @pytest.fixture
 def run(root):
-    url, _, _ = root
-    return RunStorage.open(url, "run")
+    url, _, _, options = root
+    return RunStorage.open(url, "run", options=options)
 
 
 @pytest.fixture
@@ -69,7 +77,7 @@ def commit(store, index, src):
 
 
 def test_open_resolves_store(run, root):
-    _, fs, path = root
+    _, fs, path, _ = root
     assert type(run.fs) is type(fs)
     assert run.run_path == f"{path}/run"
     assert run.is_local == (type(fs) is LocalFileSystem)
@@ -201,7 +209,13 @@ def test_append_metrics(run):
     assert run.read_metrics() == history[:1]
 
 
+def skip_on_s3(fs, why):
+    if "s3" in fs.protocol:
+        pytest.skip(f"S3 has no directories: {why}")
+
+
 def test_ensure_writable_creates_dir_and_leaves_no_probe(run):
+    skip_on_s3(run.fs, "a prefix exists once a key under it does")
     run.ensure_writable()
     run.fs.invalidate_cache(run.run_path)
     assert run.fs.isdir(run.run_path)
@@ -217,10 +231,11 @@ def test_ensure_writable_rejects_existing_file(run):
 
 
 def test_ensure_writable_rejects_path_under_a_file(root):
-    url, fs, path = root
+    url, fs, path, options = root
+    skip_on_s3(fs, "a key and keys under its name as a prefix can coexist")
     fs.makedirs(path, exist_ok=True)
     fs.pipe_file(f"{path}/plain", b"x")
-    storage = RunStorage.open(f"{url}/plain", "run")
+    storage = RunStorage.open(f"{url}/plain", "run", options=options)
     with pytest.raises(ConfigError, match="Cannot write"):
         storage.ensure_writable()
 
@@ -239,7 +254,7 @@ def test_ensure_writable_rejects_read_only_parent(tmp_path):
 
 
 def test_write_bytes_atomic_leaves_no_temp_file(root):
-    _, fs, path = root
+    _, fs, path, _ = root
     target = f"{path}/dir/file.json"
     fsutil.write_bytes_atomic(fs, target, b"one")
     fsutil.write_bytes_atomic(fs, target, b"two")
@@ -249,7 +264,7 @@ def test_write_bytes_atomic_leaves_no_temp_file(root):
 
 
 def test_write_json_atomic_roundtrip(root):
-    _, fs, path = root
+    _, fs, path, _ = root
     fsutil.write_json_atomic(fs, f"{path}/x.json", {"b": 1, "a": [1, 2]})
     assert fsutil.read_json(fs, f"{path}/x.json") == {"a": [1, 2], "b": 1}
     assert json.loads(fs.cat_file(f"{path}/x.json")) == {"a": [1, 2], "b": 1}
@@ -291,11 +306,11 @@ def test_append_after_repair_of_truncated_line_is_readable(run):
 def test_s3_gets_one_attempt_per_call_unless_the_user_says_otherwise():
     """Every retry is ours (backoff within storage_retry_timeout_s), not s3fs's or
     botocore's underneath it; the user's own settings win."""
-    assert fsutil.s3_defaults(None) == {
+    assert S3Store.filesystem_options(None) == {
         "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 10,
                           "read_timeout": 60}}
-    mine = fsutil.s3_defaults({"endpoint_url": "http://x",
-                               "config_kwargs": {"connect_timeout": 2}})
+    mine = S3Store.filesystem_options({"endpoint_url": "http://x",
+                                       "config_kwargs": {"connect_timeout": 2}})
     assert mine["endpoint_url"] == "http://x"
     assert mine["config_kwargs"]["connect_timeout"] == 2
     assert mine["config_kwargs"]["retries"] == {"max_attempts": 1}

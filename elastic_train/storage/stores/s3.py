@@ -1,0 +1,97 @@
+"""S3 and S3-compatible servers (MinIO, SeaweedFS, moto) through s3fs.
+
+What differs here: every retry is ours (s3fs's and botocore's own are turned
+off, see :meth:`S3Store.filesystem_options`), large files go in bounded
+multipart uploads that a killed writer leaves open until aborted, a bucket is
+never created by accident, and SeaweedFS lists an emptied directory until its
+``dir/`` key is deleted. s3fs is not imported here: its filesystem is asked
+through ``call_s3``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from elastic_train.storage.stores.base import StoreAdapter
+
+# s3fs's multipart settings for checkpoint files: its defaults (50 MiB parts, 10 at
+# once) hold up to 500 MiB of one file in memory; these hold 64 MiB, and files from
+# 32 MiB up go in parts, so an interrupted large upload resends parts, not the file.
+PART_SIZE = 16 << 20
+PARTS_AT_ONCE = 4
+
+
+class S3Store(StoreAdapter):
+    """An S3 bucket (fsspec's ``s3://``, ``s3a://``)."""
+
+    @classmethod
+    def filesystem_options(cls, options: dict[str, Any] | None) -> dict[str, Any]:
+        """``options`` with no botocore retries and bounded timeouts, unless set.
+
+        s3fs (5 attempts, backoff up to 15 s) and botocore (its own retries) would each
+        retry underneath :mod:`~elastic_train.storage.retry`, whose budget
+        (``RunConfig.storage_retry_timeout_s``) then no longer bounds how long an
+        outage takes to fail the run. Here every retry is ours: backoff with jitter,
+        within that budget.
+        """
+        out = dict(options or {})
+        config = {"retries": {"max_attempts": 1}, "connect_timeout": 10, "read_timeout": 60}
+        out["config_kwargs"] = {**config, **out.get("config_kwargs", {})}
+        return out
+
+    def configure(self) -> None:
+        self.fs.retries = 1  # s3fs's own attempts per call (a class attribute, not an argument)
+
+    def endpoint(self) -> Any:
+        return super().endpoint() or self.fs.storage_options.get("client_kwargs", {}).get(
+            "endpoint_url")
+
+    def transient(self, exc: BaseException) -> bool:
+        """botocore's errors carry the HTTP status: 5xx and 429 (throttling) pass."""
+        response = getattr(exc, "response", None)
+        if not isinstance(response, dict):
+            return False
+        code = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return code >= 500 or code == 429
+
+    def put_options(self) -> dict[str, Any]:
+        """Bounds the memory one file's upload holds (see PART_SIZE)."""
+        return {"chunksize": PART_SIZE, "max_concurrency": PARTS_AT_ONCE}
+
+    def missing_bucket(self, path: str) -> str | None:
+        """Asked before the first write: s3fs's ``makedirs`` (and stores that create a
+        bucket on first upload) would otherwise create a mistyped bucket. Errors other
+        than "not found" (no permission to ask, the endpoint down) answer None: the
+        write that follows says what is wrong."""
+        bucket = self.fs.split_path(path)[0]
+        try:
+            self.fs.call_s3("head_bucket", Bucket=bucket)
+        except FileNotFoundError:
+            return bucket
+        except Exception:  # the write probe reports it
+            return None
+        return None
+
+    def remove_tree(self, path: str) -> None:
+        """Also deletes the key ``path/``: SeaweedFS's S3 server (a filer underneath)
+        keeps an emptied directory in listings until then; elsewhere it is a no-op."""
+        super().remove_tree(path)
+        bucket, key, _ = self.fs.split_path(path)
+        self.fs.call_s3("delete_object", Bucket=bucket, Key=key.rstrip("/") + "/")
+        self.fs.invalidate_cache(path)
+
+    def abort_unfinished_uploads(self, path: str, only: Collection[str] | None = None) -> int:
+        """Files from ``2 * PART_SIZE`` up go in parts: the parts of an upload cut short
+        are invisible to listings, yet stored and billed until aborted. ``only`` limits
+        it to uploads to these paths (a writer retrying its own files, while other
+        writers' uploads under ``path`` go on)."""
+        bucket, key, _ = self.fs.split_path(path)
+        listing = self.fs.call_s3("list_multipart_uploads", Bucket=bucket,
+                                  Prefix=key.rstrip("/") + "/")
+        keys = None if only is None else {self.fs.split_path(p)[1] for p in only}
+        uploads = [u for u in listing.get("Uploads", []) if keys is None or u["Key"] in keys]
+        for upload in uploads:
+            self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"],
+                            UploadId=upload["UploadId"])
+        return len(uploads)

@@ -1,0 +1,157 @@
+"""Where a start of the worker group resumes from, decided once, by rank 0.
+
+:func:`decide_restore` is the decision, a pure function of what the run
+directory holds: the newest committed checkpoint that is intact (asked newest
+first, so older ones are never downloaded), the metric rows up to its
+iteration (rows of a failed attempt after it are redone, so each
+``training_iteration`` appears once), the next free checkpoint index (past
+every index ever used, also by uncommitted leftovers), the training time the
+kept history accounts for, and what the restart costs (recomputed iterations
+and seconds, for goodput in ``elastic-train show``).
+
+:func:`load_restore_point` is the I/O around it, on rank 0: it removes what
+cut-short uploads left, reads the manifests and rows, checks integrity, and
+rewrites ``metrics.jsonl`` to the kept rows. The session then tells every rank
+(:meth:`RestorePoint.for_every_rank`), and :func:`resumable_state` gives each
+data iterator its position.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from elastic_train.checkpoint import Checkpoint
+from elastic_train.errors import StorageError
+from elastic_train.storage import CommitManifest, RunStorage
+from elastic_train.storage.checkpoint_store import dir_name, mismatched_files
+from elastic_train.storage.retention import CheckpointRecord
+from elastic_train.storage.run_state import RestoreRecord
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RestorePoint:
+    """The outcome of :func:`decide_restore`.
+
+    Args:
+        manifest: The checkpoint resumed from; None starts from scratch.
+        next_index: The index of the next checkpoint reported.
+        time_before_restore_s: The kept history's ``time_total_s``.
+        kept_rows: The metric rows kept (rank 0 only; see :meth:`for_every_rank`).
+        committed: Every committed checkpoint, for retention (rank 0 only).
+        recomputed_iterations: Rows dropped: iterations the failed attempt redoes.
+        recomputed_s: The training time those iterations took.
+        is_restart: Whether the run had started before (a row or a checkpoint).
+    """
+
+    manifest: CommitManifest | None
+    next_index: int
+    time_before_restore_s: float = 0.0
+    kept_rows: list[dict[str, Any]] = field(default_factory=list)
+    committed: tuple[CheckpointRecord, ...] = ()
+    recomputed_iterations: int = 0
+    recomputed_s: float = 0.0
+    is_restart: bool = False
+
+    @property
+    def training_iteration(self) -> int:
+        """The iteration the run goes on from (0 from scratch)."""
+        return self.manifest.training_iteration if self.manifest else 0
+
+    def for_every_rank(self) -> RestorePoint:
+        """What the other ranks need: without the history and the records, which only
+        rank 0 uses (a long run's history would cost a broadcast of megabytes)."""
+        return replace(self, kept_rows=[], committed=())
+
+    def restart_entry(self, now: float) -> RestoreRecord | None:
+        """The run's account of this restart (``restores.json``), or None on a first start."""
+        if not self.is_restart:
+            return None
+        return RestoreRecord(time=now, restored_iteration=self.training_iteration,
+                             recomputed_iterations=self.recomputed_iterations,
+                             recomputed_s=self.recomputed_s)
+
+
+def decide_restore(manifests: Sequence[CommitManifest], rows: Sequence[dict[str, Any]],
+                   intact: Callable[[CommitManifest], bool],
+                   removed: Sequence[int] = ()) -> RestorePoint:
+    """The restore point, from the committed ``manifests`` (oldest first), the metric
+    ``rows``, ``intact`` (asked of the newest first, until it says yes) and the indices
+    of the uncommitted directories ``removed`` at this start."""
+    restored = next((m for m in reversed(manifests) if intact(m)), None)
+    last_iteration = restored.training_iteration if restored else 0
+    kept = [r for r in rows if r.get("training_iteration", 0) <= last_iteration]
+    time_before = float(kept[-1].get("time_total_s", 0.0)) if kept else 0.0
+    lost = float(rows[-1].get("time_total_s", 0.0)) - time_before if rows else 0.0
+    return RestorePoint(
+        manifest=restored,
+        next_index=max([m.index for m in manifests] + list(removed) + [-1]) + 1,
+        time_before_restore_s=time_before,
+        kept_rows=kept,
+        committed=tuple(CheckpointRecord(m.index, m.metrics) for m in manifests),
+        recomputed_iterations=len(rows) - len(kept),
+        recomputed_s=max(lost, 0.0),
+        is_restart=bool(rows) or restored is not None,
+    )
+
+
+def resumable_state(manifest: CommitManifest, rank: int, world_size: int,
+                    key: str) -> dict[str, Any] | None:
+    """The saved position of the data iterator ``key`` for ``rank``, or None.
+
+    With the world size of the checkpoint, each rank gets its own; with another,
+    the data is split anew: every rank keeps rank 0's epoch and starts it over.
+    """
+    if manifest.world_size == world_size:
+        return manifest.worker_states.get(str(rank), {}).get(key)
+    state = manifest.worker_states.get("0", {}).get(key)
+    return state and {"epoch": state["epoch"], "batch": 0}
+
+
+def load_restore_point(storage: RunStorage, world_size: int) -> RestorePoint:
+    """Rank 0's restore: clean up, decide, keep the history up to the restore point."""
+    removed = storage.checkpoints.remove_uncommitted()
+    manifests = storage.checkpoints.committed()
+    rows = storage.read_metrics()
+    point = decide_restore(manifests, rows, lambda m: _intact(storage, m), removed)
+    if point.manifest and point.manifest.world_size != world_size:
+        logger.warning(
+            "Resuming from %s, written by %d workers, with %d: your checkpoint files are "
+            "loaded as they are, but dataset shards and prepared data loaders start "
+            "the checkpoint's epoch again from its beginning with the new split, so "
+            "the result will not be bit-identical to a run of fixed size.",
+            dir_name(point.manifest.index), point.manifest.world_size, world_size)
+    if point.recomputed_iterations:
+        logger.info("Dropping %d metric rows reported after the restored checkpoint.",
+                    point.recomputed_iterations)
+    # Rewritten at every start: this also drops a line a crash cut short.
+    storage.write_metrics(point.kept_rows)
+    entry = point.restart_entry(time.time())
+    if entry is not None:
+        try:
+            storage.add_restore(entry)
+        except StorageError:  # bookkeeping only: never fail a restart for it
+            logger.warning("Could not record the restart in restores.json", exc_info=True)
+    return point
+
+
+def _intact(storage: RunStorage, manifest: CommitManifest) -> bool:
+    """Whether every file of the checkpoint matches its manifest (size and CRC-32).
+
+    A remote checkpoint is checked on the node's cached copy, which the ranks of
+    this node then load from.
+    """
+    checkpoint = Checkpoint(storage.checkpoints.path(manifest.index), storage.fs)
+    with checkpoint.as_directory() as local:
+        bad = mismatched_files(local, manifest)
+    if bad:
+        checkpoint.drop_cached_copy()
+        logger.warning("Checkpoint %s is damaged (files not matching its manifest: %s); "
+                       "resuming from an earlier one.", dir_name(manifest.index),
+                       ", ".join(bad[:5]))
+    return not bad

@@ -1,0 +1,111 @@
+"""The checkpoint manager: numbering, the commit after every owner's upload, retention."""
+
+import threading
+import time
+
+import pytest
+from fsspec.implementations.local import LocalFileSystem
+
+from elastic_train.config import CheckpointConfig
+from elastic_train.errors import ConfigError, StorageError
+from elastic_train.storage import CheckpointStore, CommitManifest
+from elastic_train.storage.checkpoint_manager import CheckpointManager
+from elastic_train.storage.checkpoint_store import MARKER, scan_directory
+from elastic_train.storage.retention import CheckpointRecord
+from elastic_train.storage.retry import RetryPolicy
+
+
+@pytest.fixture
+def store(tmp_path):
+    return CheckpointStore(LocalFileSystem(), str(tmp_path / "run"), RetryPolicy(budget_s=2))
+
+
+@pytest.fixture
+def files(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.pt").write_bytes(b"a" * 10)
+    (src / "b.pt").write_bytes(b"b" * 20)
+    return str(src)
+
+
+def upload(store, index, src, rank, relpaths):
+    store.upload(index, src, relpaths)
+    store.mark_uploaded(index, rank, {rel: scan_directory(src)[rel] for rel in relpaths})
+
+
+def manifest(index, **metrics):
+    return CommitManifest(index=index, training_iteration=index + 1, metrics=metrics,
+                          files={}, world_size=2)
+
+
+def test_indices_go_on_from_the_first_free_one(store):
+    manager = CheckpointManager(store, CheckpointConfig(), next_index=3)
+    assert [manager.reserve_index() for _ in range(3)] == [3, 4, 5]
+    assert manager.next_index == 6
+
+
+def test_a_missing_score_attribute_fails_before_anything_is_uploaded(store):
+    config = CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="acc")
+    manager = CheckpointManager(store, config, next_index=4)
+    with pytest.raises(ConfigError, match="'acc'.*checkpoint 4"):
+        manager.check_score({"loss": 1.0})
+    manager.check_score({"acc": 0.5})
+    CheckpointManager(store, CheckpointConfig()).check_score({})  # no attribute: no rule
+
+
+def test_commit_waits_for_every_owner_and_merges_their_files(store, files):
+    manager = CheckpointManager(store, CheckpointConfig())
+    upload(store, 0, files, 0, ["a.pt"])
+    late = threading.Timer(0.3, upload, (store, 0, files, 1, ["b.pt"]))
+    late.start()
+    began = time.monotonic()
+    manager.commit(manifest(0, loss=1.0), owner_ranks=[0, 1])
+    late.join()
+    assert time.monotonic() - began >= 0.3
+    [committed] = store.committed()
+    assert committed.files == scan_directory(files)
+    assert store.uploaded_ranks(0) == set()  # the markers go once committed
+    assert manager.committed == [CheckpointRecord(0, {"loss": 1.0})]
+
+
+def test_an_owner_that_never_uploads_fails_the_commit_by_name(tmp_path, files):
+    store = CheckpointStore(LocalFileSystem(), str(tmp_path / "run"), RetryPolicy(budget_s=0.2))
+    upload(store, 0, files, 0, ["a.pt"])
+    with pytest.raises(StorageError, match=r"ranks \[1\] did not finish uploading "
+                                           r"checkpoint_000000"):
+        CheckpointManager(store, CheckpointConfig()).commit(manifest(0), [0, 1])
+    assert store.committed() == []
+
+
+def test_retention_after_each_commit_weighs_the_earlier_checkpoints(store, files):
+    config = CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="loss",
+                              checkpoint_score_order="min")
+    for index, loss in ((0, 0.1), (1, 0.5)):
+        upload(store, index, files, 0, ["a.pt"])
+        store.commit(manifest(index, loss=loss))
+    manager = CheckpointManager(store, config, [CheckpointRecord(0, {"loss": 0.1}),
+                                                CheckpointRecord(1, {"loss": 0.5})], 2)
+    upload(store, 2, files, 0, ["a.pt"])
+    manager.commit(manifest(2, loss=0.9), [0])  # worst, but the latest: kept
+    assert [m.index for m in store.committed()] == [0, 2]
+    assert [r.index for r in manager.committed] == [0, 2]
+    assert not store.fs.exists(f"{store.path(1)}/{MARKER}")
+
+
+def test_a_failed_deletion_is_retried_at_the_next_commit(store, files, monkeypatch):
+    manager = CheckpointManager(store, CheckpointConfig(num_to_keep=1))
+    delete = store.delete
+    failures = iter([OSError("disk busy")])
+
+    def flaky(index):
+        if (error := next(failures, None)) is not None:
+            raise error
+        delete(index)
+
+    monkeypatch.setattr(store, "delete", flaky)
+    for index in range(3):
+        upload(store, index, files, 0, ["a.pt"])
+        manager.commit(manifest(index), [0])
+    assert [m.index for m in store.committed()] == [2]
+    assert [r.index for r in manager.committed] == [2]

@@ -1,0 +1,150 @@
+"""The background uploader: who uploads what, staging, checksums, the queue bound, errors,
+and close() -- on a local run directory, with threads but no processes."""
+
+import threading
+import time
+import zlib
+
+import pytest
+
+from elastic_train.config import CheckpointConfig
+from elastic_train.errors import StorageError
+from elastic_train.storage import CheckpointStore, CommitManifest, RunStorage
+from elastic_train.storage.checkpoint_manager import CheckpointManager
+from elastic_train.storage.uploader import CheckpointUploader, UploadJob
+
+
+@pytest.fixture
+def run(tmp_path):
+    return RunStorage.open(str(tmp_path / "results"), "run")
+
+
+@pytest.fixture
+def source(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.pt").write_bytes(b"weights-v1")
+    return src
+
+
+def manifest(index):
+    return CommitManifest(index=index, training_iteration=index + 1, metrics={},
+                          files={}, world_size=1)
+
+
+def uploader_for(store, tmp_path, rank=0, **kwargs):
+    manager = CheckpointManager(store, CheckpointConfig())
+    return CheckpointUploader(store, rank, str(tmp_path / f"staging{rank}"),
+                              commit=manager.commit, **kwargs)
+
+
+def job(index, relpaths=("model.pt",), owners=(0,), with_manifest=True):
+    return UploadJob(index, list(relpaths), list(owners),
+                     manifest(index) if with_manifest else None)
+
+
+class HeldStore(CheckpointStore):
+    """Uploads wait until ``release`` is set; ``started`` tells one began."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def upload(self, index, local_dir, relpaths):
+        self.started.set()
+        assert self.release.wait(10)
+        super().upload(index, local_dir, relpaths)
+
+
+class FailingStore(CheckpointStore):
+    def upload(self, index, local_dir, relpaths):
+        raise PermissionError(f"denied: {relpaths}")
+
+
+def test_files_go_up_from_the_lowest_rank_that_has_them():
+    lists = [["a", "b"], ["b", "c"], None]
+    plans = [UploadJob.plan(5, lists, rank) for rank in range(3)]
+    assert [p.relpaths for p in plans] == [["a", "b"], ["c"], []]
+    assert {tuple(p.owner_ranks) for p in plans} == {(0, 1)}
+    assert UploadJob.plan(5, [None, ["x"]], 0).owner_ranks == [1]
+
+
+def test_the_staged_copy_is_uploaded_and_checksummed(run, source, tmp_path):
+    """report() may reuse its directory at once: what goes up is what it held then."""
+    uploader = uploader_for(run.checkpoints, tmp_path)
+    uploader.submit(job(0), str(source))
+    (source / "model.pt").write_bytes(b"weights-v2, longer")
+    uploader.close()
+    [committed] = run.checkpoints.committed()
+    assert committed.files == {"model.pt": {"size": 10,
+                                            "crc32": f"{zlib.crc32(b'weights-v1'):08x}"}}
+    assert run.fs.cat_file(f"{run.checkpoints.path(0)}/model.pt") == b"weights-v1"
+    assert list((tmp_path / "staging0").iterdir()) == []  # staged copies are removed
+
+
+def test_a_rank_without_files_commits_the_owners(run, source, tmp_path):
+    owner = uploader_for(run.checkpoints, tmp_path, rank=1)
+    committer = uploader_for(run.checkpoints, tmp_path, rank=0)
+    committer.submit(job(0, relpaths=(), owners=(1,)), None)
+    owner.submit(job(0, owners=(1,), with_manifest=False), str(source))
+    assert committer.wait_for(0) is None and owner.wait_for(0) is None
+    owner.close()
+    committer.close()
+    assert [m.files.keys() for m in run.checkpoints.committed()] == [{"model.pt"}]
+
+
+def test_a_full_queue_makes_submit_wait(run, source, tmp_path):
+    store = HeldStore(run.fs, run.run_path, run.retry)
+    uploader = uploader_for(store, tmp_path, max_pending=1)
+    uploader.submit(job(0), str(source))
+    assert store.started.wait(10)  # job 0 is uploading, the queue is empty
+    uploader.submit(job(1), str(source))  # queued
+    third = threading.Thread(target=uploader.submit, args=(job(2), str(source)))
+    third.start()
+    third.join(0.3)
+    assert third.is_alive(), "a third checkpoint was accepted while two were pending"
+    store.release.set()
+    third.join(10)
+    assert not third.is_alive()
+    uploader.close()
+    assert [m.index for m in run.checkpoints.committed()] == [0, 1, 2]
+
+
+def test_close_waits_for_every_queued_upload(run, source, tmp_path):
+    store = HeldStore(run.fs, run.run_path, run.retry)
+    uploader = uploader_for(store, tmp_path)
+    uploader.submit(job(0), str(source))
+    uploader.submit(job(1), str(source))
+    threading.Timer(0.2, store.release.set).start()
+    began = time.monotonic()
+    uploader.close()
+    assert time.monotonic() - began >= 0.2
+    assert [m.index for m in run.checkpoints.committed()] == [0, 1]
+
+
+def test_an_upload_error_reaches_wait_for_the_next_submit_and_close(run, source, tmp_path):
+    store = FailingStore(run.fs, run.run_path, run.retry)
+    uploader = uploader_for(store, tmp_path)
+    uploader.submit(job(0), str(source))
+    error = uploader.wait_for(0)
+    assert "checkpoint_000000 (rank 0)" in error and "denied" in error
+    with pytest.raises(StorageError, match="denied"):
+        uploader.raise_if_failed()
+    with pytest.raises(StorageError, match="denied"):
+        uploader.submit(job(1), str(source))
+    with pytest.raises(StorageError, match="checkpoint_000000"):
+        uploader.close()
+    assert run.checkpoints.committed() == []
+    assert list((tmp_path / "staging0").iterdir()) == []
+
+
+def test_a_commit_error_is_the_jobs_error(run, source, tmp_path):
+    def commit(manifest, owners):
+        raise StorageError("marker write failed")
+
+    uploader = CheckpointUploader(run.checkpoints, 0, str(tmp_path / "staging"), commit=commit)
+    uploader.submit(job(0), str(source))
+    assert "marker write failed" in uploader.wait_for(0)
+    with pytest.raises(StorageError, match="marker write failed"):
+        uploader.close()
