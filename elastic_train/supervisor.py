@@ -34,8 +34,10 @@ class RunSupervisor:
                  begin_record: Callable[[], RunRecord] | None = None,
                  callbacks: list[UserCallback] | None = None, verbose: int = 1,
                  local_ranks: set[int] | None = None,
-                 streams: frozenset[str] = frozenset({"stdout", "stderr"})):
+                 streams: frozenset[str] = frozenset({"stdout", "stderr"}),
+                 train_loop_config: dict | None = None):
         self.storage = storage
+        self.train_loop_config = train_loop_config
         self.record = record
         self.begin_record = begin_record
         self.unlimited = unlimited_restarts
@@ -51,7 +53,8 @@ class RunSupervisor:
 
         ``preempted_out`` tells afterwards whether the preemption budget ran out.
         """
-        monitor = RunMonitor(RunContext(self.name, self.storage), self.callbacks, spec.log_dir,
+        context = RunContext(self.name, self.storage, self.train_loop_config)
+        monitor = RunMonitor(context, self.callbacks, spec.log_dir,
                              verbose=self.verbose, local_ranks=self.local_ranks,
                              streams=self.streams,
                              nproc_per_node=spec.nproc_per_node)

@@ -316,7 +316,8 @@ class DataParallelTrainer:
         supervisor = RunSupervisor(
             storage, run_config.name, run_config.failure_config.max_failures == -1,
             record=record, begin_record=None if record else begin_record,
-            callbacks=run_config.callbacks, verbose=run_config.verbose)
+            callbacks=run_config.callbacks, verbose=run_config.verbose,
+            train_loop_config=self.train_loop_config)
         rendezvous = scaling.rendezvous  # None: this node alone, on a store of its own
         if rendezvous is not None and rendezvous.backend in ETCD_V3_BACKENDS:
             register_rendezvous_backends()
