@@ -241,7 +241,14 @@ class TrainSession:
         self._loader_count += 1
         return f"loader:{self._loader_count - 1}"
 
-    def get_dataset_shard(self, name: str) -> DatasetShard:
+    def get_dataset_shard(self, dataset_name: str | None = None) -> DatasetShard:
+        name = dataset_name
+        if name is None:  # Ray's default: the only dataset
+            if len(self.spec.datasets) != 1:
+                raise KeyError(
+                    "get_dataset_shard() without a name needs exactly one dataset; the trainer "
+                    f"was given {sorted(self.spec.datasets)}: pass one of these names.")
+            [name] = self.spec.datasets
         if name not in self._shards:
             if name not in self.spec.datasets:
                 raise KeyError(
@@ -429,9 +436,10 @@ def get_context() -> TrainContext:
     return get_session().context
 
 
-def get_dataset_shard(name: str) -> DatasetShard:
-    """This rank's shard of ``datasets[name]``."""
-    return get_session().get_dataset_shard(name)
+def get_dataset_shard(dataset_name: str | None = None) -> DatasetShard:
+    """This rank's shard of ``datasets[dataset_name]`` (Ray's argument name); without a
+    name, of the trainer's only dataset."""
+    return get_session().get_dataset_shard(dataset_name)
 
 
 def get_preemption_info() -> PreemptionInfo | None:
