@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import cloudpickle
 import pytest
+import torch
+from torch.utils.data import TensorDataset
 
 import elastic_train as et
 from elastic_train.torch import TorchTrainer
@@ -33,9 +35,11 @@ def test_mlflow_and_wandb_runs_hold_the_metrics(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     (tmp_path / "wandb").mkdir()
     uri = (tmp_path / "mlruns").as_uri()
-    config = {"epochs": EPOCHS, "lr": 0.05, "mlflow_uri": uri, "model": {"width": 8}}
+    config = {"epochs": EPOCHS, "lr": 0.05, "mlflow_uri": uri, "model": {"width": 8},
+              "rows_per_rank": 5}
     result = TorchTrainer(
         tracking_job.train, train_loop_config=config,
+        datasets={"train": TensorDataset(torch.arange(10.0))},
         scaling_config=et.ScalingConfig(num_workers=2),
         run_config=et.RunConfig(
             storage_path=str(tmp_path / "results"), name="tracked",

@@ -18,7 +18,10 @@ def train(config: dict) -> None:
     mlflow = setup_mlflow(config, tracking_uri=config["mlflow_uri"], experiment_name="workers",
                           create_experiment_if_not_exists=True)
     run = setup_wandb(config, project="e2e-workers")
+    shard = elastic_train.get_dataset_shard()  # Ray's default: the only dataset
     for epoch in range(config["epochs"]):
+        rows = sum(len(x) for (x,) in shard.iter_torch_batches(batch_size=4))
+        assert rows == config["rows_per_rank"], rows
         loss = 1.0 / (epoch + 1)
         mlflow.log_metric("worker_loss", loss, step=epoch)
         run.log({"worker_loss": loss})
