@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -18,7 +20,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 pytest.importorskip("sklearn")
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300),
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420),
               pytest.mark.usefixtures("no_leaked_processes")]
 
 EPOCHS = 3
@@ -35,15 +37,34 @@ def kill_rank1_after_first_save(marker: str):
     return KillAfterSave()
 
 
+def stale_checkpoint(output_dir: str) -> None:
+    """A finished run's checkpoint left in the Trainer's output_dir: reporting it (the
+    highest-numbered directory there) instead of the one just saved would resume a
+    run that has nothing left to train."""
+    os.makedirs(os.path.join(output_dir, "checkpoint-999"))
+    with open(os.path.join(output_dir, "checkpoint-999", "trainer_state.json"), "w") as f:
+        json.dump({"global_step": 999, "epoch": 99.0}, f)
+
+
 def test_transformers_guide_resumes_from_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     example = load_example("transformers_tiny")
+    name = f"transformers-{os.getpid()}"
+    output_dir = os.path.join(tempfile.gettempdir(), "elastic_train_hf", name)  # the example's
+    stale_checkpoint(output_dir)
+    try:
+        run_and_check(example, name, tmp_path)
+    finally:
+        shutil.rmtree(output_dir, ignore_errors=True)
+
+
+def run_and_check(example, name, tmp_path):
     result = TorchTrainer(
         example.train_func,
         train_loop_config={"epochs": EPOCHS, "lr": 1e-3,
                            "callbacks": [kill_rank1_after_first_save(str(tmp_path / "m"))]},
         scaling_config=et.ScalingConfig(num_workers=2),
-        run_config=et.RunConfig(storage_path=str(tmp_path / "results"), name="transformers",
+        run_config=et.RunConfig(storage_path=str(tmp_path / "results"), name=name,
                                 failure_config=et.FailureConfig(max_failures=1)),
     ).fit()
 
