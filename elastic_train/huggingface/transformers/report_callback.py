@@ -9,7 +9,7 @@ from typing import Any
 
 import torch.distributed as dist
 from transformers import TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.session import report
@@ -34,10 +34,13 @@ class RayTrainReportCallback(TrainerCallback):
         else:
             trainer.train()
 
-    Where we differ from Ray: every rank first waits for the others to finish
-    writing the save (the Trainer saves per-rank RNG states into the same
-    directory, with no barrier before this hook), so no rank copies a file
-    that is still being written.
+    Where we differ from Ray: the checkpoint reported is the one of this save
+    (``checkpoint-<global_step>``), not the highest-numbered directory in
+    ``output_dir``, which can be a leftover of an earlier run there (resuming
+    from it would skip the training); and every rank first waits for the
+    others to finish writing the save (the Trainer saves per-rank RNG states
+    into the same directory, with no barrier before this hook), so no rank
+    copies a file that is still being written.
     """
 
     CHECKPOINT_NAME = "checkpoint"
@@ -48,7 +51,9 @@ class RayTrainReportCallback(TrainerCallback):
         metrics: dict[str, Any] = {}
         for entry in state.log_history:
             metrics.update(entry)
-        saved = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+        saved = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        if not os.path.isdir(saved):  # not on this rank's disk
+            saved = None
         with tempfile.TemporaryDirectory(prefix="elastic_train_transformers_") as directory:
             checkpoint = None
             if saved is not None:
