@@ -38,10 +38,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RunContext:
-    """What a callback knows about the run."""
+    """What a callback knows about the run.
+
+    ``train_loop_config`` is the trainer's (Ray v2's ``TrainRunContext`` has it
+    too); None for runs of ``elastic-train launch``, which have none.
+    """
 
     run_name: str
     storage: RunStorage
+    train_loop_config: dict[str, Any] | None = None
 
     @property
     def run_path(self) -> str:

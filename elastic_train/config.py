@@ -29,6 +29,13 @@ from typing import Any
 
 from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.errors import ConfigError
+from elastic_train.ray_arguments import (
+    CHECKPOINT_CONFIG,
+    FAILURE_CONFIG,
+    RUN_CONFIG,
+    SCALING_CONFIG,
+    refuse_ray_arguments,
+)
 
 DEFAULT_STORAGE_PATH = os.path.join("~", "elastic_train_results")
 
@@ -46,6 +53,7 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+@refuse_ray_arguments(SCALING_CONFIG)
 @dataclass
 class ScalingConfig:
     """How many workers to run, what each one gets, and, across nodes, how they meet.
@@ -79,9 +87,11 @@ class ScalingConfig:
                       rendezvous=RendezvousConfig(backend="etcd", endpoint="etcd-host:2379",
                                                   run_id="job42"))
 
-    Ray's ``placement_strategy``, ``trainer_resources`` and
-    ``accelerator_type`` are scheduling hints for a Ray cluster; there is no
-    such scheduler under torch.distributed.elastic, so they are not accepted.
+    Ray's ``placement_strategy``, ``trainer_resources``, ``accelerator_type``
+    (and its TPU and label settings) are scheduling hints for a Ray cluster;
+    there is no such scheduler under torch.distributed.elastic, so any value
+    but Ray's default raises ``ConfigError`` saying what to do instead (see
+    :mod:`elastic_train.ray_arguments`).
     """
 
     num_workers: int | tuple[int, int] | None = None
@@ -216,6 +226,7 @@ class ScalingConfig:
         return math.ceil(self.workers_per_node * self.gpus_per_worker - 1e-9)
 
 
+@refuse_ray_arguments(FAILURE_CONFIG)
 @dataclass
 class FailureConfig:
     """How many worker-group failures to survive.
@@ -282,6 +293,7 @@ class FailureConfig:
         return 2**31 - 1 if self.max_failures == -1 else self.max_failures
 
 
+@refuse_ray_arguments(CHECKPOINT_CONFIG)
 @dataclass
 class CheckpointConfig:
     """Which checkpoints to keep.
@@ -321,6 +333,7 @@ class CheckpointConfig:
         )
 
 
+@refuse_ray_arguments(RUN_CONFIG)
 @dataclass
 class RunConfig:
     """Where a run lives and how it survives failures.

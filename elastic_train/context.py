@@ -96,3 +96,23 @@ class TrainContext:
     def get_metadata(self) -> dict[str, Any]:
         """The ``metadata`` passed to the trainer."""
         return dict(self.metadata)
+
+    # Ray Tune's, removed from Train's context in Ray Train v2: they raise, as there.
+    def get_trial_name(self) -> str:
+        raise _tune_only("get_trial_name", "get_experiment_name() (the run's name)")
+
+    def get_trial_id(self) -> str:
+        raise _tune_only("get_trial_id", "get_experiment_name() (the run's name)")
+
+    def get_trial_dir(self) -> str:
+        raise _tune_only("get_trial_dir", "get_storage().experiment_fs_path (the run's "
+                                          "directory)")
+
+    def get_trial_resources(self) -> Any:
+        raise _tune_only("get_trial_resources", "elastic_train.torch.get_devices() (this "
+                                                "worker's devices)")
+
+
+def _tune_only(name: str, instead: str) -> DeprecationWarning:
+    return DeprecationWarning(f"TrainContext.{name}() belongs to Ray Tune and was removed "
+                              f"from Ray Train v2's context; use {instead}.")

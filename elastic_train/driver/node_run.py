@@ -72,6 +72,7 @@ class NodePlan:
         hints: The front-end's words for resuming and retrying.
         accepted: Spec changes this launch accepts on resume (see ``resume_rules``).
         trainable: ``fit()``'s pickled spec, written beside ``run.json`` for restore.
+        train_loop_config: ``fit()``'s, shown to the driver-side callbacks.
         local_ranks: Local ranks whose output the console shows (None: all).
         streams: Streams the console shows.
         log_dir: Where worker logs go (default: the run's ``logs/<host>`` on local
@@ -88,6 +89,7 @@ class NodePlan:
     hints: FailureHints
     accepted: frozenset[str] = frozenset()
     trainable: bytes | None = None
+    train_loop_config: dict[str, Any] | None = None
     local_ranks: set[int] | None = None
     streams: frozenset[str] = frozenset({"stdout", "stderr"})
     log_dir: str | None = None
@@ -139,7 +141,8 @@ class NodeRun:
                                    begin_record=self._begin_record,
                                    callbacks=self.plan.run_config.callbacks,
                                    verbose=self.plan.run_config.verbose,
-                                   local_ranks=self.plan.local_ranks, streams=self.plan.streams)
+                                   local_ranks=self.plan.local_ranks, streams=self.plan.streams,
+                                   train_loop_config=self.plan.train_loop_config)
         failures = supervisor.run(self._agent_spec(entrypoint, args, worker_env))
         if failures:
             raise self._failed(failures, supervisor)

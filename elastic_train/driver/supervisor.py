@@ -2,7 +2,7 @@
 
 :class:`RunSupervisor` wires the agent's events to the run's record
 (``run.json``: failures, final status) and to the live view and callbacks
-(:class:`~elastic_train.progress.RunMonitor`), and uploads the workers' logs
+(:class:`~elastic_train.driver.progress.RunMonitor`), and uploads the workers' logs
 to remote storage when the run ends.
 """
 
@@ -35,9 +35,11 @@ class RunSupervisor:
                  begin_record: Callable[[], RunRecord],
                  callbacks: list[UserCallback] | None = None, verbose: int = 1,
                  local_ranks: set[int] | None = None,
-                 streams: frozenset[str] = frozenset({"stdout", "stderr"})):
+                 streams: frozenset[str] = frozenset({"stdout", "stderr"}),
+                 train_loop_config: dict | None = None):
         self.storage = storage
         self.record: RunRecord | None = None
+        self.train_loop_config = train_loop_config
         self.begin_record = begin_record
         self.callbacks = list(callbacks or [])
         self.verbose = verbose
@@ -51,7 +53,8 @@ class RunSupervisor:
 
         ``preempted_out`` tells afterwards whether the preemption budget ran out.
         """
-        monitor = RunMonitor(RunContext(self.name, self.storage), self.callbacks, spec.log_dir,
+        context = RunContext(self.name, self.storage, self.train_loop_config)
+        monitor = RunMonitor(context, self.callbacks, spec.log_dir,
                              verbose=self.verbose, local_ranks=self.local_ranks,
                              streams=self.streams,
                              nproc_per_node=spec.nproc_per_node)

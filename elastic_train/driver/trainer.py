@@ -250,7 +250,8 @@ class DataParallelTrainer:
             rendezvous=self.scaling_config.rendezvous or RendezvousConfig.single_node(name),
             spec=self._describe(run_config), hints=FailureHints.for_fit(),
             accepted=TRAIN_FUNCTION_CHANGES if self._replaces_function else frozenset(),
-            trainable=self._trainable(spec, run_config))
+            trainable=self._trainable(spec, run_config),
+            train_loop_config=self.train_loop_config)
         with NodeRun(plan) as node:
             return_value = self._run_node(node, pickled)
         return Result.from_storage(plan.storage, return_value=return_value)

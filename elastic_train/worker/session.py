@@ -64,15 +64,17 @@ class CheckpointUploadMode(str, enum.Enum):
     ends only after every pending upload is committed.
     ``SYNC``: after the checkpoint is committed on every rank (Ray v2's default).
 
-    Ray's third mode, ``NO_UPLOAD`` (the user already wrote the files into
-    storage), is not offered: a checkpoint here becomes visible only through
-    its commit manifest (file list, sizes, CRC-32s, data positions), which is
-    built from the files the ranks stage; files written straight into storage
-    by hand would bypass the atomic commit.
+    ``NO_UPLOAD`` (Ray's: the user already wrote the files into storage) is
+    a member so that Ray scripts import, but ``report()`` refuses it with a
+    ``ConfigError``: a checkpoint here becomes visible only through its commit
+    manifest (file list, sizes, CRC-32s, data positions), which is built from
+    the files the ranks stage; files written straight into storage by hand
+    would bypass the atomic commit.
     """
 
     SYNC = "SYNC"
     ASYNC = "ASYNC"
+    NO_UPLOAD = "NO_UPLOAD"
 
 
 class TrainSession:
@@ -140,7 +142,14 @@ class TrainSession:
         self._loader_count += 1
         return f"loader:{self._loader_count - 1}"
 
-    def get_dataset_shard(self, name: str) -> DatasetShard:
+    def get_dataset_shard(self, dataset_name: str | None = None) -> DatasetShard:
+        name = dataset_name
+        if name is None:  # Ray's default: the only dataset
+            if len(self.spec.datasets) != 1:
+                raise KeyError(
+                    "get_dataset_shard() without a name needs exactly one dataset; the trainer "
+                    f"was given {sorted(self.spec.datasets)}: pass one of these names.")
+            [name] = self.spec.datasets
         if name not in self._shards:
             if name not in self.spec.datasets:
                 raise KeyError(
@@ -184,6 +193,12 @@ class TrainSession:
             raise ConfigError(f"report(checkpoint={checkpoint!r}): pass a local directory, "
                               "Checkpoint.from_directory(path).")
         mode = CheckpointUploadMode(checkpoint_upload_mode)
+        if mode is CheckpointUploadMode.NO_UPLOAD:
+            raise ConfigError(
+                "report(checkpoint_upload_mode=NO_UPLOAD) is not supported: a checkpoint "
+                "becomes visible only through the commit of the files the ranks report. Save "
+                "the files into a local directory and report it (ASYNC, the default, uploads "
+                "it without stalling training).")
         self.uploader.raise_if_failed()
         heartbeat.beat()
         row = self.rows.next(clean)
@@ -271,14 +286,25 @@ def get_session() -> TrainSession:
 
 
 def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
+           checkpoint_dir_name: str | None = None,
            checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.ASYNC) -> None:
     """Reports metrics (and optionally a checkpoint) from this worker.
 
     Every rank must call it the same number of times. Rank 0's metrics are
     recorded; the checkpoint files of every rank that passes one are merged
     into one committed checkpoint. See :class:`CheckpointUploadMode` for when
-    the call returns.
+    the call returns (our default is ASYNC, Ray v2's SYNC).
+
+    ``checkpoint_dir_name`` is Ray's argument (arguments in Ray's order); any
+    name but None is refused: checkpoint directories here are
+    ``checkpoint_NNNNNN``, the number ordering them for retention and resume.
     """
+    if checkpoint_dir_name is not None:
+        raise ConfigError(
+            f"report(checkpoint_dir_name={checkpoint_dir_name!r}) is not supported: checkpoint "
+            "directories are named checkpoint_NNNNNN here (the number orders them for "
+            "retention and resume). Drop the argument; to tell checkpoints apart, report the "
+            "value as a metric or put it in the checkpoint with Checkpoint.set_metadata().")
     get_session().report(metrics, checkpoint, checkpoint_upload_mode)
 
 
@@ -293,9 +319,10 @@ def get_context() -> TrainContext:
     return get_session().context
 
 
-def get_dataset_shard(name: str) -> DatasetShard:
-    """This rank's shard of ``datasets[name]``."""
-    return get_session().get_dataset_shard(name)
+def get_dataset_shard(dataset_name: str | None = None) -> DatasetShard:
+    """This rank's shard of ``datasets[dataset_name]`` (Ray's argument name); without a
+    name, of the trainer's only dataset."""
+    return get_session().get_dataset_shard(dataset_name)
 
 
 def get_preemption_info() -> PreemptionInfo | None:

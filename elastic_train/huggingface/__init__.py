@@ -1,0 +1,1 @@
+"""``elastic_train.huggingface``: mirrors ``ray.train.huggingface`` (see ``.transformers``)."""

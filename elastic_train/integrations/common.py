@@ -1,0 +1,58 @@
+"""What the tracking integrations share: flattening configs and picking metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from elastic_train.callbacks import RunContext
+from elastic_train.checkpoint import Checkpoint
+
+# Bookkeeping columns of every reported row that are not training metrics.
+ROW_INFO = ("timestamp", "date", "hostname", "pid", "checkpoint_dir_name")
+
+
+def flatten(values: Mapping[str, Any], sep: str = "/", prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a/b": 1}``."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, sep, name + sep))
+        else:
+            flat[name] = value
+    return flat
+
+
+def metric_values(row: Mapping[str, Any], exclude: tuple[str, ...] = ROW_INFO
+                  ) -> dict[str, float]:
+    """The finite numbers of a reported row (nested dicts flattened), minus ``exclude``."""
+    return {k: float(v) for k, v in flatten(row).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v) and k not in exclude}
+
+
+def run_outcome(run_context: RunContext, failed: bool) -> str:
+    """``finished``, ``failed`` or ``interrupted``, as the run ends (``after_run``)."""
+    if failed:
+        return "failed"
+    try:
+        status = (run_context.storage.read_run_state() or {}).get("status")
+    except Exception:
+        status = None
+    return status if status in ("failed", "interrupted") else "finished"
+
+
+@contextlib.contextmanager
+def checkpoint_files(checkpoint: Checkpoint) -> Iterator[str]:
+    """A temporary local copy of the checkpoint's own files (without our commit marker),
+    for uploading to a tracker."""
+    directory = tempfile.mkdtemp(prefix="elastic_train_artifact_")
+    try:
+        yield checkpoint.to_directory(directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
