@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable, Sequence
 
 from bench.measure import FaultPlan, Sample, measure, phase_order
+from bench.overhead_figure import overhead
 from bench.profiles import Profile
 from bench.rendezvous_figure import rendezvous
 from bench.report import Table
@@ -64,16 +65,19 @@ class Suite:
 
     def run_set(self, name: str, variants: Sequence[Variant], base: WorkloadConfig,
                 workers: int, max_restarts: int = 0, fault: FaultPlan | None = None,
-                failures_are_results: bool = False) -> dict[str, list[Sample]]:
-        """``repeat`` runs of each variant, interleaved, failed ones included (``ok=False``).
+                failures_are_results: bool = False,
+                repeat: int | None = None) -> dict[str, list[Sample]]:
+        """``repeat`` runs (default: the profile's) of each variant, interleaved, failed ones
+        included (``ok=False``).
 
         Failed runs are also listed in :attr:`failures`; they make the suite fail unless
         ``failures_are_results`` (figure 4: a run that does not recover is a finding).
         """
         out: dict[str, list[Sample]] = {v.key: [] for v in variants}
-        total = len(variants) * self.profile.repeat
+        repeat = repeat or self.profile.repeat
+        total = len(variants) * repeat
         done = 0
-        for rep in range(self.profile.repeat):
+        for rep in range(repeat):
             for variant in variants:
                 done += 1
                 sample = measure(variant, base, workers, self.profile.timeout_s,
@@ -371,7 +375,7 @@ def scaling(suite: Suite) -> list[Table]:
 FIGURE_FUNCTIONS: dict[str, Callable[[Suite], list[Table]]] = {
     "cold_start": cold_start, "steps": steps, "checkpoint": checkpoint,
     "recovery": recovery, "memory": memory, "scaling": scaling, "storage": storage,
-    "rendezvous": rendezvous,
+    "rendezvous": rendezvous, "overhead": overhead,
 }
 
 
