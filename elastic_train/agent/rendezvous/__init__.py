@@ -5,6 +5,11 @@
 ``etcd`` at the same thing: torch's handlers of that name speak the v2 API only,
 which etcd 3.6 removed. Importing this package registers nothing, and ``etcd3gw``
 (an optional dependency) is imported only when such a handler is created.
+
+torch loads this package as its ``torchrun.handlers`` entry point while it imports
+its own rendezvous package, possibly half way through importing its agent (e.g.
+for ``torch.distributed.checkpoint``), so nothing of torch is imported here at
+module level: each function imports what it uses.
 """
 
 from __future__ import annotations
@@ -13,17 +18,13 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from torch.distributed import DistStoreError
-from torch.distributed.elastic.rendezvous import (
-    RendezvousError,
-    RendezvousHandler,
-    RendezvousInfo,
-    RendezvousParameters,
-)
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
-from torch.distributed.elastic.rendezvous.registry import handler_registry
-
 if TYPE_CHECKING:
+    from torch.distributed.elastic.rendezvous import (
+        RendezvousHandler,
+        RendezvousInfo,
+        RendezvousParameters,
+    )
+
     from elastic_train.agent.rendezvous.etcd_v3 import EtcdV3RendezvousBackend
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> RendezvousHandler:
     that ends otherwise (a node killed, a failure) leaves its keys to the lease,
     which expires ``lease_ttl`` seconds after the last node stopped.
     """
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
     from elastic_train.agent.rendezvous.etcd_v3 import create_backend
 
     backend, store = create_backend(params)
@@ -71,6 +74,9 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> RendezvousHandler:
 
 def _leave(last_round: RendezvousInfo, backend: EtcdV3RendezvousBackend) -> None:
     """Counts this node out of its last round; the last one out deletes the run's keys."""
+    from torch.distributed import DistStoreError
+    from torch.distributed.elastic.rendezvous import RendezvousError
+
     try:
         if last_round.store.add(_LEFT_KEY, 1) >= last_round.world_size:
             backend.delete_keys()
@@ -91,6 +97,8 @@ def register() -> None:
     torch's registry refuses to re-register a taken name, and torch registers its
     v2 "etcd" handler on import, so a name held by another creator is dropped first.
     """
+    from torch.distributed.elastic.rendezvous.registry import handler_registry
+
     for name in ETCD_V3_BACKENDS:
         if handler_registry._registry.get(name) is not create_etcd_v3_handler:
             handler_registry._registry.pop(name, None)
