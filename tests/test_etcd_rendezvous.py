@@ -376,3 +376,32 @@ def test_an_etcd_that_stays_down_fails_after_the_outage_timeout(own_etcd: EtcdSe
         assert 2 <= time.monotonic() - started < 20
     finally:
         backend.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_node_granting_the_run_lease_at_the_same_time_as_another(
+        etcd_of_each_major: EtcdServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node A finds no lease for the run, node B grants it, then A's grant of the same id
+    is refused ("lease already exists": HTTP 412 from etcd 3.4's gateway, 400 from
+    3.5's); A must then use B's lease instead of failing to join."""
+    from etcd3gw.lease import Lease
+
+    refresh = Lease.refresh
+    raced: list[int] = []
+
+    def refresh_then_another_node_grants(lease: Lease) -> int:
+        ttl = refresh(lease)
+        if ttl <= 0 and not raced:
+            raced.append(lease.id)
+            _gateway(etcd_of_each_major.url, "lease/grant", {"ID": lease.id, "TTL": 10})
+        return ttl
+
+    monkeypatch.setattr(Lease, "refresh", refresh_then_another_node_grants)
+    backend, store = create_backend(_params(etcd_of_each_major.endpoint))
+    try:
+        assert raced, "the race was not staged"
+        assert backend.set_state(b"state")[2]
+        store.set("k", b"v")
+        assert store.get("k") == b"v"
+    finally:
+        backend.close()

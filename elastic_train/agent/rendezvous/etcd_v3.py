@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -36,7 +37,7 @@ from urllib.parse import quote
 
 import etcd3gw
 import requests
-from etcd3gw.exceptions import Etcd3Exception, PreconditionFailedError
+from etcd3gw.exceptions import Etcd3Exception
 from etcd3gw.lease import Lease
 from requests.adapters import HTTPAdapter
 from torch.distributed import DistStoreError, Store
@@ -70,6 +71,22 @@ def _connection_errors() -> Iterator[None]:
     except (Etcd3Exception, requests.RequestException) as exc:
         detail = getattr(exc, "detail_text", None) or exc
         raise RendezvousConnectionError(f"The etcd request failed: {detail}") from exc
+
+
+def etcd_error(exc: Etcd3Exception) -> str:
+    """The etcd server's own error message (e.g. "etcdserver: lease already exists").
+
+    etcd's gateway maps one error to different HTTP statuses across versions
+    ("lease already exists": 412 from 3.4, 400 from 3.5), so errors are recognised
+    by the message in the JSON body, never by the HTTP status or exception class.
+    """
+    text = getattr(exc, "detail_text", None) or ""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text
+    return str(body.get("message") or body.get("error") or text) \
+        if isinstance(body, dict) else text
 
 
 def _b64(data: bytes) -> str:
@@ -118,8 +135,10 @@ class EtcdV3Keyspace:
         try:
             grant = {"ID": self._lease.id, "TTL": self._lease_ttl}
             return int(self.client.post(self.client.get_url("/lease/grant"), json=grant)["TTL"])
-        except PreconditionFailedError:  # another node of the run granted it meanwhile
-            return self._lease.refresh()
+        except Etcd3Exception as exc:
+            if "lease already exists" not in etcd_error(exc):
+                raise
+            return self._lease.refresh()  # another node of the run granted it meanwhile
 
     def _keep_alive(self, interval: float) -> None:
         """The lease thread's loop; a failed refresh is logged and retried next interval."""
@@ -164,7 +183,7 @@ class EtcdV3Keyspace:
             try:
                 result = self.client.transaction(txn)
             except Etcd3Exception as exc:
-                if "lease not found" not in (exc.detail_text or ""):
+                if "lease not found" not in etcd_error(exc):
                     raise
                 # Every node was silent for a whole TTL; the lease (and its keys) expired.
                 self._ensure_lease()
@@ -189,7 +208,7 @@ class EtcdV3Keyspace:
             try:
                 self._lease.revoke()
             except Etcd3Exception as exc:
-                if "lease not found" not in (exc.detail_text or ""):
+                if "lease not found" not in etcd_error(exc):
                     raise
 
     def close(self) -> None:
