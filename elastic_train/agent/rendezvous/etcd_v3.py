@@ -28,6 +28,7 @@ import json
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,7 +42,11 @@ from etcd3gw.exceptions import Etcd3Exception
 from etcd3gw.lease import Lease
 from requests.adapters import HTTPAdapter
 from torch.distributed import DistStoreError, Store
-from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
+from torch.distributed.elastic.rendezvous import (
+    RendezvousConnectionError,
+    RendezvousParameters,
+    RendezvousStateError,
+)
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from urllib3.util.retry import Retry
@@ -217,12 +222,36 @@ class EtcdV3Keyspace:
         self._thread.join()
 
 
+_STATE_MAGIC = b"elastic_train.rdzv.v1\n"
+
+
+def _seal_state(state: bytes) -> bytes:
+    """The stored form of a state: a format marker, its CRC-32, then the state."""
+    return _STATE_MAGIC + zlib.crc32(state).to_bytes(4, "big") + state
+
+
+def _open_state(stored: bytes) -> bytes:
+    """The state inside :func:`_seal_state`'s form; RendezvousStateError if it is not one
+    (written by something else, truncated, or altered)."""
+    header = len(_STATE_MAGIC) + 4
+    state = stored[header:]
+    if not stored.startswith(_STATE_MAGIC) or len(stored) < header \
+            or zlib.crc32(state).to_bytes(4, "big") != stored[len(_STATE_MAGIC):header]:
+        raise RendezvousStateError(
+            "The rendezvous state in etcd is corrupt (not written by this backend, or "
+            "altered); delete the run's keys or use another --rdzv-id.")
+    return state
+
+
 class EtcdV3RendezvousBackend(RendezvousBackend):
     """Holds torch's rendezvous state under ``<run prefix>state``.
 
     The fencing token is the state key's ``mod_revision``, so ``set_state`` is a
     single etcd transaction: put if the key's mod_revision still equals the
     token (or, for token None, if the key is absent), else read the key back.
+    A token that is not one this backend issues (a positive int) matches no
+    state: the current one comes back, as torch's contract wants. The state is
+    stored with a checksum, so a corrupt one raises RendezvousStateError.
     """
 
     def __init__(self, keyspace: EtcdV3Keyspace, name: str = "etcd-v3") -> None:
@@ -238,14 +267,19 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
     def get_state(self) -> tuple[bytes, Token] | None:
         """See base class."""
         value = self._keyspace.get(self._key)
-        return None if value is None else (value.data, value.mod_revision)
+        return None if value is None else (_open_state(value.data), value.mod_revision)
 
     def set_state(
         self, state: bytes, token: Token | None = None
     ) -> tuple[bytes, Token, bool] | None:
         """See base class; returns None only if the state is absent and could not be set."""
-        value, succeeded = self._keyspace.put(self._key, state, 0 if token is None else int(token))
-        return None if value is None else (value.data, value.mod_revision, succeeded)
+        if token is None:
+            value, succeeded = self._keyspace.put(self._key, _seal_state(state), 0)
+        elif isinstance(token, int) and not isinstance(token, bool) and token > 0:
+            value, succeeded = self._keyspace.put(self._key, _seal_state(state), token)
+        else:  # never issued by us: nothing to compare with, so nothing is set
+            value, succeeded = self._keyspace.get(self._key), False
+        return None if value is None else (_open_state(value.data), value.mod_revision, succeeded)
 
     def close(self) -> None:
         """Stops this node's lease refresh; see the module docstring for why keys stay."""
