@@ -91,15 +91,28 @@ def torchrun_handler() -> Callable[[RendezvousParameters], RendezvousHandler]:
     return create_etcd_v3_handler
 
 
+def create_etcd_native_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """Our own etcd v3 handler (:mod:`.etcd_native`): per-node keys, leases and watches."""
+    from elastic_train.agent.rendezvous.etcd_native import create_handler
+
+    return create_handler(params)
+
+
+HANDLERS: dict[str, Callable[[RendezvousParameters], RendezvousHandler]] = {
+    "etcd-v3": create_etcd_v3_handler,
+    "etcd": create_etcd_native_handler,
+}
+
+
 def register() -> None:
-    """Registers :func:`create_etcd_v3_handler` as "etcd-v3" and "etcd"; idempotent.
+    """Registers :data:`HANDLERS` in torch's registry by name; idempotent.
 
     torch's registry refuses to re-register a taken name, and torch registers its
     v2 "etcd" handler on import, so a name held by another creator is dropped first.
     """
     from torch.distributed.elastic.rendezvous.registry import handler_registry
 
-    for name in ETCD_V3_BACKENDS:
-        if handler_registry._registry.get(name) is not create_etcd_v3_handler:
+    for name, creator in HANDLERS.items():
+        if handler_registry._registry.get(name) is not creator:
             handler_registry._registry.pop(name, None)
-        handler_registry.register(name, create_etcd_v3_handler)
+        handler_registry.register(name, creator)
