@@ -31,7 +31,12 @@ from elastic_train.errors import (
     RendezvousLostError,
     TrainingFailedError,
 )
-from elastic_train.rendezvous_config import BACKEND_ALIASES, FAST_RDZV_DEFAULTS, parse_rdzv_conf
+from elastic_train.rendezvous_config import (
+    BACKEND_ALIASES,
+    ETCD_BACKENDS,
+    fast_defaults,
+    parse_rdzv_conf,
+)
 from elastic_train.run_record import RunRecord
 from elastic_train.script_worker import LAUNCH_ENV
 from elastic_train.storage import RunStorage
@@ -109,9 +114,9 @@ class LaunchSettings:
             raise ConfigError(f"The training script {self.target!r} does not exist. Pass a "
                               "script path, or -m MODULE, or --no-python PROGRAM.")
         self.rdzv_backend = BACKEND_ALIASES.get(self.rdzv_backend, self.rdzv_backend)
-        if self.rdzv_backend not in ("c10d", "static", "etcd-v3"):
+        if self.rdzv_backend not in ("c10d", "static", *ETCD_BACKENDS):
             raise ConfigError(f"--rdzv-backend={self.rdzv_backend!r} is not supported: use "
-                              "c10d (default), static, or etcd (etcd-v3).")
+                              "c10d (default), static, etcd or etcd-v3.")
         self.rdzv_configs = parse_rdzv_conf(self.rdzv_conf)
         if self.standalone:
             self.rdzv_backend, self.rdzv_endpoint = "c10d", "127.0.0.1:0"
@@ -134,7 +139,7 @@ class LaunchSettings:
             self.rdzv_endpoint = f"{self.master_addr}:{self.master_port}"
             self.rdzv_configs.setdefault("rank", self.node_rank)
         else:
-            for key, value in FAST_RDZV_DEFAULTS.items():
+            for key, value in fast_defaults(self.rdzv_backend).items():
                 self.rdzv_configs.setdefault(key, value)
         self.name = self.name or (self.rdzv_id if self.max_nodes > 1 else
                                   f"launch_{time.strftime('%Y-%m-%d_%H-%M-%S')}")
@@ -182,14 +187,15 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
     # Every node checks before it starts anything; the node that becomes group rank 0
     # checks again as it records the launch, and is the one that starts over.
     RunRecord.check_resumable(storage, spec, start_over=settings.start_over)
-    if settings.rdzv_backend == "etcd-v3":
+    if settings.rdzv_backend in ETCD_BACKENDS:
         from elastic_train.agent.rendezvous import register
 
         register()
-    if settings.rdzv_backend != "static":
+    if settings.rdzv_backend in ("c10d", "etcd-v3"):
         # Scripts join their process group through env:// against the agent's store;
-        # a store shared across restarts serves stale addresses to a restarted gloo
-        # group. Unshared, each incarnation gets a fresh store on rank 0.
+        # torch's dynamic handler shares one store across restarts, which serves stale
+        # addresses to a restarted gloo group. Unshared, each incarnation gets a fresh
+        # store on rank 0. (Our etcd handler's shared store is new every round.)
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     supervisor = RunSupervisor(
         storage, settings.name, settings.max_restarts == -1, verbose=settings.verbose,

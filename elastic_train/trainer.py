@@ -27,7 +27,6 @@ from typing import Any
 import cloudpickle
 
 from elastic_train.agent import AgentSpec, Interrupted
-from elastic_train.agent.rendezvous import ETCD_V3_BACKENDS
 from elastic_train.agent.rendezvous import register as register_rendezvous_backends
 from elastic_train.backend import BackendConfig
 from elastic_train.callbacks import UserCallback
@@ -40,6 +39,7 @@ from elastic_train.errors import (
     TrainingFailedError,
     WorkerFailure,
 )
+from elastic_train.rendezvous_config import ETCD_BACKENDS
 from elastic_train.result import Result
 from elastic_train.resume_rules import TRAIN_FUNCTION_CHANGES, is_launch
 from elastic_train.run_record import RunRecord
@@ -318,7 +318,7 @@ class DataParallelTrainer:
             record=record, begin_record=None if record else begin_record,
             callbacks=run_config.callbacks, verbose=run_config.verbose)
         rendezvous = scaling.rendezvous  # None: this node alone, on a store of its own
-        if rendezvous is not None and rendezvous.backend in ETCD_V3_BACKENDS:
+        if rendezvous is not None and rendezvous.backend in ETCD_BACKENDS:
             register_rendezvous_backends()
         agent_spec = AgentSpec(
             entrypoint=sys.executable,

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-ETCD_V3_BACKENDS = ("etcd-v3", "etcd")
 _LEFT_KEY = "elastic_train/nodes_left"
 
 

@@ -168,10 +168,26 @@ class EtcdKV:
         result = self._post("grant", {"TTL": ttl, "ID": 0})
         return int(result["ID"]), int(result["TTL"])
 
-    def keep_alive(self, lease: int) -> int:
-        """Refreshes the lease; returns its TTL, 0 if it has expired."""
-        result = self._post("keepalive", {"ID": str(lease)}).get("result", {})
-        return int(result.get("TTL", 0))
+    def keep_alive(self, leases: list[int]) -> dict[int, int]:
+        """Refreshes the leases in one call; returns each one's TTL (0: it has expired).
+
+        etcd's keep-alive is a stream; through the gateway one request body may carry
+        several requests, answered line by line. etcd 3.5's gateway may end the answer
+        before the last lines, so a lease without an answer is missing from the result
+        (the caller tries it again).
+        """
+        body = "\n".join(json.dumps({"ID": str(lease)}) for lease in leases)
+        with connection_errors():
+            response = self.client.session.post(
+                self._urls["keepalive"], data=body.encode(), timeout=self.client.timeout,
+                headers={"Content-Type": "application/json"})
+            response.raise_for_status()
+        ttls = {}
+        for line in response.text.splitlines():
+            result = json.loads(line).get("result", {}) if line.strip() else {}
+            if "ID" in result:
+                ttls[int(result["ID"])] = int(result.get("TTL", 0))
+        return ttls
 
     def revoke(self, lease: int) -> None:
         """Ends the lease now, deleting its keys; a lease already gone is fine."""

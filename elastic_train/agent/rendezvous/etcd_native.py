@@ -254,7 +254,8 @@ class EtcdNativeHandler(RendezvousHandler):
                            safe="")
         self._lease = NodeLease(self._kv, self._settings.lease_ttl,
                                 self._settings.keep_alive_interval, self._node,
-                                also=self._run.refresh, also_every=self._run.refresh_interval)
+                                also=self._run.refresh, also_every=self._run.refresh_interval,
+                                also_key=(client.base_url, self._run.lease_id))
         self._round_hint = 0
         self._spare = False
         self._last: _Membership | None = None
@@ -279,11 +280,14 @@ class EtcdNativeHandler(RendezvousHandler):
         blocks until it is sealed with this node in it, ``join_timeout`` passes
         (RendezvousTimeoutError) or the rendezvous is closed (RendezvousClosedError)."""
         deadline = time.monotonic() + self._settings.join_timeout
-        if self._last is not None:
-            self._leave(self._last)
+        leaving, self._last = self._last, None
+        if leaving is not None:
+            self._stop_waiting(leaving)
+            self._round_hint = leaving.round + 1
         while True:
             try:
-                membership = self._join(deadline)
+                membership = self._join(deadline, leaving)
+                leaving = None  # left with the first attempt, whatever its outcome
             except _Late as late:
                 self._wait_for_next_round(late.seal, late.revision, deadline)
                 continue
@@ -300,8 +304,15 @@ class EtcdNativeHandler(RendezvousHandler):
                           for key in (keys.closed, keys.closed_in(r), keys.closed_in(r + 1))])
 
     def num_nodes_waiting(self) -> int:
-        waiting = self._last.waiting if self._last is not None else None
-        return waiting.count if waiting is not None else 0
+        """Nodes waiting for the next round, from a watch started on the first call
+        after a rendezvous (so that next_rendezvous returns without waiting for it)."""
+        last = self._last
+        if last is None:
+            return 0
+        if last.waiting is None:
+            last.waiting = _WaitingNodes(self._kv, self._keys.joins(last.round + 1),
+                                         last.seal.revision + 1)
+        return last.waiting.count
 
     def shutdown(self) -> bool:
         """Closes the rendezvous, counts this node out of its last round (the last one out
@@ -322,25 +333,30 @@ class EtcdNativeHandler(RendezvousHandler):
 
     # --- joining a round --------------------------------------------------------------------
 
-    def _join(self, deadline: float) -> _Membership | None:
-        """One attempt to join the current round; None to try again (the round moved on,
-        this node's lease was renewed, or the sealer changed hands)."""
+    def _join(self, deadline: float, leaving: _Membership | None = None) -> _Membership | None:
+        """One attempt to join the current round, in one transaction that also leaves
+        ``leaving`` (opening the next round unless another member did) and elects the
+        round's sealer; None to try again (the round moved on, this node's lease was
+        renewed, or the sealer changed hands)."""
         keys, r, me = self._keys, self._round_hint, self._node
-        lease = self._lease.id
-        renewals = self._lease.renewals
-        result = self._with_lease(lease, [ops.value_is(keys.round, b"%d" % r),
-                                          ops.absent(keys.seal(r)), ops.absent(keys.closed)],
-            [ops.put(keys.join(r, me), b"", lease), ops.delete(keys.spare(r, me)),
-             ops.txn([ops.absent(keys.sealer(r))], [ops.put(keys.sealer(r), me.encode(), lease)])],
-            [ops.get(keys.round), ops.get(keys.closed), ops.get(keys.seal(r))])
+        lease, renewals = self._lease.id, self._lease.renewals
+        before = self._leave_ops(leaving) if leaving is not None else [
+            ops.txn([ops.absent(keys.round)], [ops.put(keys.round, b"0", self._run.lease_id)])]
+        result = self._with_lease(lease, [ops.absent(keys.seal(r)), ops.absent(keys.closed)], [
+            *before, ops.put(keys.join(r, me), b"", lease), ops.delete(keys.spare(r, me)),
+            ops.txn([ops.absent(keys.sealer(r))], [ops.put(keys.sealer(r), me.encode(), lease)]),
+            ops.get(keys.round)], [*before, ops.get(keys.round), ops.get(keys.closed),
+                                   ops.get(keys.seal(r))])
         if result is None:
             return None
         if not result.succeeded:
             self._not_joined(r, result)
             return None
+        if not self._in_current_round(r, result.ranges[0]):
+            return None
         self._spare = False
         joined = result.revision
-        if result.nested[0]:
+        if result.nested[-1]:
             seal = self._seal(r, deadline, renewals)
         else:
             seal = self._await_seal(r, joined + 1, deadline, renewals)
@@ -350,6 +366,24 @@ class EtcdNativeHandler(RendezvousHandler):
         if rank is None:
             raise _Late(seal, seal.revision)
         return _Membership(r, rank, seal)
+
+    def _leave_ops(self, leaving: _Membership) -> list[dict]:
+        """Leaving round ``leaving.round``: its join key goes, the next round opens."""
+        keys, r = self._keys, leaving.round
+        return [ops.delete(keys.join(r, self._node)),
+                ops.txn([ops.value_is(keys.round, b"%d" % r)],
+                        [ops.put(keys.round, b"%d" % (r + 1), self._run.lease_id)])]
+
+    def _in_current_round(self, r: int, found: list[ops.KeyValue]) -> bool:
+        """Whether round ``r``, just joined, is the current one; if not (the round moved on
+        meanwhile) the join is undone and the current round noted."""
+        if found and int(found[0].value) == r:
+            return True
+        keys, me = self._keys, self._node
+        self._kv.txn([], [ops.delete(keys.join(r, me)), ops.txn(
+            [ops.value_is(keys.sealer(r), me.encode())], [ops.delete(keys.sealer(r))])])
+        self._round_hint = int(found[0].value) if found else 0
+        return False
 
     def _with_lease(self, lease: int, compare: list[dict], success: list[dict],
                     failure: list[dict] | None = None) -> ops.TxnResult | None:
@@ -496,16 +530,6 @@ class EtcdNativeHandler(RendezvousHandler):
 
     # --- between rounds ---------------------------------------------------------------------
 
-    def _leave(self, last: _Membership) -> None:
-        """Leaves round ``last.round`` and opens the next one, unless another member did."""
-        self._stop_waiting(last)
-        keys, r = self._keys, last.round
-        mine = ops.delete(keys.join(r, self._node))
-        self._kv.txn([ops.value_is(keys.round, b"%d" % r)],
-                     [ops.put(keys.round, b"%d" % (r + 1), self._run.lease_id), mine], [mine])
-        self._round_hint = r + 1
-        self._last = None
-
     def _wait_for_next_round(self, seal: Seal, revision: int, deadline: float) -> None:
         """This node came after round ``r`` was sealed: it waits for round r+1, counted by the
         members as waiting (so they re-rendezvous to take it in), or as an uncounted spare
@@ -555,8 +579,6 @@ class EtcdNativeHandler(RendezvousHandler):
             membership.server, self._hosted = self._hosted, None
         store = dist.PrefixStore(f"torch.rendezvous.{settings.run_id}.{membership.round}",
                                  self._store)
-        membership.waiting = _WaitingNodes(self._kv, self._keys.joins(membership.round + 1),
-                                           seal.revision + 1)
         self._last = membership
         self._round_hint = membership.round
         return RendezvousInfo(store, membership.rank, seal.world_size,
