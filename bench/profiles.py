@@ -16,7 +16,7 @@ from bench.measure import FaultPlan
 from bench.workload import WorkloadConfig
 
 FIGURES = ("cold_start", "steps", "checkpoint", "recovery", "memory", "scaling", "storage",
-           "rendezvous")
+           "rendezvous", "rendezvous_scale")
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,9 @@ class Profile:
     rendezvous_agents: tuple[int, ...] = (2, 4, 8, 16)
     rendezvous_launchers: tuple[str, ...] = ("torchrun", "torchrun-unshared", "c10d", "etcd")
     rendezvous_recovery: bool = True
+    scale_nodes: tuple[int, ...] = (8, 32, 64, 128, 256, 512, 1024)
+    scale_backends: tuple[str, ...] = ("c10d", "etcd-v3", "etcd")
+    scale_timeout_s: float = 60.0
     fault: FaultPlan = field(default=FaultPlan(after_epoch=0, delay_s=0.3,
                                                recover_within_s=30.0))
 
@@ -68,8 +71,10 @@ SMOKE = Profile(
     scaling=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2),
     scaling_workers=(1, 2),
     storage_sizes_mb=(1,),
-    figures=("cold_start", "steps", "checkpoint", "memory", "storage", "rendezvous"),
+    figures=("cold_start", "steps", "checkpoint", "memory", "storage", "rendezvous",
+             "rendezvous_scale"),
     rendezvous_agents=(2,), rendezvous_launchers=("c10d",), rendezvous_recovery=False,
+    scale_nodes=(4,), scale_backends=("etcd",), scale_timeout_s=30.0,
 )
 
 PROFILES = {p.name: p for p in (FULL, SMOKE)}
