@@ -379,11 +379,15 @@ class EtcdNativeHandler(RendezvousHandler):
         meanwhile) the join is undone and the current round noted."""
         if found and int(found[0].value) == r:
             return True
+        self._undo_join(r)
+        self._round_hint = int(found[0].value) if found else 0
+        return False
+
+    def _undo_join(self, r: int) -> None:
+        """Takes this node out of round ``r``: its join key, and the sealer's part if held."""
         keys, me = self._keys, self._node
         self._kv.txn([], [ops.delete(keys.join(r, me)), ops.txn(
             [ops.value_is(keys.sealer(r), me.encode())], [ops.delete(keys.sealer(r))])])
-        self._round_hint = int(found[0].value) if found else 0
-        return False
 
     def _with_lease(self, lease: int, compare: list[dict], success: list[dict],
                     failure: list[dict] | None = None) -> ops.TxnResult | None:
@@ -453,7 +457,7 @@ class EtcdNativeHandler(RendezvousHandler):
         this node leaves round ``r`` and RendezvousTimeoutError is raised) or a lease TTL."""
         now = time.monotonic()
         if now >= deadline:
-            self._kv.txn([], [ops.delete(self._keys.join(r, self._node))])
+            self._undo_join(r)
             raise RendezvousTimeoutError(
                 f"The rendezvous of {self._settings.run_id} did not complete within "
                 f"join_timeout={self._settings.join_timeout:g} s.")
