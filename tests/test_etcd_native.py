@@ -158,7 +158,7 @@ def test_a_late_node_waits_and_the_members_take_it_in(nodes) -> None:
     members = run.add(2)
     assert Joins(members).wait().worlds() == {2}
     newcomer = Joins(run.add(1))
-    assert wait_until(lambda: all(h.num_nodes_waiting() == 1 for h in members), 15)
+    assert wait_until(lambda: all(h.num_nodes_waiting() >= 1 for h in members), 15)
     again = Joins(members).wait()  # torch's agent re-rendezvouses when nodes wait
     assert again.worlds() == newcomer.wait().worlds() == {3}
     assert sorted(again.ranks() + newcomer.ranks()) == [0, 1, 2]

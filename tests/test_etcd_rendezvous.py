@@ -67,7 +67,8 @@ def test_etcd_runs_without_the_v2_api(etcd_server: EtcdServer) -> None:
 @pytest.mark.timeout(60)
 def test_register_is_idempotent_and_import_registers_nothing() -> None:
     """Importing leaves torch's own "etcd" alone; "etcd-v3" comes only from the installed
-    package's torchrun.handlers entry point, which torch itself loads."""
+    package's torchrun.handlers entry point, which torch itself loads; register() puts
+    our native handler under "etcd" and torch's dynamic one over etcd under "etcd-v3"."""
     probe = (
         "import elastic_train.agent.rendezvous as r\n"
         "from torch.distributed.elastic.rendezvous.registry import handler_registry as h\n"
@@ -75,12 +76,13 @@ def test_register_is_idempotent_and_import_registers_nothing() -> None:
         "r.create_etcd_v3_handler\n"
         "assert h._registry['etcd'] is not r.create_etcd_v3_handler\n"
         "r.register(); r.register()\n"
-        "assert h._registry['etcd'] is h._registry['etcd-v3'] is r.create_etcd_v3_handler\n"
+        "assert h._registry['etcd-v3'] is r.create_etcd_v3_handler\n"
+        "assert h._registry['etcd'] is r.create_etcd_native_handler\n"
     )
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=50)
     register()
     register()
-    assert handler_registry._registry["etcd"] is create_etcd_v3_handler
+    assert handler_registry._registry["etcd-v3"] is create_etcd_v3_handler
 
 
 @pytest.mark.timeout(60)
@@ -264,13 +266,16 @@ def test_two_handlers_rendezvous_through_torchs_registry(etcd_endpoint: str) -> 
 
 
 @pytest.mark.timeout(60)
-def test_etcd_name_uses_the_v3_backend(etcd_endpoint: str) -> None:
+def test_etcd_name_is_our_native_handler(etcd_endpoint: str) -> None:
+    from elastic_train.agent.rendezvous.etcd_native import EtcdNativeHandler
+
     register()
     params = RendezvousParameters(
         backend="etcd", endpoint=etcd_endpoint, run_id=uuid.uuid4().hex, min_nodes=1, max_nodes=1,
     )
     handler = get_rendezvous_handler(params)
     try:
+        assert isinstance(handler, EtcdNativeHandler)
         assert handler.get_backend() == "etcd"
         assert handler.num_nodes_waiting() == 0
     finally:

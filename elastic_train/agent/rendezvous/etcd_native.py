@@ -18,8 +18,8 @@ writes keys of its own, and learns what others did from watches:
   bootstrap store. Every node learns its rank from that one event.
 - A member that calls :meth:`next_rendezvous` again (its workers failed) opens
   round R+1 by moving ``run/round`` on; a node arriving at a sealed round writes
-  ``r/R+1/j/<node>`` and waits for that, and members watch those keys to answer
-  :meth:`num_nodes_waiting` without a request (scale-up). A node arriving at a
+  ``r/R+1/j/<node>`` (and ``run/waiting``) and waits for that; members watch the
+  run's keys to answer :meth:`num_nodes_waiting` without a request (scale-up). A node arriving at a
   round of ``max_nodes`` waits as a spare (``r/R+1/s/<node>``), not counted, as
   torch's redundancy list. A dead node is simply absent from the next round
   (scale-down): nobody waits for its heartbeat to expire.
@@ -122,6 +122,7 @@ class Keys:
         self.run = prefix + b"run/"
         self.round = self.run + b"round"
         self.closed = self.run + b"closed"
+        self.waiting = self.run + b"waiting"  # the round a newcomer waits for
         self.left = prefix + b"left/"
 
     def of_round(self, r: int) -> bytes:
@@ -200,20 +201,28 @@ class _Membership:
 
 
 class _WaitingNodes:
-    """Counts the nodes waiting for the next round from a watch of their keys, so that
-    :meth:`EtcdNativeHandler.num_nodes_waiting` (the agent asks every monitor
-    interval) costs no request. The watch ends at the first change: one waiting node
-    is enough for the agent to re-rendezvous, and watching on would send every member
-    every join of the next round (N^2 events when many nodes re-join at once)."""
+    """Counts the nodes waiting for round ``r``+1 without a request per call of
+    :meth:`EtcdNativeHandler.num_nodes_waiting` (the agent asks every monitor interval).
 
-    def __init__(self, kv: EtcdKV, prefix: bytes, start_revision: int) -> None:
+    It watches the run's own keys (``run/``), which change once when the first node
+    waits: a member that re-joins moves ``run/round`` on, a newcomer writes
+    ``run/waiting``. Then the watch ends and the count stays 1: a lower bound, which is
+    all torch's agent asks (it re-rendezvouses when any node waits). Watching the next
+    round's join keys to count them would send every member every join: N^2 events
+    when N nodes re-join at once; counting them then, N requests at that moment.
+    """
+
+    def __init__(self, kv: EtcdKV, keys: Keys, r: int, start_revision: int) -> None:
         self.count = 0
-        self._watch = kv.watch(prefix, start_revision)
+        self._keys, self._round = keys, r
+        self._watch = kv.watch(keys.run, start_revision)
         self._watch.follow(self._update)
 
     def _update(self, events: list[ops.Event]) -> None:
-        self.count = len({e.kv.key for e in events if not e.deleted}) or self.count
-        if self.count:
+        keys, next_round = self._keys, b"%d" % (self._round + 1)
+        if any(not e.deleted and e.kv.key in (keys.round, keys.waiting)
+               and e.kv.value == next_round for e in events):
+            self.count = 1
             self._watch.cancel()
 
     def stop(self) -> None:
@@ -310,7 +319,7 @@ class EtcdNativeHandler(RendezvousHandler):
         if last is None:
             return 0
         if last.waiting is None:
-            last.waiting = _WaitingNodes(self._kv, self._keys.joins(last.round + 1),
+            last.waiting = _WaitingNodes(self._kv, self._keys, last.round,
                                          last.seal.revision + 1)
         return last.waiting.count
 
@@ -541,9 +550,11 @@ class EtcdNativeHandler(RendezvousHandler):
         opens round r+1 itself."""
         keys, r = self._keys, self._round_hint
         self._spare = seal.world_size >= self._settings.max_nodes
-        key = keys.spare(r + 1, self._node) if self._spare else keys.join(r + 1, self._node)
         lease = self._lease.id
-        if self._with_lease(lease, [], [ops.put(key, b"", lease)]) is None:
+        waits = [ops.put(keys.spare(r + 1, self._node), b"", lease)] if self._spare else [
+            ops.put(keys.join(r + 1, self._node), b"", lease),
+            ops.put(keys.waiting, b"%d" % (r + 1), self._run.lease_id)]
+        if self._with_lease(lease, [], waits) is None:
             return
         watch = self._kv.watch(keys.run, revision + 1)
         try:
