@@ -22,6 +22,7 @@ and ``elastic-train launch`` with our etcd v3 backend (an etcd server on
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -135,8 +136,9 @@ class Job:
         os.makedirs(self.out)
         self.work = work
         run_id = f"bench-{os.path.basename(work)}"
-        self.command = launcher.command(nnodes, endpoint, run_id, self.out, "",
-                                        os.path.join(work, "runs"), rdzv_conf)
+        self._command = functools.partial(launcher.command, nnodes, endpoint, run_id, self.out,
+                                          storage=os.path.join(work, "runs"),
+                                          rdzv_conf=rdzv_conf)
         self.agents: list[subprocess.Popen[bytes]] = []
         self._logs: list[object] = []
 
@@ -145,7 +147,7 @@ class Job:
             log = open(os.path.join(self.work, f"agent{len(self.agents)}.log"), "wb")  # noqa: SIM115
             self._logs.append(log)
             self.agents.append(subprocess.Popen(
-                [*self.command[:-1], mode], env=self.env, cwd=REPO, stdout=log,
+                self._command(mode=mode), env=self.env, cwd=REPO, stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
 
     def kill_node(self, index: int) -> None:
