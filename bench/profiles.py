@@ -40,7 +40,8 @@ class Profile:
     storage_sizes_mb: tuple[int, ...] = (100, 400)
     figures: tuple[str, ...] = field(default=FIGURES)
     rendezvous_agents: tuple[int, ...] = (2, 4, 8, 16)
-    rendezvous_launchers: tuple[str, ...] = ("torchrun", "torchrun-unshared", "c10d", "etcd")
+    rendezvous_launchers: tuple[str, ...] = ("torchrun", "torchrun-unshared", "c10d", "etcd",
+                                             "etcd-v3")
     rendezvous_recovery: bool = True
     scale_nodes: tuple[int, ...] = (8, 32, 64, 128, 256, 512, 1024)
     scale_backends: tuple[str, ...] = ("c10d", "etcd-v3", "etcd")

@@ -7,8 +7,9 @@ launcher runs its own way, torchrun as a fresh interpreter, ``elastic-train
 launch`` forked from its worker zygote), against the launchers in the same run:
 torchrun's own c10d with its defaults (and, for recovery, with
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), ``elastic-train launch`` with c10d,
-and ``elastic-train launch`` with our etcd v3 backend (an etcd server on
-127.0.0.1 that this figure starts, when the ``etcd`` binary is installed).
+and ``elastic-train launch`` with our native etcd handler and with torch's dynamic
+handler over etcd (``etcd-v3``), against an etcd server on 127.0.0.1 that this
+figure starts, when the ``etcd`` binary is installed.
 
 - Forming: N agents started at once (``--nnodes N``); the time from the start
   until every worker has started. It includes N agents' Python start-up on
@@ -77,7 +78,7 @@ class Launcher:
         if self.key.startswith("torchrun"):
             return [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d",
                     *flags, *worker]
-        backend = ["--rdzv-backend", "etcd"] if self.key == "etcd" else []
+        backend = ["--rdzv-backend", self.key] if self.key.startswith("etcd") else []
         return [sys.executable, "-m", "elastic_train.cli", "launch", *backend, *flags,
                 "--storage-path", storage, *worker]
 
@@ -89,8 +90,12 @@ TORCHRUN_UNSHARED = Launcher(
     "heartbeat 5 s x 3, last call 30 s", env=(("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),),
     forms=False)
 ET_C10D = Launcher("c10d", "elastic-train launch, c10d", "heartbeat 1 s x 3, last call 2 s")
-ET_ETCD = Launcher("etcd", "elastic-train launch, etcd v3", "heartbeat 1 s x 3, last call 2 s")
-LAUNCHERS = {x.key: x for x in (TORCHRUN, TORCHRUN_UNSHARED, ET_C10D, ET_ETCD)}
+ET_ETCD = Launcher("etcd", "elastic-train launch, etcd (ours, native)",
+                   "lease 5 s x 3, last call 2 s")
+ET_ETCD_V3 = Launcher("etcd-v3", "elastic-train launch, etcd-v3 (torch's dynamic handler)",
+                      "heartbeat 1 s x 3, last call 2 s")
+ETCD_LAUNCHERS = (ET_ETCD, ET_ETCD_V3)
+LAUNCHERS = {x.key: x for x in (TORCHRUN, TORCHRUN_UNSHARED, ET_C10D, *ETCD_LAUNCHERS)}
 
 
 @dataclass(frozen=True)
@@ -268,11 +273,11 @@ def rendezvous(suite: Suite) -> list[Table]:
         suite.fatal_failures += 1
         echo(f"  [rendezvous] {what}: FAILED, {error[:300]}")
 
-    with _etcd_endpoint(ET_ETCD in launchers) as etcd:
-        usable = [x for x in launchers if x is not ET_ETCD or etcd is not None]
+    with _etcd_endpoint(any(x in launchers for x in ETCD_LAUNCHERS)) as etcd:
+        usable = [x for x in launchers if x not in ETCD_LAUNCHERS or etcd is not None]
 
         def endpoint(launcher: Launcher) -> str:
-            return etcd if launcher is ET_ETCD and etcd else f"127.0.0.1:{_free_port()}"
+            return etcd if launcher in ETCD_LAUNCHERS and etcd else f"127.0.0.1:{_free_port()}"
 
         for _ in range(profile.repeat):
             for agents in profile.rendezvous_agents:
