@@ -59,9 +59,10 @@ class RendezvousConfig:
     Args:
         backend: ``"c10d"`` (default, nothing to install; the first node to
             bind ``endpoint`` hosts the store and must outlive the job) or
-            ``"etcd"`` (etcd's v3 API, survives the loss of any node, forms
-            1,000 nodes in seconds; ``pip install elastic-train[etcd]``) or
-            ``"etcd-v3"`` (torch's dynamic rendezvous over etcd's v3 API).
+            ``"etcd"`` (our handler on etcd's v3 API: survives the loss of any
+            node, forms hundreds of nodes in seconds; ``pip install
+            elastic-train[etcd]``) or ``"etcd-v3"`` (torch's dynamic rendezvous
+            over etcd's v3 API, for jobs started with it).
             torchrun: ``--rdzv-backend``; env ``PET_RDZV_BACKEND``.
         endpoint: ``host:port`` of the c10d store or of etcd.
             torchrun: ``--rdzv-endpoint``; env ``PET_RDZV_ENDPOINT``.
@@ -69,8 +70,9 @@ class RendezvousConfig:
             torchrun: ``--rdzv-id``; env ``PET_RDZV_ID``.
         conf: Backend settings, e.g. ``{"last_call_timeout": 5}`` or etcd's
             ``protocol``/``ca_cert``/``username``/``password``; our
-            fast-recovery defaults (1 s heartbeats, a node lost after 3 missed
-            ones, a 2 s last call) fill in what is not given.
+            fast-recovery defaults (a 2 s last call; for c10d and etcd-v3 also
+            1 s heartbeats, a node lost after 3 missed ones) fill in what is
+            not given.
             torchrun: ``--rdzv-conf k=v,...``; env ``PET_RDZV_CONF``.
 
     A field left ``None`` is read from its ``PET_*`` environment variable (what
