@@ -240,7 +240,7 @@ def recover(launcher: Launcher, endpoint: str, timeout_s: float) -> Recovery:
 
 
 @contextlib.contextmanager
-def _etcd_endpoint(wanted: bool) -> Iterator[str | None]:
+def etcd_endpoint(wanted: bool) -> Iterator[str | None]:
     """An etcd server of this figure's own (v3 API only), or None if not wanted or installed."""
     if not wanted:
         yield None
@@ -273,7 +273,7 @@ def rendezvous(suite: Suite) -> list[Table]:
         suite.fatal_failures += 1
         echo(f"  [rendezvous] {what}: FAILED, {error[:300]}")
 
-    with _etcd_endpoint(any(x in launchers for x in ETCD_LAUNCHERS)) as etcd:
+    with etcd_endpoint(any(x in launchers for x in ETCD_LAUNCHERS)) as etcd:
         usable = [x for x in launchers if x not in ETCD_LAUNCHERS or etcd is not None]
 
         def endpoint(launcher: Launcher) -> str:

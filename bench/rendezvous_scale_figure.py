@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from bench.rendezvous_figure import etcd_endpoint
 from bench.report import Table
 from bench.stats import Target
 from bench.variants import REPO
@@ -38,25 +39,14 @@ REFORM_TARGET = Target(5.0, at_least=False)
 @contextlib.contextmanager
 def _endpoint(backend: str) -> Iterator[str | None]:
     """A fresh etcd server (None if not installed), or a free port for c10d's store."""
-    if backend == "c10d":
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        yield f"127.0.0.1:{port}"
+    if backend != "c10d":
+        with etcd_endpoint(True) as endpoint:
+            yield endpoint
         return
-    sys.path.insert(0, REPO)
-    from tests.etcd_server import EtcdServer, etcd_binary  # the tests' fixture
-
-    binary = etcd_binary()
-    if binary is None:
-        yield None
-        return
-    server = EtcdServer(binary)
-    server.start()
-    try:
-        yield server.endpoint
-    finally:
-        server.stop()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    yield f"127.0.0.1:{port}"  # free a moment ago; node 0 binds it
 
 
 def simulate(backend: str, nodes: int, timeout_s: float) -> dict[str, object]:
