@@ -64,6 +64,7 @@ def test_a_node_not_needed_by_a_full_job_exits_cleanly(etcd_endpoint: str, tmp_p
     assert run_keys(etcd_endpoint, "spare") == []
 
 
+@pytest.mark.long  # ~3 min here: 16 agents start on 2 cores
 @pytest.mark.timeout(400)
 def test_sixteen_agents_and_one_starved_of_cpu_is_not_dropped(etcd_endpoint: str,
                                                               tmp_path) -> None:
