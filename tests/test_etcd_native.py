@@ -164,6 +164,28 @@ def test_a_late_node_waits_and_the_members_take_it_in(nodes) -> None:
     assert sorted(again.ranks() + newcomer.ranks()) == [0, 1, 2]
 
 
+def test_a_waiting_node_counted_into_a_round_before_it_joined_it_is_a_member(nodes) -> None:
+    """The members re-join and the round fills up (max_nodes) with the waiting node's key
+    before that node itself got to join it: it must take its place, not wait as a spare
+    of a round it is in (seen with launch: the job hung in rank assignment)."""
+    run = nodes(1, 3, last_call_timeout=1)
+    members = run.add(2)
+    assert Joins(members).wait().worlds() == {2}
+    newcomer = run.add(1)[0]
+    waits = newcomer._wait_for_next_round
+
+    def slow_to_notice(*args: object) -> None:
+        waits(*args)
+        time.sleep(1.5)  # the members seal meanwhile
+
+    newcomer._wait_for_next_round = slow_to_notice  # type: ignore[method-assign]
+    late = Joins([newcomer])
+    assert wait_until(lambda: all(h.num_nodes_waiting() >= 1 for h in members), 15)
+    again = Joins(members).wait()
+    assert late.wait().worlds() == again.worlds() == {3}
+    assert sorted(again.ranks() + late.ranks()) == [0, 1, 2]
+
+
 def test_a_node_at_a_full_round_is_an_uncounted_spare(nodes) -> None:
     run = nodes(2, 2)
     members = run.add(2)

@@ -241,12 +241,12 @@ class EtcdNativeHandler(RendezvousHandler):
             *before, ops.put(keys.join(r, me), b"", lease), ops.delete(keys.spare(r, me)),
             ops.txn([ops.absent(keys.sealer(r))], [ops.put(keys.sealer(r), me.encode(), lease)]),
             ops.get(keys.round)], [*before, ops.get(keys.round), ops.get(keys.closed),
-                                   ops.get(keys.seal(r))])
+                                   ops.get(keys.seal(r)),
+                                   ops.get(keys.join(r, me), keys_only=True)])
         if result is None:
             return None
         if not result.succeeded:
-            self._not_joined(r, result)
-            return None
+            return self._not_joined(r, result)
         if not self._in_current_round(r, result.ranges[0]):
             return None
         self._spare = False
@@ -296,10 +296,11 @@ class EtcdNativeHandler(RendezvousHandler):
             self._lease.renew(lease)
             return None
 
-    def _not_joined(self, r: int, result: ops.TxnResult) -> None:
+    def _not_joined(self, r: int, result: ops.TxnResult) -> _Membership | None:
         """Why a join failed: closed (raises), no round yet (starts round 0), another round
-        (follows it), or this one is sealed (raises _Late)."""
-        round_kv, closed, seal = result.ranges
+        (follows it), or this one is sealed: with this node in it (it waited for the round
+        and was counted before it could join again), else raises _Late."""
+        round_kv, closed, seal, mine = result.ranges
         if closed:
             self._raise_closed()
         if not round_kv:
@@ -309,7 +310,13 @@ class EtcdNativeHandler(RendezvousHandler):
         elif int(round_kv[0].value) != r:
             self._round_hint = int(round_kv[0].value)
         elif seal:
-            raise _Late(Seal.decode(seal[0].value, seal[0].mod_revision), result.revision)
+            sealed = Seal.decode(seal[0].value, seal[0].mod_revision)
+            rank = sealed.rank_of(mine[0].create_revision) if mine else None
+            if rank is None:
+                raise _Late(sealed, result.revision)
+            self._spare = False
+            return _Membership(r, rank, sealed)
+        return None
 
     def _join_revision(self, r: int, joined: int, seal: Seal) -> int:
         """The create revision of this node's join key: the join's own revision, unless the
