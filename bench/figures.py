@@ -1,7 +1,8 @@
 """The figures: which runs each needs, and the table each one prints.
 
 Figure 7 (storage) lives in :mod:`bench.storage_figure`, figure 8 (rendezvous) in
-:mod:`bench.rendezvous_figure`; each runs processes of its own.
+:mod:`bench.rendezvous_figure`, figure 9 (rendezvous at scale) in
+:mod:`bench.rendezvous_scale_figure`; each runs processes of its own.
 
 :class:`Suite` runs the variants (repetitions interleaved -- a, b, c, a, b,
 c, ... -- so that drift of the machine hits every variant alike) and caches
@@ -18,6 +19,7 @@ from bench.measure import FaultPlan, Sample, measure, phase_order
 from bench.overhead_figure import overhead
 from bench.profiles import Profile
 from bench.rendezvous_figure import rendezvous
+from bench.rendezvous_scale_figure import rendezvous_scale
 from bench.report import Table
 from bench.stats import Summary, Target, fmt_ratio, ratio, with_target
 from bench.storage_figure import storage
@@ -375,7 +377,7 @@ def scaling(suite: Suite) -> list[Table]:
 FIGURE_FUNCTIONS: dict[str, Callable[[Suite], list[Table]]] = {
     "cold_start": cold_start, "steps": steps, "checkpoint": checkpoint,
     "recovery": recovery, "memory": memory, "scaling": scaling, "storage": storage,
-    "rendezvous": rendezvous, "overhead": overhead,
+    "rendezvous": rendezvous, "rendezvous_scale": rendezvous_scale, "overhead": overhead,
 }
 
 

@@ -125,6 +125,9 @@ def run_agent(spec: AgentSpec,
         except RendezvousConnectionError as exc:
             raise RendezvousLostError.for_backend(rdzv.backend, rdzv.endpoint, exc) from exc
         rdzv_handler.shutdown()
+    if result is None:  # torch's agent: the rendezvous closed while this node was a spare
+        logger.info("The job finished without needing this node (it waited as a spare).")
+        return [], False
     if not result.is_failed():
         return [], False
     return failures_of(result), agent.preemption_budget_spent
