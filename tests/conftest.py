@@ -23,25 +23,10 @@ from elastic_train.torch import TorchTrainer
 from tests.support import jobs
 from tests.support.etcd_server import EtcdServer, etcd_binaries, etcd_binary
 from tests.support.paths import REPO
+from tests.support.process_tree import child_pids
 from tests.support.servers import SERVER_PIDS, MotoS3Server, s3_options
 
 cloudpickle.register_pickle_by_value(jobs)
-
-
-def child_pids(parent: int) -> list[int]:
-    """Processes whose parent is ``parent`` (from /proc)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == parent and fields[0] != "Z":
-            pids.append(int(entry))
-    return pids
 
 
 def pid_alive(pid: int) -> bool:
