@@ -19,11 +19,11 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.support.etcd_server import run_keys
+from tests.support.paths import REPO
 from tests.support.servers import stop_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_leaked_processes")]
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "tests", "e2e", "rdzv_light_worker.py")
 
 

@@ -15,7 +15,8 @@ from importlib.metadata import entry_points
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.paths import REPO
+
 WARNING = "Exception while registering out of tree plugin"
 
 pytestmark = pytest.mark.skipif(
@@ -29,7 +30,7 @@ FIRST_IMPORTS = [
     "torch.distributed.run",
     "elastic_train.agent.rendezvous",
     "elastic_train.agent",
-    "elastic_train.launcher",
+    "elastic_train.driver.launch",
 ]
 
 
