@@ -2,12 +2,13 @@
 ``get_dataset_shard``, ``get_preemption_info``.
 
 One :class:`TrainSession` lives in each worker process while the train
-function runs. Rank 0 decides, once per start, which committed checkpoint the
-group resumes from and tells every rank, so that all ranks restore the same
-state. ``report()`` is collective: the ranks first learn whether any of them
-passes a checkpoint (one small all_reduce); if one does, they agree on the
-file list (each file is uploaded by the lowest rank that has it), upload, and
-rank 0 writes the commit marker last, then applies retention.
+function runs. The ranks agree, once per start, on the committed checkpoint the
+group resumes from (:mod:`.restore`: each checks its share, rank 0 decides), so
+that all ranks restore the same state. ``report()`` is collective: the ranks
+first learn whether any of them passes a checkpoint (one small all_reduce); if
+one does, they agree on the file list (each file is uploaded by the lowest rank
+that has it), upload, and rank 0 writes the commit marker last, then applies
+retention.
 
 Example::
 
@@ -44,7 +45,7 @@ from elastic_train.worker.control_group import ControlGroup
 from elastic_train.worker.dataset import DatasetShard, ResumableIterable
 from elastic_train.worker.fault_injection import maybe_fail_after_report
 from elastic_train.worker.preemption import PreemptionInfo
-from elastic_train.worker.restore import RestorePoint, load_restore_point, resumable_state
+from elastic_train.worker.restore import agree_on_restore_point, resumable_state
 from elastic_train.worker.run_spec import RunSpec
 
 logger = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ class TrainSession:
         if self._joined:
             return
         self.group = ControlGroup(self.env.world_size, self._control_group())
-        point = self._agree_on_restore_point()
+        point = agree_on_restore_point(self.storage, self.group, self.env.rank)
         self.restored = point.manifest
         self._history = list(point.kept_rows)  # rank 0's; stores without append rewrite it
         self.rows = ReportRows(point.training_iteration, point.time_before_restore_s,
@@ -144,13 +145,6 @@ class TrainSession:
     def _control_group(self) -> Any:
         """The process group of the session's collectives (see :mod:`.control_group`)."""
         return self.resources.control_group
-
-    def _agree_on_restore_point(self) -> RestorePoint:
-        """Rank 0 decides (and trims the history past the point); every rank learns it."""
-        point = load_restore_point(self.storage, self.env.world_size) \
-            if self.env.rank == 0 else None
-        shared = self.group.broadcast(point.for_every_rank() if point is not None else None)
-        return point if point is not None else shared
 
     # resumable iterables (dataset shards, prepared data loaders)
     def register_resumable(self, key: str, iterable: ResumableIterable) -> None:
