@@ -37,8 +37,8 @@ from elastic_train.metric_rows import ReportRows, clean_metrics
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_manager import CheckpointManager
-from elastic_train.storage.checkpoint_store import dir_name, list_directory
-from elastic_train.storage.uploader import CheckpointUploader, UploadJob
+from elastic_train.storage.checkpoint_store import dir_name
+from elastic_train.storage.uploader import CheckpointUploader, UploadJob, listed_files
 from elastic_train.worker import heartbeat, preemption
 from elastic_train.worker.backend import WorkerResources
 from elastic_train.worker.control_group import ControlGroup
@@ -224,7 +224,8 @@ class TrainSession:
         self.uploader.raise_if_failed()
         heartbeat.beat()
         row = self.rows.next(clean)
-        files = list_directory(checkpoint.path) if checkpoint is not None else None
+        files = (listed_files(checkpoint.path, checkpoint.written)
+                 if checkpoint is not None else None)
         if files is not None and self.env.rank == 0:
             self.checkpoints.check_score(clean)
         notice = preemption.local_notice()
@@ -247,7 +248,7 @@ class TrainSession:
         maybe_fail_after_report(self.rows.iteration, self.env.rank, self.env.world_size,
                                 self.env.restart_count)
 
-    def _persist_checkpoint(self, gathered: list[tuple[list[str] | None, dict]],
+    def _persist_checkpoint(self, gathered: list[tuple[list[str] | str | None, dict]],
                             checkpoint: Checkpoint | None, row: dict[str, Any],
                             mode: CheckpointUploadMode) -> None:
         """Each file goes up from the lowest rank that has it; rank 0 commits after all."""
@@ -261,7 +262,8 @@ class TrainSession:
                 worker_states={str(r): states for r, (_, states) in enumerate(gathered)},
             )
         job = UploadJob.plan(index, [files for files, _ in gathered], self.env.rank, manifest)
-        self.uploader.submit(job, checkpoint.path if checkpoint is not None else None)
+        self.uploader.submit(job, checkpoint.path if checkpoint is not None else None,
+                             checkpoint.written if checkpoint is not None else None)
         if mode is CheckpointUploadMode.SYNC:
             errors = [e for e in self.group.all_gather(self.uploader.wait_for(index)) if e]
             if errors:
@@ -316,7 +318,9 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
     Every rank must call it the same number of times. Rank 0's metrics are
     recorded; the checkpoint files of every rank that passes one are merged
     into one committed checkpoint. See :class:`CheckpointUploadMode` for when
-    the call returns (our default is ASYNC, Ray v2's SYNC).
+    the call returns (our default is ASYNC, Ray v2's SYNC). A checkpoint whose
+    files are still being written (``Checkpoint.from_directory(d, written=future)``,
+    e.g. from ``dcp.async_save``) does not wait for them: they go up once written.
 
     ``checkpoint_dir_name`` is Ray's argument (arguments in Ray's order); any
     name but None is refused: checkpoint directories here are
