@@ -1,17 +1,22 @@
 """FSDP2 + DCP sharded checkpoints end to end, on local disk and on S3 (moto): a SIGKILL
 resumes bit-identically from every rank's shards, a 2-worker checkpoint continues
-with 1 worker (DCP reshards), and dcp.async_save checkpoints commit and resume."""
+with 1 worker (DCP reshards), dcp.async_save checkpoints commit and resume, and on S3
+a node that survived restarts from its local tier without downloading its shards."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import cloudpickle
 import pytest
 
 import elastic_train as et
+from elastic_train import env_vars
 from elastic_train.torch import TorchTrainer
+from tests.conftest import StorageUnderTest, make_storage
 from tests.support import fsdp_jobs
+from tests.support.servers import TcpProxy, s3_options
 
 cloudpickle.register_pickle_by_value(fsdp_jobs)
 
@@ -85,3 +90,33 @@ def test_async_save_commits_and_resumes(storage, tmp_path, straight):
     assert result.return_value["digest"] == straight.return_value["digest"]
     assert result.checkpoint.get_commit_info().ranks == [0, 1]
     assert result.metrics["training_iteration"] == CONFIG["epochs"]
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["local-tier", "tier-off"])
+def test_a_surviving_node_restarts_without_downloading_its_shards(s3_endpoint, tmp_path,
+                                                                  monkeypatch, keep):
+    """What the node's driver and workers download from S3 between a worker's SIGKILL and
+    the restored state, counted by a proxy: with the local tier, a few small JSON files;
+    with ELASTIC_TRAIN_LOCAL_TIER=0, the whole checkpoint (both ranks are on this node)."""
+    if not keep:
+        monkeypatch.setenv(env_vars.LOCAL_TIER, "0")
+    direct = make_storage("s3", tmp_path, s3_endpoint)
+    proxy = TcpProxy(int(s3_endpoint.rsplit(":", 1)[1]))
+    try:
+        storage = StorageUnderTest(direct.url, s3_options(f"http://127.0.0.1:{proxy.port}"),
+                                   direct.fs)
+        marker = str(tmp_path / "m")
+        fault = {"rank": 1, "epoch": 1, "batch": 1, "how": "sigkill", "marker": marker}
+        result = fit(storage, "tier", {"fault": fault, "notes": str(tmp_path), "hidden": 256,
+                                       "upload_mode": "SYNC"}, max_failures=1)
+        restored = max(n["time"] for notes in notes_of(tmp_path).values() for n in notes)
+        downloaded = proxy.downloaded_between(os.path.getmtime(marker), restored)
+    finally:
+        proxy.cut()
+    info = result.checkpoint.get_commit_info()
+    shard = info.files["__1_0.distcp"]["size"]
+    assert shard > 400_000  # hidden 256: model and AdamW state, half of it per rank
+    if keep:
+        assert downloaded < shard / 4, downloaded
+    else:
+        assert downloaded >= info.size_bytes, downloaded

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -126,7 +127,7 @@ def train_fsdp(config: dict) -> dict:
     if checkpoint:
         start, stats = load_sharded(checkpoint, model, optimizer, config.get("load", "reader"))
         _note(config, {"restored": checkpoint.path, "world_size": dist.get_world_size(),
-                       "digest": full_digest(model, optimizer), **stats})
+                       "digest": full_digest(model, optimizer), "time": time.time(), **stats})
     loss = torch.zeros(())
     for epoch in range(start, config.get("epochs", 4)):
         for step in range(config.get("steps", 3)):
