@@ -26,8 +26,9 @@ import fsspec
 
 from elastic_train.errors import ConfigError
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.checkpoint_store import MARKER, CommitManifest
+from elastic_train.storage.checkpoint_store import MARKER
 from elastic_train.storage.local_tier import LocalTier
+from elastic_train.storage.manifest import CommitManifest
 
 METADATA_FILE = ".metadata.json"
 

@@ -23,9 +23,8 @@ import json
 import logging
 import os
 import re
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any, TypeVar
 
 import fsspec
@@ -33,6 +32,7 @@ from fsspec.callbacks import Callback
 
 from elastic_train.errors import StorageError
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.manifest import CommitManifest
 from elastic_train.storage.retry import RetryPolicy
 from elastic_train.storage.stores import adapter_for
 
@@ -51,55 +51,6 @@ UPLOAD_BATCH = 4
 
 def dir_name(index: int) -> str:
     return f"checkpoint_{index:06d}"
-
-
-@dataclass
-class CommitManifest:
-    """The marker of a committed checkpoint."""
-
-    index: int
-    training_iteration: int
-    metrics: dict[str, Any]
-    files: dict[str, dict[str, Any]]
-    world_size: int
-    worker_states: dict[str, Any] = field(default_factory=dict)
-    created: float = field(default_factory=time.time)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CommitManifest:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
-
-    @property
-    def size_bytes(self) -> int:
-        """The checkpoint's size: its files' sizes summed (the marker left out)."""
-        return sum(info["size"] for info in self.files.values())
-
-    @property
-    def ranks(self) -> list[int] | None:
-        """The ranks that uploaded the checkpoint's files (each file once, from the
-        lowest rank that had it); None for a marker written before ranks were recorded."""
-        ranks = [info.get("rank") for info in self.files.values()]
-        return None if None in ranks else sorted(set(ranks))
-
-    def describe_contents(self) -> str:
-        """Its size and who wrote it, e.g. ``"400.0 MiB from ranks 0-3"``."""
-        ranks = self.ranks
-        if ranks is None:
-            who = "(ranks not recorded)"
-        elif len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
-            who = f"from ranks {ranks[0]}-{ranks[-1]}"
-        else:
-            who = f"from rank{'s' * (len(ranks) != 1)} {', '.join(map(str, ranks))}"
-        return f"{format_size(self.size_bytes)} {who}"
-
-
-def format_size(size: float) -> str:
-    """``1536`` -> ``"1.5 KiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024:
-            return f"{size:.0f} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"
 
 
 def list_directory(local_dir: str) -> list[str]:

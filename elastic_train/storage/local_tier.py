@@ -52,7 +52,8 @@ import fsspec
 from elastic_train import env_vars
 from elastic_train.errors import StorageError
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.checkpoint_store import MARKER, CommitManifest, dir_name, file_matches
+from elastic_train.storage.checkpoint_store import MARKER, dir_name, file_matches
+from elastic_train.storage.manifest import CommitManifest
 from elastic_train.storage.retry import RetryPolicy
 from elastic_train.storage.stores import adapter_for
 

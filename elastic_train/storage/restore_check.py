@@ -23,11 +23,11 @@ from collections.abc import Callable
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import (
     CheckpointStore,
-    CommitManifest,
     dir_name,
     file_matches,
 )
 from elastic_train.storage.local_tier import LocalTier, copy_checked
+from elastic_train.storage.manifest import CommitManifest
 
 logger = logging.getLogger(__name__)
 

@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from elastic_train.errors import StorageError
 from elastic_train.storage.checkpoint_store import (
     CheckpointStore,
-    CommitManifest,
     describe_files,
     dir_name,
     list_directory,
 )
 from elastic_train.storage.local_tier import LocalTier
+from elastic_train.storage.manifest import CommitManifest
 from elastic_train.storage.upload_progress import ProgressReporter, report_interval_s
 
 logger = logging.getLogger(__name__)
