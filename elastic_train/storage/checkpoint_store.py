@@ -14,6 +14,13 @@ with a marker under ``.upload-marks/`` (their files' sizes and CRC-32s,
 computed off the training thread) that the committing rank waits for and
 merges into the manifest. Every
 operation is retried on transient errors (see :mod:`.retry`).
+
+"No marker" is never taken from one lookup: an NFS client caches "not found" for
+up to ``acdirmin`` (30 s), so a node may not see a marker another node wrote
+seconds ago. Before a checkpoint is treated as uncommitted -- and above all before
+it is deleted as such -- its directory is listed afresh (opening a directory
+revalidates it on NFS; on object stores a listing is what the store holds) and the
+marker read again if it is there.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Any, TypeVar
 
 import fsspec
 
+from elastic_train.errors import StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.retry import RetryPolicy
 from elastic_train.storage.stores import adapter_for
@@ -116,10 +124,25 @@ class CheckpointStore:
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         return self.retry.call(what, self.display_path, fn)
 
+    def _listed_afresh(self, directory: str) -> set[str]:
+        """The names in ``directory`` as the store holds them now (see the module)."""
+        def listing() -> set[str]:
+            self.fs.invalidate_cache(directory)
+            try:
+                return {e.rstrip("/").rsplit("/", 1)[-1]
+                        for e in self.fs.ls(directory, detail=False)}
+            except FileNotFoundError:
+                return set()
+
+        return self._retry("listing a checkpoint directory", listing)
+
     def is_committed(self, name: str) -> bool:
         """Whether the checkpoint directory ``name`` (``checkpoint_000007``) has its marker."""
-        return self._retry("checking a commit marker",
-                           lambda: self.fs.exists(fsutil.join(self.run_path, name, MARKER)))
+        directory = fsutil.join(self.run_path, name)
+        if self._retry("checking a commit marker",
+                       lambda: self.fs.exists(fsutil.join(directory, MARKER))):
+            return True
+        return MARKER in self._listed_afresh(directory)
 
     def path(self, index: int) -> str:
         return fsutil.join(self.run_path, dir_name(index))
@@ -140,6 +163,8 @@ class CheckpointStore:
         return dirs
 
     def _read_manifest(self, path: str) -> CommitManifest | None:
+        """The marker of the checkpoint directory ``path``; None only when a fresh listing
+        of the directory confirms there is none."""
         def read() -> CommitManifest | None:
             try:
                 return CommitManifest.from_json(
@@ -147,7 +172,14 @@ class CheckpointStore:
             except FileNotFoundError:
                 return None
 
-        return self._retry("reading a commit marker", read)
+        manifest = self._retry("reading a commit marker", read)
+        if manifest is not None or MARKER not in self._listed_afresh(path):
+            return manifest
+        manifest = self._retry("reading a commit marker", read)
+        if manifest is None:
+            raise StorageError(f"{fsutil.join(path, MARKER)} is listed but cannot be read "
+                               "(a stale cache of this node?); nothing was deleted.")
+        return manifest
 
     def committed(self) -> list[CommitManifest]:
         """Every committed checkpoint, oldest first."""
