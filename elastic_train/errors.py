@@ -19,6 +19,22 @@ class StorageError(RuntimeError):
     """The run's storage could not be read or written."""
 
 
+class RunInUseError(ConfigError):
+    """Another job is writing the run directory: refused before any process starts.
+
+    Two jobs writing one run would remove each other's uploads as unfinished and
+    commit checkpoints under the same numbers (see :mod:`elastic_train.driver.run_lease`).
+    """
+
+
+class LeaseLostError(StorageError):
+    """This job's lease on the run was taken over by another job: it writes no more.
+
+    Raised before a commit, upload, deletion or cleanup (the fencing check of
+    :class:`elastic_train.storage.lease.LeaseFence`).
+    """
+
+
 @dataclass(frozen=True)
 class WorkerFailure:
     """One failed worker process, as the agent observed it.

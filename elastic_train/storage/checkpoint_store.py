@@ -20,7 +20,9 @@ up to ``acdirmin`` (30 s), so a node may not see a marker another node wrote
 seconds ago. Before a checkpoint is treated as uncommitted -- and above all before
 it is deleted as such -- its directory is listed afresh (opening a directory
 revalidates it on NFS; on object stores a listing is what the store holds) and the
-marker read again if it is there.
+marker read again if it is there. Writes that could harm another job's checkpoints
+(upload, commit, deletion, cleanup) first check the run's lease (``fence``, see
+:mod:`.lease`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import fsspec
 
@@ -39,6 +41,9 @@ from elastic_train.errors import StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.retry import RetryPolicy
 from elastic_train.storage.stores import adapter_for
+
+if TYPE_CHECKING:
+    from elastic_train.storage.lease import LeaseFence
 
 logger = logging.getLogger(__name__)
 
@@ -111,11 +116,12 @@ class CheckpointStore:
     """Reads, writes, commits and deletes the checkpoints of one run."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, run_path: str,
-                 retry: RetryPolicy | None = None):
+                 retry: RetryPolicy | None = None, fence: LeaseFence | None = None):
         self.fs = fs
         self.run_path = run_path
         self.adapter = adapter_for(fs)
         self.retry = (retry or RetryPolicy()).for_store(self.adapter)
+        self.fence = fence
 
     @property
     def display_path(self) -> str:
@@ -123,6 +129,10 @@ class CheckpointStore:
 
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         return self.retry.call(what, self.display_path, fn)
+
+    def _fenced(self, what: str) -> None:
+        if self.fence is not None:
+            self.fence.check(what)
 
     def _listed_afresh(self, directory: str) -> set[str]:
         """The names in ``directory`` as the store holds them now (see the module)."""
@@ -189,6 +199,7 @@ class CheckpointStore:
     def remove_uncommitted(self) -> list[int]:
         """Deletes leftovers of interrupted uploads (directories without a marker, and
         unfinished multipart uploads on object stores); returns the directories' indices."""
+        self._fenced("removing unfinished uploads")
         aborted = self._retry("aborting unfinished multipart uploads",
                               lambda: self.adapter.abort_unfinished_uploads(self.run_path))
         if aborted:
@@ -213,6 +224,7 @@ class CheckpointStore:
         the same device (no copy at all), so ``local_dir`` must be a private
         copy nobody writes again -- the uploader's staging area is.
         """
+        self._fenced(f"uploading {dir_name(index)}")
         target = self.path(index)
         local = [os.path.join(local_dir, rel) for rel in relpaths]
         remote = [fsutil.join(target, rel) for rel in relpaths]
@@ -273,12 +285,14 @@ class CheckpointStore:
 
     def commit(self, manifest: CommitManifest) -> None:
         """Makes checkpoint ``manifest.index`` visible: the marker is written last."""
+        self._fenced(f"committing {dir_name(manifest.index)}")
         marker = fsutil.join(self.path(manifest.index), MARKER)
         self._retry(f"committing {dir_name(manifest.index)}", lambda: fsutil.write_json_atomic(
             self.fs, marker, asdict(manifest)))
 
     def delete(self, index: int) -> None:
         """Removes a whole checkpoint, marker first so it vanishes for readers at once."""
+        self._fenced(f"deleting {dir_name(index)}")
         path = self.path(index)
         self._retry(f"deleting {dir_name(index)}", lambda: self.fs.rm(fsutil.join(path, MARKER)))
         self._retry(f"deleting {dir_name(index)}", lambda: self.adapter.remove_tree(path))

@@ -22,12 +22,12 @@ import torch.distributed as dist
 from elastic_train import env_vars
 from elastic_train.config import CheckpointConfig, RunConfig, ScalingConfig
 from elastic_train.context import WorkerEnv
-from elastic_train.storage import RunStorage
 from elastic_train.torch.config import TorchConfig
 from elastic_train.worker.backend import WorkerResources
 from elastic_train.worker.lifecycle import run_worker
 from elastic_train.worker.run_spec import RunSpec
 from elastic_train.worker.session import TrainSession, current_session, set_session_factory
+from elastic_train.worker.storage_access import open_run_storage
 
 
 def _script_session() -> TrainSession:
@@ -51,7 +51,7 @@ def _script_session() -> TrainSession:
                    scaling_config=ScalingConfig(num_workers=env.local_world_size),
                    run_config=run_config, experiment_name=settings["name"])
     session = TrainSession(spec, env, WorkerResources([device], control),
-                           RunStorage.for_run(run_config, settings["name"]),
+                           open_run_storage(run_config, settings["name"]),
                            settings["staging_dir"])
     atexit.register(session.finish)  # also when the script calls sys.exit()
     return session
