@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import fsspec
 
-from elastic_train.errors import StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.retry import RetryPolicy
 from elastic_train.storage.stores import adapter_for
@@ -134,25 +133,14 @@ class CheckpointStore:
         if self.fence is not None:
             self.fence.check(what)
 
-    def _listed_afresh(self, directory: str) -> set[str]:
-        """The names in ``directory`` as the store holds them now (see the module)."""
-        def listing() -> set[str]:
-            self.fs.invalidate_cache(directory)
-            try:
-                return {e.rstrip("/").rsplit("/", 1)[-1]
-                        for e in self.fs.ls(directory, detail=False)}
-            except FileNotFoundError:
-                return set()
-
-        return self._retry("listing a checkpoint directory", listing)
-
     def is_committed(self, name: str) -> bool:
         """Whether the checkpoint directory ``name`` (``checkpoint_000007``) has its marker."""
         directory = fsutil.join(self.run_path, name)
         if self._retry("checking a commit marker",
                        lambda: self.fs.exists(fsutil.join(directory, MARKER))):
             return True
-        return MARKER in self._listed_afresh(directory)
+        return MARKER in self._retry("listing a checkpoint directory",
+                                     lambda: fsutil.names_in(self.fs, directory))
 
     def path(self, index: int) -> str:
         return fsutil.join(self.run_path, dir_name(index))
@@ -175,21 +163,9 @@ class CheckpointStore:
     def _read_manifest(self, path: str) -> CommitManifest | None:
         """The marker of the checkpoint directory ``path``; None only when a fresh listing
         of the directory confirms there is none."""
-        def read() -> CommitManifest | None:
-            try:
-                return CommitManifest.from_json(
-                    fsutil.read_json(self.fs, fsutil.join(path, MARKER)))
-            except FileNotFoundError:
-                return None
-
-        manifest = self._retry("reading a commit marker", read)
-        if manifest is not None or MARKER not in self._listed_afresh(path):
-            return manifest
-        manifest = self._retry("reading a commit marker", read)
-        if manifest is None:
-            raise StorageError(f"{fsutil.join(path, MARKER)} is listed but cannot be read "
-                               "(a stale cache of this node?); nothing was deleted.")
-        return manifest
+        data = self._retry("reading a commit marker", lambda: fsutil.read_unless_missing(
+            self.fs, fsutil.join(path, MARKER), lambda p: fsutil.read_json(self.fs, p)))
+        return None if data is None else CommitManifest.from_json(data)
 
     def committed(self) -> list[CommitManifest]:
         """Every committed checkpoint, oldest first."""

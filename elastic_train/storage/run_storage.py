@@ -156,16 +156,16 @@ class RunStorage:
                            self.display_path, exc)
 
     # run.json: the driver's record of the run
-    def read_run_state(self) -> RunState | None:
-        def read() -> dict[str, Any] | None:
-            self.fs.invalidate_cache(self.run_path)
-            try:
-                return fsutil.read_json(self.fs, self._path(RUN_FILE))
-            except FileNotFoundError:
-                return None
+    def _read_unless_missing(self, name: str, what: str, read: Callable[[str], T]) -> T | None:
+        """``read`` of the run's file ``name``, None when it is missing (confirmed by a
+        fresh listing: see :func:`.filesystem.read_unless_missing`)."""
+        return self._retry(what, lambda: fsutil.read_unless_missing(
+            self.fs, self._path(name), read))
 
+    def read_run_state(self) -> RunState | None:
         try:
-            state = self._retry("reading run.json", read)
+            state = self._read_unless_missing(RUN_FILE, "reading run.json",
+                                              lambda p: fsutil.read_json(self.fs, p))
         except (OSError, ValueError) as exc:
             raise StorageError(f"Cannot read {self._path(RUN_FILE)}: {exc!r}") from exc
         if state is None:
@@ -190,15 +190,11 @@ class RunStorage:
 
     # metrics.jsonl: rank 0's reports
     def read_metrics(self) -> list[dict[str, Any]]:
-        def read() -> str:
-            self.fs.invalidate_cache(self.run_path)
-            try:
-                with self.fs.open(self._path(METRICS_FILE), "rb") as f:
-                    return f.read().decode()
-            except FileNotFoundError:
-                return ""
+        def read(path: str) -> str:
+            with self.fs.open(path, "rb") as f:
+                return f.read().decode()
 
-        text = self._retry("reading metrics.jsonl", read)
+        text = self._read_unless_missing(METRICS_FILE, "reading metrics.jsonl", read) or ""
         rows = []
         for line in text.splitlines():
             if line.strip():
@@ -226,11 +222,9 @@ class RunStorage:
 
     # restores.json: rank 0's account of each restart (for goodput)
     def read_restores(self) -> list[RestoreRecord]:
-        path = self._path(RESTORES_FILE)
-        if not self._retry("reading restores.json", lambda: self.fs.exists(path)):
-            return []
-        entries = self._retry("reading restores.json", lambda: fsutil.read_json(self.fs, path))
-        return [RestoreRecord.from_json(entry) for entry in entries]
+        entries = self._read_unless_missing(RESTORES_FILE, "reading restores.json",
+                                            lambda p: fsutil.read_json(self.fs, p))
+        return [RestoreRecord.from_json(entry) for entry in entries or []]
 
     def add_restore(self, entry: RestoreRecord) -> None:
         """Appends one restart's entry: when the group was ready again, from which

@@ -29,10 +29,13 @@ from tests.support import jobs, stale_fs
 cloudpickle.register_pickle_by_value(jobs)
 
 
+DRIVER_PID = "NODE_DRIVER_PID"  # set by the driver, inherited by its workers
+
+
 def train(config):
     if et.get_context().get_world_rank() == 0:
         with open(os.path.join(config["out_dir"], "rank0.driver"), "w") as f:
-            f.write(os.environ["ELASTIC_TRAIN_AGENT_PID"])
+            f.write(os.environ[DRIVER_PID])
     return jobs.train_mlp(config)
 
 
@@ -52,6 +55,7 @@ class HoldAfterException(et.UserCallback):
 
 
 def main(settings: dict) -> None:
+    os.environ[DRIVER_PID] = str(os.getpid())
     name, out_dir = settings["name"], settings["out_dir"]
     scaling = et.ScalingConfig(num_workers=2)
     if settings.get("rendezvous"):

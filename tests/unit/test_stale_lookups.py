@@ -56,3 +56,19 @@ def test_is_committed_sees_a_marker_written_after_a_negative_lookup(stale):
     assert not stale.fs.exists(os.path.join(stale.checkpoints.path(5), MARKER))
     _commit_elsewhere(stale, 5)
     assert stale.checkpoints.is_committed("checkpoint_000005")
+
+
+def test_run_files_written_elsewhere_are_not_taken_as_missing(stale):
+    """A restart that took metrics.jsonl for missing would rewrite it empty."""
+    for name in ("metrics.jsonl", "run.json", "restores.json"):
+        assert not stale.fs.exists(os.path.join(stale.run_path, name))  # cached: not found
+    os.makedirs(stale.run_path, exist_ok=True)
+    with open(os.path.join(stale.run_path, "metrics.jsonl"), "w") as f:
+        f.write('{"training_iteration": 1}\n')
+    with open(os.path.join(stale.run_path, "run.json"), "w") as f:
+        json.dump({"name": "run", "status": "running"}, f)
+    with open(os.path.join(stale.run_path, "restores.json"), "w") as f:
+        json.dump([{"time": 1.0, "restored_iteration": 1}], f)
+    assert stale.read_metrics() == [{"training_iteration": 1}]
+    assert stale.read_run_state().name == "run"
+    assert [r.restored_iteration for r in stale.read_restores()] == [1]
