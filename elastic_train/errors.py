@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from elastic_train.redaction import redact_url
+
 
 class ConfigError(ValueError):
     """A setting or input is invalid; raised in the driver before any process starts."""
@@ -166,5 +168,5 @@ class RendezvousLostError(TrainingFailedError):
         else:
             why = (f"the {backend} rendezvous at {endpoint} stayed unreachable for longer "
                    "than its outage_timeout (--rdzv-conf outage_timeout=SECONDS).")
-        return cls(f"This node lost the job's rendezvous: {why} ({cause}) Start every node "
-                   "again to resume the run from its latest checkpoint.")
+        return cls(redact_url(f"This node lost the job's rendezvous: {why} ({cause}) Start "
+                              "every node again to resume the run from its latest checkpoint."))

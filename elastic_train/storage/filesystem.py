@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import fsspec
 
 from elastic_train.errors import ConfigError, StorageError
+from elastic_train.redaction import public_options
 from elastic_train.storage.stores import adapter_for, open_url
 
 CHUNK = 1 << 20
@@ -47,24 +48,10 @@ def resolve(storage_path: str, filesystem: fsspec.AbstractFileSystem | None = No
                           "path, file://, s3:// or another fsspec URL.") from exc
 
 
-# Option names that hold credentials (s3fs's key/secret/token, botocore's aws_*, gcsfs's
-# token, passwords, session objects): never stored, so never in the run directory.
-_SECRET_WORDS = ("key", "secret", "token", "password", "credential", "session")
-
-
-def public_options(options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` without credentials, also inside nested dicts (``client_kwargs``)."""
-    out = {}
-    for name, value in options.items():
-        if any(word in name.lower() for word in _SECRET_WORDS):
-            continue
-        out[name] = public_options(value) if isinstance(value, dict) else value
-    return out
-
-
 def without_secrets(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
-    """The same store through a filesystem built without credentials (safe to pickle);
-    on use it finds credentials where the store's client looks (environment, profiles)."""
+    """The same store through a filesystem built without credentials (safe to pickle; the
+    rule is :mod:`elastic_train.redaction`'s); on use it finds credentials where the
+    store's client looks (environment, profiles)."""
     options = public_options(fs.storage_options)
     if options == fs.storage_options:
         return fs
