@@ -4,7 +4,6 @@ own budget leaves the uploads of the job that goes on without it alone."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,6 +14,7 @@ import pytest
 
 from elastic_train.result import Result
 from tests.conftest import child_pids, wait_until
+from tests.support.nodes import node_drivers, node_log
 from tests.support.paths import REPO
 from tests.support.servers import stop_process
 
@@ -141,13 +141,9 @@ def test_node_that_spent_its_budget_leaves_uploads_of_a_live_node_alone(
                 "nodes": [1, 2], "max_failures": 0, "hold_after_exception": True,
                 "fault": {"rank": 0, "epoch": 2, "batch": 0, "how": "raise",
                           "marker": str(tmp_path / "fault")}}
-    logs = [open(tmp_path / f"node{i}.log", "w+") for i in (0, 1)]  # noqa: SIM115
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.e2e.node_driver",
-                               json.dumps(settings)], cwd=REPO, stdout=log,
-                              stderr=subprocess.STDOUT, text=True) for log in logs]
     in_flight = [os.path.join(run_dir, "checkpoint_000099", "shard.bin"),
                  os.path.join(run_dir, ".upload-marks", "checkpoint_000099.rank1")]
-    try:
+    with node_drivers(settings, tmp_path) as procs:
         assert wait_until(lambda: (out_dir / "holding").exists(), 150), "no failure seen"
         for path in in_flight:
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -155,12 +151,7 @@ def test_node_that_spent_its_budget_leaves_uploads_of_a_live_node_alone(
                 f.write("{}")
         (out_dir / "release").touch()
         codes = [proc.wait(120) for proc in procs]
-    finally:
-        for proc in procs:
-            stop_process(proc)
-        for log in logs:
-            log.close()
-    outs = [(tmp_path / f"node{i}.log").read_text() for i in (0, 1)]
+    outs = [node_log(tmp_path, i) for i in (0, 1)]
     assert all(code != 0 for code in codes), outs  # one node's spent budget ends the job
     assert any("HOLD released" in out for out in outs), outs
     assert all(os.path.exists(path) for path in in_flight), "a live node's upload removed"

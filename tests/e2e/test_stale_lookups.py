@@ -11,18 +11,14 @@ and rank 0's node dies.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from tests.conftest import wait_until
-from tests.support.paths import REPO
-from tests.support.servers import stop_process
+from tests.support.nodes import node_drivers, node_log
 from tests.support.stale_fs import NODE_ENV
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300),
@@ -50,12 +46,7 @@ def test_new_rank0_keeps_a_checkpoint_its_node_cached_as_missing(storage_path, t
                 "nodes": [1, 2], "max_failures": 1,
                 "stale_fs": {"cache_dir": str(tmp_path / "cache"), "negative_ttl_s": 20.0,
                              "slow_marks_s": 1.5}}
-    logs = [open(tmp_path / f"node{i}.log", "w+") for i in (0, 1)]  # noqa: SIM115
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "tests.e2e.node_driver", json.dumps(settings)], cwd=REPO,
-        env={**os.environ, NODE_ENV: f"node{i}"}, stdout=log, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True) for i, log in enumerate(logs)]
-    try:
+    with node_drivers(settings, tmp_path, [{NODE_ENV: "node0"}, {NODE_ENV: "node1"}]) as procs:
         # Each driver's first lookups (metrics.jsonl, before the first report) stay cached
         # for 20 s; past that, each node's live view polls the markers of reported
         # checkpoints while they upload.
@@ -70,13 +61,7 @@ def test_new_rank0_keeps_a_checkpoint_its_node_cached_as_missing(storage_path, t
         os.killpg(victim.pid, signal.SIGKILL)  # rank 0's node, right after its commit
         before = _committed(run_dir)
         [survivor] = [p for p in procs if p is not victim]
-        assert survivor.wait(200) == 0, (tmp_path / f"node{procs.index(survivor)}.log"
-                                          ).read_text()[-4000:]
-    finally:
-        for proc in procs:
-            stop_process(proc)
-        for log in logs:
-            log.close()
+        assert survivor.wait(200) == 0, node_log(tmp_path, procs.index(survivor))[-4000:]
     assert before <= _committed(run_dir), f"committed checkpoints deleted: {before}"
     starts = [int(line) for line in (out_dir / "starts").read_text().split()]
     latest = max(map(_index, before))
