@@ -186,10 +186,12 @@ class LaunchSettings:
                                     conf=conf)
 
     def flags(self) -> dict[str, object]:
-        """The flags as given, JSON-ready, secrets redacted (recorded in ``run.json``)."""
+        """The flags as given, JSON-ready, their secrets redacted (recorded in ``run.json``;
+        the program and its arguments are the user's, recorded as given)."""
         flags = {f.name: sorted(v) if isinstance(v := getattr(self, f.name), (set, frozenset))
                  else v for f in fields(self) if f.name not in _NOT_RECORDED}
-        return {name: redact_conf(v) if isinstance(v, str) else
+        return {name: v if name in ("target", "target_args") else
+                redact_conf(v) if isinstance(v, str) else
                 redacted_options(v) if isinstance(v, dict) else v for name, v in flags.items()}
 
     def worker_command(self) -> tuple[str, tuple[str, ...]]:
@@ -210,13 +212,14 @@ START_OVER_FLAGS = ("--start-over", "--start_over")
 
 def continuing_command(settings: LaunchSettings, argv: list[str]) -> list[str]:
     """The command that continues this run: the same flags, with the name and storage
-    made explicit and without --start-over (which applies to one launch only), secrets
-    redacted (it is stored and printed)."""
-    own = len(argv) - len(settings.target_args)
-    argv = [a for a in argv[:own] if a not in START_OVER_FLAGS] + argv[own:]
+    made explicit and without --start-over (which applies to one launch only), and their
+    secrets redacted (it is stored and printed). The program's own arguments are the
+    user's: they are kept as given (resuming compares them)."""
+    own = len(argv) - len(settings.target_args) - 1  # where the program starts
+    flags = [a for a in argv[:own] if a not in START_OVER_FLAGS]
     explicit = ["--name", settings.run_config.name, "--storage-path", settings.storage_path]
-    return redact_argv(["elastic-train", "launch", *([] if argv[:4] == explicit else explicit),
-                        *argv])
+    flags = flags if flags[:4] == explicit else [*explicit, *flags]
+    return ["elastic-train", "launch", *redact_argv(flags), *argv[own:]]
 
 
 def launch(settings: LaunchSettings, argv: list[str]) -> int:

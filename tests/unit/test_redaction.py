@@ -46,10 +46,13 @@ def test_rendezvous_config_without_secrets_drops_every_secret_looking_entry():
 
 def test_launch_records_and_hints_are_redacted(tmp_path):
     argv = ["--rdzv-conf", "password=hunter2", "--storage-option", "key=AK",
-            f"{REPO}/tests/e2e/launch_script.py", "out", "3"]
+            f"{REPO}/tests/e2e/launch_script.py", "out", "3", "--db", "https://u:pw@h"]
     settings = LaunchSettings(target=argv[4], target_args=argv[5:],
                               rdzv_conf="password=hunter2", storage_options={"key": "AK"},
                               storage_path=str(tmp_path), name="n")
-    text = repr(continuing_command(settings, argv)) + repr(settings.flags())
+    command = continuing_command(settings, argv)
+    text = repr(command) + repr(settings.flags())
     assert "hunter2" not in text and "AK" not in text
     assert "password=***" in text and "key=***" in text
+    # the program's own arguments are the user's, kept as given (resume compares them)
+    assert command[-5:] == argv[4:] and settings.flags()["target_args"] == argv[5:]
