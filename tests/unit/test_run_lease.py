@@ -134,3 +134,28 @@ def test_check_raises_once_the_run_was_taken_over(storage):
     assert not lease.is_sole_member()  # it must not clean up either
     lease.release()
     assert {c.token for c in storage.lease_dir().claims()} == {1, 2}  # left as it was
+
+
+def test_the_same_protocol_on_s3(tmp_path, s3_endpoint):
+    """On an object store (moto's S3 server): refused while live, taken over once stale
+    (judged by the store's LastModified times), the stale job's writes fenced."""
+    from tests.conftest import make_storage
+
+    s3 = make_storage("s3", tmp_path, s3_endpoint).run("run")
+    s3.ensure_writable()
+    first = RunLease.acquire(s3, rendezvous("a"), "fit()", ttl_s=1.0)
+    first._stop.set()  # its heartbeat stops, as on a frozen host
+    first._thread.join()
+    with pytest.raises(RunInUseError, match="lease token 1"):
+        RunLease.acquire(s3, rendezvous("b"), "fit()")
+    stale_owner = {**first.claim.owner, "host": "elsewhere"}  # not checkable from here
+    s3.lease_dir().write(Claim(**{**first.claim.__dict__, "owner": stale_owner}))
+    time.sleep(2.5)  # LastModified has whole seconds
+    s3.use_fence(first.token)
+    taker = RunLease.acquire(s3, rendezvous("b"), "fit()")
+    try:
+        assert taker.token == 2
+        with pytest.raises(LeaseLostError):
+            s3.write_metrics([])
+    finally:
+        taker.release()
