@@ -3,9 +3,10 @@
 ``second_driver``: while the job trains, a second driver starts the same run (same
 name and storage, same train function); it must be refused before it starts a
 process, and the live job must finish undisturbed. ``stale_lookups``: the job's
-storage answers "not found" for files created after a first lookup, for 30 s (an
-NFS client's negative cache, :class:`tests.support.stale_fs.NodeCacheFS`), uploads
-are slow, and a worker is SIGKILLed; the restart must not delete or skip a
+storage answers "not found" for commit markers created after a first lookup, for
+30 s (an NFS client's negative cache, :class:`tests.support.stale_fs.NodeCacheFS`),
+uploads are slow (so the driver's live view looks up each marker before it is
+written), and a worker is SIGKILLed; the restart must not delete or skip a
 committed checkpoint its node still sees as missing.
 """
 
@@ -79,8 +80,8 @@ def _stale_lookups_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name
     config = {"epochs": EPOCHS, "events_file": str(tmp_path / "events"), "step_sleep": 0.05,
               "fault": {"rank": trial.rank, "epoch": trial.epoch, "batch": trial.batch,
                         "how": "sigkill", "marker": str(tmp_path / "fault")}}
-    stale = NodeCacheFS(str(tmp_path / "nfs-cache"), negative_ttl_s=30.0, slow_marks_s=0.3,
-                        skip_instance_cache=True)
+    stale = NodeCacheFS(str(tmp_path / "nfs-cache"), negative_ttl_s=30.0, slow_marks_s=1.2,
+                        only_suffix=".commit.json", skip_instance_cache=True)
     run_storage = storage.run(name)
     saved = os.environ.get(NODE_ENV)
     os.environ[NODE_ENV] = "node0"  # the driver and its workers: one node's cache

@@ -11,6 +11,10 @@ under ``cache_dir``. Processes without ``STALE_FS_NODE`` see plain local disk.
 
 ``slow_marks_s`` makes every read of an upload marker take that long (a slow
 store), so each checkpoint stays reported-but-uncommitted for a while.
+``only_suffix`` limits the stale answers to paths ending so (e.g. ``.commit.json``:
+on one machine the driver and rank 0 are one NFS client, whose own creations would
+replace its cached "not found"; limited to commit markers, the model is the worst
+case of markers written by another node).
 
 Example::
 
@@ -33,11 +37,12 @@ class NodeCacheFS(LocalFileSystem):
     """fsspec's local filesystem with one node's NFS negative-lookup cache (see module)."""
 
     def __init__(self, cache_dir: str, negative_ttl_s: float = 30.0, slow_marks_s: float = 0.0,
-                 **kwargs):
+                 only_suffix: str = "", **kwargs):
         super().__init__(**kwargs)
         self.cache_dir = cache_dir
         self.negative_ttl_s = negative_ttl_s
         self.slow_marks_s = slow_marks_s
+        self.only_suffix = only_suffix
 
     # the node's negative cache: one file per entry, named by the path's hash
     def _entries(self) -> str | None:
@@ -50,7 +55,7 @@ class NodeCacheFS(LocalFileSystem):
 
     def _entry(self, path: str) -> str | None:
         directory = self._entries()
-        if directory is None:
+        if directory is None or not path.endswith(self.only_suffix):
             return None
         return os.path.join(directory, hashlib.sha1(path.encode()).hexdigest())
 
