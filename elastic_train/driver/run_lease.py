@@ -157,7 +157,9 @@ class RunLease:
 
     def __init__(self, storage: RunStorage, claim: Claim, me: Owner):
         self.storage = storage
-        self.lease_dir: LeaseDir = storage.lease_dir()
+        # A heartbeat retried past a quarter of the time to live is late anyway; the next
+        # one tries again (and the driver's exit never waits on a store that is down).
+        self.lease_dir: LeaseDir = storage.lease_dir(retry_budget_s=claim.ttl_s / 4)
         self.claim = claim
         self.me = me
         self.lost: str | None = None
@@ -279,7 +281,7 @@ class RunLease:
         (it carries the highest token for the next job)."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(self.claim.ttl_s)
         if self.lost:
             return
         try:

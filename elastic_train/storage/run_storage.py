@@ -21,6 +21,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import cloudpickle
@@ -86,9 +87,12 @@ class RunStorage:
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         return self.retry.call(what, self.display_path, fn)
 
-    def lease_dir(self) -> LeaseDir:
-        """The run's lease on this store (see :mod:`.lease`)."""
-        return LeaseDir(self.fs, lease_path(self.run_path), self.retry)
+    def lease_dir(self, retry_budget_s: float | None = None) -> LeaseDir:
+        """The run's lease on this store (see :mod:`.lease`); ``retry_budget_s`` bounds its
+        retries (default: the run's storage retry budget)."""
+        retry = self.retry if retry_budget_s is None else replace(self.retry,
+                                                                  budget_s=retry_budget_s)
+        return LeaseDir(self.fs, lease_path(self.run_path), retry)
 
     def use_fence(self, token: int | None) -> None:
         """From now on, writes of this job (lease ``token``; None: unchecked) first check
