@@ -14,6 +14,9 @@ User switches:
 - ``FAIL_AT_REPORT``: ``elastic-train verify-resume``'s injected crash, the
   last rank exits after this ``report()`` of the first attempt
   (:mod:`elastic_train.worker.fault_injection`).
+- ``LEASE_TTL_S``: seconds after its last heartbeat (every quarter of it) a
+  driver's lease on its run goes stale and another job may take the run over
+  (default 20; :mod:`elastic_train.driver.run_lease`).
 
 Set by the agent or the driver for each worker:
 
@@ -31,6 +34,8 @@ Set by the agent or the driver for each worker:
 - ``CHECKPOINT_CACHE``: the node's directory of downloaded checkpoints.
 - ``LAUNCH``: under ``elastic-train launch``, the run's storage, name and
   checkpoint settings as JSON, from which a script's session is built.
+- ``LEASE_TOKEN``: the job's lease token on the run; a worker's commits and
+  cleanups are refused once a newer job holds the run.
 """
 
 ZYGOTE = "ELASTIC_TRAIN_ZYGOTE"
@@ -43,3 +48,5 @@ PREEMPTION_GRACE_S = "ELASTIC_TRAIN_PREEMPTION_GRACE_S"
 WORKER_PIDS_DIR = "ELASTIC_TRAIN_WORKER_PIDS_DIR"
 CHECKPOINT_CACHE = "ELASTIC_TRAIN_CHECKPOINT_CACHE"
 LAUNCH = "ELASTIC_TRAIN_LAUNCH"
+LEASE_TTL_S = "ELASTIC_TRAIN_LEASE_TTL_S"
+LEASE_TOKEN = "ELASTIC_TRAIN_LEASE_TOKEN"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from elastic_train.agent.rendezvous.backends import lookup
 from elastic_train.errors import ConfigError
+from elastic_train.redaction import public_options
 
 
 def parse_rdzv_conf(value: str, source: str = "--rdzv-conf") -> dict[str, object]:
@@ -122,9 +123,9 @@ class RendezvousConfig:
         return lookup(self.backend, "RendezvousConfig.backend").elastic
 
     def without_secrets(self) -> RendezvousConfig:
-        """A copy without ``conf["password"]`` (never stored)."""
-        conf = {k: v for k, v in (self.conf or {}).items() if k != "password"}
-        return dataclasses.replace(self, conf=conf)
+        """A copy without secret ``conf`` entries such as ``password`` (never stored; the
+        rule is :mod:`elastic_train.redaction`'s)."""
+        return dataclasses.replace(self, conf=public_options(self.conf or {}))
 
     def missing_for_multi_node(self) -> list[str]:
         """The fields a job across nodes still needs: an endpoint, and a run id shared by
