@@ -21,6 +21,7 @@ from elastic_train.cli.run_summary import RunSummary
 from elastic_train.errors import ConfigError, TrainingFailedError
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.filesystem import options_from_flags as storage_options
 from elastic_train.storage.run_state import RunState
 
 
@@ -68,18 +69,6 @@ def cmd_show(args: argparse.Namespace) -> int:
         log_dir = fsutil.display_path(fs, storage.log_dir())
         print("\n".join(render.run_text(storage.display_path, state, summary, log_dir)))
     return 0
-
-
-def storage_options(pairs: list[str]) -> dict[str, str] | None:
-    """``--storage-option KEY=VALUE`` flags as fsspec options."""
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ConfigError(f"--storage-option {pair!r}: use KEY=VALUE, e.g. "
-                              "--storage-option endpoint_url=http://127.0.0.1:9000")
-        options[key] = value
-    return options or None
 
 
 def cmd_restore(args: argparse.Namespace) -> int:

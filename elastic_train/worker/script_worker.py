@@ -46,6 +46,7 @@ def _script_session() -> TrainSession:
     device = torch.device("cuda", torch.cuda.current_device()) \
         if torch.cuda.is_available() and torch.cuda.is_initialized() else torch.device("cpu")
     run_config = RunConfig(storage_path=settings["storage_path"], name=settings["name"],
+                           storage_options=settings.get("storage_options"),
                            checkpoint_config=CheckpointConfig(**settings["checkpoint_config"]))
     spec = RunSpec(train_loop_per_worker=None, train_loop_config=None, backend=TorchConfig(),
                    scaling_config=ScalingConfig(num_workers=env.local_world_size),

@@ -265,7 +265,7 @@ def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) 
         etcd.start()
         backend = ["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoint]
     else:
-        backend = ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+        backend = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     run_storage = storage.run(name)
     agents = []
 

@@ -93,7 +93,8 @@ def test_budget_spent_exit_code_and_message(storage_path, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"], "--rdzv-id is required"),
+    (["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1"],
+     "--rdzv-id is required"),
     (["--nnodes", "3:2"], "--nnodes='3:2' is invalid"),
     (["--rdzv-backend", "zookeeper"], "not supported"),
     (["--rdzv-conf", "novalue"], "--rdzv-conf item 'novalue'"),
@@ -174,7 +175,7 @@ def test_three_agents_lose_one_and_take_one_back(request, storage_path, tmp_path
         endpoint = request.getfixturevalue("etcd_endpoint")
         backend_args = ["--rdzv-backend", "etcd", "--rdzv-endpoint", endpoint]
     else:
-        backend_args = ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+        backend_args = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     out_dir, node, logs = _cluster(tmp_path, storage_path, backend_args, f"job-{backend}")
     procs = [node(0)]
     try:
@@ -221,7 +222,8 @@ def test_worker_crash_on_one_of_two_nodes_restarts_both(storage_path, tmp_path):
     procs = []
     try:
         for i, log in enumerate(logs):
-            procs.append(launch("--nnodes", 2, "--nproc-per-node", 1, "--rdzv-endpoint",
+            procs.append(launch("--nnodes", 2, "--nproc-per-node", 1, "--rdzv-backend", "c10d",
+                                "--rdzv-endpoint",
                                 endpoint, "--rdzv-id", "crash2", "--max-restarts", 1,
                                 "--storage-path", storage_path, SCRIPT, tmp_path, 5,
                                 "--crash-at", 2, "--sleep", 0.2, out=log))

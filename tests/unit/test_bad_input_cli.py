@@ -22,9 +22,11 @@ CASES = [
     ("rdzv-conf", ["launch", "--rdzv-conf", "timeout", SCRIPT], ["'timeout'", "key=value"]),
     ("rdzv-backend", ["launch", "--rdzv-backend", "zookeeper", SCRIPT],
      ["'zookeeper'", "c10d"]),
-    ("rdzv-endpoint", ["launch", "--nnodes", "2", "--rdzv-id", "j", "--rdzv-endpoint",
+    ("rdzv-endpoint", ["launch", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-id", "j",
+                       "--rdzv-endpoint",
                        "127.0.0.1:notaport", SCRIPT], ["'127.0.0.1:notaport'", "HOST:PORT"]),
-    ("rdzv-id-missing", ["launch", "--nnodes", "2", "--rdzv-endpoint", "h:29400", SCRIPT],
+    ("rdzv-id-missing", ["launch", "--nnodes", "2", "--rdzv-backend", "c10d",
+                         "--rdzv-endpoint", "h:29400", SCRIPT],
      ["--rdzv-id is required"]),
     ("no-script", ["launch", "no_such_script.py"], ["'no_such_script.py' does not exist"]),
     # Flags are checked by the configs they map to, as the Python API's settings are.
