@@ -1,9 +1,8 @@
-"""``elastic-train ls | show | restore | verify-resume``: what each command does.
+"""``elastic-train restore | verify-resume``: what each command does.
 
-``ls`` and ``show`` read the run directory only (no torch import: they start
-in a fraction of a second); ``restore`` continues a run the way it was
-started (``fit()`` through its stored train function, ``launch`` by
-relaunching its stored command).
+``restore`` continues a run the way it was started (``fit()`` through its
+stored train function, ``launch`` by relaunching its stored command).
+``ls`` and ``show`` are in :mod:`.browse`.
 """
 
 from __future__ import annotations
@@ -13,62 +12,12 @@ import dataclasses
 import os
 import shlex
 import sys
-import time
 
-from elastic_train.cli import render
 from elastic_train.cli.launch_args import main_launch
-from elastic_train.cli.run_summary import RunSummary
 from elastic_train.errors import ConfigError, TrainingFailedError
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.filesystem import options_from_flags as storage_options
-from elastic_train.storage.run_state import RunState
-
-
-def _runs(storage_path: str) -> list[tuple[str, RunStorage, RunState]]:
-    """The runs under ``storage_path``, oldest first."""
-    fs, root = fsutil.resolve(storage_path)
-    try:
-        entries = fs.ls(root, detail=True)
-    except FileNotFoundError:
-        return []
-    runs = []
-    for entry in entries:
-        if entry["type"] != "directory":
-            continue
-        storage = RunStorage(fs, entry["name"])
-        state = storage.read_run_state()
-        if state is not None:
-            runs.append((entry["name"].rstrip("/").rsplit("/", 1)[-1], storage, state))
-    return sorted(runs, key=lambda r: r[2].created)
-
-
-def cmd_ls(args: argparse.Namespace) -> int:
-    runs = [(name, state, RunSummary.read(storage, state))
-            for name, storage, state in _runs(args.storage_path)]
-    if args.json:
-        print(render.runs_json(runs))
-    elif not runs:
-        print(f"No runs under {args.storage_path}")
-    else:
-        print("\n".join(render.runs_table(runs, time.time())))
-    return 0
-
-
-def cmd_show(args: argparse.Namespace) -> int:
-    fs, path = fsutil.resolve(args.run_path)
-    storage = RunStorage(fs, path)
-    state = storage.read_run_state()
-    if state is None:
-        print(f"{args.run_path} is not a run directory (no run.json).", file=sys.stderr)
-        return 2
-    summary = RunSummary.read(storage, state)
-    if args.json:
-        print(render.run_json(state, summary))
-    else:
-        log_dir = fsutil.display_path(fs, storage.log_dir())
-        print("\n".join(render.run_text(storage.display_path, state, summary, log_dir)))
-    return 0
 
 
 def cmd_restore(args: argparse.Namespace) -> int:

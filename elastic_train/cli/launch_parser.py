@@ -114,8 +114,8 @@ def _fallback(action: argparse.Action, default: Any, env: Mapping[str, str],
     raw = env.get(variable)
     if isinstance(action, check_env):  # torchrun's switches (--standalone, -m, ...)
         return (_env_flag(raw, variable), variable) if raw is not None else (False, DEFAULT)
-    if action.nargs == 0 or isinstance(action, argparse._AppendAction):
-        return default, DEFAULT  # our own switches and repeatable flags: flags only
+    if action.nargs == 0:
+        return default, DEFAULT  # our own switches: flags only
     if raw:
         return _converted(action, raw, variable), variable
     if action.dest in platform:
@@ -133,7 +133,8 @@ def parse(argv: list[str], env: Mapping[str, str]) -> ParsedLaunch:
     for action in parser._actions:
         if action.option_strings and action.dest != "help":
             defaults.setdefault(action.dest, (action, action.default))  # aliases share one
-            action.default = _UNSET
+            if not isinstance(action, argparse._AppendAction):  # it appends to its default
+                action.default = _UNSET
     args = parser.parse_args(argv)
     platform = derived_settings(env)
     values, sources = {}, {}
@@ -142,6 +143,7 @@ def parse(argv: list[str], env: Mapping[str, str]) -> ParsedLaunch:
         if value is _UNSET:
             value, source = _fallback(action, default, env, platform)
         else:
-            source = long_option(action)
+            appended = isinstance(action, argparse._AppendAction)
+            source = DEFAULT if appended and not value else long_option(action)
         values[dest], sources[dest] = value, source
     return ParsedLaunch(values, sources, args.training_script, args.training_script_args)

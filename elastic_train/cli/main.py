@@ -6,7 +6,8 @@
     elastic-train launch [torchrun flags] SCRIPT [ARGS]   run a script on this node, as torchrun
     elastic-train verify-resume [--nproc-per-node N] SCRIPT [ARGS]   does it resume exactly?
 
-This module parses and dispatches: the commands are in :mod:`.commands`,
+This module parses and dispatches: the commands are in :mod:`.browse` (ls,
+show) and :mod:`.commands`,
 ``launch`` (torchrun's own parser, with torch imported only then) in
 :mod:`.launch_args`, the text they print in :mod:`.render`. Every error ends
 in one line and exit code 2 (see :mod:`.errors`); ``--debug`` adds tracebacks.
@@ -19,7 +20,7 @@ import sys
 from typing import NoReturn
 
 from elastic_train import __version__
-from elastic_train.cli import commands
+from elastic_train.cli import browse, commands
 from elastic_train.cli.errors import guarded
 from elastic_train.cli.launch_args import main_launch
 from elastic_train.cli.launch_flags import EXIT_CODES, flag
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("storage_path", nargs="?", default=DEFAULT_STORAGE_PATH)
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     _common(ls)
-    ls.set_defaults(func=commands.cmd_ls)
+    ls.set_defaults(func=browse.cmd_ls)
     show = sub.add_parser("show", help="show one run",
                           epilog="examples:\n  elastic-train show "
                                  "~/elastic_train_results/digits\n  elastic-train show "
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("run_path")
     show.add_argument("--json", action="store_true", help="machine-readable output")
     _common(show)
-    show.set_defaults(func=commands.cmd_show)
+    show.set_defaults(func=browse.cmd_show)
     restore = sub.add_parser("restore", help="continue an interrupted or failed run",
                              epilog="example: elastic-train restore "
                                     "~/elastic_train_results/run1\n" + EXIT_CODES,

@@ -144,7 +144,11 @@ class RunStorage:
 
         try:
             state = self._retry("reading run.json", read)
-        except (OSError, ValueError) as exc:
+        except ValueError as exc:
+            raise StorageError(f"{self.display_path}/{RUN_FILE} is not valid JSON ({exc}): it "
+                               "was cut short or edited; restore it from a copy, or move the "
+                               "run directory aside") from exc
+        except OSError as exc:
             raise StorageError(f"Cannot read {self._path(RUN_FILE)}: {exc!r}") from exc
         if state is None:
             return None

@@ -90,6 +90,8 @@ def test_budget_spent_exit_code_and_message(storage_path, tmp_path):
     assert proc.returncode == 1
     assert "rank 1" in out and "crash at epoch 1" in out
     assert "run the same command again" in out and "--max-restarts N" in out
+    hint = next(line for line in out.splitlines() if "run the same command again" in line)
+    assert hint.count("--storage-path") == 1 and hint.count("--name") == 1, hint
 
 
 @pytest.mark.parametrize("args,message", [
