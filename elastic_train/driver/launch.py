@@ -184,7 +184,10 @@ class LaunchSettings:
                 and self.master_port is None:
             return RendezvousConfig.single_node("launch")  # torchrun: a local c10d store
         if backend.elastic:
-            endpoint = self.rdzv_endpoint or ("127.0.0.1:0" if self.max_nodes == 1 else "")
+            # The platform's endpoint is a c10d store of its own; etcd needs one given.
+            given = "" if self._from_platform("rdzv_endpoint") and backend.name != "c10d" \
+                else self.rdzv_endpoint
+            endpoint = given or ("127.0.0.1:0" if self.max_nodes == 1 else "")
             self._check_elastic_job(backend.name, endpoint)
             source = self.named("rdzv_endpoint")
         else:

@@ -131,6 +131,9 @@ def test_flags_we_do_not_honour_get_a_note(capsys):
     (["--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", "h:2379", SCRIPT], {},
      ["--rdzv-id is required"]),
     (["--print-completion", "bash", SCRIPT], {}, ["torchrun --print-completion"]),
+    (["--rdzv-backend", "etcd", SCRIPT], {"SLURM_JOB_ID": "5", "SLURM_JOB_NUM_NODES": "2",
+                                          "SLURM_JOB_NODELIST": "n[1-2]"},
+     ["--rdzv-endpoint is required for --rdzv-backend etcd-v3"]),  # Slurm's is a c10d store
 ])
 def test_bad_values_end_in_one_line_naming_their_source(capsys, argv, env, words):
     err = failure(capsys, argv, env)
