@@ -47,20 +47,8 @@ def _common(parser: argparse.ArgumentParser, storage: bool = True) -> None:
                         help="show tracebacks of errors")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Every command's parser; each sets ``func``, the command to run (``launch``'s is
-    torchrun's, built only when it runs: see :func:`main`)."""
-    parser = _Parser(
-        prog="elastic-train", epilog=EXIT_CODES,
-        description="Fault-tolerant, elastic PyTorch training with Ray Train's API: run a "
-                    "script like torchrun on this node (launch; inside Slurm or a Kubeflow "
-                    "PyTorchJob with no flags), list and inspect runs (ls, show), continue "
-                    "one (restore), check that a script resumes exactly (verify-resume). "
-                    "`elastic-train COMMAND --help` describes each.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"elastic-train {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _add_browse(sub: argparse._SubParsersAction) -> None:
+    """``ls`` and ``show`` (:mod:`.browse`)."""
     ls = sub.add_parser("ls", help="list runs under a storage path",
                         epilog="examples:\n  elastic-train ls\n  elastic-train ls "
                                "s3://bucket/experiments --json\n" + EXIT_CODES,
@@ -78,6 +66,23 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="machine-readable output")
     _common(show)
     show.set_defaults(func=browse.cmd_show)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every command's parser; each sets ``func``, the command to run (``launch``'s is
+    torchrun's, built only when it runs: see :func:`main`)."""
+    parser = _Parser(
+        prog="elastic-train", epilog=EXIT_CODES,
+        description="Fault-tolerant, elastic PyTorch training with Ray Train's API: run a "
+                    "script like torchrun on this node (launch; inside Slurm or a Kubeflow "
+                    "PyTorchJob with no flags), list and inspect runs (ls, show), continue "
+                    "one (restore), check that a script resumes exactly (verify-resume). "
+                    "`elastic-train COMMAND --help` describes each.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"elastic-train {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_browse(sub)
     restore = sub.add_parser("restore", help="continue an interrupted or failed run",
                              epilog="example: elastic-train restore "
                                     "~/elastic_train_results/run1\n" + EXIT_CODES,

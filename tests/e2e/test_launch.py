@@ -13,10 +13,9 @@ import time
 import pytest
 
 from elastic_train.result import Result
-from elastic_train.storage import RunStorage
-from elastic_train.storage import filesystem as fsutil
 from tests.conftest import pid_alive, wait_until
 from tests.support.etcd_server import run_keys
+from tests.support.launched import run_state, starts
 from tests.support.paths import REPO
 from tests.support.servers import free_port, stop_process
 
@@ -31,17 +30,6 @@ CLI = [sys.executable, "-m", "elastic_train.cli"]
 def launch(*args, out=None):
     return subprocess.Popen([*CLI, "launch", *map(str, args)], cwd=REPO, text=True,
                             stdout=out or subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def starts(out_dir):
-    path = out_dir / "starts"
-    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()] \
-        if path.exists() else []
-
-
-def run_state(storage_path, name):
-    fs, path = fsutil.resolve(os.path.join(storage_path, name))
-    return RunStorage(fs, path).read_run_state().to_json()
 
 
 def worker_pids(out_dir):

@@ -17,9 +17,8 @@ import uuid
 
 import pytest
 
-from elastic_train.storage import RunStorage
-from elastic_train.storage import filesystem as fsutil
 from tests.conftest import wait_until
+from tests.support.launched import run_state, starts
 from tests.support.paths import REPO
 from tests.support.servers import free_port, stop_process
 
@@ -35,17 +34,6 @@ def node_env(**values: object) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PET_", "SLURM_", "MASTER_"))}
     return {**env, **{k: str(v) for k, v in values.items()}}
-
-
-def starts(out_dir):
-    path = out_dir / "starts"
-    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()] \
-        if path.exists() else []
-
-
-def run_state(storage_path, name):
-    fs, path = fsutil.resolve(os.path.join(storage_path, name))
-    return RunStorage(fs, path).read_run_state()
 
 
 def launch_nodes(envs, tmp_path, *args, tag="node"):
@@ -83,7 +71,7 @@ def test_kubeflow_static_pytorchjob_two_nodes(storage_path, tmp_path):
     assert codes == [0, 0], logs
     assert starts(tmp_path) == [(0, 2)]
     name = f"static-127.0.0.1-{port}"  # a real pod's master is <job>-master-0: the job's name
-    assert run_state(storage_path, name).status.value == "finished"
+    assert run_state(storage_path, name)["status"] == "finished"
 
 
 def test_kubeflow_elastic_pytorchjob_two_nodes(storage_path, tmp_path):
@@ -97,7 +85,7 @@ def test_kubeflow_elastic_pytorchjob_two_nodes(storage_path, tmp_path):
     assert codes == [0, 0], logs
     assert starts(tmp_path) == [(0, 2)]
     state = run_state(storage_path, job)
-    assert state.status.value == "finished" and state.spec["launch"]["max_restarts"] == 1
+    assert state["status"] == "finished" and state["spec"]["launch"]["max_restarts"] == 1
 
 
 def test_pet_nproc_per_node_auto(storage_path, tmp_path):
@@ -146,14 +134,14 @@ def test_slurm_two_nodes_from_slurm_variables_alone_and_a_requeue(storage_path, 
     finally:
         codes, logs = finish(procs, tmp_path, tag="first", timeout=60)
     assert codes == [128 + signal.SIGTERM] * 2, logs
-    assert run_state(storage_path, job).status.value == "interrupted"
+    assert run_state(storage_path, job)["status"] == "interrupted"
 
     codes, logs = finish(launch_nodes(envs, tmp_path, *args, tag="requeued"), tmp_path,
                          tag="requeued")
     assert codes == [0, 0], logs
     assert starts(tmp_path)[0] == (0, 2) and starts(tmp_path)[-1][0] >= 3
     state = run_state(storage_path, job)
-    assert state.status.value == "finished" and len(state.launches) == 2
+    assert state["status"] == "finished" and len(state["launches"]) == 2
 
 
 def test_dry_run_on_compressed_node_lists(tmp_path):
