@@ -15,6 +15,7 @@ node's run is :mod:`.launch_run`'s.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 import uuid
@@ -271,11 +272,14 @@ class LaunchSettings:
         return {**recorded, "nnodes": nodes, "nproc_per_node": self.workers_per_node}
 
     def worker_command(self) -> tuple[str, tuple[str, ...]]:
-        """The agent's entrypoint and arguments for one worker."""
+        """The agent's entrypoint and arguments for one worker. The interpreter is
+        ``PYTHON_EXEC``'s, as torchrun's (then workers start without the zygote, which
+        runs this interpreter), else this one."""
         if self.mode == "program":
             return self.target, tuple(self.target_args)
         target = ("-m", self.target) if self.mode == "module" else (self.target,)
-        return sys.executable, ("-m", SCRIPT_WORKER, *target, *self.target_args)
+        python = os.environ.get("PYTHON_EXEC", sys.executable)
+        return python, ("-m", SCRIPT_WORKER, *target, *self.target_args)
 
     def identity(self) -> list[str]:
         """What must not change when a run is resumed: the program and its arguments."""

@@ -144,3 +144,24 @@ def test_bad_values_end_in_one_line_naming_their_source(capsys, argv, env, words
 def test_debug_shows_the_traceback(capsys):
     main_launch(["--debug", "--nnodes", "0", SCRIPT], {})
     assert "Traceback" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, zygote", [
+    ({}, True),
+    ({"numa_binding": "node"}, False),  # numactl wraps the worker's own command
+    ({"run_path": True}, False),        # torchrun's --run-path with its default spawn
+    ({"run_path": True, "start_method": "fork"}, True),
+])
+def test_which_workers_fork_from_the_zygote(flags, zygote):
+    from elastic_train.driver.launch import LaunchSettings
+
+    assert LaunchSettings(target=SCRIPT, **flags).process.zygote is zygote
+
+
+def test_python_exec_picks_the_workers_interpreter(monkeypatch):
+    from elastic_train.driver.launch import LaunchSettings
+
+    monkeypatch.setenv("PYTHON_EXEC", "/opt/python3.12/bin/python")
+    program, args = LaunchSettings(target=SCRIPT, target_args=["--lr", "1"]).worker_command()
+    assert program == "/opt/python3.12/bin/python"
+    assert args == ("-m", "elastic_train.worker.script_worker", SCRIPT, "--lr", "1")
