@@ -60,6 +60,14 @@ def test_slurm_allocation_alone_on_a_compressed_node_list(capsys):
     assert got["rdzv_conf"][0]["keep_alive_interval"] == 1  # our fast-recovery defaults
 
 
+def test_one_slurm_node_is_a_local_job_named_after_the_job(capsys):
+    """A requeued single-node job continues its run: its name is the job id."""
+    env = {"SLURM_JOB_ID": "808", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "cpu7"}
+    got = dry_run(capsys, [SCRIPT], env)
+    assert got["rdzv_endpoint"][0] == "127.0.0.1:0" and got["nnodes"] == (1, "SLURM_JOB_NUM_NODES")
+    assert got["name"] == ("808", "rdzv_id (SLURM_JOB_ID)")
+
+
 def test_flags_and_pet_variables_win_over_slurm(capsys):
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1",
            "SLURM_JOB_NODELIST": "n[1-2]", "MASTER_PORT": "29999",
