@@ -30,7 +30,6 @@ from elastic_train.platforms import Derived, derived_settings
 
 DEFAULT = "default"
 _UNSET = object()
-_POSITIONALS = ("training_script", "training_script_args")
 _TYPE_WORDS = {int: "a whole number", float: "a number"}
 
 
