@@ -24,6 +24,10 @@ Set by the agent or the driver for each worker:
   (hang detection).
 - ``PREEMPTION_DIR`` / ``PREEMPTION_GRACE_S``: where a worker marks that the
   group knew of a preemption notice, and the grace it has after one.
+- ``WORKER_PIDS_DIR``: where a zygote's stand-in notes the pid of the worker
+  it stands in for, so the agent can stop and wait for that worker itself
+  (:mod:`elastic_train.agent.forked_workers`; the stand-in, which imports only
+  the standard library, spells the name out).
 - ``CHECKPOINT_CACHE``: the node's directory of downloaded checkpoints.
 - ``LAUNCH``: under ``elastic-train launch``, the run's storage, name and
   checkpoint settings as JSON, from which a script's session is built.
@@ -36,5 +40,6 @@ AGENT_PID = "ELASTIC_TRAIN_AGENT_PID"
 PROGRESS_DIR = "ELASTIC_TRAIN_PROGRESS_DIR"
 PREEMPTION_DIR = "ELASTIC_TRAIN_PREEMPTION_DIR"
 PREEMPTION_GRACE_S = "ELASTIC_TRAIN_PREEMPTION_GRACE_S"
+WORKER_PIDS_DIR = "ELASTIC_TRAIN_WORKER_PIDS_DIR"
 CHECKPOINT_CACHE = "ELASTIC_TRAIN_CHECKPOINT_CACHE"
 LAUNCH = "ELASTIC_TRAIN_LAUNCH"

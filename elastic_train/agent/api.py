@@ -20,7 +20,11 @@ from dataclasses import dataclass, field
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousParameters,
+)
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.numa.binding import AffinityMode, NumaOptions
 
@@ -79,7 +83,8 @@ class AgentSpec:
     driver's console shows them (see :mod:`elastic_train.driver.console`).
     ``agent_logs`` shows torch.distributed.elastic's own logs too. When the
     agent gets a SIGTERM it passes it on to the workers (a preemption notice)
-    and kills them ``failure.preemption_grace_s`` later.
+    and kills them ``failure.preemption_grace_s`` later. ``staging_dir`` (where
+    workers stage checkpoint files) is emptied before each group starts.
     """
 
     entrypoint: str
@@ -94,6 +99,7 @@ class AgentSpec:
     agent_logs: bool = False
     worker_env: dict[str, str] = field(default_factory=dict)
     local_addr: str | None = None
+    staging_dir: str | None = None
     process: ProcessOptions = field(default_factory=ProcessOptions)
 
 
@@ -148,9 +154,11 @@ def run_agent(spec: AgentSpec,
     ``on_failure(failures, decision)`` is called for every failed attempt,
     including the last, with what the restart budget decided (see
     :mod:`.restart_budget`); ``on_rendezvous(group_rank, nodes)`` after every
-    rendezvous. Raises :class:`Interrupted` after a SIGINT/SIGTERM, once every
-    worker is stopped, and :class:`RendezvousLostError` when the rendezvous became
-    unreachable (with c10d: the node hosting its store is gone).
+    rendezvous. When the job ends because another node spent its budget (it
+    closes the rendezvous), the failures are that node's root cause. Raises
+    :class:`Interrupted` after a SIGINT/SIGTERM, once every worker is stopped,
+    and :class:`RendezvousLostError` when the rendezvous became unreachable
+    (with c10d: the node hosting its store is gone).
     """
     agent = _train_agent(spec, on_failure, on_rendezvous)
     rdzv_handler, rdzv = agent.get_worker_group().spec.rdzv_handler, spec.rendezvous
@@ -161,9 +169,16 @@ def run_agent(spec: AgentSpec,
         except SignalException as exc:
             # Like torchrun, leave the rendezvous open: other nodes may go on without us.
             raise Interrupted(int(exc.sigval)) from None
-        except RendezvousConnectionError as exc:
+        except (RendezvousClosedError, RendezvousConnectionError) as exc:
+            if agent.peer_root is not None:  # the node at fault spent its budget and left
+                return [agent.peer_root], False
+            if isinstance(exc, RendezvousClosedError):
+                raise
             raise RendezvousLostError.for_backend(rdzv.backend, rdzv.endpoint, exc) from exc
         rdzv_handler.shutdown()
+    if result is None:  # torch's agent: the rendezvous closed while this node was a spare
+        logger.info("The job finished without needing this node (it waited as a spare).")
+        return [], False
     if not result.is_failed():
         return [], False
     return failures_of(result), agent.preemption_budget_spent
@@ -211,6 +226,8 @@ def _train_agent(spec: AgentSpec,
         budget=RestartBudget(max_failures=spec.failure.max_failures,
                              max_preemptions=spec.failure.max_preemption_failures),
         on_failure=report, on_rendezvous=on_rendezvous, worker_command=worker_command,
+        worker_pids_dir=os.path.join(logs.root_log_dir, "worker_pids"),
+        staging_dir=spec.staging_dir,
         hang_watch=HangWatch(os.path.join(logs.root_log_dir, "progress"),
                              spec.failure.hang_timeout_s)
         if spec.failure.hang_timeout_s else None,

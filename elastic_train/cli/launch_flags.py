@@ -37,12 +37,13 @@ EPILOG = (
 # Our words for torchrun's flags where we add to their meaning.
 HELP = {
     "rdzv_backend": "static (torchrun's default: a fixed set of nodes ranked by --node-rank; "
-                    "one node alone gets a local c10d store), c10d, or etcd / etcd-v3 (etcd's "
-                    "v3 API, survives the loss of any node); the elastic ones get our "
+                    "one node alone gets a local c10d store), c10d, etcd (our handler on "
+                    "etcd's v3 API: survives the loss of any node) or etcd-v3 (torch's "
+                    "dynamic rendezvous over etcd's v3 API); the elastic ones get our "
                     "fast-recovery defaults (see --rdzv-conf)",
-    "rdzv_conf": "k1=v1,k2=v2; for c10d and etcd, our defaults keep_alive_interval=1, "
-                 "keep_alive_max_attempt=3, last_call_timeout=2, join_timeout=600 fill in "
-                 "what is not given",
+    "rdzv_conf": "k1=v1,k2=v2; our defaults fill in what is not given: last_call_timeout=2, "
+                 "join_timeout=600, and for c10d and etcd-v3 keep_alive_interval=1, "
+                 "keep_alive_max_attempt=3",
     "rdzv_id": "the job's id, the same on every node (default: the Slurm job id, the "
                "Kubeflow job's name, else torchrun's 'none'); also the run's default --name",
     "max_restarts": "restarts after failures (-1: unlimited; default 0)",

@@ -18,6 +18,7 @@ from typing import Any
 
 from elastic_train import env_vars
 from elastic_train.agent.api import Interrupted
+from elastic_train.agent.rendezvous.backends import lookup
 from elastic_train.driver.launch import LaunchSettings
 from elastic_train.driver.node_run import FailureHints, NodePlan, NodeRun
 from elastic_train.errors import TrainingFailedError
@@ -108,10 +109,10 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
                            retry="pass --max-restarts N (or -1 for unlimited)"),
         view=settings.view, process=settings.process, log_dir=settings.log_dir,
         monitor_interval=settings.monitor_interval, local_addr=settings.local_addr)
-    if settings.rendezvous.is_elastic:
-        # Scripts join their process group through env:// against the agent's store;
-        # a store shared across restarts serves stale addresses to a restarted gloo
-        # group. Unshared, each incarnation gets a fresh store on rank 0.
+    if lookup(settings.rendezvous.backend, "--rdzv-backend").reuses_store:
+        # Scripts join their process group through env://; torch's dynamic handler
+        # hands every round the same store, which serves stale addresses to a
+        # restarted gloo group. Unshared, each incarnation gets a fresh store on rank 0.
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     with NodeRun(plan) as node:
         worker_env = {env_vars.LAUNCH: json.dumps({

@@ -170,7 +170,7 @@ class NodeRun:
             rendezvous=plan.rendezvous, failure=plan.run_config.failure_config,
             min_nodes=min_nodes, max_nodes=max_nodes, monitor_interval=plan.monitor_interval,
             log_dir=log_dir, agent_logs=plan.run_config.verbose >= 2, local_addr=plan.local_addr,
-            process=plan.process,
+            process=plan.process, staging_dir=self.staging_dir,
             worker_env={env_vars.CHECKPOINT_CACHE: os.path.join(self.scratch, "checkpoint_cache"),
                         **worker_env})
 

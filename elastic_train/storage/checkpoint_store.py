@@ -18,6 +18,8 @@ operation is retried on transient errors (see :mod:`.retry`).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import re
@@ -27,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 import fsspec
+from fsspec.callbacks import Callback
 
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.retry import RetryPolicy
@@ -174,12 +177,14 @@ class CheckpointStore:
             self._retry("removing upload markers", lambda: self.adapter.remove_tree(uploads))
         return removed
 
-    def upload(self, index: int, local_dir: str, relpaths: list[str]) -> None:
+    def upload(self, index: int, local_dir: str, relpaths: list[str],
+               callback: Callback | None = None) -> None:
         """Copies the named files of ``local_dir`` into checkpoint ``index``.
 
         On local disk the files are hard-linked where the run directory is on
         the same device (no copy at all), so ``local_dir`` must be a private
-        copy nobody writes again -- the uploader's staging area is.
+        copy nobody writes again -- the uploader's staging area is. ``callback``
+        follows the transfers (fsspec's, see :mod:`.upload_progress`).
         """
         target = self.path(index)
         local = [os.path.join(local_dir, rel) for rel in relpaths]
@@ -190,6 +195,8 @@ class CheckpointStore:
         if self.adapter.link_files(local, remote):
             return
         options = self.adapter.put_options()
+        if callback is not None:
+            options["callback"] = callback
         for start in range(0, len(local), UPLOAD_BATCH):
             batch = slice(start, start + UPLOAD_BATCH)
             # A retry first aborts the multipart uploads the failed attempt left open
@@ -218,26 +225,53 @@ class CheckpointStore:
                 self.fs, self._upload_mark(index, r))))
         return files
 
-    def uploaded_ranks(self, index: int) -> set[int]:
-        prefix = self._upload_mark(index) + ".rank"
+    def _marks(self, index: int) -> list[str]:
+        """Every entry of checkpoint ``index`` under ``.upload-marks/``."""
+        directory = fsutil.join(self.run_path, UPLOADS_DIR)
+        prefix = self._upload_mark(index) + "."
 
         def listing() -> list[str]:
-            directory = fsutil.join(self.run_path, UPLOADS_DIR)
             self.fs.invalidate_cache(directory)
             try:
                 return self.fs.ls(directory, detail=False)
             except FileNotFoundError:
                 return []
 
+        return [n for n in self._retry("listing upload markers", listing)
+                if n.startswith(prefix)]
+
+    def uploaded_ranks(self, index: int) -> set[int]:
+        prefix = self._upload_mark(index) + ".rank"
         # Another rank's marker may be mid-write: its temporary name does not count.
-        suffixes = (n[len(prefix):] for n in self._retry("listing upload markers", listing)
-                    if n.startswith(prefix))
+        suffixes = (n[len(prefix):] for n in self._marks(index) if n.startswith(prefix))
         return {int(suffix) for suffix in suffixes if suffix.isdigit()}
 
+    def _progress_mark(self, index: int, rank: int) -> str:
+        return f"{self._upload_mark(index)}.progress.rank{rank}"
+
+    def note_progress(self, index: int, rank: int, uploaded_bytes: int) -> None:
+        """Tells the committing rank how far ``rank``'s upload of ``index`` has got
+        (once, without retries: see :mod:`.upload_progress`)."""
+        fsutil.write_json_atomic(self.fs, self._progress_mark(index, rank),
+                                 {"bytes": uploaded_bytes})
+
+    def upload_progress(self, index: int, ranks: list[int]) -> dict[int, int]:
+        """The bytes each of ``ranks`` last told it had uploaded of ``index`` (0: none)."""
+        def read(rank: int) -> int:
+            try:  # one GET: the marker may be rewritten meanwhile (s3fs's open() then fails)
+                return int(json.loads(self.fs.cat_file(self._progress_mark(index, rank)))["bytes"])
+            except FileNotFoundError:
+                return 0
+
+        return {r: self._retry("reading upload progress", lambda r=r: read(r)) for r in ranks}
+
     def clear_upload_marks(self, index: int) -> None:
-        for rank in self.uploaded_ranks(index):
-            self._retry("removing an upload marker",
-                        lambda r=rank: self.fs.rm(self._upload_mark(index, r)))
+        def remove(mark: str) -> None:
+            with contextlib.suppress(FileNotFoundError):  # e.g. a temporary name, renamed
+                self.fs.rm(mark)
+
+        for mark in self._marks(index):
+            self._retry("removing an upload marker", lambda m=mark: remove(m))
 
     def commit(self, manifest: CommitManifest) -> None:
         """Makes checkpoint ``manifest.index`` visible: the marker is written last."""

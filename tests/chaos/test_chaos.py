@@ -23,7 +23,15 @@ import time
 import pytest
 
 from tests.chaos.conftest import RESULTS
-from tests.chaos.faults import KINDS, LAUNCH_SCRIPT, REPO, Trial, launch_digest, run_trial
+from tests.chaos.faults import (
+    KINDS,
+    LAUNCH_KINDS,
+    LAUNCH_SCRIPT,
+    REPO,
+    Trial,
+    launch_digest,
+    run_trial,
+)
 from tests.conftest import (
     EPOCHS,
     StorageUnderTest,
@@ -91,7 +99,7 @@ def test_trial(trial: Trial, tmp_path, baseline, request):
     row["recovered"] = 1
     row["recovery_s"] = outcome.recovery_s
     expected = request.getfixturevalue("launch_baseline") \
-        if trial.kind in ("agent_sigkill", "etcd_restart") else baseline.return_value["digest"]
+        if trial.kind in LAUNCH_KINDS else baseline.return_value["digest"]
     identical = outcome.digest == expected
     row["leaked"] += sum(pid_alive(p) for p in outcome.orphans)
     history = outcome.iterations == list(range(1, len(outcome.iterations) + 1))

@@ -1,7 +1,7 @@
 """A torchrun-style training script for ``elastic-train launch`` tests.
 
-    launch_script.py OUT_DIR EPOCHS [--crash-at EPOCH] [--sleep S] [--slow-below-world N]
-                     [--forget-optimizer]
+    launch_script.py OUT_DIR EPOCHS [--crash-at EPOCH] [--refused-at EPOCH] [--sleep S]
+                     [--slow-below-world N] [--forget-optimizer] [--context-on-rank0-first]
 
 It initialises its own process group (as under torchrun), uses
 elastic_train.get_checkpoint()/report() for resume, and records each start
@@ -13,6 +13,7 @@ import hashlib
 import os
 import tempfile
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -21,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 import elastic_train as et
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("epochs", type=int)
@@ -32,9 +33,23 @@ def main() -> None:
                              "(a shrunk job stays running until a returning node joins)")
     parser.add_argument("--forget-optimizer", action="store_true",
                         help="a resume bug on purpose: do not restore the optimizer state")
-    args = parser.parse_args()
-    dist.init_process_group("gloo")
+    parser.add_argument("--refused-at", type=int, default=-1,
+                        help="rank 0 raises ConnectionRefusedError at this epoch in every "
+                             "attempt (e.g. a storage outage that outlasts every restart)")
+    parser.add_argument("--context-on-rank0-first", action="store_true",
+                        help="rank 0 alone calls get_context() before any other session call")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _args()
+    # With --context-on-rank0-first a short timeout: a collective that only rank 0 enters
+    # then fails the test within seconds instead of hanging it for the default 30 minutes.
+    dist.init_process_group("gloo", timeout=timedelta(seconds=20)
+                            if args.context_on_rank0_first else None)
     rank, world = dist.get_rank(), dist.get_world_size()
+    if args.context_on_rank0_first and rank == 0:
+        print("CONTEXT", et.get_context().get_experiment_name(), flush=True)
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -63,6 +78,8 @@ def main() -> None:
         if epoch == args.crash_at and rank == world - 1 and not os.path.exists(marker):
             open(marker, "w").close()
             raise RuntimeError(f"crash at epoch {epoch}")
+        if epoch == args.refused_at and rank == 0:
+            raise ConnectionRefusedError(111, "Connection refused")
         time.sleep(args.sleep + (1.0 if world < args.slow_below_world else 0.0))
         with tempfile.TemporaryDirectory() as d:
             ckpt = None

@@ -152,9 +152,12 @@ def _report(config: dict, model, optimizer, epoch: int, loss, epoch_done: bool,
                         "optimizer": optimizer.state_dict(),
                         "epoch": epoch, "epoch_done": epoch_done}, os.path.join(d, "state.pt"))
             checkpoint = et.Checkpoint.from_directory(d)
-        elif config.get("ballast_mb"):  # a large file from another rank: slow uploads
-            with open(os.path.join(d, "ballast.bin"), "wb") as f:
-                f.write(os.urandom(config["ballast_mb"] << 20))
+        elif config.get("ballast_mb"):  # large files from another rank: slow uploads
+            files = config.get("ballast_files", 1)
+            for i in range(files):
+                name = "ballast.bin" if files == 1 else f"ballast_{i:03d}.bin"
+                with open(os.path.join(d, name), "wb") as f:
+                    f.write(os.urandom((config["ballast_mb"] << 20) // files))
             checkpoint = et.Checkpoint.from_directory(d)
         et.report(metrics, checkpoint=checkpoint,
                   checkpoint_upload_mode=config.get("upload_mode", "ASYNC"))

@@ -66,7 +66,7 @@ def test_elastic_pytorchjob(capsys, workdir):
         "containers"][0]
     env = {**kube.pytorchjob_env(job, "Worker", 1), **kube.container_env(container, {})}
     got = dry_run(capsys, kube.launch_argv(container), env)
-    assert got["rdzv_backend"] == "etcd-v3" and got["rdzv_endpoint"] == "etcd-client:2379"
+    assert got["rdzv_backend"] == "etcd" and got["rdzv_endpoint"] == "etcd-client:2379"
     assert got["nnodes"] == "2:4" and got["nproc_per_node"] == 2
     assert got["rdzv_id"] == got["name"] == "resnet-elastic"
     assert got["max_restarts"] == 3 and got["storage_path"] == "s3://ml-runs/elastic-train"

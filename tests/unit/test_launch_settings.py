@@ -141,7 +141,7 @@ def test_flags_we_do_not_honour_get_a_note(capsys):
     (["--print-completion", "bash", SCRIPT], {}, ["torchrun --print-completion"]),
     (["--rdzv-backend", "etcd", SCRIPT], {"SLURM_JOB_ID": "5", "SLURM_JOB_NUM_NODES": "2",
                                           "SLURM_JOB_NODELIST": "n[1-2]"},
-     ["--rdzv-endpoint is required for --rdzv-backend etcd-v3"]),  # Slurm's is a c10d store
+     ["--rdzv-endpoint is required for --rdzv-backend etcd"]),  # Slurm's is a c10d store
 ])
 def test_bad_values_end_in_one_line_naming_their_source(capsys, argv, env, words):
     err = failure(capsys, argv, env)
