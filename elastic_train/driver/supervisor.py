@@ -14,6 +14,7 @@ from collections.abc import Callable
 from elastic_train.agent.api import AgentSpec, Interrupted, run_agent
 from elastic_train.agent.restart_budget import Decision
 from elastic_train.callbacks import RunContext, UserCallback
+from elastic_train.driver.console import ConsoleView
 from elastic_train.driver.progress import RunMonitor
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.errors import RendezvousLostError, WorkerFailure
@@ -36,9 +37,7 @@ class RunSupervisor:
                  begin_record: Callable[[], RunRecord],
                  check_lease: Callable[[], None] | None = None,
                  callbacks: list[UserCallback] | None = None, verbose: int = 1,
-                 local_ranks: set[int] | None = None,
-                 streams: frozenset[str] = frozenset({"stdout", "stderr"}),
-                 train_loop_config: dict | None = None):
+                 view: ConsoleView | None = None, train_loop_config: dict | None = None):
         self.storage = storage
         self.record: RunRecord | None = None
         self.train_loop_config = train_loop_config
@@ -46,8 +45,7 @@ class RunSupervisor:
         self.check_lease = check_lease
         self.callbacks = list(callbacks or [])
         self.verbose = verbose
-        self.local_ranks = local_ranks
-        self.streams = streams
+        self.view = view
         self.name = name
         self.preempted_out = False
 
@@ -58,8 +56,7 @@ class RunSupervisor:
         """
         context = RunContext(self.name, self.storage, self.train_loop_config)
         monitor = RunMonitor(context, self.callbacks, spec.log_dir,
-                             verbose=self.verbose, local_ranks=self.local_ranks,
-                             streams=self.streams,
+                             verbose=self.verbose, view=self.view,
                              nproc_per_node=spec.nproc_per_node)
 
         def on_rendezvous(group_rank: int, nodes: int) -> None:
