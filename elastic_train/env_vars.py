@@ -18,6 +18,9 @@ User switches:
   or ``elastic-train launch``): a node does not keep the checkpoint files its
   ranks uploaded to a remote store (for nodes short of disk), so every restart
   downloads what it reads (:mod:`elastic_train.storage.local_tier`).
+- ``LEASE_TTL_S``: seconds after its last heartbeat (every quarter of it) a
+  driver's lease on its run goes stale and another job may take the run over
+  (default 20; :mod:`elastic_train.driver.run_lease`).
 
 Set by the agent or the driver for each worker:
 
@@ -36,6 +39,8 @@ Set by the agent or the driver for each worker:
   kept after upload or downloaded (:mod:`elastic_train.storage.local_tier`).
 - ``LAUNCH``: under ``elastic-train launch``, the run's storage, name and
   checkpoint settings as JSON, from which a script's session is built.
+- ``LEASE_TOKEN``: the job's lease token on the run; a worker's commits and
+  cleanups are refused once a newer job holds the run.
 """
 
 ZYGOTE = "ELASTIC_TRAIN_ZYGOTE"
@@ -49,3 +54,5 @@ PREEMPTION_GRACE_S = "ELASTIC_TRAIN_PREEMPTION_GRACE_S"
 WORKER_PIDS_DIR = "ELASTIC_TRAIN_WORKER_PIDS_DIR"
 CHECKPOINT_CACHE = "ELASTIC_TRAIN_CHECKPOINT_CACHE"
 LAUNCH = "ELASTIC_TRAIN_LAUNCH"
+LEASE_TTL_S = "ELASTIC_TRAIN_LEASE_TTL_S"
+LEASE_TOKEN = "ELASTIC_TRAIN_LEASE_TOKEN"

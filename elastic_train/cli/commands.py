@@ -1,9 +1,8 @@
-"""``elastic-train ls | show | restore | verify-resume``: what each command does.
+"""``elastic-train restore | verify-resume``: what each command does.
 
-``ls`` and ``show`` read the run directory only (no torch import: they start
-in a fraction of a second); ``restore`` continues a run the way it was
-started (``fit()`` through its stored train function, ``launch`` by
-relaunching its stored command).
+``restore`` continues a run the way it was started (``fit()`` through its
+stored train function, ``launch`` by relaunching its stored command, checked
+and shown first: see :mod:`.relaunch`). ``ls`` and ``show`` are in :mod:`.browse`.
 """
 
 from __future__ import annotations
@@ -13,73 +12,14 @@ import dataclasses
 import os
 import shlex
 import sys
-import time
 
-from elastic_train.cli import render
 from elastic_train.cli.launch_args import main_launch
-from elastic_train.cli.run_summary import RunSummary
+from elastic_train.cli.relaunch import RunAt, plan_relaunch
 from elastic_train.errors import ConfigError, TrainingFailedError
+from elastic_train.redaction import redact_argv
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.run_state import RunState
-
-
-def _runs(storage_path: str) -> list[tuple[str, RunStorage, RunState]]:
-    """The runs under ``storage_path``, oldest first."""
-    fs, root = fsutil.resolve(storage_path)
-    try:
-        entries = fs.ls(root, detail=True)
-    except FileNotFoundError:
-        return []
-    runs = []
-    for entry in entries:
-        if entry["type"] != "directory":
-            continue
-        storage = RunStorage(fs, entry["name"])
-        state = storage.read_run_state()
-        if state is not None:
-            runs.append((entry["name"].rstrip("/").rsplit("/", 1)[-1], storage, state))
-    return sorted(runs, key=lambda r: r[2].created)
-
-
-def cmd_ls(args: argparse.Namespace) -> int:
-    runs = [(name, state, RunSummary.read(storage, state))
-            for name, storage, state in _runs(args.storage_path)]
-    if args.json:
-        print(render.runs_json(runs))
-    elif not runs:
-        print(f"No runs under {args.storage_path}")
-    else:
-        print("\n".join(render.runs_table(runs, time.time())))
-    return 0
-
-
-def cmd_show(args: argparse.Namespace) -> int:
-    fs, path = fsutil.resolve(args.run_path)
-    storage = RunStorage(fs, path)
-    state = storage.read_run_state()
-    if state is None:
-        print(f"{args.run_path} is not a run directory (no run.json).", file=sys.stderr)
-        return 2
-    summary = RunSummary.read(storage, state)
-    if args.json:
-        print(render.run_json(state, summary))
-    else:
-        log_dir = fsutil.display_path(fs, storage.log_dir())
-        print("\n".join(render.run_text(storage.display_path, state, summary, log_dir)))
-    return 0
-
-
-def storage_options(pairs: list[str]) -> dict[str, str] | None:
-    """``--storage-option KEY=VALUE`` flags as fsspec options."""
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ConfigError(f"--storage-option {pair!r}: use KEY=VALUE, e.g. "
-                              "--storage-option endpoint_url=http://127.0.0.1:9000")
-        options[key] = value
-    return options or None
+from elastic_train.storage.filesystem import options_from_flags as storage_options
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
@@ -90,7 +30,9 @@ def cmd_restore(args: argparse.Namespace) -> int:
     finished = state is not None and state.is_finished and not args.start_over
     command = state.spec.get("command") if state is not None else None
     if command and not finished:  # a run of `elastic-train launch`
-        return _relaunch(command, state.spec.get("cwd", os.getcwd()), args.start_over)
+        parent, _, name = path.rstrip("/").rpartition("/")
+        return _relaunch(command, state.spec.get("cwd", "?"), args,
+                         RunAt(fsutil.display_path(fs, parent), name, options))
     if finished or state is None or not storage.has_trainable():
         why = ("its run has already finished: pass --start-over to move it aside and train "
                "it again from scratch" if finished else "it is not a run directory")
@@ -100,17 +42,19 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return _refit(args.run_path, options, args.start_over)
 
 
-def _relaunch(command: list[str], cwd: str, start_over: bool) -> int:
-    """Runs a launch run's stored command again, from its directory if it exists here."""
-    if start_over:
-        command = [*command[:2], "--start-over", *command[2:]]
-    print(f"elastic-train: relaunching {shlex.join(command)}", file=sys.stderr)
-    if os.path.isdir(cwd):
-        os.chdir(cwd)
-    else:  # another machine: the script's relative path must resolve from here
-        print(f"elastic-train: {cwd} does not exist here; relaunching from "
-              f"{os.getcwd()}", file=sys.stderr)
-    return main_launch(command[2:])
+def _relaunch(command: list[str], stored_cwd: str, args: argparse.Namespace,
+              at: RunAt) -> int:
+    """Runs a launch run's stored command again, checked and rewritten by
+    :func:`~.relaunch.plan_relaunch`, in the current directory; it is printed first."""
+    try:
+        argv = plan_relaunch(command, at, stored_cwd, trust=args.trust_command,
+                             start_over=args.start_over)
+    except ConfigError as exc:
+        raise ConfigError(f"{args.run_path} cannot be restored: {exc}") from None
+    shown = shlex.join(redact_argv(["elastic-train", "launch", *argv]))
+    print(f"elastic-train: restoring {args.run_path}: running {shown} in {os.getcwd()}",
+          file=sys.stderr)
+    return main_launch(argv)
 
 
 def _refit(run_path: str, options: dict[str, str] | None, start_over: bool) -> int:

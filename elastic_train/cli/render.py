@@ -66,6 +66,9 @@ def run_text(display_path: str, state: RunState, summary: RunSummary, log_dir: s
     lines = [f"run:      {display_path}",
              f"status:   {state.status.value}   updated {when(state.updated)}   "
              f"iteration {summary.iterations}"]
+    if state.error:  # why a failed run stopped, as the user was told then
+        first, *rest = state.error.splitlines() or [""]
+        lines += [f"error:    {first}", *(f"          {line}" for line in rest)]
     if spec.get("command"):
         lines.append(f"command:  {shlex.join(spec['command'])}")
     if spec.get("train_function"):

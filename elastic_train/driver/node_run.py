@@ -2,7 +2,9 @@
 
 Everything between "settings validated" and "outcome recorded" happens here,
 once, for both front-ends: the check that the stored run may be continued, the
-node's scratch directory (staging, checkpoint cache, logs on remote storage),
+run's lease (one job writes a run directory: a second is refused here, see
+:mod:`.run_lease`), the node's scratch directory (staging, checkpoint cache, logs
+on remote storage),
 the worker environment every worker gets, the agent's spec, the run's record
 (``run.json``, begun by the node that becomes group rank 0; failures; final
 status), the live view and callbacks (:mod:`.supervisor`), and the outcome: a
@@ -26,14 +28,17 @@ import os
 import shutil
 import socket
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
 from elastic_train import env_vars
-from elastic_train.agent.api import AgentSpec
+from elastic_train.agent.api import AgentSpec, ProcessOptions
 from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.config import RunConfig, ScalingConfig
+from elastic_train.driver.console import ConsoleView
+from elastic_train.driver.resume_rules import is_launch
+from elastic_train.driver.run_lease import RunLease
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.driver.supervisor import RunSupervisor
 from elastic_train.errors import PreemptionError, TrainingFailedError, WorkerFailure
@@ -73,8 +78,8 @@ class NodePlan:
         accepted: Spec changes this launch accepts on resume (see ``resume_rules``).
         trainable: ``fit()``'s pickled spec, written beside ``run.json`` for restore.
         train_loop_config: ``fit()``'s, shown to the driver-side callbacks.
-        local_ranks: Local ranks whose output the console shows (None: all).
-        streams: Streams the console shows.
+        view: Which workers' output the console shows, and how it names them.
+        process: How the workers' processes are started (role, NUMA binding, ...).
         log_dir: Where worker logs go (default: the run's ``logs/<host>`` on local
             storage, uploaded there at the end from scratch on remote storage).
         monitor_interval: Seconds between the agent's looks at its workers.
@@ -90,8 +95,8 @@ class NodePlan:
     accepted: frozenset[str] = frozenset()
     trainable: bytes | None = None
     train_loop_config: dict[str, Any] | None = None
-    local_ranks: set[int] | None = None
-    streams: frozenset[str] = frozenset({"stdout", "stderr"})
+    view: ConsoleView = field(default_factory=ConsoleView)
+    process: ProcessOptions = field(default_factory=ProcessOptions)
     log_dir: str | None = None
     monitor_interval: float = 0.1
     local_addr: str | None = None
@@ -101,13 +106,15 @@ class NodeRun:
     """Runs a :class:`NodePlan`; a context manager that owns the node's scratch directory.
 
     ``__enter__`` checks, before any process starts, that the storage is
-    writable and that the stored run (if any) may be continued; the scratch
-    directory lives until ``__exit__``.
+    writable and that the stored run (if any) may be continued, and takes the
+    run's lease (RunInUseError while another job writes it); the lease and the
+    scratch directory live until ``__exit__``.
     """
 
     def __init__(self, plan: NodePlan):
         self.plan = plan
         self.scratch = ""
+        self.lease: RunLease | None = None
 
     def __enter__(self) -> NodeRun:
         plan = self.plan
@@ -116,12 +123,22 @@ class NodeRun:
         # rank 0 checks again as it records the launch, and is the one that starts over.
         RunRecord.check_resumable(plan.storage, plan.spec,
                                   start_over=plan.run_config.start_over, accepted=plan.accepted)
+        self.lease = RunLease.acquire(plan.storage, plan.rendezvous, self._description())
+        plan.storage.use_fence(self.lease.token)
         self.scratch = tempfile.mkdtemp(prefix="elastic_train_")
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
+        if self.lease is not None:
+            self.lease.release()
+
+    def _description(self) -> str:
+        """Who holds the run, as a second job's refusal names it."""
+        front = "`elastic-train launch`" if is_launch(self.plan.spec) else "fit()"
+        nodes = self.plan.scaling.nodes[1]
+        return front + (f" (rendezvous id {self.plan.rendezvous.run_id})" if nodes > 1 else "")
 
     @property
     def staging_dir(self) -> str:
@@ -139,9 +156,10 @@ class NodeRun:
         """
         supervisor = RunSupervisor(self.plan.storage, self.plan.run_config.name,
                                    begin_record=self._begin_record,
+                                   check_lease=self.lease.check if self.lease else None,
                                    callbacks=self.plan.run_config.callbacks,
                                    verbose=self.plan.run_config.verbose,
-                                   local_ranks=self.plan.local_ranks, streams=self.plan.streams,
+                                   view=self.plan.view,
                                    train_loop_config=self.plan.train_loop_config)
         failures = supervisor.run(self._agent_spec(entrypoint, args, worker_env))
         if failures:
@@ -169,14 +187,14 @@ class NodeRun:
             rendezvous=plan.rendezvous, failure=plan.run_config.failure_config,
             min_nodes=min_nodes, max_nodes=max_nodes, monitor_interval=plan.monitor_interval,
             log_dir=log_dir, agent_logs=plan.run_config.verbose >= 2, local_addr=plan.local_addr,
-            staging_dir=self.staging_dir,
+            process=plan.process, staging_dir=self.staging_dir,
             worker_env={env_vars.CHECKPOINT_CACHE: os.path.join(self.scratch, "checkpoint_cache"),
-                        **worker_env})
+                        **(self.lease.worker_env() if self.lease else {}), **worker_env})
 
     def _failed(self, failures: list[WorkerFailure],
                 supervisor: RunSupervisor) -> TrainingFailedError:
         """The error for a spent budget, recorded; the run's cut-short uploads removed by the
-        node that records the run (others may still be training on it)."""
+        node that records the run, when no other node of the job still runs on it."""
         budget = self.plan.run_config.failure_config
         preempted = supervisor.preempted_out
         error = (PreemptionError if preempted else TrainingFailedError).from_failures(
@@ -185,6 +203,7 @@ class NodeRun:
             resume_hint=self.plan.hints.resume, retry_hint=self.plan.hints.retry)
         if supervisor.record is not None:
             supervisor.record.set_status(RunStatus.FAILED, error=str(error))
-            self.plan.storage.discard_unfinished_uploads()
+            if self.lease is not None and self.lease.is_sole_member():
+                self.plan.storage.discard_unfinished_uploads()
         return error
 

@@ -7,6 +7,13 @@ for each new report, and shows progress: a status line kept at the bottom of
 a terminal, or a plain line at most every few seconds when stdout is a pipe
 or a file (CI, logs). No dependency: a status line needs neither rich nor tqdm.
 
+Callbacks get reports in order, and a report's checkpoint only once it is
+committed (as in Ray Train, where a checkpoint is persisted before the report
+is processed): a report whose checkpoint is still uploading (ASYNC) waits, and
+the reports after it wait with it. A checkpoint that never became visible (its
+upload was cut short; a later one is committed, or the run ended) is handed over
+as None with its metrics.
+
 ``verbose``: 0 shows nothing, 1 (default) shows progress, 2 also shows
 torch.distributed.elastic's own agent logs.
 """
@@ -21,7 +28,7 @@ from typing import Any, TextIO
 
 from elastic_train.callbacks import RunContext, UserCallback
 from elastic_train.checkpoint import Checkpoint
-from elastic_train.driver.console import Console, LogTail
+from elastic_train.driver.console import Console, ConsoleView, LogTail
 from elastic_train.errors import WorkerFailure
 from elastic_train.metric_rows import user_metrics
 
@@ -45,9 +52,7 @@ class RunMonitor:
 
     def __init__(self, context: RunContext, callbacks: list[UserCallback], log_dir: str,
                  verbose: int = 1, stream: TextIO | None = None,
-                 local_ranks: set[int] | None = None,
-                 streams: frozenset[str] = frozenset({"stdout", "stderr"}),
-                 interval_s: float = 1.0,
+                 view: ConsoleView | None = None, interval_s: float = 1.0,
                  plain_every_s: float = 10.0, nproc_per_node: int = 1):
         self.context = context
         self.callbacks = list(callbacks)
@@ -56,12 +61,14 @@ class RunMonitor:
         self.interval_s = interval_s
         self.plain_every_s = plain_every_s
         self._group_rank, self._nodes, self._nproc = 0, 1, nproc_per_node
-        self.tail = LogTail(log_dir, self.console, self._prefix, local_ranks, streams)
+        self.view = view or ConsoleView()
+        self.tail = LogTail(log_dir, self.console, self._prefix, self.view)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = time.monotonic()
         self._last_iteration = 0
         self._last_row: dict[str, Any] | None = None
+        self._waiting: list[dict[str, Any]] = []  # rows not handed to the callbacks yet
         self._workers = "starting"
         self._restarts = 0
         self._uploading = 0  # reported checkpoints not committed yet
@@ -70,6 +77,9 @@ class RunMonitor:
 
     def _prefix(self, local_rank: int) -> str:
         rank = self._group_rank * self._nproc + local_rank
+        prefix = self.view.prefix(rank, local_rank)
+        if prefix is not None:
+            return prefix
         return f"[node{self._group_rank} rank{rank}]: " if self._nodes > 1 else f"[rank{rank}]: "
 
     def start(self) -> None:
@@ -89,7 +99,7 @@ class RunMonitor:
         if self._thread is not None:
             self._thread.join()
         self.tail.poll(final=True)
-        self._poll_metrics_safely()
+        self._poll_metrics_safely(final=True)
         self._render(final=True)
         self.console.end_status()
         for callback in self.callbacks:
@@ -126,9 +136,10 @@ class RunMonitor:
                 self._poll_metrics_safely()
                 self._render()
 
-    def _poll_metrics_safely(self) -> None:
+    def _poll_metrics_safely(self, final: bool = False) -> None:
         try:
             self._poll_metrics()
+            self._hand_over(final)
         except Exception:  # an unreachable store must not stop the run or hide its error
             logger.debug("Progress poll failed", exc_info=True)
 
@@ -144,17 +155,32 @@ class RunMonitor:
             self._uploading += bool(name)
         if rows and rows[-1].get("training_iteration", 0) < self._last_iteration:
             self._last_iteration = rows[-1]["training_iteration"]  # history trimmed on resume
+            self._waiting = [r for r in self._waiting  # the failed attempt's, redone
+                             if r.get("training_iteration", 0) <= self._last_iteration]
         for row in rows:
             iteration = row.get("training_iteration", 0)
             if iteration <= self._last_iteration:
                 continue
             self._last_iteration = iteration
             self._last_row = row
+            self._waiting.append(row)
+
+    def _hand_over(self, final: bool) -> None:
+        """Calls ``after_report`` for the waiting rows, in order, each once its checkpoint
+        is committed (or, as None, once it never will be: see the module)."""
+        checkpoints = self.context.storage.checkpoints
+        while self._waiting:
+            row = self._waiting[0]
+            name = row.get("checkpoint_dir_name")
             checkpoint = None
-            if row.get("checkpoint_dir_name"):
-                checkpoint = Checkpoint(f"{self.context.storage.run_path}/"
-                                        f"{row['checkpoint_dir_name']}",
+            if name and checkpoints.is_committed(name):
+                checkpoint = Checkpoint(f"{self.context.storage.run_path}/{name}",
                                         self.context.storage.fs)
+            elif name and not final and not any(
+                    later.get("checkpoint_dir_name") and checkpoints.is_committed(
+                        later["checkpoint_dir_name"]) for later in self._waiting[1:]):
+                return  # still uploading
+            self._waiting.pop(0)
             for callback in self.callbacks:
                 try:
                     callback.after_report(self.context, [row], checkpoint)

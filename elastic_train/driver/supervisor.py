@@ -14,6 +14,7 @@ from collections.abc import Callable
 from elastic_train.agent.api import AgentSpec, Interrupted, run_agent
 from elastic_train.agent.restart_budget import Decision
 from elastic_train.callbacks import RunContext, UserCallback
+from elastic_train.driver.console import ConsoleView
 from elastic_train.driver.progress import RunMonitor
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.errors import RendezvousLostError, WorkerFailure
@@ -28,23 +29,23 @@ class RunSupervisor:
 
     ``begin_record`` creates the run's :class:`RunRecord` at the first
     rendezvous that makes this node group rank 0 (on a single node: the first);
-    ``record`` is None on the other nodes.
+    ``record`` is None on the other nodes. ``check_lease`` runs at every
+    rendezvous, before a group starts: it raises when the run was taken over.
     """
 
     def __init__(self, storage: RunStorage, name: str, *,
                  begin_record: Callable[[], RunRecord],
+                 check_lease: Callable[[], None] | None = None,
                  callbacks: list[UserCallback] | None = None, verbose: int = 1,
-                 local_ranks: set[int] | None = None,
-                 streams: frozenset[str] = frozenset({"stdout", "stderr"}),
-                 train_loop_config: dict | None = None):
+                 view: ConsoleView | None = None, train_loop_config: dict | None = None):
         self.storage = storage
         self.record: RunRecord | None = None
         self.train_loop_config = train_loop_config
         self.begin_record = begin_record
+        self.check_lease = check_lease
         self.callbacks = list(callbacks or [])
         self.verbose = verbose
-        self.local_ranks = local_ranks
-        self.streams = streams
+        self.view = view
         self.name = name
         self.preempted_out = False
 
@@ -55,11 +56,12 @@ class RunSupervisor:
         """
         context = RunContext(self.name, self.storage, self.train_loop_config)
         monitor = RunMonitor(context, self.callbacks, spec.log_dir,
-                             verbose=self.verbose, local_ranks=self.local_ranks,
-                             streams=self.streams,
+                             verbose=self.verbose, view=self.view,
                              nproc_per_node=spec.nproc_per_node)
 
         def on_rendezvous(group_rank: int, nodes: int) -> None:
+            if self.check_lease is not None:
+                self.check_lease()
             monitor.note_rendezvous(group_rank, nodes)
             if group_rank == 0 and self.record is None:
                 self.record = self.begin_record()

@@ -14,6 +14,15 @@ with a marker under ``.upload-marks/`` (their files' sizes and CRC-32s,
 computed off the training thread) that the committing rank waits for and
 merges into the manifest. Every
 operation is retried on transient errors (see :mod:`.retry`).
+
+"No marker" is never taken from one lookup: an NFS client caches "not found" for
+up to ``acdirmin`` (30 s), so a node may not see a marker another node wrote
+seconds ago. Before a checkpoint is treated as uncommitted -- and above all before
+it is deleted as such -- its directory is listed afresh (opening a directory
+revalidates it on NFS; on object stores a listing is what the store holds) and the
+marker read again if it is there. Writes that could harm another job's checkpoints
+(upload, commit, deletion, cleanup) first check the run's lease (``fence``, see
+:mod:`.lease`).
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import fsspec
 from fsspec.callbacks import Callback
@@ -35,6 +44,9 @@ from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.manifest import CommitManifest
 from elastic_train.storage.retry import RetryPolicy
 from elastic_train.storage.stores import adapter_for
+
+if TYPE_CHECKING:
+    from elastic_train.storage.lease import LeaseFence
 
 logger = logging.getLogger(__name__)
 
@@ -91,11 +103,12 @@ class CheckpointStore:
     """Reads, writes, commits and deletes the checkpoints of one run."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, run_path: str,
-                 retry: RetryPolicy | None = None):
+                 retry: RetryPolicy | None = None, fence: LeaseFence | None = None):
         self.fs = fs
         self.run_path = run_path
         self.adapter = adapter_for(fs)
         self.retry = (retry or RetryPolicy()).for_store(self.adapter)
+        self.fence = fence
 
     @property
     def display_path(self) -> str:
@@ -104,10 +117,18 @@ class CheckpointStore:
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         return self.retry.call(what, self.display_path, fn)
 
+    def _fenced(self, what: str) -> None:
+        if self.fence is not None:
+            self.fence.check(what)
+
     def is_committed(self, name: str) -> bool:
         """Whether the checkpoint directory ``name`` (``checkpoint_000007``) has its marker."""
-        return self._retry("checking a commit marker",
-                           lambda: self.fs.exists(fsutil.join(self.run_path, name, MARKER)))
+        directory = fsutil.join(self.run_path, name)
+        if self._retry("checking a commit marker",
+                       lambda: self.fs.exists(fsutil.join(directory, MARKER))):
+            return True
+        return MARKER in self._retry("listing a checkpoint directory",
+                                     lambda: fsutil.names_in(self.fs, directory))
 
     def path(self, index: int) -> str:
         return fsutil.join(self.run_path, dir_name(index))
@@ -128,14 +149,11 @@ class CheckpointStore:
         return dirs
 
     def _read_manifest(self, path: str) -> CommitManifest | None:
-        def read() -> CommitManifest | None:
-            try:
-                return CommitManifest.from_json(
-                    fsutil.read_json(self.fs, fsutil.join(path, MARKER)))
-            except FileNotFoundError:
-                return None
-
-        return self._retry("reading a commit marker", read)
+        """The marker of the checkpoint directory ``path``; None only when a fresh listing
+        of the directory confirms there is none."""
+        data = self._retry("reading a commit marker", lambda: fsutil.read_unless_missing(
+            self.fs, fsutil.join(path, MARKER), lambda p: fsutil.read_json(self.fs, p)))
+        return None if data is None else CommitManifest.from_json(data)
 
     def committed(self) -> list[CommitManifest]:
         """Every committed checkpoint, oldest first."""
@@ -150,6 +168,7 @@ class CheckpointStore:
     def sweep(self) -> tuple[list[int], list[CommitManifest]]:
         """:meth:`remove_uncommitted` and :meth:`committed` in one pass over the run
         directory (a start needs both; each marker is read once)."""
+        self._fenced("removing unfinished uploads")
         aborted = self._retry("aborting unfinished multipart uploads",
                               lambda: self.adapter.abort_unfinished_uploads(self.run_path))
         if aborted:
@@ -179,6 +198,7 @@ class CheckpointStore:
         copy nobody writes again -- the uploader's staging area is. ``callback``
         follows the transfers (fsspec's, see :mod:`.upload_progress`).
         """
+        self._fenced(f"uploading {dir_name(index)}")
         target = self.path(index)
         local = [os.path.join(local_dir, rel) for rel in relpaths]
         remote = [fsutil.join(target, rel) for rel in relpaths]
@@ -276,12 +296,14 @@ class CheckpointStore:
 
     def commit(self, manifest: CommitManifest) -> None:
         """Makes checkpoint ``manifest.index`` visible: the marker is written last."""
+        self._fenced(f"committing {dir_name(manifest.index)}")
         marker = fsutil.join(self.path(manifest.index), MARKER)
         self._retry(f"committing {dir_name(manifest.index)}", lambda: fsutil.write_json_atomic(
             self.fs, marker, asdict(manifest)))
 
     def delete(self, index: int) -> None:
         """Removes a whole checkpoint, marker first so it vanishes for readers at once."""
+        self._fenced(f"deleting {dir_name(index)}")
         path = self.path(index)
         self._retry(f"deleting {dir_name(index)}", lambda: self.fs.rm(fsutil.join(path, MARKER)))
         self._retry(f"deleting {dir_name(index)}", lambda: self.adapter.remove_tree(path))

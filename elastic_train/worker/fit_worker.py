@@ -15,11 +15,11 @@ import cloudpickle
 from fsspec.implementations.local import LocalFileSystem
 
 from elastic_train.context import WorkerEnv
-from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.worker.lifecycle import run_worker
 from elastic_train.worker.run_spec import RunSpec
 from elastic_train.worker.session import TrainSession, init_session, shutdown_session
+from elastic_train.worker.storage_access import open_run_storage
 
 FIT_WORKER = "elastic_train.worker.fit_worker"  # this module, as the agent runs it
 RETURN_VALUE_FILE = "return_value.pkl"
@@ -38,7 +38,7 @@ def run(spec_path: str, result_dir: str) -> None:
     env = WorkerEnv.from_environ()
     with open(spec_path, "rb") as f:
         spec: RunSpec = cloudpickle.load(f)
-    storage = RunStorage.for_run(spec.run_config, spec.experiment_name)
+    storage = open_run_storage(spec.run_config, spec.experiment_name)
     resources = spec.backend.on_worker_start(env, spec.scaling_config)
     staging = os.path.join(result_dir, "staging")
     session = TrainSession(spec, env, resources, storage, staging)

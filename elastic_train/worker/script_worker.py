@@ -24,12 +24,12 @@ import torch.distributed as dist
 from elastic_train import env_vars
 from elastic_train.config import CheckpointConfig, RunConfig, ScalingConfig
 from elastic_train.context import WorkerEnv
-from elastic_train.storage import RunStorage
 from elastic_train.torch.config import TorchConfig
 from elastic_train.worker.backend import WorkerResources
 from elastic_train.worker.lifecycle import run_worker
 from elastic_train.worker.run_spec import RunSpec
 from elastic_train.worker.session import TrainSession, current_session, set_session_factory
+from elastic_train.worker.storage_access import open_run_storage
 
 
 class _ScriptSession(TrainSession):
@@ -56,12 +56,13 @@ def _script_session() -> TrainSession:
     device = torch.device("cuda", torch.cuda.current_device()) \
         if torch.cuda.is_available() and torch.cuda.is_initialized() else torch.device("cpu")
     run_config = RunConfig(storage_path=settings["storage_path"], name=settings["name"],
+                           storage_options=settings.get("storage_options"),
                            checkpoint_config=CheckpointConfig(**settings["checkpoint_config"]))
     spec = RunSpec(train_loop_per_worker=None, train_loop_config=None, backend=TorchConfig(),
                    scaling_config=ScalingConfig(num_workers=env.local_world_size),
                    run_config=run_config, experiment_name=settings["name"])
     session = _ScriptSession(spec, env, WorkerResources([device], None),
-                             RunStorage.for_run(run_config, settings["name"]),
+                             open_run_storage(run_config, settings["name"]),
                              settings["staging_dir"], join=False)
     atexit.register(session.finish)  # also when the script calls sys.exit()
     return session

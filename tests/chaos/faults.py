@@ -30,7 +30,8 @@ from tests.support.servers import TcpProxy, free_port
 
 KINDS = ("worker_sigkill", "worker_raise", "worker_hang", "kill_during_upload",
          "preemption", "storage_outage", "driver_sigkill_restore", "agent_sigkill",
-         "etcd_restart", "node_sigterm")
+         "etcd_restart", "node_sigterm",
+         "second_driver", "stale_lookups")  # the last two: writer_faults.py
 LAUNCH_KINDS = ("agent_sigkill", "etcd_restart", "node_sigterm")
 LAUNCH_SCRIPT = "tests/e2e/launch_script.py"  # its digest does not depend on the world size
 BATCHES_PER_EPOCH = 6  # jobs.make_dataset(): 96 rows, 2 ranks, batches of 8
@@ -69,16 +70,22 @@ class Outcome:
     latest: int | None = None  # the index of the last checkpoint reported
     num_to_keep: int | None = NUM_TO_KEEP
     orphans: list[int] = field(default_factory=list)  # worker pids that must be gone
+    lost_commits: list[str] = field(default_factory=list)  # committed, then gone unretired
+    second_refused: bool | None = None  # second_driver: refused before starting anything
 
 
 class StorageWatcher:
     """Polls the run's committed checkpoints while the job runs, and records any
     whose files do not all exist at their manifest's sizes (a partial checkpoint).
-    A checkpoint being deleted by retention (its marker already gone) is not partial."""
+    A checkpoint being deleted by retention (its marker already gone) is not partial.
+    It also records when the newest committed checkpoint vanishes (``lost``):
+    retention never deletes the latest, so only a wrongful cleanup does that."""
 
     def __init__(self, storage: RunStorage):
         self.storage = storage
         self.partial: list[str] = []
+        self.lost: list[str] = []
+        self._newest = -1
         self._checked: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -102,7 +109,12 @@ class StorageWatcher:
     def _check(self) -> None:
         fs = self.storage.fs
         fs.invalidate_cache()
-        for manifest in self.storage.checkpoints.committed():
+        committed = self.storage.checkpoints.committed()
+        newest = max((m.index for m in committed), default=-1)
+        if newest < self._newest:
+            self.lost.append(f"checkpoint {self._newest} (newest committed) vanished")
+        self._newest = max(newest, self._newest)
+        for manifest in committed:
             if manifest.index in self._checked:
                 continue
             path = self.storage.checkpoints.path(manifest.index)
@@ -178,6 +190,10 @@ def run_trial(trial: Trial, storage: StorageUnderTest, tmp_path, through: Storag
         return _driver_kill_trial(trial, storage, tmp_path, name)
     if trial.kind in LAUNCH_KINDS:
         return _launch_trial(trial, storage, tmp_path, name)
+    if trial.kind in ("second_driver", "stale_lookups"):
+        from tests.chaos.writer_faults import run_writer_trial  # it builds on this module
+
+        return run_writer_trial(trial, storage, tmp_path, name)
     if trial.kind == "storage_outage":
         helper = threading.Thread(target=_cut_for_seconds, daemon=True,
                                   args=(proxy, storage, name, trial, tmp_path))
@@ -213,7 +229,7 @@ def _outcome(digest: str, run_storage: RunStorage, watcher: StorageWatcher,
     reported = [r["checkpoint_dir_name"] for r in rows if r.get("checkpoint_dir_name")]
     return Outcome(digest=digest, recovery_s=_recovery_s(tmp_path / "fault",
                                                          events or tmp_path / "events"),
-                   partial_seen=watcher.partial,
+                   partial_seen=watcher.partial, lost_commits=watcher.lost,
                    retained=[m.index for m in run_storage.checkpoints.committed()],
                    iterations=[int(r["training_iteration"]) for r in rows],
                    latest=int(reported[-1].rsplit("_", 1)[1]) if reported else None,
@@ -266,7 +282,8 @@ def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) 
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     etcd = None
-    flags, sleep = ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"], "0.3"
+    flags = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    sleep = "0.3"
     if trial.kind == "etcd_restart":
         etcd = EtcdServer(etcd_binary())
         etcd.start()

@@ -13,10 +13,9 @@ import time
 import pytest
 
 from elastic_train.result import Result
-from elastic_train.storage import RunStorage
-from elastic_train.storage import filesystem as fsutil
 from tests.conftest import pid_alive, wait_until
 from tests.support.etcd_server import run_keys
+from tests.support.launched import run_state, starts
 from tests.support.paths import REPO
 from tests.support.servers import free_port, stop_process
 
@@ -31,17 +30,6 @@ CLI = [sys.executable, "-m", "elastic_train.cli"]
 def launch(*args, out=None):
     return subprocess.Popen([*CLI, "launch", *map(str, args)], cwd=REPO, text=True,
                             stdout=out or subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def starts(out_dir):
-    path = out_dir / "starts"
-    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()] \
-        if path.exists() else []
-
-
-def run_state(storage_path, name):
-    fs, path = fsutil.resolve(os.path.join(storage_path, name))
-    return RunStorage(fs, path).read_run_state().to_json()
 
 
 def worker_pids(out_dir):
@@ -90,10 +78,13 @@ def test_budget_spent_exit_code_and_message(storage_path, tmp_path):
     assert proc.returncode == 1
     assert "rank 1" in out and "crash at epoch 1" in out
     assert "run the same command again" in out and "--max-restarts N" in out
+    hint = next(line for line in out.splitlines() if "run the same command again" in line)
+    assert hint.count("--storage-path") == 1 and hint.count("--name") == 1, hint
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"], "--rdzv-id is required"),
+    (["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1"],
+     "--rdzv-id is required"),
     (["--nnodes", "3:2"], "--nnodes='3:2' is invalid"),
     (["--rdzv-backend", "zookeeper"], "not supported"),
     (["--rdzv-conf", "novalue"], "--rdzv-conf item 'novalue'"),
@@ -174,7 +165,7 @@ def test_three_agents_lose_one_and_take_one_back(request, storage_path, tmp_path
         endpoint = request.getfixturevalue("etcd_endpoint")
         backend_args = ["--rdzv-backend", "etcd", "--rdzv-endpoint", endpoint]
     else:
-        backend_args = ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+        backend_args = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     out_dir, node, logs = _cluster(tmp_path, storage_path, backend_args, f"job-{backend}")
     procs = [node(0)]
     try:
@@ -221,7 +212,8 @@ def test_worker_crash_on_one_of_two_nodes_restarts_both(storage_path, tmp_path):
     procs = []
     try:
         for i, log in enumerate(logs):
-            procs.append(launch("--nnodes", 2, "--nproc-per-node", 1, "--rdzv-endpoint",
+            procs.append(launch("--nnodes", 2, "--nproc-per-node", 1, "--rdzv-backend", "c10d",
+                                "--rdzv-endpoint",
                                 endpoint, "--rdzv-id", "crash2", "--max-restarts", 1,
                                 "--storage-path", storage_path, SCRIPT, tmp_path, 5,
                                 "--crash-at", 2, "--sleep", 0.2, out=log))

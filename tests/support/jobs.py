@@ -144,7 +144,8 @@ def _report(config: dict, model, optimizer, epoch: int, loss, epoch_done: bool,
             jit: int = 0) -> None:
     """Reports metrics with a checkpoint from rank 0 (and optional ballast from others)."""
     metrics = {"loss": loss.item(), "epoch": epoch, "jit": jit,
-               "score": config.get("scores", {}).get(str(epoch), float(epoch))}
+               "score": config.get("scores", {}).get(str(epoch), float(epoch)),
+               **{name: float(epoch) for name in config.get("extra_metrics", ())}}
     with tempfile.TemporaryDirectory() as d:
         checkpoint = None
         if et.get_context().get_world_rank() == 0:
