@@ -27,6 +27,12 @@ Set by the agent or the driver for each worker:
 - ``CHECKPOINT_CACHE``: the node's directory of downloaded checkpoints.
 - ``LAUNCH``: under ``elastic-train launch``, the run's storage, name and
   checkpoint settings as JSON, from which a script's session is built.
+- ``INPROCESS_DIR``: with in-process restarts on, the directory through which
+  the worker and its agent agree on attempts (:mod:`elastic_train.worker.restart_channel`).
+- ``ATTEMPT``: the attempt a worker starts in (0, or the attempt a replacement
+  worker joins); in-process restarts count it up inside the process.
+- ``MODULES_DIR``: where a worker lists the modules it imported, which the
+  agent's zygote then preloads for later workers (:mod:`elastic_train.agent.zygote_preload`).
 """
 
 ZYGOTE = "ELASTIC_TRAIN_ZYGOTE"
@@ -38,3 +44,6 @@ PREEMPTION_DIR = "ELASTIC_TRAIN_PREEMPTION_DIR"
 PREEMPTION_GRACE_S = "ELASTIC_TRAIN_PREEMPTION_GRACE_S"
 CHECKPOINT_CACHE = "ELASTIC_TRAIN_CHECKPOINT_CACHE"
 LAUNCH = "ELASTIC_TRAIN_LAUNCH"
+INPROCESS_DIR = "ELASTIC_TRAIN_INPROCESS_DIR"
+ATTEMPT = "ELASTIC_TRAIN_ATTEMPT"
+MODULES_DIR = "ELASTIC_TRAIN_MODULES_DIR"
