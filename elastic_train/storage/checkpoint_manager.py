@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,7 @@ class CheckpointManager:
         self.config = config
         self._committed = list(committed)
         self._next_index = next_index
+        self._cancelled = threading.Event()
 
     @property
     def committed(self) -> list[CheckpointRecord]:
@@ -79,6 +81,10 @@ class CheckpointManager:
         self._committed.append(CheckpointRecord(manifest.index, manifest.metrics))
         self._apply_retention()
 
+    def cancel(self) -> None:
+        """Stops a commit waiting for other ranks' uploads (the attempt is over)."""
+        self._cancelled.set()
+
     def _wait_for_owners(self, index: int, owner_ranks: Sequence[int]) -> None:
         budget = self.store.retry.budget_s
         deadline = time.monotonic() + budget
@@ -88,7 +94,9 @@ class CheckpointManager:
                 raise StorageError(
                     f"ranks {sorted(missing)} did not finish uploading {dir_name(index)} "
                     f"to {self.store.display_path} within {budget:.0f}s")
-            time.sleep(delay)
+            if self._cancelled.wait(delay):
+                raise StorageError(f"the commit of {dir_name(index)} was cancelled: the "
+                                   "attempt ended before every rank uploaded its files")
             delay = min(delay * 2, 0.5)
 
     def _apply_retention(self) -> None:

@@ -251,6 +251,12 @@ class TrainSession:
         """Waits for pending uploads and commits (the run ends only when they are stored)."""
         self.uploader.close()
 
+    def abandon(self) -> None:
+        """Ends a failed attempt's session at once (an in-process restart): uploads not
+        committed yet are dropped, as if the process had died."""
+        self.checkpoints.cancel()
+        self.uploader.abandon()
+
 
 def init_session(session: TrainSession) -> None:
     global _session
