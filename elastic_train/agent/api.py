@@ -17,7 +17,7 @@ import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec
+from torch.distributed.elastic.agent.server.api import WorkerSpec
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
@@ -26,7 +26,9 @@ from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from elastic_train.agent import zygote
 from elastic_train.agent.failures import failures_of
 from elastic_train.agent.hang_watch import HangWatch
+from elastic_train.agent.inprocess import InProcessSettings, Recovery
 from elastic_train.agent.local_agent import TrainAgent
+from elastic_train.agent.progress_guard import NoProgressGuard, Progress
 from elastic_train.agent.rendezvous.backends import lookup, register
 from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.agent.restart_budget import Decision, RestartBudget
@@ -99,21 +101,41 @@ def _restored_signal_handlers() -> Iterator[None]:
                 signal.signal(sig, handler)
 
 
-def run_agent(spec: AgentSpec,
-              on_failure: Callable[[list[WorkerFailure], Decision], None] | None = None,
-              on_rendezvous: Callable[[int, int], None] | None = None,
-              ) -> tuple[list[WorkerFailure], bool]:
-    """Runs the workers to the end; returns the final failures (empty on success)
-    and whether it was the preemption budget that ran out.
+@dataclass
+class AgentEvents:
+    """What the agent tells its caller while it runs.
 
-    ``on_failure(failures, decision)`` is called for every failed attempt,
-    including the last, with what the restart budget decided (see
-    :mod:`.restart_budget`); ``on_rendezvous(group_rank, nodes)`` after every
-    rendezvous. Raises :class:`Interrupted` after a SIGINT/SIGTERM, once every
-    worker is stopped, and :class:`RendezvousLostError` when the rendezvous became
+    ``on_failure(failures, decision)``: every failed attempt, including the last,
+    with what the restart budget decided (see :mod:`.restart_budget`).
+    ``on_rendezvous(group_rank, nodes)``: after every rendezvous.
+    ``on_recovered(recovery)``: after every in-process restart (see :mod:`.inprocess`).
+    ``progress()``: how far the run is, for the no-progress guard (None: unknown).
+    """
+
+    on_failure: Callable[[list[WorkerFailure], Decision], None] | None = None
+    on_rendezvous: Callable[[int, int], None] | None = None
+    on_recovered: Callable[[Recovery], None] | None = None
+    progress: Callable[[], Progress | None] | None = None
+
+
+@dataclass(frozen=True)
+class AgentOutcome:
+    """How the agent ended: the final failures (empty on success), whether it was the
+    preemption budget that ran out, and why it stopped without progress (if it did)."""
+
+    failures: list[WorkerFailure]
+    preempted_out: bool = False
+    no_progress: str | None = None
+
+
+def run_agent(spec: AgentSpec, events: AgentEvents | None = None) -> AgentOutcome:
+    """Runs the workers to the end.
+
+    Raises :class:`Interrupted` after a SIGINT/SIGTERM, once every worker is
+    stopped, and :class:`RendezvousLostError` when the rendezvous became
     unreachable (with c10d: the node hosting its store is gone).
     """
-    agent = _train_agent(spec, on_failure, on_rendezvous)
+    agent = _train_agent(spec, events or AgentEvents())
     rdzv_handler, rdzv = agent.get_worker_group().spec.rdzv_handler, spec.rendezvous
     quiet = contextlib.nullcontext() if spec.agent_logs else _quiet_torch_agent_logs()
     with _restored_signal_handlers(), quiet:
@@ -126,13 +148,12 @@ def run_agent(spec: AgentSpec,
             raise RendezvousLostError.for_backend(rdzv.backend, rdzv.endpoint, exc) from exc
         rdzv_handler.shutdown()
     if not result.is_failed():
-        return [], False
-    return failures_of(result), agent.preemption_budget_spent
+        return AgentOutcome([])
+    return AgentOutcome(agent.last_failures or failures_of(result),
+                        agent.preemption_budget_spent, agent.no_progress)
 
 
-def _train_agent(spec: AgentSpec,
-                 on_failure: Callable[[list[WorkerFailure], Decision], None] | None,
-                 on_rendezvous: Callable[[int, int], None] | None) -> TrainAgent:
+def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
     """torch's rendezvous handler (from its registry, by backend name) and our agent."""
     rdzv = spec.rendezvous
     params = RendezvousParameters(
@@ -153,20 +174,28 @@ def _train_agent(spec: AgentSpec,
         monitor_interval=spec.monitor_interval, local_addr=spec.local_addr,
     )
     logs = DefaultLogsSpecs(log_dir=spec.log_dir, redirects=Std.ALL, tee=Std.NONE)
-
-    def report(result: RunResult, decision: Decision) -> None:
-        if on_failure is not None:
-            on_failure(failures_of(result), decision)
-
+    failure = spec.failure
     return TrainAgent(
         spec=worker_spec, logs_specs=logs, start_method="spawn",
-        shutdown_timeout=math.ceil(spec.failure.preemption_grace_s), worker_env=spec.worker_env,
+        shutdown_timeout=math.ceil(failure.preemption_grace_s), worker_env=spec.worker_env,
         notice_dir=os.path.join(logs.root_log_dir, "preemption"),
-        preemption_grace_s=spec.failure.preemption_grace_s,
-        budget=RestartBudget(max_failures=spec.failure.max_failures,
-                             max_preemptions=spec.failure.max_preemption_failures),
-        on_failure=report, on_rendezvous=on_rendezvous, worker_command=worker_command,
+        preemption_grace_s=failure.preemption_grace_s,
+        budget=RestartBudget(max_failures=failure.max_failures,
+                             max_preemptions=failure.max_preemption_failures,
+                             guard=NoProgressGuard(failure.max_restarts_without_progress,
+                                                   _progress_now(events.progress))),
+        on_failure=events.on_failure, on_rendezvous=events.on_rendezvous,
+        on_recovered=events.on_recovered, progress=events.progress,
+        worker_command=worker_command,
+        in_process=InProcessSettings(os.path.join(logs.root_log_dir, "inprocess"),
+                                     failure.unwind_timeout_s)
+        if failure.restart_in_process else None,
         hang_watch=HangWatch(os.path.join(logs.root_log_dir, "progress"),
-                             spec.failure.hang_timeout_s)
-        if spec.failure.hang_timeout_s else None,
+                             failure.hang_timeout_s) if failure.hang_timeout_s else None,
     )
+
+
+def _progress_now(progress: Callable[[], Progress | None] | None) -> Progress:
+    """Where the run starts: what the guard measures the first attempt's progress from."""
+    start = progress() if progress is not None else None
+    return start or Progress()

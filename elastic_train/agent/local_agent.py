@@ -27,6 +27,14 @@
    dead peer would only die at the end of the wait.
 6. The worker command is asked for again at every start, so a worker zygote
    that died (see :mod:`elastic_train.agent.zygote`) is replaced by a new one.
+7. With in-process restarts (:mod:`elastic_train.agent.inprocess`) a failed
+   attempt does not stop the group: the agent watches its workers itself
+   (torch's process context would stop them all at the first death), charges
+   the failure, lets the survivors unwind and start the next attempt, and
+   starts a new process only in the slot of a worker that died, hung or lost
+   its device. It falls back to torch's restart of the whole group when it
+   cannot (a live worker that cannot restart in process, another node that
+   gave up or is joining).
 
 Everything else -- rendezvous, spawning, monitoring, restart budget,
 membership changes, shutdown -- is torch.distributed.elastic's own.
@@ -43,21 +51,38 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.api import (
+    RunResult,
+    Worker,
+    WorkerGroup,
+    WorkerState,
+)
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+from torch.distributed.elastic.utils import macros
 
 from elastic_train import env_vars
 from elastic_train.agent.failures import failures_of, is_secondary
 from elastic_train.agent.hang_watch import HangWatch
+from elastic_train.agent.inprocess import (
+    FailedAttempt,
+    InProcessRestarts,
+    InProcessSettings,
+    Recovery,
+)
+from elastic_train.agent.progress_guard import Progress, signature
 from elastic_train.agent.restart_budget import Decision, RestartBudget
+from elastic_train.agent.worker_slots import replace_worker
+from elastic_train.errors import WorkerFailure
 from elastic_train.storage.run_state import FailureKind
 from elastic_train.worker import preemption
 
 logger = logging.getLogger(__name__)
 
-# (the failed attempt's result, what the restart budget decided)
-FailureCallback = Callable[[RunResult, Decision], None]
+# (the failed attempt's workers, root cause first; what the restart budget decided)
+FailureCallback = Callable[[list[WorkerFailure], Decision], None]
 RendezvousCallback = Callable[[int, int], None]
+RecoveryCallback = Callable[[Recovery], None]
 
 
 @contextlib.contextmanager
@@ -102,8 +127,19 @@ class TrainAgent(LocalElasticAgent):
                  hang_watch: HangWatch | None = None, notice_dir: str | None = None,
                  preemption_grace_s: float = 0.0, budget: RestartBudget | None = None,
                  worker_command: Callable[[], tuple[str, tuple[str, ...]]] | None = None,
+                 in_process: InProcessSettings | None = None,
+                 on_recovered: RecoveryCallback | None = None,
+                 progress: Callable[[], Progress | None] | None = None,
                  **kwargs: Any):
         super().__init__(*args, **kwargs)
+        self._in_process = InProcessRestarts(
+            in_process.directory, in_process.unwind_timeout_s, self._replace_worker,
+            self._failure_of) if in_process is not None else None
+        self._on_recovered = on_recovered
+        self._progress = progress
+        self._start_env: dict[str, str] = {}
+        self.last_failures: list[WorkerFailure] = []
+        self.no_progress: str | None = None
         self._worker_command = worker_command
         self._hang_watch = hang_watch
         self._notice_dir = notice_dir
@@ -149,41 +185,107 @@ class TrainAgent(LocalElasticAgent):
             preemption.clear(self._notice_dir)
             env[env_vars.PREEMPTION_DIR] = self._notice_dir
             env[env_vars.PREEMPTION_GRACE_S] = str(self._grace_s)
+        if self._in_process is not None:
+            env.update(self._in_process.begin(
+                worker_group.spec.max_restarts - self._remaining_restarts))
         if self._worker_command is not None:  # e.g. a new zygote if the last one died
             worker_group.spec.entrypoint, worker_group.spec.args = self._worker_command()
+        self._start_env = env
         with _environ(env):
             return super()._start_workers(worker_group)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        if self._in_process is not None and self._pcontext is not None:
+            seen = self._in_process.poll(worker_group, self._pcontext)
+            if isinstance(seen, FailedAttempt):
+                return self._restart_in_process(worker_group, seen)
+            if seen:  # running, and able to restart in process: torch must not stop them
+                self._check_hangs(worker_group)
+                return RunResult(state=WorkerState.HEALTHY)
         result = super()._monitor_workers(worker_group)
-        if self._hang_watch is not None and result.state == WorkerState.HEALTHY \
-                and self._pcontext is not None:
+        if result.state == WorkerState.HEALTHY:
+            self._check_hangs(worker_group)
+        if result.is_failed():
+            failures = failures_of(result)
+            self._decide(worker_group, failures, self._classify(
+                worker_group, all(is_secondary(f) for f in failures)))
+        return result
+
+    def _check_hangs(self, worker_group: WorkerGroup) -> None:
+        """Stops hung workers; they show up as failures at the next look."""
+        if self._hang_watch is not None and self._pcontext is not None:
             pids = self._pcontext.pids()
             self._hang_watch.check({
                 w.global_rank: (pids[w.local_rank], self._pcontext.error_files[w.local_rank])
                 for w in worker_group.workers if w.local_rank in pids})
-            # The killed workers show up as failures at the next check.
-        if result.is_failed():
-            decision = self.budget.charge(self._classify(worker_group, result))
-            self.preemption_budget_spent = decision.preemption_budget_spent
-            # torch restarts while its counter is positive and takes one off; the workers'
-            # TORCHELASTIC_RESTART_COUNT is then max_restarts minus the counter, which
-            # this keeps at the number of restarts charged to max_failures.
-            spec = worker_group.spec
-            self._remaining_restarts = (spec.max_restarts - self.budget.failures + 1
-                                        if decision.restart else 0)
-            if self._on_failure is not None:
-                self._on_failure(result, decision)
-        return result
 
-    def _classify(self, worker_group: WorkerGroup, result: RunResult) -> FailureKind:
+    def _decide(self, worker_group: WorkerGroup, failures: list[WorkerFailure],
+                kind: FailureKind) -> Decision:
+        """Charges a failed attempt to its budget and reports it."""
+        progress = self._progress() if self._progress is not None else None
+        decision = self.budget.charge(kind, progress, signature(failures[0]))
+        self.preemption_budget_spent = decision.preemption_budget_spent
+        self.last_failures, self.no_progress = failures, decision.no_progress
+        # torch restarts while its counter is positive and takes one off; the workers'
+        # TORCHELASTIC_RESTART_COUNT is then max_restarts minus the counter, which
+        # this keeps at the number of restarts charged to max_failures.
+        spec = worker_group.spec
+        self._remaining_restarts = (spec.max_restarts - self.budget.failures + 1
+                                    if decision.restart else 0)
+        if self._on_failure is not None:
+            self._on_failure(failures, decision)
+        return decision
+
+    def _classify(self, worker_group: WorkerGroup, secondary: bool) -> FailureKind:
         """Which budget the failed attempt spends (see :mod:`.restart_budget`)."""
         if self._notice_dir is not None and preemption.marked(self._notice_dir):
             return FailureKind.PREEMPTION
-        if (worker_group.group_world_size or 1) > 1 \
-                and all(is_secondary(f) for f in failures_of(result)):
+        if (worker_group.group_world_size or 1) > 1 and secondary:
             return FailureKind.PEER
         return FailureKind.FAILURE
+
+    def _restart_in_process(self, worker_group: WorkerGroup, failed: FailedAttempt) -> RunResult:
+        """Charges the failed attempt and runs the next one in the same processes; falls
+        back to a restart of the whole group (torch's) when that is not possible."""
+        assert self._in_process is not None and self._pcontext is not None
+        own = self._in_process.interrupt(worker_group, failed)
+        failures = failed.failures or [failed.root]
+        decision = self._decide(worker_group, failures, self._classify(worker_group, not own))
+        if not decision.restart:
+            self._in_process.give_up(worker_group)
+            return RunResult(state=WorkerState.FAILED)
+        recovery = self._in_process.recover(worker_group, self._pcontext, lambda: (
+            worker_group.spec.rdzv_handler.num_nodes_waiting() > 0))
+        if recovery is None:
+            logger.warning("The group could not restart in process; its workers restart "
+                           "as new processes.")
+            return RunResult(state=WorkerState.FAILED)
+        if self._hang_watch is not None:
+            self._hang_watch.reset([w.global_rank for w in worker_group.workers])
+        if self._notice_dir is not None:
+            preemption.clear(self._notice_dir)
+        if self._on_recovered is not None:
+            self._on_recovered(recovery)
+        return RunResult(state=WorkerState.HEALTHY)
+
+    def _replace_worker(self, worker: Worker, env: dict[str, str]) -> int:
+        """A new process in ``worker``'s slot (an in-process restart's dead or killed rank)."""
+        assert self._pcontext is not None
+        spec = self._worker_group.spec
+        entrypoint, args = (self._worker_command() if self._worker_command is not None
+                            else (spec.entrypoint, spec.args))
+        args = tuple(macros.substitute(list(args), str(worker.local_rank)))
+        return replace_worker(self._pcontext, worker, entrypoint, args,
+                              {**self._start_env, **env})
+
+    def _failure_of(self, worker: Worker, exitcode: int) -> WorkerFailure:
+        """A dead worker, described from its exit and its error file (as torch would)."""
+        assert self._pcontext is not None
+        failure = ProcessFailure(local_rank=worker.local_rank, pid=worker.id or 0,
+                                 exitcode=exitcode,
+                                 error_file=self._pcontext.error_files[worker.local_rank])
+        return failures_of(RunResult(WorkerState.FAILED,
+                                     failures={worker.global_rank: failure}))[0]
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._shutdown(signal.SIGKILL)
