@@ -25,6 +25,7 @@ _EXPORTS = {
     "ScalingConfig": "elastic_train.config",
     "TrainContext": "elastic_train.context",
     "ConfigError": "elastic_train.errors",
+    "NoProgressError": "elastic_train.errors",
     "PreemptionError": "elastic_train.errors",
     "TrainingFailedError": "elastic_train.errors",
     "WorkerFailure": "elastic_train.errors",
@@ -54,6 +55,7 @@ if TYPE_CHECKING:  # what static tools see
     from elastic_train.context import TrainContext
     from elastic_train.errors import (
         ConfigError,
+        NoProgressError,
         PreemptionError,
         TrainingFailedError,
         WorkerFailure,

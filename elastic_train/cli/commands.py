@@ -18,7 +18,7 @@ import time
 from elastic_train.cli import render
 from elastic_train.cli.launch_args import main_launch
 from elastic_train.cli.run_summary import RunSummary
-from elastic_train.errors import ConfigError, TrainingFailedError
+from elastic_train.errors import ConfigError, TrainingFailedError, exit_code
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.run_state import RunState
@@ -123,7 +123,7 @@ def _refit(run_path: str, options: dict[str, str] | None, start_over: bool) -> i
         result = trainer.fit()
     except TrainingFailedError as exc:
         print(f"elastic-train: {exc}", file=sys.stderr)
-        return 1
+        return exit_code(exc)
     except KeyboardInterrupt:
         return 130
     print(f"finished: {result.path}  iteration {result.metrics.get('training_iteration')}")

@@ -37,7 +37,7 @@ from elastic_train.config import (
     ScalingConfig,
 )
 from elastic_train.driver.node_run import FailureHints, NodePlan, NodeRun
-from elastic_train.errors import ConfigError, TrainingFailedError
+from elastic_train.errors import ConfigError, TrainingFailedError, exit_code
 from elastic_train.storage import RunStorage
 
 SCRIPT_WORKER = "elastic_train.worker.script_worker"
@@ -249,5 +249,5 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
             return 128 + exc.signum
         except TrainingFailedError as exc:  # the budget is spent, or the rendezvous lost
             print(f"elastic-train: {exc}", file=sys.stderr)
-            return 1
+            return exit_code(exc)
     return 0

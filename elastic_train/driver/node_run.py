@@ -31,12 +31,12 @@ from types import TracebackType
 from typing import Any
 
 from elastic_train import env_vars
-from elastic_train.agent.api import AgentSpec
+from elastic_train.agent.api import AgentOutcome, AgentSpec
 from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.config import RunConfig, ScalingConfig
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.driver.supervisor import RunSupervisor
-from elastic_train.errors import PreemptionError, TrainingFailedError, WorkerFailure
+from elastic_train.errors import NoProgressError, PreemptionError, TrainingFailedError
 from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunStatus
 
@@ -143,9 +143,9 @@ class NodeRun:
                                    verbose=self.plan.run_config.verbose,
                                    local_ranks=self.plan.local_ranks, streams=self.plan.streams,
                                    train_loop_config=self.plan.train_loop_config)
-        failures = supervisor.run(self._agent_spec(entrypoint, args, worker_env))
-        if failures:
-            raise self._failed(failures, supervisor)
+        outcome = supervisor.run(self._agent_spec(entrypoint, args, worker_env))
+        if outcome.failures:
+            raise self._failed(outcome, supervisor)
         if supervisor.record is not None:
             supervisor.record.set_status(RunStatus.FINISHED)
 
@@ -172,18 +172,24 @@ class NodeRun:
             worker_env={env_vars.CHECKPOINT_CACHE: os.path.join(self.scratch, "checkpoint_cache"),
                         **worker_env})
 
-    def _failed(self, failures: list[WorkerFailure],
-                supervisor: RunSupervisor) -> TrainingFailedError:
-        """The error for a spent budget, recorded; the run's cut-short uploads removed by the
-        node that records the run (others may still be training on it)."""
+    def _failed(self, outcome: AgentOutcome, supervisor: RunSupervisor) -> TrainingFailedError:
+        """The error for a spent budget (or a run that stopped making progress), recorded;
+        the run's cut-short uploads removed by the node that records the run (others may
+        still be training on it)."""
         budget = self.plan.run_config.failure_config
-        preempted = supervisor.preempted_out
-        error = (PreemptionError if preempted else TrainingFailedError).from_failures(
-            failures, self.plan.storage.display_path,
-            budget.max_preemption_failures if preempted else budget.max_failures,
-            resume_hint=self.plan.hints.resume, retry_hint=self.plan.hints.retry)
+        preempted = outcome.preempted_out
+        hints = {"resume_hint": self.plan.hints.resume, "retry_hint": self.plan.hints.retry}
+        if outcome.no_progress is not None:
+            error: TrainingFailedError = NoProgressError.stopped(
+                outcome.no_progress, outcome.failures, self.plan.storage.display_path,
+                resume_hint=self.plan.hints.resume)
+        else:
+            error = (PreemptionError if preempted else TrainingFailedError).from_failures(
+                outcome.failures, self.plan.storage.display_path,
+                budget.max_preemption_failures if preempted else budget.max_failures, **hints)
         if supervisor.record is not None:
-            supervisor.record.set_status(RunStatus.FAILED, error=str(error))
+            supervisor.record.set_status(RunStatus.FAILED, error=str(error),
+                                         no_progress=outcome.no_progress)
             self.plan.storage.discard_unfinished_uploads()
         return error
 
