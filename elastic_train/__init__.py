@@ -38,6 +38,7 @@ _EXPORTS = {
     "get_dataset_shard": "elastic_train.worker.session",
     "get_preemption_info": "elastic_train.worker.session",
     "report": "elastic_train.worker.session",
+    "restart_in_process": "elastic_train.worker.script_restart",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]
@@ -62,6 +63,7 @@ if TYPE_CHECKING:  # what static tools see
     )
     from elastic_train.result import Result
     from elastic_train.worker.preemption import PreemptionInfo
+    from elastic_train.worker.script_restart import restart_in_process
     from elastic_train.worker.session import (
         CheckpointUploadMode,
         get_checkpoint,

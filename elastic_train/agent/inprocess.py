@@ -219,12 +219,23 @@ class InProcessRestarts:
             if worker.global_rank in recovery.replaced:
                 self._replace(worker, {env_vars.ATTEMPT: str(target),
                                        "TORCHELASTIC_RESTART_COUNT": str(restart_count)})
-        if (group.group_world_size or 1) > 1 and not self._agents_ready(group, target,
-                                                                        others_joining):
-            return None
-        channel.write_go(self.directory, Go(target, restart_count))
+        port = _free_port() if group.group_rank == 0 and self._own_store(group) else None
+        if (group.group_world_size or 1) > 1:
+            if port is not None:
+                group.store.set(self._key("master_port", target), str(port))
+            if not self._agents_ready(group, target, others_joining):
+                return None
+            if self._own_store(group) and port is None:
+                port = int(group.store.get(self._key("master_port", target)))
+        channel.write_go(self.directory, Go(target, restart_count, port))
         self.attempt, self._secondary_since = target, None
         return recovery
+
+    @staticmethod
+    def _own_store(group: WorkerGroup) -> bool:
+        """Whether the workers host their store (rank 0's ``env://`` store under ``launch``)
+        rather than use the agent's."""
+        return not group.spec.rdzv_handler.use_agent_store
 
     def _unwind(self, group: WorkerGroup, pcontext: Any, target: int) -> dict[int, str]:
         """Waits for the local workers to be ready for ``target``; kills those that are not
@@ -276,6 +287,13 @@ class InProcessRestarts:
                     return False
             time.sleep(0.01)
         return True
+
+
+def _free_port() -> int:
+    """A port nothing listens on now, for the next attempt's store on this node."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -19,6 +19,7 @@ START_OVER_HELP = ("if the run stored under --name cannot be continued (it finis
                    "time> (nothing is deleted) and start a fresh run; a run that can be "
                    "continued is continued")
 EXIT_CODES = ("exit codes: 0 success, 1 the run failed, 2 bad usage or not a run, "
+              "3 stopped: restarts brought no progress (--max-restarts-without-progress), "
               "128+N stopped by signal N (130: Ctrl-C)")
 
 
@@ -95,6 +96,15 @@ def _add_our_flags(launch: argparse.ArgumentParser) -> None:
     flag(launch, "hang-timeout", type=float, default=None,
           help="restart the job when a worker makes no progress (no report or batch) for "
                "this many seconds")
+    flag(launch, "no-restart-in-process", action="store_true",
+          help="restart the processes after a failure, even for a script whose main is "
+               "wrapped by @elastic_train.restart_in_process")
+    flag(launch, "unwind-timeout", type=float, default=10.0,
+          help="with in-process restarts, seconds a surviving worker may take to leave the "
+               "failed attempt before it is killed and replaced (default 10)")
+    flag(launch, "max-restarts-without-progress", type=int, default=3,
+          help="stop (exit code 3) after this many consecutive restarts without a new "
+               "checkpoint or report (default 3; -1: never)")
     flag(launch, "preemption-grace", type=float, default=float(env("PET_PREEMPTION_GRACE", "25")),
           help="on SIGTERM, seconds the workers get to commit a checkpoint before they are "
                "killed (default 25)")
@@ -141,6 +151,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         verbose=0 if args.quiet else (2 if args.verbose else 1),
         console_streams=console_streams(args.redirects, args.tee),
         hang_timeout_s=args.hang_timeout, preemption_grace_s=args.preemption_grace,
+        restart_in_process=not args.no_restart_in_process, unwind_timeout_s=args.unwind_timeout,
+        max_restarts_without_progress=args.max_restarts_without_progress,
         max_preemption_failures=args.max_preemption_failures,
         storage_path=args.storage_path, name=args.name,
         num_to_keep=args.num_to_keep, checkpoint_score_attribute=args.checkpoint_score_attribute,

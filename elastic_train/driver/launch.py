@@ -49,6 +49,8 @@ _FIELD_FLAGS = {
     "FailureConfig.hang_timeout_s": "--hang-timeout",
     "FailureConfig.preemption_grace_s": "--preemption-grace",
     "FailureConfig.max_preemption_failures": "--max-preemption-failures",
+    "FailureConfig.unwind_timeout_s": "--unwind-timeout",
+    "FailureConfig.max_restarts_without_progress": "--max-restarts-without-progress",
     "CheckpointConfig.num_to_keep": "--num-to-keep",
     "CheckpointConfig.checkpoint_score_attribute": "--checkpoint-score-attribute",
     "RunConfig.name": "--name",
@@ -123,6 +125,9 @@ class LaunchSettings:
     hang_timeout_s: float | None = None
     preemption_grace_s: float = 25.0
     max_preemption_failures: int = -1
+    restart_in_process: bool = True
+    unwind_timeout_s: float = 10.0
+    max_restarts_without_progress: int = 3
     storage_path: str = DEFAULT_STORAGE_PATH
     name: str | None = None
     num_to_keep: int | None = None
@@ -160,7 +165,10 @@ class LaunchSettings:
                 failure_config=FailureConfig(
                     max_failures=self.max_restarts, hang_timeout_s=self.hang_timeout_s,
                     max_preemption_failures=self.max_preemption_failures,
-                    preemption_grace_s=self.preemption_grace_s))
+                    preemption_grace_s=self.preemption_grace_s,
+                    restart_in_process=self.restart_in_process,
+                    unwind_timeout_s=self.unwind_timeout_s,
+                    max_restarts_without_progress=self.max_restarts_without_progress))
 
     def _rendezvous(self, max_nodes: int) -> RendezvousConfig:
         """torchrun's rendezvous flags as a :class:`RendezvousConfig`."""

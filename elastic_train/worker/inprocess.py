@@ -153,6 +153,8 @@ def _enter(directory: str, rank: int, attempt: int) -> None:
     if attempt > 0:
         go = channel.wait_for_go(directory, attempt)
         os.environ["TORCHELASTIC_RESTART_COUNT"] = str(go.restart_count)
+        if go.master_port is not None:
+            os.environ["MASTER_PORT"] = str(go.master_port)
     os.environ[env_vars.ATTEMPT] = str(attempt)
     channel.write_record(directory, rank, WorkerRecord(attempt, Stage.RUNNING, os.getpid()))
 

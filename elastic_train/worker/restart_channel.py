@@ -84,10 +84,13 @@ class WorkerRecord:
 @dataclass(frozen=True)
 class Go:
     """The agent's ``go.json``: attempt ``attempt`` may start; its workers see
-    ``TORCHELASTIC_RESTART_COUNT=restart_count``."""
+    ``TORCHELASTIC_RESTART_COUNT=restart_count`` and, when the workers host their own
+    store (``launch``: rank 0's ``env://`` store), ``MASTER_PORT=master_port``: a new port
+    per attempt, so that a store the last attempt left behind is never joined again."""
 
     attempt: int
     restart_count: int
+    master_port: int | None = None
 
 
 def _record_path(directory: str, rank: int) -> str:

@@ -1,16 +1,18 @@
 """A torchrun-style training script for ``elastic-train launch`` tests.
 
     launch_script.py OUT_DIR EPOCHS [--crash-at EPOCH] [--sleep S] [--slow-below-world N]
-                     [--forget-optimizer]
+                     [--forget-optimizer] [--restartable] [--crash-how raise|exit]
 
 It initialises its own process group (as under torchrun), uses
 elastic_train.get_checkpoint()/report() for resume, and records each start
 (epoch and world size) in OUT_DIR/starts; rank 0 prints the final digest.
+With --restartable its main function is wrapped by @elastic_train.restart_in_process.
 """
 
 import argparse
 import hashlib
 import os
+import sys
 import tempfile
 import time
 
@@ -32,6 +34,8 @@ def main() -> None:
                              "(a shrunk job stays running until a returning node joins)")
     parser.add_argument("--forget-optimizer", action="store_true",
                         help="a resume bug on purpose: do not restore the optimizer state")
+    parser.add_argument("--restartable", action="store_true")
+    parser.add_argument("--crash-how", choices=("raise", "exit"), default="raise")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -62,6 +66,8 @@ def main() -> None:
         marker = os.path.join(args.out, "crashed")
         if epoch == args.crash_at and rank == world - 1 and not os.path.exists(marker):
             open(marker, "w").close()
+            if args.crash_how == "exit":
+                os._exit(3)
             raise RuntimeError(f"crash at epoch {epoch}")
         time.sleep(args.sleep + (1.0 if world < args.slow_below_world else 0.0))
         with tempfile.TemporaryDirectory() as d:
@@ -81,4 +87,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    (et.restart_in_process(main) if "--restartable" in sys.argv else main)()
