@@ -2,6 +2,7 @@
 
     launch_script.py OUT_DIR EPOCHS [--crash-at EPOCH] [--sleep S] [--slow-below-world N]
                      [--forget-optimizer] [--restartable] [--crash-how raise|exit]
+                     [--crash-always]
 
 It initialises its own process group (as under torchrun), uses
 elastic_train.get_checkpoint()/report() for resume, and records each start
@@ -36,6 +37,8 @@ def main() -> None:
                         help="a resume bug on purpose: do not restore the optimizer state")
     parser.add_argument("--restartable", action="store_true")
     parser.add_argument("--crash-how", choices=("raise", "exit"), default="raise")
+    parser.add_argument("--crash-always", action="store_true",
+                        help="crash at --crash-at in every attempt, not only the first")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -64,7 +67,8 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         marker = os.path.join(args.out, "crashed")
-        if epoch == args.crash_at and rank == world - 1 and not os.path.exists(marker):
+        if epoch == args.crash_at and rank == world - 1 and (
+                args.crash_always or not os.path.exists(marker)):
             open(marker, "w").close()
             if args.crash_how == "exit":
                 os._exit(3)
