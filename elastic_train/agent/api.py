@@ -32,6 +32,7 @@ from elastic_train.agent.progress_guard import NoProgressGuard, Progress
 from elastic_train.agent.rendezvous.backends import lookup, register
 from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.agent.restart_budget import Decision, RestartBudget
+from elastic_train.agent.zygote_preload import ImportWatch
 from elastic_train.config import FailureConfig
 from elastic_train.errors import RendezvousLostError, WorkerFailure
 
@@ -187,6 +188,8 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
         on_failure=events.on_failure, on_rendezvous=events.on_rendezvous,
         on_recovered=events.on_recovered, progress=events.progress,
         worker_command=worker_command,
+        import_watch=ImportWatch(os.path.join(logs.root_log_dir, "modules"), zygote.preload)
+        if zygote.enabled() else None,
         in_process=InProcessSettings(os.path.join(logs.root_log_dir, "inprocess"),
                                      failure.unwind_timeout_s)
         if failure.restart_in_process else None,

@@ -129,13 +129,13 @@ class InProcessRestarts:
         records = {w.local_rank: channel.read_record(self.directory, w.global_rank)
                    for w in group.workers}
         self._capable |= {lr for lr, record in records.items() if record is not None}
-        if any(code is None and lr not in self._capable for lr, code in exits.items()):
-            return False
+        if any(lr not in self._capable for lr in exits):
+            return False  # a worker that never said it can restart in process (torchrun's)
         found: list[tuple[WorkerFailure, bool]] = []
         for worker in group.workers:
             code, record = exits[worker.local_rank], records[worker.local_rank]
             if code not in (None, 0):
-                found.append((self._failure_of(worker, code), True))
+                found.append((self._failure_of(worker, code), True))  # it died: its own
             elif code is None and record is not None and self._failed_now(record):
                 found.append(_raised(worker, record))
         remote = self._announced(group)

@@ -73,6 +73,7 @@ from elastic_train.agent.inprocess import (
 from elastic_train.agent.progress_guard import Progress, signature
 from elastic_train.agent.restart_budget import Decision, RestartBudget
 from elastic_train.agent.worker_slots import replace_worker
+from elastic_train.agent.zygote_preload import ImportWatch
 from elastic_train.errors import WorkerFailure
 from elastic_train.storage.run_state import FailureKind
 from elastic_train.worker import preemption
@@ -130,8 +131,10 @@ class TrainAgent(LocalElasticAgent):
                  in_process: InProcessSettings | None = None,
                  on_recovered: RecoveryCallback | None = None,
                  progress: Callable[[], Progress | None] | None = None,
+                 import_watch: ImportWatch | None = None,
                  **kwargs: Any):
         super().__init__(*args, **kwargs)
+        self._import_watch = import_watch
         self._in_process = InProcessRestarts(
             in_process.directory, in_process.unwind_timeout_s, self._replace_worker,
             self._failure_of) if in_process is not None else None
@@ -185,6 +188,8 @@ class TrainAgent(LocalElasticAgent):
             preemption.clear(self._notice_dir)
             env[env_vars.PREEMPTION_DIR] = self._notice_dir
             env[env_vars.PREEMPTION_GRACE_S] = str(self._grace_s)
+        if self._import_watch is not None:
+            env[env_vars.MODULES_DIR] = self._import_watch.directory
         if self._in_process is not None:
             env.update(self._in_process.begin(
                 worker_group.spec.max_restarts - self._remaining_restarts))
@@ -212,7 +217,10 @@ class TrainAgent(LocalElasticAgent):
         return result
 
     def _check_hangs(self, worker_group: WorkerGroup) -> None:
-        """Stops hung workers; they show up as failures at the next look."""
+        """Stops hung workers (they show up as failures at the next look); hands the
+        modules the workers imported to the zygote once they are reported."""
+        if self._import_watch is not None:
+            self._import_watch.poll()
         if self._hang_watch is not None and self._pcontext is not None:
             pids = self._pcontext.pids()
             self._hang_watch.check({
