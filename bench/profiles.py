@@ -42,8 +42,9 @@ class Profile:
     rendezvous_agents: tuple[int, ...] = (2, 4, 8, 16)
     rendezvous_launchers: tuple[str, ...] = ("torchrun", "torchrun-unshared", "c10d", "etcd")
     rendezvous_recovery: bool = True
-    fault: FaultPlan = field(default=FaultPlan(after_epoch=0, delay_s=0.3,
+    fault: FaultPlan = field(default=FaultPlan(how="sigkill", epoch=1, step=5, rank=1,
                                                recover_within_s=30.0))
+    faults: tuple[str, ...] = ("exception", "exit", "sigkill")  # figure 4's rows
 
 
 _FULL_MODEL = WorkloadConfig(input_dim=512, hidden=1024, layers=2, batch=128)
@@ -70,6 +71,8 @@ SMOKE = Profile(
     storage_sizes_mb=(1,),
     figures=("cold_start", "steps", "checkpoint", "memory", "storage", "rendezvous"),
     rendezvous_agents=(2,), rendezvous_launchers=("c10d",), rendezvous_recovery=False,
+    fault=FaultPlan(how="sigkill", epoch=1, step=2, rank=1, recover_within_s=30.0),
+    faults=("exit",),
 )
 
 PROFILES = {p.name: p for p in (FULL, SMOKE)}
