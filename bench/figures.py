@@ -264,7 +264,9 @@ def memory(suite: Suite) -> list[Table]:
     table = Table("Figure 5 — peak memory, VmHWM (MiB, median (min–max))",
                   ["variant", "agent / driver process",
                    *[f"worker rank {r}" for r in range(workers)],
-                   "other processes, summed", "agent − (a)'s agent, target"])
+                   "other processes, summed", "agent − (a)'s agent, target",
+                   "all processes, PSS", "PSS ratio to (a)"])
+    floor_pss = _summary(runs[FLOOR.key], lambda s: s.pss_total_mb)
     for variant in MAIN:
         if _missing_row(table, variant, runs):
             continue
@@ -278,10 +280,12 @@ def memory(suite: Suite) -> list[Table]:
         else:
             cell = (f"{delta:+.1f} MiB {AGENT_MEMORY_TARGET.describe()} "
                     f"{AGENT_MEMORY_TARGET.verdict(delta)}")
+        pss = _summary(samples, lambda s: s.pss_total_mb)
         table.add(variant.label, agent.fmt(0),
                   *[_summary(samples, lambda s, r=r: s.worker_rss_mb.get(r)).fmt(0)
                     for r in range(workers)],
-                  _summary(samples, lambda s: s.helper_rss_mb).fmt(0), cell)
+                  _summary(samples, lambda s: s.helper_rss_mb).fmt(0), cell, pss.fmt(0),
+                  fmt_ratio(ratio(pss, floor_pss)))
     table.notes.append("Sampled from /proc/<pid>/status every 0.2 s during the figure 1/2 runs; "
                        "for (c) the driver runs the elastic agent in-process. 'Other "
                        "processes' is elastic-train's worker zygote (torch imported once, "
@@ -289,6 +293,12 @@ def memory(suite: Suite) -> list[Table]:
                        "twice) and its per-worker stand-ins. For (e) the "
                        "column is Ray's driver process alone: Ray's own GCS, raylet and "
                        "Train controller processes come on top of it.")
+    table.notes.append("All processes, PSS: the largest sum over the run's process tree of "
+                       "each process's proportional set size (a page shared by N processes "
+                       "counts 1/N in each), sampled like VmHWM -- the memory the whole run "
+                       "really holds. Workers forked from elastic-train's zygote share the "
+                       "pages of everything it preloaded (torch, torch._dynamo) instead of "
+                       "importing their own copies.")
     return [table]
 
 

@@ -40,6 +40,7 @@ class Sample:
     # Every other process of the tree (elastic-train's zygote and per-worker stand-ins,
     # Ray's worker actors' parents...), summed.
     helper_rss_mb: float = 0.0
+    pss_total_mb: float | None = None  # peak of the tree's summed PSS
     save_s: list[float] = field(default_factory=list)
     report_s: list[float] = field(default_factory=list)
     checkpoint_total_s: list[float] = field(default_factory=list)  # save + report + cleanup
@@ -161,6 +162,7 @@ def _fill(sample: Sample, result: procs.RunResult, ev: Events, cfg: WorkloadConf
     pids = ev.pids_by_rank()
     rank_of = {pid: rank for rank, ps in pids.items() for pid in ps}
     sample.agent_rss_mb = result.peak_rss_mb.get(result.root_pid)
+    sample.pss_total_mb = result.peak_pss_total_mb or None
     for pid, rss in result.peak_rss_mb.items():
         if pid in rank_of:
             rank = rank_of[pid]

@@ -46,7 +46,6 @@ import contextlib
 import logging
 import os
 import signal
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -72,7 +71,7 @@ from elastic_train.agent.inprocess import (
 )
 from elastic_train.agent.progress_guard import Progress, signature
 from elastic_train.agent.restart_budget import Decision, RestartBudget
-from elastic_train.agent.worker_slots import replace_worker
+from elastic_train.agent.worker_slots import replace_worker, surviving
 from elastic_train.agent.zygote_preload import ImportWatch
 from elastic_train.errors import WorkerFailure
 from elastic_train.storage.run_state import FailureKind
@@ -99,24 +98,6 @@ def _environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = old
-
-
-def surviving(pids: list[int], wait_s: float = 1.0) -> dict[int, str]:
-    """Of ``pids``, those still alive after ``wait_s`` (zombies count as gone): pid -> state."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        alive = {}
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if state not in ("Z", "X"):
-                alive[pid] = state
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.05)
 
 
 class TrainAgent(LocalElasticAgent):

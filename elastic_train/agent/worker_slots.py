@@ -33,26 +33,30 @@ class _AppendingHandler(SubprocessHandler):
         self.proc = self._popen(args, {**os.environ, **env})
 
 
-def kill(pids: list[int], wait_s: float = 2.0) -> list[int]:
-    """SIGKILLs ``pids``; returns those still there after ``wait_s`` (zombies count as gone)."""
+def surviving(pids: list[int], wait_s: float = 1.0) -> dict[int, str]:
+    """Of ``pids``, those still alive after ``wait_s`` (zombies count as gone): pid -> state."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = {}
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state not in ("Z", "X"):
+                alive[pid] = state
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.01)
+
+
+def kill(pids: list[int], wait_s: float = 2.0) -> dict[int, str]:
+    """SIGKILLs ``pids``; returns those still there after ``wait_s`` (see :func:`surviving`)."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + wait_s
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        alive = [pid for pid in alive if _running(pid)]
-        if alive:
-            time.sleep(0.01)
-    return alive
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
+    return surviving(pids, wait_s)
 
 
 def replace_worker(pcontext: Any, worker: Worker, entrypoint: str, args: tuple[str, ...],

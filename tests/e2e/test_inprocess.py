@@ -17,10 +17,9 @@ import torch
 import elastic_train as et
 from elastic_train.torch import TorchTrainer
 from tests.conftest import EPOCHS
-from tests.e2e.test_launch import SCRIPT, launch, starts, worker_pids
+from tests.e2e.test_launch import SCRIPT, launch, run_nodes, starts, worker_pids
 from tests.support import jobs, restart_job
 from tests.support.paths import REPO
-from tests.support.servers import free_port, stop_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.usefixtures("no_leaked_processes")]
@@ -232,23 +231,9 @@ def test_verify_resume_passes_with_in_process_restarts(tmp_path):
 def test_failure_on_one_node_restarts_no_process_on_the_others(storage_path, tmp_path):
     """Three agents, one worker each: a worker that raises on one node makes every rank
     run the train function again, and no process anywhere is started again."""
-    endpoint = f"127.0.0.1:{free_port()}"
-    logs, procs = [], []
-    try:
-        for i in range(3):
-            logs.append(open(tmp_path / f"node{i}.log", "w"))  # noqa: SIM115
-            procs.append(launch("--nnodes", 3, "--nproc-per-node", 1, "--rdzv-endpoint",
-                                endpoint, "--rdzv-id", "three", "--max-restarts", 1,
-                                "--storage-path", storage_path, SCRIPT, tmp_path, 5,
-                                "--crash-at", 2, "--sleep", 0.2, "--restartable", out=logs[i]))
-            if i == 0:
-                time.sleep(2)  # node 0 hosts the c10d store
-        codes = [p.wait(200) for p in procs]
-    finally:
-        for proc in procs:
-            stop_process(proc)
-        for log in logs:
-            log.close()
+    codes = run_nodes(tmp_path, 3, "--rdzv-id", "three", "--max-restarts", 1,
+                      "--storage-path", storage_path, SCRIPT, tmp_path, 5, "--crash-at", 2,
+                      "--sleep", 0.2, "--restartable", timeout=200)
     assert codes == [0, 0, 0], [(tmp_path / f"node{i}.log").read_text()[-2000:]
                                 for i in range(3)]
     assert starts(tmp_path) == [(0, 3), (2, 3)]

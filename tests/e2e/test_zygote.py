@@ -11,7 +11,7 @@ import pytest
 
 from elastic_train import env_vars
 from elastic_train.agent import zygote
-from elastic_train.agent.local_agent import surviving
+from elastic_train.agent.worker_slots import surviving
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.timeout(120),
