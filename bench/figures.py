@@ -15,10 +15,12 @@ import os
 from collections.abc import Callable, Sequence
 
 from bench.measure import FaultPlan, Sample, measure, phase_order
+from bench.nodes_figure import nodes
 from bench.profiles import Profile
 from bench.recovery_figure import recovery
 from bench.rendezvous_figure import rendezvous
 from bench.report import Table
+from bench.soak_figure import soak
 from bench.stats import Summary, Target, fmt_ratio, ratio, with_target
 from bench.storage_figure import storage
 from bench.variants import (
@@ -329,7 +331,7 @@ def scaling(suite: Suite) -> list[Table]:
 FIGURE_FUNCTIONS: dict[str, Callable[[Suite], list[Table]]] = {
     "cold_start": cold_start, "steps": steps, "checkpoint": checkpoint,
     "recovery": recovery, "memory": memory, "scaling": scaling, "storage": storage,
-    "rendezvous": rendezvous,
+    "rendezvous": rendezvous, "nodes": nodes, "soak": soak,
 }
 
 

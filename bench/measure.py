@@ -89,15 +89,18 @@ class Watchdog:
         fault = events.time_of("fault", rank=None)
         if fault is None or time.time() - fault < self.plan.recover_within_s:
             return None
-        if every_rank_back(events, self.workers) is not None:
+        if every_rank_back(events, self.workers, fault) is not None:
             self.recovered = True
             return None
         return f"not every rank stepped again within {self.plan.recover_within_s:.0f} s"
 
 
-def every_rank_back(events: Events, workers: int) -> float | None:
-    """When the last rank took its first step after the restart (None: not all did)."""
-    times = [events.time_of("first_step", rank=rank, restart=1) for rank in range(workers)]
+def every_rank_back(events: Events, workers: int, fault: float) -> float | None:
+    """When the last rank took its first step after ``fault`` (None: not all did).
+    A restart's first step, whatever the rank's restart count (a node restarted for a
+    membership change keeps its count)."""
+    times = [min((e["t"] for e in events.select("first_step", rank=rank, restart=None)
+                  if e["t"] > fault), default=None) for rank in range(workers)]
     return None if None in times else max(times)  # type: ignore[type-var]
 
 
@@ -177,7 +180,7 @@ def _fill(sample: Sample, result: procs.RunResult, ev: Events, cfg: WorkloadConf
     sizes = [e["bytes"] for e in ev.select("save") if "bytes" in e]
     sample.checkpoint_mb = sizes[0] / 2**20 if sizes else None
     fault = ev.time_of("fault", rank=None)
-    back = every_rank_back(ev, sample.workers)
+    back = every_rank_back(ev, sample.workers, fault) if fault is not None else None
     if fault is not None and back is not None:
         sample.recovery_s = back - fault
         sample.recovery_phases = _phases(ev, fault, 1)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -150,6 +151,18 @@ def _kill_tree(root: int, known: dict[int, str | None]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILLs what is left of a process tree started in a session of its own."""
+    _kill_tree(root, {})
+
+
+def free_port() -> int:
+    """A port nothing on 127.0.0.1 listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 PollCallback = Callable[[RunResult], str | None]

@@ -16,7 +16,7 @@ from bench.measure import FaultPlan
 from bench.workload import WorkloadConfig
 
 FIGURES = ("cold_start", "steps", "checkpoint", "recovery", "memory", "scaling", "storage",
-           "rendezvous")
+           "rendezvous", "nodes", "soak")
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class Profile:
     fault: FaultPlan = field(default=FaultPlan(how="sigkill", epoch=1, step=5, rank=1,
                                                recover_within_s=30.0))
     faults: tuple[str, ...] = ("exception", "exit", "sigkill")  # figure 4's rows
+    soak_faults: int = 50  # figure 10
 
 
 _FULL_MODEL = WorkloadConfig(input_dim=512, hidden=1024, layers=2, batch=128)
@@ -73,6 +74,7 @@ SMOKE = Profile(
     rendezvous_agents=(2,), rendezvous_launchers=("c10d",), rendezvous_recovery=False,
     fault=FaultPlan(how="sigkill", epoch=1, step=2, rank=1, recover_within_s=30.0),
     faults=("exit",),
+    soak_faults=3,
 )
 
 PROFILES = {p.name: p for p in (FULL, SMOKE)}

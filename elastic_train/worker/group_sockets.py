@@ -13,6 +13,12 @@ exactly as if this process had died -- but it has not.
 Listening sockets are left alone (gloo aborts the process when its listener
 fails), and a descriptor is only touched while it is still the socket that
 was recorded (same inode), never a later one that reuses its number.
+
+A process forked from the worker -- a DataLoader's worker processes -- closes
+its copies of these sockets at once. Otherwise it holds the connections open
+after the worker dies, and the peers' collectives wait until it notices and
+exits (a DataLoader worker looks for its parent every 5 s): measured here, a
+SIGKILLed rank with a 2-worker DataLoader left its peers blocked for 4.5-5 s.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import stat
 from collections.abc import Iterator
 
 _recorded: dict[int, int] = {}  # fd -> inode, of the current attempt
+_fork_hook = False
 
 
 def _sockets() -> dict[int, int]:
@@ -37,9 +44,30 @@ def _sockets() -> dict[int, int]:
     return out
 
 
+def _still_recorded() -> list[int]:
+    out = []
+    for fd, inode in _recorded.items():
+        with contextlib.suppress(OSError):
+            if os.fstat(fd).st_ino == inode:
+                out.append(fd)
+    return out
+
+
+def _close_in_child() -> None:
+    """In a process just forked from the worker: drop its copies of the connections."""
+    for fd in _still_recorded():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _recorded.clear()
+
+
 @contextlib.contextmanager
 def recording() -> Iterator[None]:
     """Records the sockets opened inside the block as the current attempt's."""
+    global _fork_hook
+    if not _fork_hook:
+        os.register_at_fork(after_in_child=_close_in_child)
+        _fork_hook = True
     before = _sockets()
     try:
         yield
@@ -50,10 +78,8 @@ def recording() -> Iterator[None]:
 def cut() -> int:
     """Shuts down the recorded connections that are still open; returns how many."""
     count = 0
-    for fd, inode in list(_recorded.items()):
+    for fd in _still_recorded():
         with contextlib.suppress(OSError):
-            if os.fstat(fd).st_ino != inode:
-                continue
             sock = socket.socket(fileno=fd)
             try:
                 if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
