@@ -20,12 +20,23 @@ import elastic_train as et
 from elastic_train.agent import zygote
 from elastic_train.storage import RunStorage
 from elastic_train.torch import TorchTrainer
-from tests.support import jobs
+from tests.support import jobs, restart_job
 from tests.support.etcd_server import EtcdServer, etcd_binary
 from tests.support.paths import REPO
 from tests.support.servers import SERVER_PIDS, MotoS3Server, s3_options
 
 cloudpickle.register_pickle_by_value(jobs)
+cloudpickle.register_pickle_by_value(restart_job)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked ``long`` (the 50-fault soak) run only when asked for: ``-m long``."""
+    if "long" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="long profile: run with -m long")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)
 
 
 def child_pids(parent: int) -> list[int]:

@@ -6,7 +6,10 @@ therefore starts one zygote per process (``python -m elastic_train.agent.zygote
 SOCKET``) that imports torch and the worker modules, then forks a worker per
 request. Restarts and later ``fit()`` calls in the same process fork from the
 same zygote. The zygote is single-threaded and never touches CUDA, so the
-forked workers start clean.
+forked workers start clean. It also imports what a first training step
+imports lazily, and later the modules the workers reported
+(:mod:`.zygote_preload`); ``fit()`` and ``launch`` fork it from the driver itself
+when that is safe (:mod:`.zygote_fork`) instead of starting an interpreter.
 
 torch's agent still starts, watches and stops ordinary processes: each is a
 :mod:`~elastic_train.agent.zygote_client` (standard library only, a few ms to
