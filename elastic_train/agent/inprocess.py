@@ -2,8 +2,8 @@
 
 The worker's side is :mod:`elastic_train.worker.inprocess`; they talk through
 the files of :mod:`elastic_train.worker.restart_channel`. The agents of a
-multi-node job talk through the rendezvous round's store (keys under
-``elastic_train/inproc/<attempt>/``). One attempt ends in four steps:
+multi-node job talk through the rendezvous round's store (:mod:`.attempt_store`).
+One attempt ends in four steps:
 
 1. **Detect** (:meth:`InProcessRestarts.poll`, every monitor interval): a
    local worker died, reported its own error, or reported an unhealthy device;
@@ -29,7 +29,6 @@ job, a failure costs their workers one unwind and a new process group.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -41,6 +40,7 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import Worker, WorkerGroup
 
 from elastic_train import env_vars
+from elastic_train.agent import attempt_store
 from elastic_train.agent.worker_slots import kill
 from elastic_train.errors import WorkerFailure
 from elastic_train.worker import restart_channel as channel
@@ -48,7 +48,6 @@ from elastic_train.worker.restart_channel import Go, Stage, WorkerRecord
 
 logger = logging.getLogger(__name__)
 
-_KEYS = "elastic_train/inproc"
 SECONDARY_GRACE_S = 0.5  # how long broken collectives alone wait for the failure behind them
 PEER_PRIMARY_WAIT_S = 1.0  # how long a node that failed only through peers waits to hear why
 AGENT_BARRIER_EXTRA_S = 5.0  # on top of the unwind timeout, for the other nodes to arrive
@@ -138,7 +137,7 @@ class InProcessRestarts:
                 found.append((self._failure_of(worker, code), True))  # it died: its own
             elif code is None and record is not None and self._failed_now(record):
                 found.append(_raised(worker, record))
-        remote = self._announced(group)
+        remote = attempt_store.announced(group, self.attempt)
         if not found and remote is None or self._too_early(found, remote):
             return True
         found.sort(key=lambda item: (not item[1], item[0].traceback is None,
@@ -166,46 +165,26 @@ class InProcessRestarts:
             return True
         return record.failure is not None and record.attempt in (self.attempt, self.attempt + 1)
 
-    def _announced(self, group: WorkerGroup) -> WorkerFailure | None:
-        """The root failure another node announced for the current attempt, if any."""
-        if (group.group_world_size or 1) <= 1:
-            return None
-        key = self._key("failed")
-        if not group.store.check([key]):
-            return None
-        return WorkerFailure.from_json(json.loads(group.store.get(key)))
-
-    def _key(self, name: str, attempt: int | None = None) -> str:
-        return f"{_KEYS}/{self.attempt if attempt is None else attempt}/{name}"
-
     # 2. announce and interrupt
     def interrupt(self, group: WorkerGroup, failed: FailedAttempt) -> bool:
         """Tells the other nodes and stops every local worker still in the attempt.
         Returns whether the failure is this node's own (some node must pay for it: when
         no node says it failed by itself within a second, this one does)."""
-        several = (group.group_world_size or 1) > 1
-        if several and failed.failures and group.store.add(self._key("count"), 1) == 1:
-            group.store.set(self._key("failed"), json.dumps(failed.failures[0].to_json()))
-        if several and failed.primary:
-            group.store.set(self._key("primary"), "1")
+        attempt_store.announce(group, self.attempt,
+                               failed.failures[0] if failed.failures else None, failed.primary)
         for worker in group.workers:
             record = channel.read_record(self.directory, worker.global_rank)
             if record is not None and record.stage is Stage.RUNNING \
                     and record.attempt == self.attempt:
                 _signal(record.pid, channel.ABORT_SIGNAL)
-        if failed.primary or not several:
+        if failed.primary or not attempt_store.several(group):
             return True
-        deadline = time.monotonic() + PEER_PRIMARY_WAIT_S
-        while time.monotonic() < deadline:
-            if group.store.check([self._key("primary")]):
-                return False
-            time.sleep(0.02)
-        return True
+        return not attempt_store.failed_by_itself_elsewhere(group, self.attempt,
+                                                            PEER_PRIMARY_WAIT_S)
 
     def give_up(self, group: WorkerGroup) -> None:
         """This node stops (its budget is spent): the other nodes must not wait for it."""
-        if (group.group_world_size or 1) > 1:
-            group.store.set(self._key("stop"), "1")
+        attempt_store.give_up(group, self.attempt)
 
     # 3. recover, 4. go
     def recover(self, group: WorkerGroup, pcontext: Any,
@@ -219,23 +198,19 @@ class InProcessRestarts:
             if worker.global_rank in recovery.replaced:
                 self._replace(worker, {env_vars.ATTEMPT: str(target),
                                        "TORCHELASTIC_RESTART_COUNT": str(restart_count)})
-        port = _free_port() if group.group_rank == 0 and self._own_store(group) else None
-        if (group.group_world_size or 1) > 1:
+        own_store = not group.spec.rdzv_handler.use_agent_store  # launch: rank 0 hosts it
+        port = _free_port() if own_store and group.group_rank == 0 else None
+        if attempt_store.several(group):
             if port is not None:
-                group.store.set(self._key("master_port", target), str(port))
-            if not self._agents_ready(group, target, others_joining):
+                attempt_store.share_port(group, target, port)
+            if not attempt_store.all_ready(group, self.attempt, self.unwind_timeout_s +
+                                           AGENT_BARRIER_EXTRA_S, others_joining):
                 return None
-            if self._own_store(group) and port is None:
-                port = int(group.store.get(self._key("master_port", target)))
+            if own_store:
+                port = attempt_store.share_port(group, target, port)
         channel.write_go(self.directory, Go(target, restart_count, port))
         self.attempt, self._secondary_since = target, None
         return recovery
-
-    @staticmethod
-    def _own_store(group: WorkerGroup) -> bool:
-        """Whether the workers host their store (rank 0's ``env://`` store under ``launch``)
-        rather than use the agent's."""
-        return not group.spec.rdzv_handler.use_agent_store
 
     def _unwind(self, group: WorkerGroup, pcontext: Any, target: int) -> dict[int, str]:
         """Waits for the local workers to be ready for ``target``; kills those that are not
@@ -269,25 +244,6 @@ class InProcessRestarts:
                 break
             time.sleep(0.005)
         return replaced
-
-    def _agents_ready(self, group: WorkerGroup, target: int,
-                      others_joining: Callable[[], bool]) -> bool:
-        """The agents' barrier: every node's workers are ready for ``target``."""
-        key = self._key("ready", target)
-        group.store.add(key, 1)
-        nodes = group.group_world_size or 1
-        deadline = time.monotonic() + self.unwind_timeout_s + AGENT_BARRIER_EXTRA_S
-        next_look = 0.0
-        while group.store.add(key, 0) < nodes:
-            if group.store.check([self._key("stop")]) or time.monotonic() > deadline:
-                return False
-            if time.monotonic() >= next_look:  # a rendezvous round: new processes anyway
-                next_look = time.monotonic() + 0.5
-                if others_joining():
-                    return False
-            time.sleep(0.01)
-        return True
-
 
 def _free_port() -> int:
     """A port nothing listens on now, for the next attempt's store on this node."""

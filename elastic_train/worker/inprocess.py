@@ -127,6 +127,15 @@ def device_healthy() -> bool:
     return True
 
 
+def _release_objects() -> None:
+    """The failed attempt's objects go: a garbage collection frees what its frames held (a
+    DataLoader's worker processes stop when its iterator goes), and multiprocessing
+    forgets the children that ended (it keeps each one, and two pipes, until asked)."""
+    gc.collect()
+    if "multiprocessing" in sys.modules:
+        sys.modules["multiprocessing"].active_children()
+
+
 def _run_one(attempt: Callable[[], T]) -> tuple[bool, T | None, FailureNote | None]:
     """Runs one attempt: (succeeded, its value, this worker's own error if it failed)."""
     global _in_attempt
@@ -182,7 +191,7 @@ def run_attempts(attempt: Callable[[], T], release: Callable[[], None]) -> T:
             channel.write_record(directory, rank, record)
             sys.stderr.write(failure.traceback)
         release()
-        gc.collect()  # the failed attempt's objects: data loader workers stop with them
+        _release_objects()
         number += 1
         healthy = device_healthy()
         channel.write_record(directory, rank, WorkerRecord(

@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 import elastic_train as et
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("epochs", type=int)
@@ -39,7 +39,11 @@ def main() -> None:
     parser.add_argument("--crash-how", choices=("raise", "exit"), default="raise")
     parser.add_argument("--crash-always", action="store_true",
                         help="crash at --crash-at in every attempt, not only the first")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)

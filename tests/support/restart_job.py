@@ -41,7 +41,13 @@ def process_probe() -> dict:
                 continue
     with open("/proc/self/status") as f:
         rss_kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-    return {"pid": os.getpid(), "fds": len(os.listdir("/proc/self/fd")),
+    fds = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+    return {"pid": os.getpid(), "fds": len(fds), "fd_targets": fds,
             "threads": len(os.listdir("/proc/self/task")), "children": children,
             "rss_kb": rss_kb}
 
