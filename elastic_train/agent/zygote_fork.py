@@ -14,8 +14,9 @@ The forked process then sheds what it inherited from the driver, so that the
 workers it forks look like fresh processes: a new session, every inherited
 descriptor but the standard streams pointed at ``/dev/null`` (not closed: a
 stale Python object closing its old descriptor number must not close a new
-file of the worker's), default signal handlers, no ``atexit`` handlers, no
-logging handlers, torch's random generator at a fresh process's seed.
+file of the worker's), the standard streams on descriptors 0-2, default signal
+handlers, no ``atexit`` handlers, no logging handlers, torch's random generator
+at a fresh process's seed.
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ def _shed_the_driver(keep: set[int]) -> None:
             with contextlib.suppress(OSError):
                 os.dup2(devnull, fd)
     os.close(devnull)
+    _standard_streams()
     signal.set_wakeup_fd(-1)
     for sig in signal.valid_signals():
         with contextlib.suppress(OSError, ValueError, TypeError):
@@ -143,6 +145,15 @@ def _shed_the_driver(keep: set[int]) -> None:
                                           if isinstance(v, logging.Logger)]]:
         logger.handlers.clear()
     sys.modules["torch"].manual_seed(TORCH_DEFAULT_SEED)
+
+
+def _standard_streams() -> None:
+    """``sys.stdin``/``stdout``/``stderr`` on descriptors 0, 1 and 2 again, as a new
+    interpreter has them: the driver may have replaced them (pytest's capture, a
+    notebook's, a logging tee), and the zygote and its workers use the descriptors."""
+    sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115 -- for the process
+    sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)  # noqa: SIM115
+    sys.stderr = sys.__stderr__ = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
 
 
 def _run(main: Callable[[str], None], path: str) -> int:
