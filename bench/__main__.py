@@ -3,7 +3,8 @@
     python -m bench                    full profile, 3 repetitions, writes BENCHMARKS.md
     python -m bench --repeat 5         more repetitions
     python -m bench --only steps       one figure (cold_start, steps, checkpoint, recovery,
-                                       memory, scaling, storage, rendezvous); repeatable
+                                       memory, scaling, storage, rendezvous,
+                                       rendezvous_scale, overhead); repeatable
     python -m bench --smoke            tiny and quick (CI); writes a file only with --output
     python -m bench --output FILE      write the markdown there instead
 

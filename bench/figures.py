@@ -1,7 +1,8 @@
 """The figures: which runs each needs, and the table each one prints.
 
 Figure 7 (storage) lives in :mod:`bench.storage_figure`, figure 8 (rendezvous) in
-:mod:`bench.rendezvous_figure`; each runs processes of its own.
+:mod:`bench.rendezvous_figure`, figure 9 (rendezvous at scale) in
+:mod:`bench.rendezvous_scale_figure`; each runs processes of its own.
 
 :class:`Suite` runs the variants (repetitions interleaved -- a, b, c, a, b,
 c, ... -- so that drift of the machine hits every variant alike) and caches
@@ -16,9 +17,11 @@ from collections.abc import Callable, Sequence
 
 from bench.measure import FaultPlan, Sample, measure, phase_order
 from bench.nodes_figure import nodes
+from bench.overhead_figure import overhead
 from bench.profiles import Profile
 from bench.recovery_figure import recovery
 from bench.rendezvous_figure import rendezvous
+from bench.rendezvous_scale_figure import rendezvous_scale
 from bench.report import Table
 from bench.soak_figure import soak
 from bench.stats import Summary, Target, fmt_ratio, ratio, with_target
@@ -65,16 +68,19 @@ class Suite:
 
     def run_set(self, name: str, variants: Sequence[Variant], base: WorkloadConfig,
                 workers: int, max_restarts: int = 0, fault: FaultPlan | None = None,
-                failures_are_results: bool = False) -> dict[str, list[Sample]]:
-        """``repeat`` runs of each variant, interleaved, failed ones included (``ok=False``).
+                failures_are_results: bool = False,
+                repeat: int | None = None) -> dict[str, list[Sample]]:
+        """``repeat`` runs (default: the profile's) of each variant, interleaved, failed ones
+        included (``ok=False``).
 
         Failed runs are also listed in :attr:`failures`; they make the suite fail unless
         ``failures_are_results`` (figure 4: a run that does not recover is a finding).
         """
         out: dict[str, list[Sample]] = {v.key: [] for v in variants}
-        total = len(variants) * self.profile.repeat
+        repeat = repeat or self.profile.repeat
+        total = len(variants) * repeat
         done = 0
-        for rep in range(self.profile.repeat):
+        for rep in range(repeat):
             for variant in variants:
                 done += 1
                 sample = measure(variant, base, workers, self.profile.timeout_s,
@@ -331,7 +337,8 @@ def scaling(suite: Suite) -> list[Table]:
 FIGURE_FUNCTIONS: dict[str, Callable[[Suite], list[Table]]] = {
     "cold_start": cold_start, "steps": steps, "checkpoint": checkpoint,
     "recovery": recovery, "memory": memory, "scaling": scaling, "storage": storage,
-    "rendezvous": rendezvous, "nodes": nodes, "soak": soak,
+    "rendezvous": rendezvous, "rendezvous_scale": rendezvous_scale, "overhead": overhead,
+    "nodes": nodes, "soak": soak,
 }
 
 

@@ -46,6 +46,8 @@ class Sample:
     checkpoint_total_s: list[float] = field(default_factory=list)  # save + report + cleanup
     step_report_s: list[float] = field(default_factory=list)  # mean per call, per epoch
     epoch_s: list[float] = field(default_factory=list)  # durations of epochs 2..N
+    # Microseconds per steady-state step, mean over ranks: "wall", "thread_cpu", "process_cpu".
+    step_us: dict[str, float] = field(default_factory=dict)
     checkpoint_mb: float | None = None
     recovery_s: float | None = None  # fault -> every rank's first step again
     recovery_phases: dict[str, float] = field(default_factory=dict)
@@ -152,6 +154,15 @@ def _steady_steps_per_s(durations: list[float], cfg: WorkloadConfig) -> float | 
     return cfg.steps_per_epoch / statistics.median(durations) if durations else None
 
 
+def _step_costs(rows: list[dict]) -> dict[str, float]:
+    """Per-step wall and CPU microseconds of the first attempt, averaged over the ranks."""
+    rows = [r for r in rows if r["restart"] == 0 and r["steps"]]
+    if not rows:
+        return {}
+    return {name: 1e6 * statistics.mean(r[f"{name}_s"] / r["steps"] for r in rows)
+            for name in ("wall", "thread_cpu", "process_cpu")}
+
+
 def _fill(sample: Sample, result: procs.RunResult, ev: Events, cfg: WorkloadConfig) -> None:
     sample.foreign_cores = result.foreign_cores
     first = ev.time_of("first_step")
@@ -177,6 +188,7 @@ def _fill(sample: Sample, result: procs.RunResult, ev: Events, cfg: WorkloadConf
     sample.checkpoint_total_s = [e["total"] for e in ev.select("report") if "total" in e] \
         or sample.save_s
     sample.step_report_s = [e["dt"] / e["n"] for e in ev.select("step_reports")]
+    sample.step_us = _step_costs(ev.select("steady", rank=None))
     sizes = [e["bytes"] for e in ev.select("save") if "bytes" in e]
     sample.checkpoint_mb = sizes[0] / 2**20 if sizes else None
     fault = ev.time_of("fault", rank=None)

@@ -16,7 +16,7 @@ from bench.measure import FaultPlan
 from bench.workload import WorkloadConfig
 
 FIGURES = ("cold_start", "steps", "checkpoint", "recovery", "memory", "scaling", "storage",
-           "rendezvous", "nodes", "soak")
+           "rendezvous", "rendezvous_scale", "overhead", "nodes", "soak")
 
 
 @dataclass(frozen=True)
@@ -40,12 +40,18 @@ class Profile:
     storage_sizes_mb: tuple[int, ...] = (100, 400)
     figures: tuple[str, ...] = field(default=FIGURES)
     rendezvous_agents: tuple[int, ...] = (2, 4, 8, 16)
-    rendezvous_launchers: tuple[str, ...] = ("torchrun", "torchrun-unshared", "c10d", "etcd")
+    rendezvous_launchers: tuple[str, ...] = ("torchrun", "torchrun-unshared", "c10d", "etcd",
+                                             "etcd-v3")
     rendezvous_recovery: bool = True
+    scale_nodes: tuple[int, ...] = (8, 32, 64, 128, 256, 512, 1024)
+    scale_backends: tuple[str, ...] = ("c10d", "etcd-v3", "etcd")
+    scale_timeout_s: float = 60.0
+    overhead: WorkloadConfig = WorkloadConfig()
+    overhead_pairs: int = 12
     fault: FaultPlan = field(default=FaultPlan(how="sigkill", epoch=1, step=5, rank=1,
                                                recover_within_s=30.0))
     faults: tuple[str, ...] = ("exception", "exit", "sigkill")  # figure 4's rows
-    soak_faults: int = 50  # figure 10
+    soak_faults: int = 50  # figure 11
 
 
 _FULL_MODEL = WorkloadConfig(input_dim=512, hidden=1024, layers=2, batch=128)
@@ -58,6 +64,8 @@ FULL = Profile(
     recovery=_FULL_MODEL.replace(steps_per_epoch=25, epochs=3),
     scaling=_FULL_MODEL.replace(steps_per_epoch=15, epochs=4),
     scaling_workers=(1, 2, 4),
+    # Short runs, many of them: 2 steady epochs of 60 steps (~2 s) after a warm-up epoch.
+    overhead=_FULL_MODEL.replace(steps_per_epoch=60, epochs=3), overhead_pairs=12,
 )
 
 _TINY_MODEL = WorkloadConfig(input_dim=32, hidden=64, layers=2, batch=16)
@@ -70,11 +78,14 @@ SMOKE = Profile(
     scaling=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2),
     scaling_workers=(1, 2),
     storage_sizes_mb=(1,),
-    figures=("cold_start", "steps", "checkpoint", "memory", "storage", "rendezvous"),
+    figures=("cold_start", "steps", "checkpoint", "memory", "storage", "rendezvous",
+             "rendezvous_scale", "overhead"),
     rendezvous_agents=(2,), rendezvous_launchers=("c10d",), rendezvous_recovery=False,
     fault=FaultPlan(how="sigkill", epoch=1, step=2, rank=1, recover_within_s=30.0),
     faults=("exit",),
     soak_faults=3,
+    scale_nodes=(4,), scale_backends=("etcd",), scale_timeout_s=30.0,
+    overhead=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2), overhead_pairs=2,
 )
 
 PROFILES = {p.name: p for p in (FULL, SMOKE)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +39,34 @@ class Summary:
             return f"{self.median:.{digits}f}"
         return (f"{self.median:.{digits}f} ({min(self.values):.{digits}f}–"
                 f"{max(self.values):.{digits}f})")
+
+
+@dataclass(frozen=True)
+class Difference:
+    """Mean of paired differences ``b_i - a_i`` and its 95 % bootstrap interval."""
+
+    mean: float
+    low: float
+    high: float
+    pairs: int
+
+    @classmethod
+    def paired(cls, a: Sequence[float], b: Sequence[float], resamples: int = 4000,
+               seed: int = 0) -> Difference | None:
+        """Pairs ``a[i]`` with ``b[i]`` (runs made back to back, so that drift of the
+        machine hits both alike); None with fewer than two pairs. The interval is the
+        2.5th-97.5th percentile of the mean over resamples (seeded: reproducible)."""
+        diffs = [y - x for x, y in zip(a, b, strict=False)]
+        if len(diffs) < 2:
+            return None
+        rng = random.Random(seed)
+        means = sorted(statistics.fmean(rng.choices(diffs, k=len(diffs)))
+                       for _ in range(resamples))
+        return cls(statistics.fmean(diffs), means[int(0.025 * resamples)],
+                   means[int(0.975 * resamples) - 1], len(diffs))
+
+    def fmt(self, digits: int = 0) -> str:
+        return f"{self.mean:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
 
 
 def ratio(value: Summary, floor: Summary) -> float | None:

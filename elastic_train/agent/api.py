@@ -20,7 +20,11 @@ from dataclasses import dataclass, field
 from torch.distributed.elastic.agent.server.api import WorkerSpec
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousParameters,
+)
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
 from elastic_train.agent import zygote
@@ -53,7 +57,8 @@ class AgentSpec:
     driver's console shows them (see :mod:`elastic_train.driver.console`).
     ``agent_logs`` shows torch.distributed.elastic's own logs too. When the
     agent gets a SIGTERM it passes it on to the workers (a preemption notice)
-    and kills them ``failure.preemption_grace_s`` later.
+    and kills them ``failure.preemption_grace_s`` later. ``staging_dir`` (where
+    workers stage checkpoint files) is emptied before each group starts.
     """
 
     entrypoint: str
@@ -68,6 +73,7 @@ class AgentSpec:
     agent_logs: bool = False
     worker_env: dict[str, str] = field(default_factory=dict)
     local_addr: str | None = None
+    staging_dir: str | None = None
 
 
 class Interrupted(Exception):
@@ -132,9 +138,11 @@ class AgentOutcome:
 def run_agent(spec: AgentSpec, events: AgentEvents | None = None) -> AgentOutcome:
     """Runs the workers to the end.
 
-    Raises :class:`Interrupted` after a SIGINT/SIGTERM, once every worker is
-    stopped, and :class:`RendezvousLostError` when the rendezvous became
-    unreachable (with c10d: the node hosting its store is gone).
+    When the job ends because another node spent its budget (it closes the
+    rendezvous), the failures are that node's root cause. Raises
+    :class:`Interrupted` after a SIGINT/SIGTERM, once every worker is stopped,
+    and :class:`RendezvousLostError` when the rendezvous became unreachable
+    (with c10d: the node hosting its store is gone).
     """
     agent = _train_agent(spec, events or AgentEvents())
     rdzv_handler, rdzv = agent.get_worker_group().spec.rdzv_handler, spec.rendezvous
@@ -145,9 +153,16 @@ def run_agent(spec: AgentSpec, events: AgentEvents | None = None) -> AgentOutcom
         except SignalException as exc:
             # Like torchrun, leave the rendezvous open: other nodes may go on without us.
             raise Interrupted(int(exc.sigval)) from None
-        except RendezvousConnectionError as exc:
+        except (RendezvousClosedError, RendezvousConnectionError) as exc:
+            if agent.peer_root is not None:  # the node at fault spent its budget and left
+                return AgentOutcome([agent.peer_root])
+            if isinstance(exc, RendezvousClosedError):
+                raise
             raise RendezvousLostError.for_backend(rdzv.backend, rdzv.endpoint, exc) from exc
         rdzv_handler.shutdown()
+    if result is None:  # torch's agent: the rendezvous closed while this node was a spare
+        logger.info("The job finished without needing this node (it waited as a spare).")
+        return AgentOutcome([])
     if not result.is_failed():
         return AgentOutcome([])
     return AgentOutcome(agent.last_failures or failures_of(result),
@@ -188,6 +203,8 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
         on_failure=events.on_failure, on_rendezvous=events.on_rendezvous,
         on_recovered=events.on_recovered, progress=events.progress,
         worker_command=worker_command,
+        worker_pids_dir=os.path.join(logs.root_log_dir, "worker_pids"),
+        staging_dir=spec.staging_dir,
         import_watch=ImportWatch(os.path.join(logs.root_log_dir, "modules"), zygote.preload)
         if zygote.enabled() else None,
         in_process=InProcessSettings(os.path.join(logs.root_log_dir, "inprocess"),

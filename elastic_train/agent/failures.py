@@ -1,55 +1,91 @@
-"""What the agent learned about failed workers, as :class:`WorkerFailure` records.
+"""What the agent learned about failed workers: :class:`WorkerFailure` records, and how
+each worker ended -- by itself, or because another worker failed first.
 
-A failure is *secondary* when the worker did not fail by itself: the agent
-stopped it (SIGTERM) after another worker failed, or its collective broke
-because a peer -- possibly on another node -- died. Secondary failures are
-reported after the root cause and are not charged to this node's restart budget.
+How a worker ended is read from facts, never from the words of its message:
+
+- ``OWN``: killed by a signal (the OOM killer, a segfault, a kill from outside)
+  or exited without recording an exception (``os._exit``, a dead zygote): the
+  process ended here, by itself.
+- ``RAISED``: an exception (recorded by the worker with the time it was
+  raised). Its own error -- unless a worker elsewhere failed before it: gloo
+  reports a dead peer as a plain ``RuntimeError``, so which came first is
+  settled across nodes by :mod:`.attribution`.
+- ``BROKEN``: the exception torch raises for a collective whose peer is gone
+  (``torch.distributed.DistError``: NCCL's ``DistBackendError``,
+  ``DistNetworkError``, ``DistStoreError``), or NCCL's watchdog abort
+  (SIGABRT): another worker failed first.
+
+Workers the agent itself stopped after the first failure are no failures and
+are left out (see :class:`~elastic_train.agent.local_agent.TrainAgent`).
 """
 
 from __future__ import annotations
 
-import re
+import enum
+import math
 import signal
 import socket
+from dataclasses import dataclass
+from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult
 
 from elastic_train.errors import WorkerFailure
+from elastic_train.worker.lifecycle import EXCEPTION_TYPES, FAILED_AT
 
-# Errors a worker gets when a peer, not itself, failed (gloo and NCCL wording).
-_PEER_LOST = re.compile(
-    r"Connection (reset|closed) by peer|Broken pipe|remote process exited|"
-    r"NCCL communicator was aborted|Connection refused"
-)
+_BROKEN_COLLECTIVE = "torch.distributed.DistError"
 
 
-def is_secondary(failure: WorkerFailure) -> bool:
-    """Whether the worker failed because of another worker or the agent, not by itself."""
-    return failure.exitcode == -signal.SIGTERM or bool(_PEER_LOST.search(failure.message or ""))
+class Cause(enum.Enum):
+    OWN = "own"
+    RAISED = "raised"
+    BROKEN = "broken"
 
 
-def failures_of(result: RunResult) -> list[WorkerFailure]:
-    """The failed workers of a result, root cause first.
+@dataclass(frozen=True)
+class Observed:
+    """One failed worker: its record, how it ended, and when (``inf``: unknown)."""
 
-    Secondary failures -- the agent's own SIGTERM to the survivors, and
-    collectives that broke because a peer died -- come last; among the rest, a
-    failure with a traceback comes before one without, then the earliest.
+    failure: WorkerFailure
+    cause: Cause
+    at: float
+
+
+def _cause(exitcode: int, extra: dict[str, Any]) -> Cause:
+    if exitcode == -signal.SIGABRT or _BROKEN_COLLECTIVE in extra.get(EXCEPTION_TYPES, ()):
+        return Cause.BROKEN
+    if exitcode < 0 or FAILED_AT not in extra:
+        return Cause.OWN
+    return Cause.RAISED
+
+
+def observe(result: RunResult) -> list[Observed]:
+    """The failed workers of ``result``, root cause first.
+
+    Among them, a worker that ended by itself comes first, then one that raised,
+    then one whose collective broke; then one with a traceback before one
+    without; then the earliest, then the lowest rank.
     """
     out = []
     for rank, failure in result.failures.items():
-        traceback = None
         data = failure.error_file_data.get("message") if failure.error_file_data else None
-        if isinstance(data, dict):
-            traceback = data.get("extraInfo", {}).get("py_callstack")
-        out.append((failure.timestamp, rank, WorkerFailure(
+        data = data if isinstance(data, dict) else {}
+        extra = data.get("extraInfo", {})
+        cause = _cause(failure.exitcode, extra)
+        at = float(extra.get(FAILED_AT, failure.timestamp)) if cause is not Cause.BROKEN \
+            else math.inf
+        out.append(Observed(WorkerFailure(
             rank=rank, local_rank=failure.local_rank, pid=failure.pid,
             exitcode=failure.exitcode,
-            message=data.get("message", "") if isinstance(data, dict) else str(failure.message),
-            traceback=traceback, hostname=socket.gethostname(),
-            timestamp=float(failure.timestamp),
-        )))
-    def rank_key(item: tuple[int, int, WorkerFailure]) -> tuple[bool, bool, int, int]:
-        timestamp, rank, failure = item
-        return (is_secondary(failure), failure.traceback is None, timestamp, rank)
+            message=data.get("message", "") if data else str(failure.message),
+            traceback=extra.get("py_callstack"), hostname=socket.gethostname(),
+            timestamp=float(extra.get(FAILED_AT, failure.timestamp)),
+        ), cause, at))
+    order = list(Cause)
+    return sorted(out, key=lambda o: (order.index(o.cause), o.failure.traceback is None,
+                                      o.failure.timestamp, o.failure.rank))
 
-    return [f for _, _, f in sorted(out, key=rank_key)]
+
+def failures_of(result: RunResult) -> list[WorkerFailure]:
+    """The failed workers' records, root cause first (see :func:`observe`)."""
+    return [o.failure for o in observe(result)]

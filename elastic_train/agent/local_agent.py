@@ -12,22 +12,26 @@
 3. Whether a failed group restarts is decided by a
    :class:`~elastic_train.agent.restart_budget.RestartBudget`, not by torch's
    counter (which this agent sets to the decision before torch reads it).
-   Only this node's own failures spend its restart budget. When every failed
-   worker here failed because of a peer on another node (a node that left, a
-   worker elsewhere that crashed), the restart is free: the node whose worker
-   crashed charges its own budget, and a lost node is a membership change
-   (counted in ``membership_changes``), not a failure of the job. On a
-   single node every failure is the node's own and is charged.
+   Only this node's own failures spend its restart budget: the agents tell
+   each other how and when their workers failed and settle which node is at
+   fault (:mod:`.attribution`); the others restart for free, and a lost node
+   is a membership change (counted in ``membership_changes``), not a failure
+   of the job. On a single node every failure is the node's own and is charged.
 4. A failure after a preemption notice (see :mod:`elastic_train.worker.preemption`)
    spends the preemption budget (``FailureConfig.max_preemption_failures``)
    instead of the restart budget.
 5. A group is stopped for a restart with SIGKILL, not torch's SIGTERM and
-   30 s wait: the failed group's state is discarded anyway, SIGTERM is the
-   workers' preemption notice, and a worker blocked in a collective with a
-   dead peer would only die at the end of the wait.
+   30 s wait -- also the rest of the group that torch's process context
+   stops at the first failure, which are then not reported as failures: the
+   failed group's state is discarded anyway, SIGTERM is the workers'
+   preemption notice (which they outlast), and a worker blocked in a
+   collective with a dead peer would only die at the end of the wait.
 6. The worker command is asked for again at every start, so a worker zygote
    that died (see :mod:`elastic_train.agent.zygote`) is replaced by a new one.
-7. With in-process restarts (:mod:`elastic_train.agent.inprocess`) a failed
+7. Stopping a group stops the workers a zygote forked behind the processes
+   torch started, and waits for them (:mod:`.forked_workers`); a group starts
+   with an empty staging directory (what a killed attempt staged is stale).
+8. With in-process restarts (:mod:`elastic_train.agent.inprocess`) a failed
    attempt does not stop the group: the agent watches its workers itself
    (torch's process context would stop them all at the first death), charges
    the failure, lets the survivors unwind and start the next attempt, and
@@ -45,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -61,7 +66,9 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.utils import macros
 
 from elastic_train import env_vars
-from elastic_train.agent.failures import failures_of, is_secondary
+from elastic_train.agent import forked_workers
+from elastic_train.agent.attribution import FailureExchange, NodeReport, charged
+from elastic_train.agent.failures import failures_of, observe
 from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.agent.inprocess import (
     FailedAttempt,
@@ -109,6 +116,7 @@ class TrainAgent(LocalElasticAgent):
                  hang_watch: HangWatch | None = None, notice_dir: str | None = None,
                  preemption_grace_s: float = 0.0, budget: RestartBudget | None = None,
                  worker_command: Callable[[], tuple[str, tuple[str, ...]]] | None = None,
+                 worker_pids_dir: str | None = None, staging_dir: str | None = None,
                  in_process: InProcessSettings | None = None,
                  on_recovered: RecoveryCallback | None = None,
                  progress: Callable[[], Progress | None] | None = None,
@@ -125,6 +133,8 @@ class TrainAgent(LocalElasticAgent):
         self.last_failures: list[WorkerFailure] = []
         self.no_progress: str | None = None
         self._worker_command = worker_command
+        self._worker_pids_dir = worker_pids_dir
+        self._staging_dir = staging_dir
         self._hang_watch = hang_watch
         self._notice_dir = notice_dir
         self._grace_s = preemption_grace_s
@@ -136,10 +146,16 @@ class TrainAgent(LocalElasticAgent):
         self._on_failure = on_failure
         self._on_rendezvous = on_rendezvous
         self.membership_changes = 0
+        self._generation = ""
+        self._stopped: set[int] = set()
+        # The root cause on the node at fault for the last failed attempt, when another
+        # node is (until the next rendezvous): what this node ends with if the job does.
+        self.peer_root: WorkerFailure | None = None
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         previous = worker_group.group_world_size
         super()._rendezvous(worker_group)
+        self.peer_root = None
         self._rendezvous_count += 1
         if previous is not None and worker_group.group_world_size != previous:
             self.membership_changes += 1
@@ -159,7 +175,7 @@ class TrainAgent(LocalElasticAgent):
         return store.get(key).decode()
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        generation = self._agree_on_generation(worker_group)
+        generation = self._generation = self._agree_on_generation(worker_group)
         env = {**self._worker_env, env_vars.GENERATION: generation,
                env_vars.AGENT_PID: str(os.getpid())}
         if self._hang_watch is not None:
@@ -169,6 +185,11 @@ class TrainAgent(LocalElasticAgent):
             preemption.clear(self._notice_dir)
             env[env_vars.PREEMPTION_DIR] = self._notice_dir
             env[env_vars.PREEMPTION_GRACE_S] = str(self._grace_s)
+        if self._worker_pids_dir is not None:
+            forked_workers.clear(self._worker_pids_dir)
+            env[env_vars.WORKER_PIDS_DIR] = self._worker_pids_dir
+        if self._staging_dir is not None:
+            shutil.rmtree(self._staging_dir, ignore_errors=True)
         if self._import_watch is not None:
             env[env_vars.MODULES_DIR] = self._import_watch.directory
         if self._in_process is not None:
@@ -178,7 +199,25 @@ class TrainAgent(LocalElasticAgent):
             worker_group.spec.entrypoint, worker_group.spec.args = self._worker_command()
         self._start_env = env
         with _environ(env):
-            return super()._start_workers(worker_group)
+            pids = super()._start_workers(worker_group)
+        self._stop_rest_at_once()
+        return pids
+
+    def _stop_rest_at_once(self) -> None:
+        """Makes the stop of the rest of the group that torch's process context does on
+        the first failure a SIGKILL (it sends SIGTERM and waits 30 s), and notes whom
+        it stops: they did not fail (see departure 5)."""
+        pcontext, close = self._pcontext, self._pcontext.close
+        self._stopped = set()
+
+        def close_at_once(death_sig: signal.Signals | None = None, timeout: int = 30) -> None:
+            if death_sig is None:  # torch's own close, at the first failure or the end
+                self._stopped |= {pid for pid in pcontext.pids().values()
+                                  if forked_workers.start_time(pid) is not None}
+                death_sig = signal.SIGKILL
+            close(death_sig, timeout)
+
+        pcontext.close = close_at_once
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         if self._in_process is not None and self._pcontext is not None:
@@ -192,9 +231,9 @@ class TrainAgent(LocalElasticAgent):
         if result.state == WorkerState.HEALTHY:
             self._check_hangs(worker_group)
         if result.is_failed():
-            failures = failures_of(result)
-            self._decide(worker_group, failures, self._classify(
-                worker_group, all(is_secondary(f) for f in failures)))
+            result.failures = {rank: failure for rank, failure in result.failures.items()
+                               if failure.pid not in self._stopped} or result.failures
+            self._decide(worker_group, failures_of(result), self._classify(worker_group, result))
         return result
 
     def _check_hangs(self, worker_group: WorkerGroup) -> None:
@@ -225,13 +264,23 @@ class TrainAgent(LocalElasticAgent):
             self._on_failure(failures, decision)
         return decision
 
-    def _classify(self, worker_group: WorkerGroup, secondary: bool) -> FailureKind:
+    def _classify(self, worker_group: WorkerGroup, result: RunResult) -> FailureKind:
         """Which budget the failed attempt spends (see :mod:`.restart_budget`)."""
-        if self._notice_dir is not None and preemption.marked(self._notice_dir):
+        if self._preempted():
             return FailureKind.PREEMPTION
-        if (worker_group.group_world_size or 1) > 1 and secondary:
-            return FailureKind.PEER
-        return FailureKind.FAILURE
+        nodes = worker_group.group_world_size or 1
+        if nodes == 1:
+            return FailureKind.FAILURE
+        mine = NodeReport.of(worker_group.group_rank, observe(result))
+        others = FailureExchange(worker_group.store, self._generation).share(mine, nodes)
+        at_fault = charged(mine, others, nodes)
+        if at_fault is mine:
+            return FailureKind.FAILURE
+        self.peer_root = at_fault.root if at_fault is not None else None
+        return FailureKind.PEER
+
+    def _preempted(self) -> bool:
+        return self._notice_dir is not None and preemption.marked(self._notice_dir)
 
     def _restart_in_process(self, worker_group: WorkerGroup, failed: FailedAttempt) -> RunResult:
         """Charges the failed attempt and runs the next one in the same processes; falls
@@ -239,7 +288,10 @@ class TrainAgent(LocalElasticAgent):
         assert self._in_process is not None and self._pcontext is not None
         own = self._in_process.interrupt(worker_group, failed)
         failures = failed.failures or [failed.root]
-        decision = self._decide(worker_group, failures, self._classify(worker_group, not own))
+        kind = FailureKind.PREEMPTION if self._preempted() else (
+            FailureKind.FAILURE if own else FailureKind.PEER)
+        self.peer_root = None if own else failed.remote_root
+        decision = self._decide(worker_group, failures, kind)
         if not decision.restart:
             self._in_process.give_up(worker_group)
             return RunResult(state=WorkerState.FAILED)
@@ -280,12 +332,17 @@ class TrainAgent(LocalElasticAgent):
         self._shutdown(signal.SIGKILL)
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
-        """torch's shutdown (``death_sig``, then SIGKILL after ``timeout``), then a check:
-        a worker that survives even SIGKILL (stuck in uninterruptible I/O, state D) is
-        reported with its pid and state instead of being silently left behind."""
+        """torch's shutdown (``death_sig``, then SIGKILL after ``timeout``), then the
+        workers a zygote forked behind those processes are killed as well, and every one
+        is waited for (up to ``timeout``): a worker that survives even SIGKILL (stuck in
+        uninterruptible I/O, state D) is reported with its pid and state instead of
+        being silently left behind."""
         pids = list(self._pcontext.pids().values()) if self._pcontext else []
+        forked = forked_workers.behind(self._worker_pids_dir, pids) \
+            if self._worker_pids_dir is not None else {}
         super()._shutdown(death_sig, timeout)
-        self.unkillable = surviving(pids)
+        forked_workers.kill(forked)
+        self.unkillable = surviving([*pids, *forked], wait_s=max(1.0, timeout))
         for pid, state in self.unkillable.items():
             logger.error("Worker pid %d could not be killed (process state %s, e.g. stuck in "
                          "uninterruptible I/O); it is left behind.", pid, state)

@@ -17,8 +17,9 @@ start), which hands the zygote its environment, working directory and
 standard streams, relays signals to the forked worker and exits as it did.
 
 Lifetimes: the zygote exits when its parent closes its stdin (or dies), and
-SIGKILLs its workers then; a worker dies with the zygote (``PR_SET_PDEATHSIG``);
-a worker whose client is killed is SIGKILLed by the zygote.
+SIGKILLs its workers then; it ignores SIGTERM and SIGINT, which are for the
+workers; a worker dies with the zygote (``PR_SET_PDEATHSIG``); a worker whose
+client is killed is SIGKILLed by the zygote.
 
 Only this package's own worker modules use it (the ``fit()`` worker and the
 ``launch`` script runner, each with a ``main(argv)``); set
@@ -159,7 +160,8 @@ class _Server:
             os.close(fd)
         self.clients[conn] = pid
         self.workers[pid] = conn
-        conn.send(f"pid {pid}".encode())
+        with contextlib.suppress(OSError):  # a client killed meanwhile: dropped at its EOF
+            conn.send(f"pid {pid}".encode())
         return None
 
     def close_in_child(self) -> None:
@@ -231,7 +233,11 @@ def _fresh_process_state() -> None:
 
 
 def _main(path: str) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when workers stop
+    # The agent decides when workers stop, and the zygote lives as long as its agent: a
+    # scheduler's SIGTERM to every process of the node (Slurm, systemd) is the workers'
+    # preemption notice, and the zygote's death would take them along at once.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for module in PRELOAD:
         importlib.import_module(module)
     # Out of the collector's sight: a worker's first collections would otherwise walk
@@ -240,6 +246,7 @@ def _main(path: str) -> None:
     request = serve(path)
     if request is not None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _become_worker(request)
 
 

@@ -9,6 +9,8 @@ worker towards the agent:
 
 - signals the agent sends it (SIGTERM: a preemption notice; SIGUSR1: a
   stack dump; SIGINT, SIGHUP, SIGQUIT, SIGUSR2) are passed on to the worker;
+- it notes the worker's pid for the agent, which stops and waits for the
+  worker itself (see :mod:`elastic_train.agent.forked_workers`);
 - it exits as the worker did: with its exit code, or killed by its signal;
 - when it is SIGKILLed itself (the agent stopping a group), its connection
   closes and the zygote SIGKILLs the worker.
@@ -28,12 +30,36 @@ CONNECT_TIMEOUT_S = 300.0  # the zygote binds its socket after importing torch
 _PR_SET_PDEATHSIG = 1
 
 
-def _running(pid: int) -> bool:
+PIDS_DIR = "ELASTIC_TRAIN_WORKER_PIDS_DIR"  # elastic_train.env_vars.WORKER_PIDS_DIR
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name, or None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+            fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
-        return False
+        return None
+    return fields if fields[0] not in ("Z", "X") else None
+
+
+def _running(pid: int) -> bool:
+    return _stat(pid) is not None
+
+
+def note_worker(pid: int) -> None:
+    """Tells the agent which process this one stands in for: its pid and start time
+    (see elastic_train/agent/forked_workers.py), so the agent can stop it itself."""
+    directory, fields = os.environ.get(PIDS_DIR), _stat(pid)
+    if not directory or fields is None:
+        return
+    path = os.path.join(directory, str(os.getpid()))
+    try:
+        with open(f"{path}.tmp", "w") as f:
+            f.write(f"{pid} {fields[19]}")
+        os.replace(f"{path}.tmp", path)
+    except OSError:
+        pass  # the agent has moved on to another group
 
 
 def connect(path: str, zygote_pid: int) -> socket.socket | None:
@@ -95,6 +121,7 @@ def main(argv: list[str]) -> int:
         kind, value = message.split()
         if kind == "pid":
             child = int(value)
+            note_worker(child)
             for signum in pending:
                 os.kill(child, signum)
         else:

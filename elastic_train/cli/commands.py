@@ -3,7 +3,7 @@
 ``ls`` and ``show`` read the run directory only (no torch import: they start
 in a fraction of a second); ``restore`` continues a run the way it was
 started (``fit()`` through its stored train function, ``launch`` by
-relaunching its stored command).
+relaunching its stored command, checked and shown first: see :mod:`.relaunch`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ import sys
 import time
 
 from elastic_train.cli import render
-from elastic_train.cli.launch_args import main_launch
+from elastic_train.cli.launch_args import launch_parser, main_launch, storage_options
+from elastic_train.cli.relaunch import RunAt, plan_relaunch
 from elastic_train.cli.run_summary import RunSummary
 from elastic_train.errors import ConfigError, TrainingFailedError, exit_code
+from elastic_train.redaction import redact_argv
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.run_state import RunState
@@ -70,18 +72,6 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def storage_options(pairs: list[str]) -> dict[str, str] | None:
-    """``--storage-option KEY=VALUE`` flags as fsspec options."""
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ConfigError(f"--storage-option {pair!r}: use KEY=VALUE, e.g. "
-                              "--storage-option endpoint_url=http://127.0.0.1:9000")
-        options[key] = value
-    return options or None
-
-
 def cmd_restore(args: argparse.Namespace) -> int:
     options = storage_options(args.storage_option)
     fs, path = fsutil.resolve(args.run_path, options=options)
@@ -90,7 +80,9 @@ def cmd_restore(args: argparse.Namespace) -> int:
     finished = state is not None and state.is_finished and not args.start_over
     command = state.spec.get("command") if state is not None else None
     if command and not finished:  # a run of `elastic-train launch`
-        return _relaunch(command, state.spec.get("cwd", os.getcwd()), args.start_over)
+        parent, _, name = path.rstrip("/").rpartition("/")
+        return _relaunch(command, state.spec.get("cwd", "?"), args,
+                         RunAt(fsutil.display_path(fs, parent), name, options))
     if finished or state is None or not storage.has_trainable():
         why = ("its run has already finished: pass --start-over to move it aside and train "
                "it again from scratch" if finished else "it is not a run directory")
@@ -100,17 +92,19 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return _refit(args.run_path, options, args.start_over)
 
 
-def _relaunch(command: list[str], cwd: str, start_over: bool) -> int:
-    """Runs a launch run's stored command again, from its directory if it exists here."""
-    if start_over:
-        command = [*command[:2], "--start-over", *command[2:]]
-    print(f"elastic-train: relaunching {shlex.join(command)}", file=sys.stderr)
-    if os.path.isdir(cwd):
-        os.chdir(cwd)
-    else:  # another machine: the script's relative path must resolve from here
-        print(f"elastic-train: {cwd} does not exist here; relaunching from "
-              f"{os.getcwd()}", file=sys.stderr)
-    return main_launch(command[2:])
+def _relaunch(command: list[str], stored_cwd: str, args: argparse.Namespace,
+              at: RunAt) -> int:
+    """Runs a launch run's stored command again, checked and rewritten by
+    :func:`~.relaunch.plan_relaunch`, in the current directory; it is printed first."""
+    try:
+        argv = plan_relaunch(command, at, stored_cwd, trust=args.trust_command,
+                             start_over=args.start_over, parser=launch_parser())
+    except ConfigError as exc:
+        raise ConfigError(f"{args.run_path} cannot be restored: {exc}") from None
+    shown = shlex.join(redact_argv(["elastic-train", "launch", *argv]))
+    print(f"elastic-train: restoring {args.run_path}: running {shown} in {os.getcwd()}",
+          file=sys.stderr)
+    return main_launch(argv)
 
 
 def _refit(run_path: str, options: dict[str, str] | None, start_over: bool) -> int:

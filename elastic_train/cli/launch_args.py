@@ -116,6 +116,9 @@ def _add_our_flags(launch: argparse.ArgumentParser) -> None:
     flag(launch, "verbose", action="store_true",
           help="also show torch.distributed.elastic's agent logs")
     flag(launch, "storage-path", default=env("PET_STORAGE_PATH", DEFAULT_STORAGE_PATH))
+    flag(launch, "storage-option", action="append", default=[], metavar="KEY=VALUE",
+         help="an fsspec option of the storage (repeatable); credentials among them are "
+              "never stored")
     flag(launch, "name", default=env("PET_NAME"),
           help="the run's name (default: the rdzv id with several nodes, else a timestamp)")
     flag(launch, "num-to-keep", type=int, default=None, help="checkpoints to keep")
@@ -134,6 +137,18 @@ def console_streams(redirects: str, tee: str) -> frozenset[str]:
             raise ConfigError(f"{flag}={value!r} is invalid: use 0, 1, 2 or 3.")
     shown = {"stdout", "stderr"} - _STREAMS[redirects] | _STREAMS[tee]
     return frozenset(shown)
+
+
+def storage_options(pairs: list[str]) -> dict[str, str] | None:
+    """``--storage-option KEY=VALUE`` flags as fsspec options."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--storage-option {pair!r}: use KEY=VALUE, e.g. "
+                              "--storage-option endpoint_url=http://127.0.0.1:9000")
+        options[key] = value
+    return options or None
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -155,6 +170,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         max_restarts_without_progress=args.max_restarts_without_progress,
         max_preemption_failures=args.max_preemption_failures,
         storage_path=args.storage_path, name=args.name,
+        storage_options=storage_options(args.storage_option),
         num_to_keep=args.num_to_keep, checkpoint_score_attribute=args.checkpoint_score_attribute,
         checkpoint_score_order=args.checkpoint_score_order,
         start_over=args.start_over,
@@ -162,11 +178,16 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return launch(settings, args.launch_argv)
 
 
-def main_launch(argv: list[str]) -> int:
-    """``elastic-train launch ARGV`` (what ``restore`` relaunches); exit code 2 on bad input."""
+def launch_parser() -> argparse.ArgumentParser:
+    """A parser of ``launch ARGV`` alone (what ``restore`` checks and relaunches)."""
     parser = argparse.ArgumentParser(prog="elastic-train")
     add_launch_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["launch", *argv])
+    return parser
+
+
+def main_launch(argv: list[str]) -> int:
+    """``elastic-train launch ARGV`` (what ``restore`` relaunches); exit code 2 on bad input."""
+    args = launch_parser().parse_args(["launch", *argv])
     args.launch_argv = argv
     try:
         return args.func(args)

@@ -22,6 +22,28 @@ from elastic_train.config import DEFAULT_STORAGE_PATH
 from elastic_train.errors import ConfigError, StorageError
 
 
+def _add_restore_parser(sub: argparse._SubParsersAction) -> None:
+    """``elastic-train restore RUN_PATH``."""
+    restore = sub.add_parser("restore", help="continue an interrupted or failed run",
+                             epilog="example: elastic-train restore "
+                                    "~/elastic_train_results/run1\n" + EXIT_CODES,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    restore.add_argument("run_path")
+    restore.add_argument("--start-over", action="store_true",
+                         help="train a finished run (or one that cannot be continued) again "
+                              "from scratch with its stored settings, after moving it aside "
+                              "to <run_path>.<status>-<UTC time> (nothing is deleted)")
+    restore.add_argument("--trust-command", action="store_true",
+                         help="run a launch run's stored command even when it is a "
+                              "--no-python program or a -m module (check it first: restore "
+                              "prints it; it is read from the run directory)")
+    restore.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                         help="an fsspec option of the storage (repeatable); credentials "
+                              "are never stored, so pass them again here or in the "
+                              "environment")
+    restore.set_defaults(func=commands.cmd_restore)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every command's parser; each sets ``func``, the command to run."""
     parser = argparse.ArgumentParser(
@@ -48,20 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("run_path")
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.set_defaults(func=commands.cmd_show)
-    restore = sub.add_parser("restore", help="continue an interrupted or failed run",
-                             epilog="example: elastic-train restore "
-                                    "~/elastic_train_results/run1\n" + EXIT_CODES,
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    restore.add_argument("run_path")
-    restore.add_argument("--start-over", action="store_true",
-                         help="train a finished run (or one that cannot be continued) again "
-                              "from scratch with its stored settings, after moving it aside "
-                              "to <run_path>.<status>-<UTC time> (nothing is deleted)")
-    restore.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                         help="an fsspec option of the storage (repeatable); credentials "
-                              "are never stored, so pass them again here or in the "
-                              "environment")
-    restore.set_defaults(func=commands.cmd_restore)
+    _add_restore_parser(sub)
     add_launch_parser(sub)
     verify = sub.add_parser(
         "verify-resume", help="check that a launch script resumes bit-identically",

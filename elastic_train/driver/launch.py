@@ -39,6 +39,7 @@ from elastic_train.config import (
 )
 from elastic_train.driver.node_run import FailureHints, NodePlan, NodeRun
 from elastic_train.errors import ConfigError, TrainingFailedError, exit_code
+from elastic_train.redaction import redact_argv, redact_conf, redacted_options
 from elastic_train.storage import RunStorage
 
 SCRIPT_WORKER = "elastic_train.worker.script_worker"
@@ -130,6 +131,7 @@ class LaunchSettings:
     unwind_timeout_s: float = 10.0
     max_restarts_without_progress: int = 3
     storage_path: str = DEFAULT_STORAGE_PATH
+    storage_options: dict[str, str] | None = None
     name: str | None = None
     num_to_keep: int | None = None
     checkpoint_score_attribute: str | None = None
@@ -161,7 +163,8 @@ class LaunchSettings:
             self.run_config = RunConfig(
                 name=self.name or (self.rdzv_id if max_nodes > 1 else
                                    f"launch_{time.strftime('%Y-%m-%d_%H-%M-%S')}"),
-                storage_path=self.storage_path, checkpoint_config=self.checkpoint,
+                storage_path=self.storage_path, storage_options=self.storage_options,
+                checkpoint_config=self.checkpoint,
                 verbose=self.verbose, start_over=self.start_over,
                 failure_config=FailureConfig(
                     max_failures=self.max_restarts, hang_timeout_s=self.hang_timeout_s,
@@ -192,9 +195,13 @@ class LaunchSettings:
                                     conf=conf)
 
     def flags(self) -> dict[str, object]:
-        """The flags as given, JSON-ready (recorded in ``run.json``)."""
-        return {f.name: sorted(v) if isinstance(v := getattr(self, f.name), (set, frozenset))
-                else v for f in fields(self) if f.name not in _NOT_RECORDED}
+        """The flags as given, JSON-ready, their secrets redacted (recorded in ``run.json``;
+        the program and its arguments are the user's, recorded as given)."""
+        flags = {f.name: sorted(v) if isinstance(v := getattr(self, f.name), (set, frozenset))
+                 else v for f in fields(self) if f.name not in _NOT_RECORDED}
+        return {name: v if name in ("target", "target_args") else
+                redact_conf(v) if isinstance(v, str) else
+                redacted_options(v) if isinstance(v, dict) else v for name, v in flags.items()}
 
     def worker_command(self) -> tuple[str, tuple[str, ...]]:
         """The agent's entrypoint and arguments for one worker."""
@@ -214,11 +221,14 @@ START_OVER_FLAGS = ("--start-over", "--start_over")
 
 def continuing_command(settings: LaunchSettings, argv: list[str]) -> list[str]:
     """The command that continues this run: the same flags, with the name and storage
-    made explicit and without --start-over (which applies to one launch only)."""
-    own = len(argv) - len(settings.target_args)
-    argv = [a for a in argv[:own] if a not in START_OVER_FLAGS] + argv[own:]
+    made explicit and without --start-over (which applies to one launch only), and their
+    secrets redacted (it is stored and printed). The program's own arguments are the
+    user's: they are kept as given (resuming compares them)."""
+    own = len(argv) - len(settings.target_args) - 1  # where the program starts
+    flags = [a for a in argv[:own] if a not in START_OVER_FLAGS]
     explicit = ["--name", settings.run_config.name, "--storage-path", settings.storage_path]
-    return ["elastic-train", "launch", *([] if argv[:4] == explicit else explicit), *argv]
+    flags = flags if flags[:4] == explicit else [*explicit, *flags]
+    return ["elastic-train", "launch", *redact_argv(flags), *argv[own:]]
 
 
 def launch(settings: LaunchSettings, argv: list[str]) -> int:
@@ -231,7 +241,8 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
     command = continuing_command(settings, argv)
     run_config = settings.run_config
     plan = NodePlan(
-        storage=RunStorage.open(settings.storage_path, run_config.name), run_config=run_config,
+        storage=RunStorage.open(settings.storage_path, run_config.name,
+                                options=settings.storage_options), run_config=run_config,
         scaling=settings.scaling, rendezvous=settings.rendezvous,
         spec={"command": command, "cwd": os.getcwd(), "identity": settings.identity(),
               "launch": settings.flags(), "checkpoint_config": asdict(settings.checkpoint)},
@@ -240,14 +251,15 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
         local_ranks=settings.local_ranks_filter, streams=settings.console_streams,
         log_dir=settings.log_dir, monitor_interval=settings.monitor_interval,
         local_addr=settings.local_addr)
-    if settings.rendezvous.is_elastic:
-        # Scripts join their process group through env:// against the agent's store;
-        # a store shared across restarts serves stale addresses to a restarted gloo
-        # group. Unshared, each incarnation gets a fresh store on rank 0.
+    if lookup(settings.rendezvous.backend, "--rdzv-backend").reuses_store:
+        # Scripts join their process group through env://; torch's dynamic handler
+        # hands every round the same store, which serves stale addresses to a
+        # restarted gloo group. Unshared, each incarnation gets a fresh store on rank 0.
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     with NodeRun(plan) as node:
         worker_env = {env_vars.LAUNCH: json.dumps({
             "storage_path": settings.storage_path, "name": run_config.name,
+            "storage_options": settings.storage_options,
             "checkpoint_config": asdict(settings.checkpoint), "staging_dir": node.staging_dir})}
         if settings.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
             worker_env["OMP_NUM_THREADS"] = "1"  # as torchrun does

@@ -2,7 +2,9 @@
 
 Everything between "settings validated" and "outcome recorded" happens here,
 once, for both front-ends: the check that the stored run may be continued, the
-node's scratch directory (staging, checkpoint cache, logs on remote storage),
+run's lease (one job writes a run directory: a second is refused here, see
+:mod:`.run_lease`), the node's scratch directory (staging, checkpoint cache, logs
+on remote storage),
 the worker environment every worker gets, the agent's spec, the run's record
 (``run.json``, begun by the node that becomes group rank 0; failures; final
 status), the live view and callbacks (:mod:`.supervisor`), and the outcome: a
@@ -34,6 +36,8 @@ from elastic_train import env_vars
 from elastic_train.agent.api import AgentOutcome, AgentSpec
 from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.config import RunConfig, ScalingConfig
+from elastic_train.driver.resume_rules import is_launch
+from elastic_train.driver.run_lease import RunLease
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.driver.supervisor import RunSupervisor
 from elastic_train.errors import NoProgressError, PreemptionError, TrainingFailedError
@@ -101,13 +105,15 @@ class NodeRun:
     """Runs a :class:`NodePlan`; a context manager that owns the node's scratch directory.
 
     ``__enter__`` checks, before any process starts, that the storage is
-    writable and that the stored run (if any) may be continued; the scratch
-    directory lives until ``__exit__``.
+    writable and that the stored run (if any) may be continued, and takes the
+    run's lease (RunInUseError while another job writes it); the lease and the
+    scratch directory live until ``__exit__``.
     """
 
     def __init__(self, plan: NodePlan):
         self.plan = plan
         self.scratch = ""
+        self.lease: RunLease | None = None
 
     def __enter__(self) -> NodeRun:
         plan = self.plan
@@ -116,12 +122,22 @@ class NodeRun:
         # rank 0 checks again as it records the launch, and is the one that starts over.
         RunRecord.check_resumable(plan.storage, plan.spec,
                                   start_over=plan.run_config.start_over, accepted=plan.accepted)
+        self.lease = RunLease.acquire(plan.storage, plan.rendezvous, self._description())
+        plan.storage.use_fence(self.lease.token)
         self.scratch = tempfile.mkdtemp(prefix="elastic_train_")
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
+        if self.lease is not None:
+            self.lease.release()
+
+    def _description(self) -> str:
+        """Who holds the run, as a second job's refusal names it."""
+        front = "`elastic-train launch`" if is_launch(self.plan.spec) else "fit()"
+        nodes = self.plan.scaling.nodes[1]
+        return front + (f" (rendezvous id {self.plan.rendezvous.run_id})" if nodes > 1 else "")
 
     @property
     def staging_dir(self) -> str:
@@ -139,6 +155,7 @@ class NodeRun:
         """
         supervisor = RunSupervisor(self.plan.storage, self.plan.run_config.name,
                                    begin_record=self._begin_record,
+                                   check_lease=self.lease.check if self.lease else None,
                                    callbacks=self.plan.run_config.callbacks,
                                    verbose=self.plan.run_config.verbose,
                                    local_ranks=self.plan.local_ranks, streams=self.plan.streams,
@@ -169,13 +186,14 @@ class NodeRun:
             rendezvous=plan.rendezvous, failure=plan.run_config.failure_config,
             min_nodes=min_nodes, max_nodes=max_nodes, monitor_interval=plan.monitor_interval,
             log_dir=log_dir, agent_logs=plan.run_config.verbose >= 2, local_addr=plan.local_addr,
+            staging_dir=self.staging_dir,
             worker_env={env_vars.CHECKPOINT_CACHE: os.path.join(self.scratch, "checkpoint_cache"),
-                        **worker_env})
+                        **(self.lease.worker_env() if self.lease else {}), **worker_env})
 
     def _failed(self, outcome: AgentOutcome, supervisor: RunSupervisor) -> TrainingFailedError:
         """The error for a spent budget (or a run that stopped making progress), recorded;
-        the run's cut-short uploads removed by the node that records the run (others may
-        still be training on it)."""
+        the run's cut-short uploads removed by the node that records the run, when no
+        other node of the job still runs on it."""
         budget = self.plan.run_config.failure_config
         preempted = outcome.preempted_out
         hints = {"resume_hint": self.plan.hints.resume, "retry_hint": self.plan.hints.retry}
@@ -190,6 +208,7 @@ class NodeRun:
         if supervisor.record is not None:
             supervisor.record.set_status(RunStatus.FAILED, error=str(error),
                                          no_progress=outcome.no_progress)
-            self.plan.storage.discard_unfinished_uploads()
+            if self.lease is not None and self.lease.is_sole_member():
+                self.plan.storage.discard_unfinished_uploads()
         return error
 

@@ -7,6 +7,13 @@ for each new report, and shows progress: a status line kept at the bottom of
 a terminal, or a plain line at most every few seconds when stdout is a pipe
 or a file (CI, logs). No dependency: a status line needs neither rich nor tqdm.
 
+Callbacks get reports in order, and a report's checkpoint only once it is
+committed (as in Ray Train, where a checkpoint is persisted before the report
+is processed): a report whose checkpoint is still uploading (ASYNC) waits, and
+the reports after it wait with it. A checkpoint that never became visible (its
+upload was cut short; a later one is committed, or the run ended) is handed over
+as None with its metrics.
+
 ``verbose``: 0 shows nothing, 1 (default) shows progress, 2 also shows
 torch.distributed.elastic's own agent logs.
 """
@@ -62,6 +69,7 @@ class RunMonitor:
         self._started = time.monotonic()
         self._last_iteration = 0
         self._last_row: dict[str, Any] | None = None
+        self._waiting: list[dict[str, Any]] = []  # rows not handed to the callbacks yet
         self._workers = "starting"
         self._restarts = 0
         self._uploading = 0  # reported checkpoints not committed yet
@@ -89,7 +97,7 @@ class RunMonitor:
         if self._thread is not None:
             self._thread.join()
         self.tail.poll(final=True)
-        self._poll_metrics_safely()
+        self._poll_metrics_safely(final=True)
         self._render(final=True)
         self.console.end_status()
         for callback in self.callbacks:
@@ -131,9 +139,10 @@ class RunMonitor:
                 self._poll_metrics_safely()
                 self._render()
 
-    def _poll_metrics_safely(self) -> None:
+    def _poll_metrics_safely(self, final: bool = False) -> None:
         try:
             self._poll_metrics()
+            self._hand_over(final)
         except Exception:  # an unreachable store must not stop the run or hide its error
             logger.debug("Progress poll failed", exc_info=True)
 
@@ -149,17 +158,32 @@ class RunMonitor:
             self._uploading += bool(name)
         if rows and rows[-1].get("training_iteration", 0) < self._last_iteration:
             self._last_iteration = rows[-1]["training_iteration"]  # history trimmed on resume
+            self._waiting = [r for r in self._waiting  # the failed attempt's, redone
+                             if r.get("training_iteration", 0) <= self._last_iteration]
         for row in rows:
             iteration = row.get("training_iteration", 0)
             if iteration <= self._last_iteration:
                 continue
             self._last_iteration = iteration
             self._last_row = row
+            self._waiting.append(row)
+
+    def _hand_over(self, final: bool) -> None:
+        """Calls ``after_report`` for the waiting rows, in order, each once its checkpoint
+        is committed (or, as None, once it never will be: see the module)."""
+        checkpoints = self.context.storage.checkpoints
+        while self._waiting:
+            row = self._waiting[0]
+            name = row.get("checkpoint_dir_name")
             checkpoint = None
-            if row.get("checkpoint_dir_name"):
-                checkpoint = Checkpoint(f"{self.context.storage.run_path}/"
-                                        f"{row['checkpoint_dir_name']}",
+            if name and checkpoints.is_committed(name):
+                checkpoint = Checkpoint(f"{self.context.storage.run_path}/{name}",
                                         self.context.storage.fs)
+            elif name and not final and not any(
+                    later.get("checkpoint_dir_name") and checkpoints.is_committed(
+                        later["checkpoint_dir_name"]) for later in self._waiting[1:]):
+                return  # still uploading
+            self._waiting.pop(0)
             for callback in self.callbacks:
                 try:
                     callback.after_report(self.context, [row], checkpoint)

@@ -20,7 +20,11 @@ spec stored in ``run.json`` with the new one:
   (elastic launches change size this way by design). Only the result stops
   being bit-identical to a run of fixed size -- and a train function that
   saves one file per rank must reshard it itself (``torch.distributed.checkpoint``
-  does), which no driver can check.
+  does), which no driver can check. Also warned about: another
+  ``checkpoint_score_attribute`` or ``checkpoint_score_order``. Retention ranks
+  the stored checkpoints anew by it; those whose metrics lack the new attribute
+  rank below every other, so they are the first it deletes (never the latest)
+  -- see :mod:`elastic_train.storage.retention`.
 
 ``train_loop_config`` is not compared: changing it (more epochs, another learning
 rate) is a legitimate way to continue a run, as in Ray.
@@ -29,7 +33,7 @@ rate) is a legitimate way to continue a run, as in Ray.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_train.storage.run_state import RunState
@@ -43,6 +47,8 @@ class SpecChange:
     stored: Any
     new: Any
     breaks: bool
+    # what continuing despite the change means (changes that do not break)
+    note: str = field(default="", compare=False)
 
     def describe(self) -> str:
         return f"{self.what}: {_show(self.stored)} -> {_show(self.new)}"
@@ -54,14 +60,24 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-# (what, how to read it from a spec, whether a change breaks resume)
-_RULES: list[tuple[str, tuple[str, ...], bool]] = [
-    ("train function", ("train_function",), True),
-    ("train function signature", ("train_signature",), True),
-    ("script and arguments", ("identity",), True),
-    ("number of workers", ("scaling_config", "num_workers"), False),
-    ("--nproc-per-node", ("launch", "nproc_per_node"), False),
-    ("--nnodes", ("launch", "nnodes"), False),
+_RESIZED = ("it continues, but not bit-identically to a run of fixed size (the checkpoint's "
+            "epoch restarts with the new split of the data)")
+_RERANKED = ("the stored checkpoints are ranked anew; those whose metrics lack the score "
+             "attribute rank below every other and are the first retention deletes (never "
+             "the latest)")
+
+# (what, how to read it from a spec, whether a change breaks resume, what it means if not)
+_RULES: list[tuple[str, tuple[str, ...], bool, str]] = [
+    ("train function", ("train_function",), True, ""),
+    ("train function signature", ("train_signature",), True, ""),
+    ("script and arguments", ("identity",), True, ""),
+    ("number of workers", ("scaling_config", "num_workers"), False, _RESIZED),
+    ("--nproc-per-node", ("launch", "nproc_per_node"), False, _RESIZED),
+    ("--nnodes", ("launch", "nnodes"), False, _RESIZED),
+    ("checkpoint_score_attribute", ("checkpoint_config", "checkpoint_score_attribute"), False,
+     _RERANKED),
+    ("checkpoint_score_order", ("checkpoint_config", "checkpoint_score_order"), False,
+     _RERANKED),
 ]
 
 TRAIN_FUNCTION_CHANGES = frozenset({"train function", "train function signature"})
@@ -89,10 +105,10 @@ def spec_changes(stored: dict[str, Any], new: dict[str, Any],
         # [SpecChange("train function", "m.train", "m.train_v2", breaks=True)]
     """
     changes = []
-    for what, keys, breaks in _RULES:
+    for what, keys, breaks, note in _RULES:
         before, after = _get(stored, keys), _get(new, keys)
         if what not in accepted and None not in (before, after) and before != after:
-            changes.append(SpecChange(what, before, after, breaks))
+            changes.append(SpecChange(what, before, after, breaks, note))
     return sorted(changes, key=lambda c: not c.breaks)
 
 

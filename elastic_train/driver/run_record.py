@@ -79,10 +79,8 @@ class RunRecord:
         """
         check = cls.check_resumable(storage, spec, start_over=start_over, accepted=accepted)
         for change in check.warnings:
-            logger.warning("Resuming %s with another %s; it continues, but not "
-                           "bit-identically to a run of fixed size (the checkpoint's epoch "
-                           "restarts with the new split of the data).",
-                           storage.display_path, change.describe())
+            logger.warning("Resuming %s with another %s: %s.", storage.display_path,
+                           change.describe(), change.note)
         if check.refused:
             archived = archive_run(storage, check.state.status.value)
             logger.warning("Start over: the stored run (%s) was moved to %s; a fresh run "

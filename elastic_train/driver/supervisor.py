@@ -30,11 +30,13 @@ class RunSupervisor:
 
     ``begin_record`` creates the run's :class:`RunRecord` at the first
     rendezvous that makes this node group rank 0 (on a single node: the first);
-    ``record`` is None on the other nodes.
+    ``record`` is None on the other nodes. ``check_lease`` runs at every
+    rendezvous, before a group starts: it raises when the run was taken over.
     """
 
     def __init__(self, storage: RunStorage, name: str, *,
                  begin_record: Callable[[], RunRecord],
+                 check_lease: Callable[[], None] | None = None,
                  callbacks: list[UserCallback] | None = None, verbose: int = 1,
                  local_ranks: set[int] | None = None,
                  streams: frozenset[str] = frozenset({"stdout", "stderr"}),
@@ -43,6 +45,7 @@ class RunSupervisor:
         self.record: RunRecord | None = None
         self.train_loop_config = train_loop_config
         self.begin_record = begin_record
+        self.check_lease = check_lease
         self.callbacks = list(callbacks or [])
         self.verbose = verbose
         self.local_ranks = local_ranks
@@ -58,6 +61,8 @@ class RunSupervisor:
                              nproc_per_node=spec.nproc_per_node)
 
         def on_rendezvous(group_rank: int, nodes: int) -> None:
+            if self.check_lease is not None:
+                self.check_lease()
             monitor.note_rendezvous(group_rank, nodes)
             if group_rank == 0 and self.record is None:
                 self.record = self.begin_record()

@@ -83,8 +83,8 @@ class WandbLoggerCallback(UserCallback):
             ``wandb login`` was run or ``WANDB_MODE=offline``.
         excludes: Metrics not to log.
         log_config: Also log a ``config`` entry of reported rows (Ray's flag).
-        upload_checkpoints: Log each checkpoint as a W&B artifact once it is
-            committed (a checkpoint deleted by retention before that is skipped).
+        upload_checkpoints: Log each checkpoint as a W&B artifact (callbacks get a
+            checkpoint once it is committed; one deleted by retention since is skipped).
         save_checkpoints: Ray's older name of ``upload_checkpoints``.
         upload_timeout: Accepted for Ray scripts: Ray waits this long for its
             logging process; here ``finish()`` runs in the driver and returns
@@ -114,7 +114,6 @@ class WandbLoggerCallback(UserCallback):
         self.upload_timeout = upload_timeout
         self.kwargs = kwargs
         self._run: Any = None
-        self._pending: list[Checkpoint] = []
         self._failed = False
 
     def _start(self, run_context: RunContext) -> Any:
@@ -139,23 +138,16 @@ class WandbLoggerCallback(UserCallback):
         run.log({k: v for k, v in metric_values(row, exclude=()).items()
                  if not any(k == s or k.startswith(s + "/") for s in skip)})
         if checkpoint is not None and self.upload_checkpoints:
-            self._pending.append(checkpoint)
-        self._upload_committed(run_context)
+            self._upload(run_context, checkpoint)
 
-    def _upload_committed(self, run_context: RunContext, final: bool = False) -> None:
-        """Uploads the pending checkpoints that are committed; at the end, drops the rest."""
-        store = run_context.storage.checkpoints
-        waiting = []
-        for checkpoint in self._pending:
-            name = checkpoint.path.rstrip("/").rsplit("/", 1)[-1]
-            if store.is_committed(name):
-                artifact = self._wandb.Artifact(f"checkpoint_{self._run.id}", type="model")
-                with checkpoint_files(checkpoint) as local:
-                    artifact.add_dir(local)
-                    self._run.log_artifact(artifact)
-            elif not final:
-                waiting.append(checkpoint)
-        self._pending = waiting
+    def _upload(self, run_context: RunContext, checkpoint: Checkpoint) -> None:
+        """Logs a (committed) checkpoint as an artifact, unless retention deleted it since."""
+        name = checkpoint.path.rstrip("/").rsplit("/", 1)[-1]
+        if run_context.storage.checkpoints.is_committed(name):
+            artifact = self._wandb.Artifact(f"checkpoint_{self._run.id}", type="model")
+            with checkpoint_files(checkpoint) as local:
+                artifact.add_dir(local)
+                self._run.log_artifact(artifact)
 
     def after_exception(self, run_context: RunContext,
                         worker_exceptions: dict[int, Exception]) -> None:
@@ -163,7 +155,6 @@ class WandbLoggerCallback(UserCallback):
 
     def after_run(self, run_context: RunContext) -> None:
         run = self._start(run_context)
-        self._upload_committed(run_context, final=True)
         run.finish(exit_code=EXIT_CODES[run_outcome(run_context, self._failed)])
         self._run = None
         if self._wandb.run is None:  # no run of the user's: stop the service wandb started

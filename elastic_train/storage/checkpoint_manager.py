@@ -4,7 +4,8 @@ Every rank numbers the checkpoints it reports with :meth:`CheckpointManager.rese
 (the ranks reserve in step, as ``report()`` is collective), starting past every
 index the run ever used. Rank 0 also commits: once each rank that owns files
 of a checkpoint has announced its upload (its marker under ``.upload-marks/``,
-see :mod:`.checkpoint_store`), it merges their file descriptions into the
+see :mod:`.checkpoint_store`; it waits as long as their uploads make progress,
+:mod:`.upload_progress`), it merges their file descriptions into the
 manifest, writes the commit marker, and applies top-k retention
 (:mod:`.retention`) to the committed checkpoints it keeps a record of.
 
@@ -72,8 +73,8 @@ class CheckpointManager:
 
     def commit(self, manifest: CommitManifest, owner_ranks: Sequence[int]) -> None:
         """Makes ``manifest``'s checkpoint visible once ``owner_ranks`` uploaded their
-        files, then applies retention. Raises StorageError when an owner's marker does not
-        appear within the store's retry budget."""
+        files, then applies retention. Raises StorageError when the owners' uploads make
+        no progress for the store's retry budget."""
         self._wait_for_owners(manifest.index, owner_ranks)
         manifest.files = self.store.uploaded_files(manifest.index, list(owner_ranks))
         self.store.commit(manifest)
@@ -86,14 +87,21 @@ class CheckpointManager:
         self._cancelled.set()
 
     def _wait_for_owners(self, index: int, owner_ranks: Sequence[int]) -> None:
+        """Waits for the owners' upload markers as long as their uploads advance: each
+        time the retry budget passes, their progress (see :mod:`.upload_progress`) must
+        have grown since the last look."""
         budget = self.store.retry.budget_s
         deadline = time.monotonic() + budget
+        progress: dict[int, int] = {}
         delay = 0.01
         while missing := set(owner_ranks) - self.store.uploaded_ranks(index):
             if time.monotonic() > deadline:
-                raise StorageError(
-                    f"ranks {sorted(missing)} did not finish uploading {dir_name(index)} "
-                    f"to {self.store.display_path} within {budget:.0f}s")
+                now = self.store.upload_progress(index, sorted(missing))
+                if not any(now[r] > progress.get(r, 0) for r in missing):
+                    raise StorageError(
+                        f"ranks {sorted(missing)} made no progress uploading "
+                        f"{dir_name(index)} to {self.store.display_path} for {budget:.0f}s")
+                progress, deadline = now, time.monotonic() + budget
             if self._cancelled.wait(delay):
                 raise StorageError(f"the commit of {dir_name(index)} was cancelled: the "
                                    "attempt ended before every rank uploaded its files")

@@ -14,23 +14,38 @@ with a marker under ``.upload-marks/`` (their files' sizes and CRC-32s,
 computed off the training thread) that the committing rank waits for and
 merges into the manifest. Every
 operation is retried on transient errors (see :mod:`.retry`).
+
+"No marker" is never taken from one lookup: an NFS client caches "not found" for
+up to ``acdirmin`` (30 s), so a node may not see a marker another node wrote
+seconds ago. Before a checkpoint is treated as uncommitted -- and above all before
+it is deleted as such -- its directory is listed afresh (opening a directory
+revalidates it on NFS; on object stores a listing is what the store holds) and the
+marker read again if it is there. Writes that could harm another job's checkpoints
+(upload, commit, deletion, cleanup) first check the run's lease (``fence``, see
+:mod:`.lease`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import fsspec
+from fsspec.callbacks import Callback
 
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.retry import RetryPolicy
 from elastic_train.storage.stores import adapter_for
+
+if TYPE_CHECKING:
+    from elastic_train.storage.lease import LeaseFence
 
 logger = logging.getLogger(__name__)
 
@@ -103,11 +118,12 @@ class CheckpointStore:
     """Reads, writes, commits and deletes the checkpoints of one run."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, run_path: str,
-                 retry: RetryPolicy | None = None):
+                 retry: RetryPolicy | None = None, fence: LeaseFence | None = None):
         self.fs = fs
         self.run_path = run_path
         self.adapter = adapter_for(fs)
         self.retry = (retry or RetryPolicy()).for_store(self.adapter)
+        self.fence = fence
 
     @property
     def display_path(self) -> str:
@@ -116,10 +132,18 @@ class CheckpointStore:
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         return self.retry.call(what, self.display_path, fn)
 
+    def _fenced(self, what: str) -> None:
+        if self.fence is not None:
+            self.fence.check(what)
+
     def is_committed(self, name: str) -> bool:
         """Whether the checkpoint directory ``name`` (``checkpoint_000007``) has its marker."""
-        return self._retry("checking a commit marker",
-                           lambda: self.fs.exists(fsutil.join(self.run_path, name, MARKER)))
+        directory = fsutil.join(self.run_path, name)
+        if self._retry("checking a commit marker",
+                       lambda: self.fs.exists(fsutil.join(directory, MARKER))):
+            return True
+        return MARKER in self._retry("listing a checkpoint directory",
+                                     lambda: fsutil.names_in(self.fs, directory))
 
     def path(self, index: int) -> str:
         return fsutil.join(self.run_path, dir_name(index))
@@ -140,14 +164,11 @@ class CheckpointStore:
         return dirs
 
     def _read_manifest(self, path: str) -> CommitManifest | None:
-        def read() -> CommitManifest | None:
-            try:
-                return CommitManifest.from_json(
-                    fsutil.read_json(self.fs, fsutil.join(path, MARKER)))
-            except FileNotFoundError:
-                return None
-
-        return self._retry("reading a commit marker", read)
+        """The marker of the checkpoint directory ``path``; None only when a fresh listing
+        of the directory confirms there is none."""
+        data = self._retry("reading a commit marker", lambda: fsutil.read_unless_missing(
+            self.fs, fsutil.join(path, MARKER), lambda p: fsutil.read_json(self.fs, p)))
+        return None if data is None else CommitManifest.from_json(data)
 
     def committed(self) -> list[CommitManifest]:
         """Every committed checkpoint, oldest first."""
@@ -157,6 +178,7 @@ class CheckpointStore:
     def remove_uncommitted(self) -> list[int]:
         """Deletes leftovers of interrupted uploads (directories without a marker, and
         unfinished multipart uploads on object stores); returns the directories' indices."""
+        self._fenced("removing unfinished uploads")
         aborted = self._retry("aborting unfinished multipart uploads",
                               lambda: self.adapter.abort_unfinished_uploads(self.run_path))
         if aborted:
@@ -174,13 +196,16 @@ class CheckpointStore:
             self._retry("removing upload markers", lambda: self.adapter.remove_tree(uploads))
         return removed
 
-    def upload(self, index: int, local_dir: str, relpaths: list[str]) -> None:
+    def upload(self, index: int, local_dir: str, relpaths: list[str],
+               callback: Callback | None = None) -> None:
         """Copies the named files of ``local_dir`` into checkpoint ``index``.
 
         On local disk the files are hard-linked where the run directory is on
         the same device (no copy at all), so ``local_dir`` must be a private
-        copy nobody writes again -- the uploader's staging area is.
+        copy nobody writes again -- the uploader's staging area is. ``callback``
+        follows the transfers (fsspec's, see :mod:`.upload_progress`).
         """
+        self._fenced(f"uploading {dir_name(index)}")
         target = self.path(index)
         local = [os.path.join(local_dir, rel) for rel in relpaths]
         remote = [fsutil.join(target, rel) for rel in relpaths]
@@ -190,6 +215,8 @@ class CheckpointStore:
         if self.adapter.link_files(local, remote):
             return
         options = self.adapter.put_options()
+        if callback is not None:
+            options["callback"] = callback
         for start in range(0, len(local), UPLOAD_BATCH):
             batch = slice(start, start + UPLOAD_BATCH)
             # A retry first aborts the multipart uploads the failed attempt left open
@@ -218,35 +245,64 @@ class CheckpointStore:
                 self.fs, self._upload_mark(index, r))))
         return files
 
-    def uploaded_ranks(self, index: int) -> set[int]:
-        prefix = self._upload_mark(index) + ".rank"
+    def _marks(self, index: int) -> list[str]:
+        """Every entry of checkpoint ``index`` under ``.upload-marks/``."""
+        directory = fsutil.join(self.run_path, UPLOADS_DIR)
+        prefix = self._upload_mark(index) + "."
 
         def listing() -> list[str]:
-            directory = fsutil.join(self.run_path, UPLOADS_DIR)
             self.fs.invalidate_cache(directory)
             try:
                 return self.fs.ls(directory, detail=False)
             except FileNotFoundError:
                 return []
 
+        return [n for n in self._retry("listing upload markers", listing)
+                if n.startswith(prefix)]
+
+    def uploaded_ranks(self, index: int) -> set[int]:
+        prefix = self._upload_mark(index) + ".rank"
         # Another rank's marker may be mid-write: its temporary name does not count.
-        suffixes = (n[len(prefix):] for n in self._retry("listing upload markers", listing)
-                    if n.startswith(prefix))
+        suffixes = (n[len(prefix):] for n in self._marks(index) if n.startswith(prefix))
         return {int(suffix) for suffix in suffixes if suffix.isdigit()}
 
+    def _progress_mark(self, index: int, rank: int) -> str:
+        return f"{self._upload_mark(index)}.progress.rank{rank}"
+
+    def note_progress(self, index: int, rank: int, uploaded_bytes: int) -> None:
+        """Tells the committing rank how far ``rank``'s upload of ``index`` has got
+        (once, without retries: see :mod:`.upload_progress`)."""
+        fsutil.write_json_atomic(self.fs, self._progress_mark(index, rank),
+                                 {"bytes": uploaded_bytes})
+
+    def upload_progress(self, index: int, ranks: list[int]) -> dict[int, int]:
+        """The bytes each of ``ranks`` last told it had uploaded of ``index`` (0: none)."""
+        def read(rank: int) -> int:
+            try:  # one GET: the marker may be rewritten meanwhile (s3fs's open() then fails)
+                return int(json.loads(self.fs.cat_file(self._progress_mark(index, rank)))["bytes"])
+            except FileNotFoundError:
+                return 0
+
+        return {r: self._retry("reading upload progress", lambda r=r: read(r)) for r in ranks}
+
     def clear_upload_marks(self, index: int) -> None:
-        for rank in self.uploaded_ranks(index):
-            self._retry("removing an upload marker",
-                        lambda r=rank: self.fs.rm(self._upload_mark(index, r)))
+        def remove(mark: str) -> None:
+            with contextlib.suppress(FileNotFoundError):  # e.g. a temporary name, renamed
+                self.fs.rm(mark)
+
+        for mark in self._marks(index):
+            self._retry("removing an upload marker", lambda m=mark: remove(m))
 
     def commit(self, manifest: CommitManifest) -> None:
         """Makes checkpoint ``manifest.index`` visible: the marker is written last."""
+        self._fenced(f"committing {dir_name(manifest.index)}")
         marker = fsutil.join(self.path(manifest.index), MARKER)
         self._retry(f"committing {dir_name(manifest.index)}", lambda: fsutil.write_json_atomic(
             self.fs, marker, asdict(manifest)))
 
     def delete(self, index: int) -> None:
         """Removes a whole checkpoint, marker first so it vanishes for readers at once."""
+        self._fenced(f"deleting {dir_name(index)}")
         path = self.path(index)
         self._retry(f"deleting {dir_name(index)}", lambda: self.fs.rm(fsutil.join(path, MARKER)))
         self._retry(f"deleting {dir_name(index)}", lambda: self.adapter.remove_tree(path))

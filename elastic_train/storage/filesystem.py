@@ -11,14 +11,18 @@ from __future__ import annotations
 import json
 import os
 import zlib
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import fsspec
 
-from elastic_train.errors import ConfigError
+from elastic_train.errors import ConfigError, StorageError
+from elastic_train.redaction import public_options
 from elastic_train.storage.stores import adapter_for, open_url
 
 CHUNK = 1 << 20
+
+T = TypeVar("T")
 
 
 def resolve(storage_path: str, filesystem: fsspec.AbstractFileSystem | None = None,
@@ -44,24 +48,10 @@ def resolve(storage_path: str, filesystem: fsspec.AbstractFileSystem | None = No
                           "path, file://, s3:// or another fsspec URL.") from exc
 
 
-# Option names that hold credentials (s3fs's key/secret/token, botocore's aws_*, gcsfs's
-# token, passwords, session objects): never stored, so never in the run directory.
-_SECRET_WORDS = ("key", "secret", "token", "password", "credential", "session")
-
-
-def public_options(options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` without credentials, also inside nested dicts (``client_kwargs``)."""
-    out = {}
-    for name, value in options.items():
-        if any(word in name.lower() for word in _SECRET_WORDS):
-            continue
-        out[name] = public_options(value) if isinstance(value, dict) else value
-    return out
-
-
 def without_secrets(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
-    """The same store through a filesystem built without credentials (safe to pickle);
-    on use it finds credentials where the store's client looks (environment, profiles)."""
+    """The same store through a filesystem built without credentials (safe to pickle; the
+    rule is :mod:`elastic_train.redaction`'s); on use it finds credentials where the
+    store's client looks (environment, profiles)."""
     options = public_options(fs.storage_options)
     if options == fs.storage_options:
         return fs
@@ -97,6 +87,41 @@ def write_json_atomic(fs: fsspec.AbstractFileSystem, path: str, obj: Any) -> Non
 def read_json(fs: fsspec.AbstractFileSystem, path: str) -> Any:
     with fs.open(path, "rb") as f:
         return json.loads(f.read())
+
+
+def names_in(fs: fsspec.AbstractFileSystem, directory: str) -> set[str]:
+    """The names in ``directory`` as the store holds them now: fsspec's listing cache is
+    dropped, and on NFS a listing opens the directory, which revalidates it -- and with it
+    the client's cached "not found" of its children."""
+    fs.invalidate_cache(directory)
+    try:
+        return {entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(directory, detail=False)}
+    except FileNotFoundError:
+        return set()
+
+
+def read_unless_missing(fs: fsspec.AbstractFileSystem, path: str,
+                        read: Callable[[str], T]) -> T | None:
+    """``read(path)``, or None when the file does not exist.
+
+    "Does not exist" is never taken from one lookup: an NFS client caches "not found"
+    for up to ``acdirmin`` (30 s by default), so a file another node wrote seconds ago
+    can look missing. The directory is listed afresh first (:func:`names_in`); a file
+    it lists is read again, and is an error if still unreadable -- never "missing".
+    """
+    directory, _, name = path.rpartition("/")
+    fs.invalidate_cache(directory)  # fsspec's own cache may hold an older size
+    try:
+        return read(path)
+    except FileNotFoundError:
+        pass
+    if name not in names_in(fs, directory):
+        return None
+    try:
+        return read(path)
+    except FileNotFoundError:
+        raise StorageError(f"{path} is listed but cannot be read (a stale cache of this "
+                           "node?); it is not taken as missing.") from None
 
 
 def file_crc32(path: str) -> str:

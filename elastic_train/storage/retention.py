@@ -2,7 +2,11 @@
 
 Given the committed checkpoints (index and metrics, oldest first), say which to
 delete: keep the ``num_to_keep`` best by the score attribute (or the most
-recent without one) and always the latest, so a run can resume.
+recent without one) and always the latest, so a run can resume. A checkpoint
+whose metrics lack the score attribute -- one committed before a resume changed
+``checkpoint_score_attribute`` -- ranks below every scored one (the newest first
+among such), so the ranking never fails: ``report()`` refuses a *new* checkpoint
+without the attribute before it is uploaded (:func:`score_of`).
 """
 
 from __future__ import annotations
@@ -41,13 +45,26 @@ def score_of(record: CheckpointRecord, config: CheckpointConfig) -> float:
     return float(value)
 
 
+def _score_or_none(record: CheckpointRecord, config: CheckpointConfig) -> float | None:
+    try:
+        return score_of(record, config)
+    except ConfigError:
+        return None
+
+
 def ranked(records: Sequence[CheckpointRecord], config: CheckpointConfig
            ) -> list[CheckpointRecord]:
-    """Best first: by score in the configured order, ties and no-score by recency."""
+    """Best first: by score in the configured order, ties by recency; records without a
+    score last, newest first."""
     if config.checkpoint_score_attribute is None:
         return sorted(records, key=lambda r: -r.index)
     sign = -1.0 if config.checkpoint_score_order == "max" else 1.0
-    return sorted(records, key=lambda r: (sign * score_of(r, config), -r.index))
+
+    def key(record: CheckpointRecord) -> tuple[bool, float, int]:
+        score = _score_or_none(record, config)
+        return (score is None, 0.0 if score is None else sign * score, -record.index)
+
+    return sorted(records, key=key)
 
 
 def to_delete(records: Sequence[CheckpointRecord], config: CheckpointConfig) -> list[int]:

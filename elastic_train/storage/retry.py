@@ -65,7 +65,10 @@ def is_transient(exc: BaseException,
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Backoff with full jitter within ``budget_s`` seconds from the first attempt.
+    """Backoff with full jitter within ``budget_s`` seconds from the first failure.
+
+    From the first failure, not the first attempt: an upload that ran for ten
+    minutes before the store went away gets its retries like a quick call does.
 
     The n-th retry waits a random time between 0 and
     ``min(max_delay_s, base_delay_s * 2**n)``; there is no retry whose wait would
@@ -89,7 +92,7 @@ class RetryPolicy:
         ``before_retry`` runs first in every attempt after the first, within the
         same retries (e.g. to clear what the failed attempt left behind).
         """
-        deadline = time.monotonic() + self.budget_s
+        deadline = None
         attempt = 0
         while True:
             try:
@@ -99,6 +102,7 @@ class RetryPolicy:
             except Exception as exc:
                 if not is_transient(exc, self.store_sign):
                     raise
+                deadline = deadline or time.monotonic() + self.budget_s
                 attempt += 1
                 delay = random.uniform(0, min(self.max_delay_s, self.base_delay_s * 2**attempt))
                 if time.monotonic() + delay > deadline:

@@ -9,7 +9,10 @@
     logs/              per-rank logs
 
 The run directory is the source of truth for resuming: a new attempt reads
-its checkpoints and metrics from here, never from memory.
+its checkpoints and metrics from here, never from memory. One job at a time
+writes it: its lease lives beside it, in ``<storage_path>/.leases/<name>/``
+(:mod:`.lease`), and with :meth:`RunStorage.use_fence` every write that could
+harm a newer job's run first checks that lease.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import cloudpickle
@@ -26,6 +30,7 @@ import fsspec
 from elastic_train.errors import ConfigError, StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import CheckpointStore
+from elastic_train.storage.lease import LeaseDir, LeaseFence, lease_path
 from elastic_train.storage.retry import RetryPolicy
 from elastic_train.storage.run_state import RestoreRecord, RunState
 from elastic_train.storage.stores import adapter_for
@@ -42,6 +47,8 @@ METRICS_FILE = "metrics.jsonl"
 RESTORES_FILE = "restores.json"
 TRAINABLE_FILE = "trainable.pkl"
 RUN_FORMAT_VERSION = 1
+# A metric row is appended at every report(): its lease check may be this old.
+_ROW_FENCE_AGE_S = 2.0
 
 
 class RunStorage:
@@ -60,6 +67,7 @@ class RunStorage:
         self.adapter = adapter_for(fs)
         self.retry = (retry or RetryPolicy()).for_store(self.adapter)
         self.checkpoints = CheckpointStore(fs, self.run_path, self.retry)
+        self.fence: LeaseFence | None = None
 
     @classmethod
     def open(cls, storage_path: str, name: str,
@@ -78,6 +86,24 @@ class RunStorage:
 
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         return self.retry.call(what, self.display_path, fn)
+
+    def lease_dir(self, retry_budget_s: float | None = None) -> LeaseDir:
+        """The run's lease on this store (see :mod:`.lease`); ``retry_budget_s`` bounds its
+        retries (default: the run's storage retry budget)."""
+        retry = self.retry if retry_budget_s is None else replace(self.retry,
+                                                                  budget_s=retry_budget_s)
+        return LeaseDir(self.fs, lease_path(self.run_path), retry)
+
+    def use_fence(self, token: int | None) -> None:
+        """From now on, writes of this job (lease ``token``; None: unchecked) first check
+        that no newer job took the run over: LeaseLostError instead of the write."""
+        self.fence = None if token is None else LeaseFence(self.lease_dir(), token,
+                                                           self.display_path)
+        self.checkpoints.fence = self.fence
+
+    def _fenced(self, what: str, max_age_s: float = 0.0) -> None:
+        if self.fence is not None:
+            self.fence.check(what, max_age_s)
 
     @property
     def display_path(self) -> str:
@@ -126,7 +152,7 @@ class RunStorage:
         open multipart uploads), once and without retries: for the driver of a run
         that failed, so the store holds no partial checkpoint until a next start
         (which does the same). A store that is down is left as it is."""
-        store = CheckpointStore(self.fs, self.run_path, RetryPolicy(budget_s=0))
+        store = CheckpointStore(self.fs, self.run_path, RetryPolicy(budget_s=0), self.fence)
         try:
             store.remove_uncommitted()
         except Exception as exc:  # never hide the run's own error behind this one
@@ -134,16 +160,16 @@ class RunStorage:
                            self.display_path, exc)
 
     # run.json: the driver's record of the run
-    def read_run_state(self) -> RunState | None:
-        def read() -> dict[str, Any] | None:
-            self.fs.invalidate_cache(self.run_path)
-            try:
-                return fsutil.read_json(self.fs, self._path(RUN_FILE))
-            except FileNotFoundError:
-                return None
+    def _read_unless_missing(self, name: str, what: str, read: Callable[[str], T]) -> T | None:
+        """``read`` of the run's file ``name``, None when it is missing (confirmed by a
+        fresh listing: see :func:`.filesystem.read_unless_missing`)."""
+        return self._retry(what, lambda: fsutil.read_unless_missing(
+            self.fs, self._path(name), read))
 
+    def read_run_state(self) -> RunState | None:
         try:
-            state = self._retry("reading run.json", read)
+            state = self._read_unless_missing(RUN_FILE, "reading run.json",
+                                              lambda p: fsutil.read_json(self.fs, p))
         except (OSError, ValueError) as exc:
             raise StorageError(f"Cannot read {self._path(RUN_FILE)}: {exc!r}") from exc
         if state is None:
@@ -161,21 +187,18 @@ class RunStorage:
                                f"elastic-train can read: {exc!r}") from exc
 
     def write_run_state(self, state: RunState) -> None:
+        self._fenced("writing run.json")
         data = {**state.to_json(), "format_version": RUN_FORMAT_VERSION}
         self._retry("writing run.json",
                     lambda: fsutil.write_json_atomic(self.fs, self._path(RUN_FILE), data))
 
     # metrics.jsonl: rank 0's reports
     def read_metrics(self) -> list[dict[str, Any]]:
-        def read() -> str:
-            self.fs.invalidate_cache(self.run_path)
-            try:
-                with self.fs.open(self._path(METRICS_FILE), "rb") as f:
-                    return f.read().decode()
-            except FileNotFoundError:
-                return ""
+        def read(path: str) -> str:
+            with self.fs.open(path, "rb") as f:
+                return f.read().decode()
 
-        text = self._retry("reading metrics.jsonl", read)
+        text = self._read_unless_missing(METRICS_FILE, "reading metrics.jsonl", read) or ""
         rows = []
         for line in text.splitlines():
             if line.strip():
@@ -186,6 +209,7 @@ class RunStorage:
         return rows
 
     def write_metrics(self, rows: list[dict[str, Any]]) -> None:
+        self._fenced("writing metrics.jsonl")
         data = "".join(json.dumps(r) + "\n" for r in rows).encode()
         self._retry("writing metrics.jsonl", lambda: fsutil.write_bytes_atomic(
             self.fs, self._path(METRICS_FILE), data))
@@ -196,26 +220,27 @@ class RunStorage:
         Object stores cannot append, so there the whole history is written again
         in one atomic PUT.
         """
+        self._fenced("appending to metrics.jsonl", _ROW_FENCE_AGE_S)
         if not self.adapter.append(self._path(METRICS_FILE), (json.dumps(row) + "\n").encode()):
             self.write_metrics(history)
 
     # restores.json: rank 0's account of each restart (for goodput)
     def read_restores(self) -> list[RestoreRecord]:
-        path = self._path(RESTORES_FILE)
-        if not self._retry("reading restores.json", lambda: self.fs.exists(path)):
-            return []
-        entries = self._retry("reading restores.json", lambda: fsutil.read_json(self.fs, path))
-        return [RestoreRecord.from_json(entry) for entry in entries]
+        entries = self._read_unless_missing(RESTORES_FILE, "reading restores.json",
+                                            lambda p: fsutil.read_json(self.fs, p))
+        return [RestoreRecord.from_json(entry) for entry in entries or []]
 
     def add_restore(self, entry: RestoreRecord) -> None:
         """Appends one restart's entry: when the group was ready again, from which
         iteration, and how much of the failed attempt's work is redone."""
+        self._fenced("writing restores.json")
         entries = [e.to_json() for e in [*self.read_restores(), entry]]
         self._retry("writing restores.json", lambda: fsutil.write_json_atomic(
             self.fs, self._path(RESTORES_FILE), entries))
 
     # trainable.pkl: the pickled RunSpec, so restore(path) needs no code
     def write_trainable(self, data: bytes) -> None:
+        self._fenced("writing trainable.pkl")
         self._retry("writing trainable.pkl", lambda: fsutil.write_bytes_atomic(
             self.fs, self._path(TRAINABLE_FILE), data))
 

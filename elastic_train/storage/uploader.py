@@ -3,7 +3,8 @@
 ``report()`` hands each rank's share of a checkpoint to its
 :class:`CheckpointUploader`: the files are copied into a local staging area
 (so the user's directory can go away) and queued. A background thread uploads
-them, then writes this rank's *done* marker under ``<run>/.upload-marks/``. Rank 0's
+them (telling rank 0 how far it got, see :mod:`.upload_progress`), then writes
+this rank's *done* marker under ``<run>/.upload-marks/``. Rank 0's
 job then commits the checkpoint (``commit``: the
 :class:`~elastic_train.storage.checkpoint_manager.CheckpointManager` waits for the
 done markers of every rank that owns files, writes the commit marker and applies
@@ -31,6 +32,7 @@ from elastic_train.storage.checkpoint_store import (
     describe_files,
     dir_name,
 )
+from elastic_train.storage.upload_progress import ProgressReporter, report_interval_s
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +154,10 @@ class CheckpointUploader:
             # Checksums of the staged copy: exactly the bytes uploaded, and computed
             # here rather than in report(), which then only copies.
             files = describe_files(job.staged_dir, job.relpaths)
-            self.store.upload(job.index, job.staged_dir, job.relpaths)
+            interval = report_interval_s(self.store.retry.budget_s)
+            with ProgressReporter(self.store, job.index, self.rank, interval) as progress:
+                self.store.upload(job.index, job.staged_dir, job.relpaths,
+                                  callback=progress.callback)
             self.store.mark_uploaded(job.index, self.rank, files)
         if job.manifest is not None and not self._abandoned.is_set():
             self.commit(job.manifest, job.owner_ranks)

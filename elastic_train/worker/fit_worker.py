@@ -17,7 +17,6 @@ import cloudpickle
 from fsspec.implementations.local import LocalFileSystem
 
 from elastic_train.context import WorkerEnv
-from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.worker import group_sockets, inprocess
 from elastic_train.worker.lifecycle import run_worker
@@ -28,6 +27,7 @@ from elastic_train.worker.session import (
     init_session,
     shutdown_session,
 )
+from elastic_train.worker.storage_access import open_run_storage
 
 FIT_WORKER = "elastic_train.worker.fit_worker"  # this module, as the agent runs it
 RETURN_VALUE_FILE = "return_value.pkl"
@@ -45,7 +45,7 @@ def read_return_value(result_dir: str) -> object:
 def run(spec_path: str, result_dir: str) -> None:
     with open(spec_path, "rb") as f:
         spec: RunSpec = cloudpickle.load(f)
-    storage = RunStorage.for_run(spec.run_config, spec.experiment_name)
+    storage = open_run_storage(spec.run_config, spec.experiment_name)
     staging = os.path.join(result_dir, "staging")
 
     def attempt() -> object:

@@ -27,6 +27,9 @@ from elastic_train.storage import filesystem as fsutil
 from elastic_train.worker import heartbeat
 
 _PR_SET_PDEATHSIG = 1
+# Ours in the error file's extraInfo, read by the agent (elastic_train.agent.failures):
+FAILED_AT = "failed_at"  # time.time() when the exception ended the worker
+EXCEPTION_TYPES = "exception_types"  # its classes, most derived first ("module.QualName")
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -57,7 +60,9 @@ def write_error_file(exc: BaseException) -> None:
     data = {"message": {
         "message": f"{type(exc).__name__}: {exc}",
         "extraInfo": {"py_callstack": "".join(traceback.format_exception(exc)),
-                      "timestamp": str(int(time.time()))},
+                      "timestamp": str(int(time.time())), FAILED_AT: time.time(),
+                      EXCEPTION_TYPES: [f"{c.__module__}.{c.__qualname__}"
+                                        for c in type(exc).__mro__]},
     }}
     fsutil.write_bytes_atomic(LocalFileSystem(), path, json.dumps(data).encode())
 

@@ -10,6 +10,10 @@ can save a just-in-time checkpoint together before the deadline
 (``FailureConfig.preemption_grace_s`` after the signal). A ``report()`` with a
 checkpoint made while a notice is out is committed before it returns.
 
+SIGTERMs within the grace period are one notice: when the scheduler signals
+every process of the node, a worker gets the scheduler's SIGTERM and the one
+its agent passes on. A SIGTERM after the grace stops the worker at once.
+
 Each rank that learns of a notice leaves a file in the agent's notice
 directory: when the group then dies (the node was reclaimed), the agent
 charges the restart to ``FailureConfig.max_preemption_failures``, not to
@@ -59,11 +63,12 @@ def grace_s() -> float:
 
 def _on_sigterm(signum: int, frame: object) -> None:
     global _noticed_at
-    if _noticed_at is not None:  # a second SIGTERM: stop now, as without a handler
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    now = time.time()
+    if _noticed_at is None:
+        _noticed_at = now
+    elif now >= _noticed_at + grace_s():  # a SIGTERM after the grace: stop now, as without
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a handler
         os.kill(os.getpid(), signal.SIGTERM)
-        return
-    _noticed_at = time.time()
 
 
 def install() -> None:

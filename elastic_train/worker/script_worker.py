@@ -3,9 +3,10 @@
 ``python -m elastic_train.worker.script_worker [-m] TARGET [ARGS...]``. The script
 gets exactly torchrun's environment; if it calls ``elastic_train.report``,
 ``get_checkpoint`` or ``get_context``, the session is built on that first call
-from the settings the launcher put in ``ELASTIC_TRAIN_LAUNCH`` (after the
-script has initialised its process group), and pending checkpoint uploads are
-waited for when the script ends.
+from the settings the launcher put in ``ELASTIC_TRAIN_LAUNCH``; the ranks agree
+on the checkpoint to resume from at the first ``report``/``get_checkpoint``
+(collective, after the script has initialised its process group; ``get_context``
+alone is not), and pending checkpoint uploads are waited for when the script ends.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import os
 import runpy
 import sys
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,37 +24,46 @@ import torch.distributed as dist
 from elastic_train import env_vars
 from elastic_train.config import CheckpointConfig, RunConfig, ScalingConfig
 from elastic_train.context import WorkerEnv
-from elastic_train.storage import RunStorage
 from elastic_train.torch.config import TorchConfig
 from elastic_train.worker.backend import WorkerResources
 from elastic_train.worker.lifecycle import run_worker
 from elastic_train.worker.run_spec import RunSpec
 from elastic_train.worker.session import TrainSession, current_session, set_session_factory
+from elastic_train.worker.storage_access import open_run_storage
+
+
+class _ScriptSession(TrainSession):
+    """A launched script's session: built by the first session call of any one rank,
+    it joins the others (through the script's process group, or a gloo group beside
+    it) at the first call that needs their agreement (see :meth:`TrainSession.join`)."""
+
+    def _control_group(self) -> Any:
+        if self.env.world_size > 1 and not dist.is_initialized():
+            raise RuntimeError(
+                "Call torch.distributed.init_process_group() before the first "
+                "elastic_train.report()/get_checkpoint()/get_preemption_info() in a launched "
+                "script: the ranks agree on the checkpoint to resume from through the "
+                "process group.")
+        if not dist.is_initialized():
+            return None
+        return dist.group.WORLD if dist.get_backend() == "gloo" \
+            else dist.new_group(backend="gloo")
 
 
 def _script_session() -> TrainSession:
     settings = json.loads(os.environ[env_vars.LAUNCH])
     env = WorkerEnv.from_environ()
-    if env.world_size > 1 and not dist.is_initialized():
-        raise RuntimeError(
-            "Call torch.distributed.init_process_group() before the first "
-            "elastic_train.report()/get_checkpoint()/get_context() in a launched script: "
-            "the ranks agree on the checkpoint to resume from through the process group."
-        )
-    control = None
-    if dist.is_initialized():
-        gloo = dist.get_backend() == "gloo"
-        control = dist.group.WORLD if gloo else dist.new_group(backend="gloo")
     device = torch.device("cuda", torch.cuda.current_device()) \
         if torch.cuda.is_available() and torch.cuda.is_initialized() else torch.device("cpu")
     run_config = RunConfig(storage_path=settings["storage_path"], name=settings["name"],
+                           storage_options=settings.get("storage_options"),
                            checkpoint_config=CheckpointConfig(**settings["checkpoint_config"]))
     spec = RunSpec(train_loop_per_worker=None, train_loop_config=None, backend=TorchConfig(),
                    scaling_config=ScalingConfig(num_workers=env.local_world_size),
                    run_config=run_config, experiment_name=settings["name"])
-    session = TrainSession(spec, env, WorkerResources([device], control),
-                           RunStorage.for_run(run_config, settings["name"]),
-                           settings["staging_dir"])
+    session = _ScriptSession(spec, env, WorkerResources([device], None),
+                             open_run_storage(run_config, settings["name"]),
+                             settings["staging_dir"], join=False)
     atexit.register(session.finish)  # also when the script calls sys.exit()
     return session
 

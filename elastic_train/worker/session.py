@@ -80,14 +80,16 @@ class CheckpointUploadMode(str, enum.Enum):
 class TrainSession:
     """Per-worker state behind the public session functions.
 
-    Built at the start of each attempt, it composes, in order: the restore point
-    the ranks agree on (:mod:`.restore`), the report rows (:mod:`elastic_train.metric_rows`),
-    the checkpoint numbering, commit and retention
-    (:mod:`elastic_train.storage.checkpoint_manager`) and the background uploader.
+    Built at the start of each attempt by each rank alone (the context, the
+    preemption notice handler); :meth:`join` then composes, in order: the restore
+    point the ranks agree on (:mod:`.restore`), the report rows
+    (:mod:`elastic_train.metric_rows`), the checkpoint numbering, commit and
+    retention (:mod:`elastic_train.storage.checkpoint_manager`) and the background
+    uploader.
     """
 
     def __init__(self, spec: RunSpec, env: WorkerEnv, resources: WorkerResources,
-                 storage: RunStorage, staging_dir: str):
+                 storage: RunStorage, staging_dir: str, join: bool = True):
         self.spec = spec
         self.env = env
         self.resources = resources
@@ -107,19 +109,41 @@ class TrainSession:
         self._shards: dict[str, DatasetShard] = {}
         self._resumables: dict[str, ResumableIterable] = {}
         self._loader_count = 0
-        start = time.time()
+        self._created_at = time.time()
+        self._staging_dir = staging_dir
         self._preemption: PreemptionInfo | None = None
         preemption.install()
-        self.group = ControlGroup(env.world_size, resources.control_group)
+        self._joined = False
+        if join:
+            self.join()
+
+    def join(self) -> None:
+        """Agrees with the other ranks on where the run continues, once (collective).
+
+        ``fit()``'s workers join as the session is built; a script under
+        ``elastic-train launch`` at its first session call that needs the
+        agreement (``report``, ``get_checkpoint``, ``get_preemption_info``,
+        dataset shards and prepared loaders), so that ``get_context()`` on one
+        rank alone does not wait for the others.
+        """
+        if self._joined:
+            return
+        self.group = ControlGroup(self.env.world_size, self._control_group())
         point = self._agree_on_restore_point()
         self.restored = point.manifest
         self._history = list(point.kept_rows)  # rank 0's; stores without append rewrite it
-        self.rows = ReportRows(point.training_iteration, point.time_before_restore_s, start)
-        self.checkpoints = CheckpointManager(storage.checkpoints,
-                                             spec.run_config.checkpoint_config,
+        self.rows = ReportRows(point.training_iteration, point.time_before_restore_s,
+                               self._created_at)
+        self.checkpoints = CheckpointManager(self.storage.checkpoints,
+                                             self.spec.run_config.checkpoint_config,
                                              point.committed, point.next_index)
-        self.uploader = CheckpointUploader(storage.checkpoints, env.rank, staging_dir,
-                                           commit=self.checkpoints.commit)
+        self.uploader = CheckpointUploader(self.storage.checkpoints, self.env.rank,
+                                           self._staging_dir, commit=self.checkpoints.commit)
+        self._joined = True
+
+    def _control_group(self) -> Any:
+        """The process group of the session's collectives (see :mod:`.control_group`)."""
+        return self.resources.control_group
 
     def _agree_on_restore_point(self) -> RestorePoint:
         """Rank 0 decides (and trims the history past the point); every rank learns it."""
@@ -132,6 +156,7 @@ class TrainSession:
     def register_resumable(self, key: str, iterable: ResumableIterable) -> None:
         """Tracks ``iterable``'s position in checkpoints and restores it now if saved."""
         self._resumables[key] = iterable
+        self.join()
         if not self.restored:
             return
         state = resumable_state(self.restored, self.env.rank, self.env.world_size, key)
@@ -163,6 +188,7 @@ class TrainSession:
         return self._shards[name]
 
     def get_checkpoint(self) -> Checkpoint | None:
+        self.join()
         if self.restored is not None:
             return Checkpoint(self.storage.checkpoints.path(self.restored.index), self.storage.fs)
         return self.spec.resume_from_checkpoint
@@ -180,6 +206,7 @@ class TrainSession:
         return info
 
     def get_preemption_info(self) -> PreemptionInfo | None:
+        self.join()
         return self._note_preemption(self.group.all_gather(preemption.local_notice()))
 
     # report
@@ -199,6 +226,7 @@ class TrainSession:
                 "becomes visible only through the commit of the files the ranks report. Save "
                 "the files into a local directory and report it (ASYNC, the default, uploads "
                 "it without stalling training).")
+        self.join()
         self.uploader.raise_if_failed()
         heartbeat.beat()
         row = self.rows.next(clean)
@@ -250,7 +278,8 @@ class TrainSession:
 
     def finish(self) -> None:
         """Waits for pending uploads and commits (the run ends only when they are stored)."""
-        self.uploader.close()
+        if self._joined:
+            self.uploader.close()
 
     def abandon(self) -> None:
         """Ends a failed attempt's session at once (an in-process restart): uploads not

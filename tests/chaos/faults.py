@@ -25,11 +25,14 @@ from tests.conftest import EPOCHS, StorageUnderTest, wait_until
 from tests.support import jobs
 from tests.support.etcd_server import EtcdServer, etcd_binary
 from tests.support.paths import REPO
+from tests.support.process_tree import signal_tree, stop_logged
 from tests.support.servers import TcpProxy, free_port
 
 KINDS = ("worker_sigkill", "worker_raise", "worker_hang", "kill_during_upload",
          "preemption", "storage_outage", "driver_sigkill_restore", "agent_sigkill",
-         "etcd_restart")
+         "etcd_restart", "node_sigterm",
+         "second_driver", "stale_lookups")  # the last two: writer_faults.py
+LAUNCH_KINDS = ("agent_sigkill", "etcd_restart", "node_sigterm")
 LAUNCH_SCRIPT = "tests/e2e/launch_script.py"  # its digest does not depend on the world size
 BATCHES_PER_EPOCH = 6  # jobs.make_dataset(): 96 rows, 2 ranks, batches of 8
 NUM_TO_KEEP = 2
@@ -67,16 +70,22 @@ class Outcome:
     latest: int | None = None  # the index of the last checkpoint reported
     num_to_keep: int | None = NUM_TO_KEEP
     orphans: list[int] = field(default_factory=list)  # worker pids that must be gone
+    lost_commits: list[str] = field(default_factory=list)  # committed, then gone unretired
+    second_refused: bool | None = None  # second_driver: refused before starting anything
 
 
 class StorageWatcher:
     """Polls the run's committed checkpoints while the job runs, and records any
     whose files do not all exist at their manifest's sizes (a partial checkpoint).
-    A checkpoint being deleted by retention (its marker already gone) is not partial."""
+    A checkpoint being deleted by retention (its marker already gone) is not partial.
+    It also records when the newest committed checkpoint vanishes (``lost``):
+    retention never deletes the latest, so only a wrongful cleanup does that."""
 
     def __init__(self, storage: RunStorage):
         self.storage = storage
         self.partial: list[str] = []
+        self.lost: list[str] = []
+        self._newest = -1
         self._checked: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -100,7 +109,12 @@ class StorageWatcher:
     def _check(self) -> None:
         fs = self.storage.fs
         fs.invalidate_cache()
-        for manifest in self.storage.checkpoints.committed():
+        committed = self.storage.checkpoints.committed()
+        newest = max((m.index for m in committed), default=-1)
+        if newest < self._newest:
+            self.lost.append(f"checkpoint {self._newest} (newest committed) vanished")
+        self._newest = max(newest, self._newest)
+        for manifest in committed:
             if manifest.index in self._checked:
                 continue
             path = self.storage.checkpoints.path(manifest.index)
@@ -174,8 +188,12 @@ def run_trial(trial: Trial, storage: StorageUnderTest, tmp_path, through: Storag
     helper = None
     if trial.kind == "driver_sigkill_restore":
         return _driver_kill_trial(trial, storage, tmp_path, name)
-    if trial.kind in ("agent_sigkill", "etcd_restart"):
+    if trial.kind in LAUNCH_KINDS:
         return _launch_trial(trial, storage, tmp_path, name)
+    if trial.kind in ("second_driver", "stale_lookups"):
+        from tests.chaos.writer_faults import run_writer_trial  # it builds on this module
+
+        return run_writer_trial(trial, storage, tmp_path, name)
     if trial.kind == "storage_outage":
         helper = threading.Thread(target=_cut_for_seconds, daemon=True,
                                   args=(proxy, storage, name, trial, tmp_path))
@@ -211,7 +229,7 @@ def _outcome(digest: str, run_storage: RunStorage, watcher: StorageWatcher,
     reported = [r["checkpoint_dir_name"] for r in rows if r.get("checkpoint_dir_name")]
     return Outcome(digest=digest, recovery_s=_recovery_s(tmp_path / "fault",
                                                          events or tmp_path / "events"),
-                   partial_seen=watcher.partial,
+                   partial_seen=watcher.partial, lost_commits=watcher.lost,
                    retained=[m.index for m in run_storage.checkpoints.committed()],
                    iterations=[int(r["training_iteration"]) for r in rows],
                    latest=int(reported[-1].rsplit("_", 1)[1]) if reported else None,
@@ -256,26 +274,32 @@ def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) 
     agent_sigkill SIGKILLs the one not hosting the c10d store (its worker dies with it;
     the survivor re-rendezvouses alone and finishes from the latest checkpoint);
     etcd_restart SIGKILLs their etcd server and starts it again on its data (the job
-    rides through: etcd is needed at rendezvous and for the agents' heartbeats)."""
+    rides through: etcd is needed at rendezvous and for the agents' heartbeats);
+    node_sigterm sends SIGTERM to every process of that node at once (agent, zygote,
+    stand-ins, workers: a scheduler stopping the node), whose workers then take part in
+    checkpoints until its grace ends, and the survivor goes on alone, spending the
+    preemption budget."""
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     etcd = None
+    flags, sleep = ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"], "0.3"
     if trial.kind == "etcd_restart":
         etcd = EtcdServer(etcd_binary())
         etcd.start()
-        backend = ["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoint]
-    else:
-        backend = ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+        flags = ["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoint]
+    if trial.kind == "node_sigterm":  # epochs longer than the grace: the node goes mid-run
+        flags, sleep = [*flags, "--preemption-grace", "2"], "1"
     run_storage = storage.run(name)
     agents = []
+    node_pids: list[int] = []
 
     def agent(i: int) -> subprocess.Popen:
         log = open(tmp_path / f"agent{i}.log", "w")  # noqa: SIM115 (closed with the agent)
         proc = subprocess.Popen(
             [sys.executable, "-m", "elastic_train.cli", "launch", "--nnodes", "1:2",
-             "--nproc-per-node", "1", *backend, "--rdzv-id", name,
+             "--nproc-per-node", "1", *flags, "--rdzv-id", name,
              "--storage-path", storage.url, LAUNCH_SCRIPT, str(out_dir), str(EPOCHS + 3),
-             "--sleep", "0.3"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+             "--sleep", sleep], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
         agents.append((proc, log))
         return proc
 
@@ -285,28 +309,39 @@ def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) 
             time.sleep(2)  # agent 0 hosts the c10d store
             second = agent(1)
             assert _at_fault_time(trial, storage, name, tmp_path), "no checkpoint yet"
-            if etcd is None:
-                second.kill()
-                second.wait()
-            else:
-                etcd.kill()
-                time.sleep(2)
-                etcd.start()
-                assert second.wait(150) == 0, (tmp_path / "agent1.log").read_text()[-3000:]
+            node_pids = _inject_launch_fault(trial.kind, second, etcd, tmp_path)
             assert first.wait(150) == 0, (tmp_path / "agent0.log").read_text()[-3000:]
         finally:
-            for proc, log in agents:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-                log.close()
+            stop_logged(agents)
             if etcd is not None:
                 etcd.stop()
+    if trial.kind == "node_sigterm":
+        kinds = [f.kind.value for f in run_storage.read_run_state().failures]
+        assert kinds == ["preemption"], f"the survivor's restart was charged as {kinds}"
     starts = out_dir / "starts"
     restarted = len(starts.read_text().split("\n")) > 2 and os.path.getmtime(starts)
     fault_at = float((tmp_path / "fault").read_text())
     outcome = _outcome(launch_digest((tmp_path / "agent0.log").read_text()), run_storage,
                        watcher, tmp_path, num_to_keep=None)
     outcome.recovery_s = restarted - fault_at if restarted else None
-    outcome.orphans = [int(p.name.split("-")[1]) for p in out_dir.glob("pid-*")]
+    outcome.orphans = [int(p.name.split("-")[1]) for p in out_dir.glob("pid-*")] + node_pids
     return outcome
+
+
+def _inject_launch_fault(kind: str, second: subprocess.Popen, etcd: EtcdServer | None,
+                         tmp_path) -> list[int]:
+    """The fault of a launch trial; returns the pids of the faulted node that must be gone."""
+    if kind == "agent_sigkill":
+        second.kill()
+        second.wait()
+        return []
+    if kind == "node_sigterm":
+        pids = signal_tree(second.pid, signal.SIGTERM)
+        assert second.wait(60) == 128 + signal.SIGTERM, \
+            (tmp_path / "agent1.log").read_text()[-3000:]
+        return pids
+    etcd.kill()
+    time.sleep(2)
+    etcd.start()
+    assert second.wait(150) == 0, (tmp_path / "agent1.log").read_text()[-3000:]
+    return []

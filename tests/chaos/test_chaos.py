@@ -23,7 +23,15 @@ import time
 import pytest
 
 from tests.chaos.conftest import RESULTS
-from tests.chaos.faults import KINDS, LAUNCH_SCRIPT, REPO, Trial, launch_digest, run_trial
+from tests.chaos.faults import (
+    KINDS,
+    LAUNCH_KINDS,
+    LAUNCH_SCRIPT,
+    REPO,
+    Trial,
+    launch_digest,
+    run_trial,
+)
 from tests.conftest import (
     EPOCHS,
     StorageUnderTest,
@@ -91,12 +99,15 @@ def test_trial(trial: Trial, tmp_path, baseline, request):
     row["recovered"] = 1
     row["recovery_s"] = outcome.recovery_s
     expected = request.getfixturevalue("launch_baseline") \
-        if trial.kind in ("agent_sigkill", "etcd_restart") else baseline.return_value["digest"]
+        if trial.kind in LAUNCH_KINDS else baseline.return_value["digest"]
     identical = outcome.digest == expected
     row["leaked"] += sum(pid_alive(p) for p in outcome.orphans)
     history = outcome.iterations == list(range(1, len(outcome.iterations) + 1))
-    row["data_lost"] = int(not identical or not history or bool(outcome.partial_seen))
+    row["data_lost"] = int(not identical or not history or bool(outcome.partial_seen)
+                           or bool(outcome.lost_commits))
     assert identical, "final weights differ from the uninterrupted run"
+    assert not outcome.lost_commits, f"committed checkpoints lost: {outcome.lost_commits}"
+    assert outcome.second_refused in (None, True), "a second driver joined the live run"
     assert history, f"metrics history has gaps or repeats: {outcome.iterations}"
     assert not outcome.partial_seen, f"partial checkpoint visible: {outcome.partial_seen}"
     assert outcome.retained and outcome.retained[-1] == outcome.latest, \
@@ -104,8 +115,8 @@ def test_trial(trial: Trial, tmp_path, baseline, request):
     assert outcome.num_to_keep is None or len(outcome.retained) <= outcome.num_to_keep, \
         f"retention kept more than {outcome.num_to_keep}: {outcome.retained}"
     assert row["leaked"] == 0, "processes left behind"
-    assert trial.kind in ("storage_outage", "etcd_restart") or outcome.recovery_s is not None, \
-        "the fault did not happen"
+    assert trial.kind in ("storage_outage", "etcd_restart", "second_driver") \
+        or outcome.recovery_s is not None, "the fault did not happen"
 
 
 def _reap(before: set[int]) -> int:

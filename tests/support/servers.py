@@ -157,11 +157,15 @@ def _free_port_pair(offset: int) -> int:
 
 class TcpProxy:
     """Forwards 127.0.0.1:port to a target; ``cut()`` makes the endpoint refuse
-    and drop connections (a storage outage), ``restore()`` brings it back."""
+    and drop connections (a storage outage), ``restore()`` brings it back.
+    ``upload_bytes_per_s`` caps what all connections together send to the target
+    (a slow link: uploads progress steadily, but take long)."""
 
-    def __init__(self, target_port: int):
+    def __init__(self, target_port: int, upload_bytes_per_s: float | None = None):
         self.target_port = target_port
         self.port = free_port()
+        self.upload_bytes_per_s = upload_bytes_per_s
+        self._link_free_at = 0.0
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None
@@ -205,13 +209,23 @@ class TcpProxy:
                 continue
             with self._lock:
                 self._conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            for a, b, paced in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=self._pipe, args=(a, b, paced), daemon=True).start()
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def _pace(self, size: int) -> None:
+        """Waits until the capped link has carried ``size`` more bytes."""
+        with self._lock:
+            now = time.monotonic()
+            self._link_free_at = max(self._link_free_at, now) + size / self.upload_bytes_per_s
+            wait = self._link_free_at - now
+        time.sleep(wait)
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, paced: bool) -> None:
+        paced = paced and self.upload_bytes_per_s is not None
         try:
-            while data := src.recv(65536):
+            while data := src.recv(16384 if paced else 65536):
+                if paced:
+                    self._pace(len(data))
                 dst.sendall(data)
         except OSError:
             pass

@@ -72,10 +72,41 @@ def test_commit_waits_for_every_owner_and_merges_their_files(store, files):
 def test_an_owner_that_never_uploads_fails_the_commit_by_name(tmp_path, files):
     store = CheckpointStore(LocalFileSystem(), str(tmp_path / "run"), RetryPolicy(budget_s=0.2))
     upload(store, 0, files, 0, ["a.pt"])
-    with pytest.raises(StorageError, match=r"ranks \[1\] did not finish uploading "
-                                           r"checkpoint_000000"):
+    with pytest.raises(StorageError, match=r"ranks \[1\] made no progress uploading "
+                                           r"checkpoint_000000 to .* for 0s"):
         CheckpointManager(store, CheckpointConfig()).commit(manifest(0), [0, 1])
     assert store.committed() == []
+
+
+def test_an_owner_whose_upload_advances_is_waited_for_past_the_budget(tmp_path, files):
+    """Rank 1 takes 1.2 s, six times the 0.2 s budget, telling its progress as it goes."""
+    store = CheckpointStore(LocalFileSystem(), str(tmp_path / "run"), RetryPolicy(budget_s=0.2))
+    upload(store, 0, files, 0, ["a.pt"])
+
+    def slow_owner() -> None:
+        for sent in range(1, 13):
+            time.sleep(0.1)
+            store.note_progress(0, 1, sent * 1000)
+        upload(store, 0, files, 1, ["b.pt"])
+
+    owner = threading.Thread(target=slow_owner)
+    owner.start()
+    began = time.monotonic()
+    CheckpointManager(store, CheckpointConfig()).commit(manifest(0), [0, 1])
+    owner.join()
+    assert time.monotonic() - began >= 1.2
+    assert [m.index for m in store.committed()] == [0]
+    assert store.fs.ls(f"{store.run_path}/.upload-marks", detail=False) == []
+
+
+def test_an_owner_whose_upload_stalls_fails_the_commit(tmp_path, files):
+    store = CheckpointStore(LocalFileSystem(), str(tmp_path / "run"), RetryPolicy(budget_s=0.3))
+    upload(store, 0, files, 0, ["a.pt"])
+    store.note_progress(0, 1, 5000)  # some progress, then nothing
+    began = time.monotonic()
+    with pytest.raises(StorageError, match=r"ranks \[1\] made no progress"):
+        CheckpointManager(store, CheckpointConfig()).commit(manifest(0), [0, 1])
+    assert time.monotonic() - began < 3
 
 
 def test_retention_after_each_commit_weighs_the_earlier_checkpoints(store, files):

@@ -145,7 +145,7 @@ def test_nodes_map_to_torchruns_flags(monkeypatch):
                             rendezvous=RendezvousConfig(backend="etcd", endpoint="e:2379",
                                                         run_id="job", conf={"password": "pw"}))
     assert elastic.num_workers == (4, 8) and elastic.nodes == (2, 4)  # --nnodes 2:4
-    assert elastic.rendezvous.backend == "etcd-v3"
+    assert elastic.rendezvous.backend == "etcd"
     assert elastic.rendezvous.conf["last_call_timeout"] == 2  # fast-recovery defaults
     assert "password" not in elastic.without_secrets().rendezvous.conf
     assert elastic.rendezvous.conf["password"] == "pw"
@@ -158,7 +158,7 @@ def test_rendezvous_settings_come_from_torchruns_environment(monkeypatch):
     monkeypatch.setenv("PET_RDZV_CONF", "last_call_timeout=5,protocol=https")
     scaling = ScalingConfig(num_workers=4, num_workers_per_node=2)
     assert (scaling.rendezvous.backend, scaling.rendezvous.endpoint,
-            scaling.rendezvous.run_id) == ("etcd-v3", "etcd-host:2379", "job7")
+            scaling.rendezvous.run_id) == ("etcd", "etcd-host:2379", "job7")
     assert scaling.rendezvous.conf["last_call_timeout"] == 5
     assert scaling.rendezvous.conf["protocol"] == "https"
     monkeypatch.setenv("PET_RDZV_CONF", "novalue")

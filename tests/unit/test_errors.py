@@ -5,7 +5,8 @@ from types import SimpleNamespace
 import pytest
 
 from elastic_train import TrainingFailedError, WorkerFailure
-from elastic_train.agent.failures import failures_of
+from elastic_train.agent.failures import Cause, failures_of, observe
+from elastic_train.worker.lifecycle import EXCEPTION_TYPES, FAILED_AT
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "train.py", line 3\nValueError: boom\n'
 
@@ -57,12 +58,17 @@ def test_training_failed_message_without_traceback_shows_message():
 
 
 def process_failure(local_rank, exitcode=1, message="", timestamp=0, traceback=None,
-                    error_message=None):
+                    error_message=None, failed_at=None, types=None):
+    """torch's ProcessFailure as the agent reads it; ``failed_at``/``types`` as our
+    workers record them (elastic_train.worker.lifecycle)."""
     data = {}
     if traceback is not None or error_message is not None:
         extra = {"timestamp": "1"}
         if traceback is not None:
             extra["py_callstack"] = traceback
+        if failed_at is not None:
+            extra[FAILED_AT] = failed_at
+            extra[EXCEPTION_TYPES] = types or ["builtins.RuntimeError", "builtins.Exception"]
         data = {"message": {"message": error_message or "", "extraInfo": extra}}
     return SimpleNamespace(local_rank=local_rank, pid=1000 + local_rank, exitcode=exitcode,
                            message=message, timestamp=timestamp, error_file_data=data)
@@ -72,23 +78,44 @@ def ranks(failures):
     return [f.rank for f in failures_of(SimpleNamespace(failures=dict(enumerate(failures))))]
 
 
-def test_peer_lost_message_ranks_after_root_cause():
-    peer = process_failure(0, timestamp=1, traceback=TRACEBACK,
-                           error_message="RuntimeError: Connection reset by peer")
-    root = process_failure(1, timestamp=2, traceback=TRACEBACK, error_message="ValueError: boom")
+BROKEN = ["torch.distributed.DistBackendError", "torch.distributed.DistError",
+          "builtins.RuntimeError"]
+
+
+def test_broken_collective_ranks_after_root_cause():
+    peer = process_failure(0, traceback=TRACEBACK, error_message="DistBackendError: x",
+                           failed_at=1.0, types=BROKEN)
+    root = process_failure(1, traceback=TRACEBACK, error_message="ValueError: boom",
+                           failed_at=2.0)
     assert ranks([peer, root]) == [1, 0]
 
 
-def test_peer_lost_plain_message_ranks_after_root_cause():
-    peer = process_failure(0, timestamp=1, message="gloo: Connection closed by peer")
-    root = process_failure(1, timestamp=2, exitcode=-9, message="Signal 9 (SIGKILL)")
-    assert ranks([peer, root]) == [1, 0]
+@pytest.mark.parametrize("words", ["Connection refused", "Connection closed by peer",
+                                   "Broken pipe"])
+def test_words_of_a_message_do_not_make_a_failure_secondary(words):
+    """The first to raise is the root cause, whatever its message says."""
+    first = process_failure(0, traceback=TRACEBACK, error_message=f"RuntimeError: {words}",
+                            failed_at=1.0)
+    later = process_failure(1, traceback=TRACEBACK, error_message="ValueError: boom",
+                            failed_at=1.5)
+    assert ranks([first, later]) == [0, 1]
+    [observed, _] = observe(SimpleNamespace(failures={0: first, 1: later}))
+    assert observed.cause is Cause.RAISED and observed.at == 1.0
 
 
-def test_sigterm_ranks_after_root_cause():
-    terminated = process_failure(0, exitcode=-15, timestamp=1, message="Signal 15 (SIGTERM)")
-    root = process_failure(1, exitcode=2, timestamp=5, message="exit 2")
-    assert ranks([terminated, root]) == [1, 0]
+def test_a_worker_that_ended_by_itself_ranks_before_one_that_raised():
+    raised = process_failure(0, traceback=TRACEBACK, error_message="RuntimeError: x",
+                             failed_at=1.0)
+    killed = process_failure(1, exitcode=-9, timestamp=5, message="Signal 9 (SIGKILL)")
+    assert ranks([raised, killed]) == [1, 0]
+    assert [o.cause for o in observe(SimpleNamespace(failures={0: raised, 1: killed}))] == \
+        [Cause.OWN, Cause.RAISED]
+
+
+def test_nccl_watchdog_abort_is_a_broken_collective():
+    aborted = process_failure(0, exitcode=-6, timestamp=1, message="Signal 6 (SIGABRT)")
+    [observed] = observe(SimpleNamespace(failures={0: aborted}))
+    assert observed.cause is Cause.BROKEN and observed.at == float("inf")
 
 
 def test_traceback_ranks_before_no_traceback():

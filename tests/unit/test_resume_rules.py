@@ -40,6 +40,17 @@ def test_spec_changes(stored, new, expected):
     assert spec_changes(stored, new) == expected
 
 
+def test_another_score_attribute_is_a_warning_that_says_what_it_means():
+    stored = {**FIT, "checkpoint_config": {"checkpoint_score_attribute": "loss",
+                                           "checkpoint_score_order": "min"}}
+    new = {**FIT, "checkpoint_config": {"checkpoint_score_attribute": "acc",
+                                        "checkpoint_score_order": "max"}}
+    changes = spec_changes(stored, new)
+    assert [(c.what, c.breaks) for c in changes] == [
+        ("checkpoint_score_attribute", False), ("checkpoint_score_order", False)]
+    assert "ranked anew" in changes[0].note
+
+
 def test_a_train_function_passed_to_restore_is_accepted():
     new = {**FIT, "train_function": "jobs.other", "train_signature": "()"}
     assert spec_changes(FIT, new, TRAIN_FUNCTION_CHANGES) == []

@@ -3,7 +3,7 @@
 import pytest
 
 from elastic_train import CheckpointConfig, ConfigError
-from elastic_train.storage.retention import CheckpointRecord, ranked, to_delete
+from elastic_train.storage.retention import CheckpointRecord, ranked, score_of, to_delete
 
 LOSSES = [0.5, 0.1, 0.9, 0.3, 0.7]  # index 0..4; the latest (4) is neither best nor worst
 
@@ -48,16 +48,26 @@ def test_num_to_keep_none_keeps_all():
 
 
 def test_missing_attribute_raises_naming_it():
-    recs = records(LOSSES) + [CheckpointRecord(5, {"acc": 1.0})]
     cfg = config(num_to_keep=2, checkpoint_score_attribute="loss")
     with pytest.raises(ConfigError, match="'loss'"):
-        to_delete(recs, cfg)
+        score_of(CheckpointRecord(5, {"acc": 1.0}), cfg)
 
 
 @pytest.mark.parametrize("value", ["0.3", None, True])
 def test_non_numeric_score_raises_naming_it(value):
-    recs = records(LOSSES) + [CheckpointRecord(5, {"loss": value})]
     cfg = config(num_to_keep=2, checkpoint_score_attribute="loss")
     with pytest.raises(ConfigError, match="'loss'") as info:
-        to_delete(recs, cfg)
+        score_of(CheckpointRecord(5, {"loss": value}), cfg)
     assert repr(value) in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["0.3", None, True, "missing"])
+def test_checkpoints_without_a_score_rank_last_and_go_first(value):
+    """Committed before a resume changed the score attribute: ranked, never raising."""
+    unscored = [CheckpointRecord(i, {} if value == "missing" else {"loss": value})
+                for i in (0, 1)]
+    recs = unscored + [CheckpointRecord(i + 2, {"loss": x}) for i, x in enumerate((0.5, 0.7))]
+    cfg = config(num_to_keep=2, checkpoint_score_attribute="loss", checkpoint_score_order="min")
+    assert [r.index for r in ranked(recs, cfg)] == [2, 3, 1, 0]
+    assert to_delete(recs, cfg) == [0, 1]
+    assert to_delete(unscored, cfg) == []  # two to keep, and the latest always

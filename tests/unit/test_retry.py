@@ -96,6 +96,18 @@ def test_an_outage_past_the_budget_names_the_operation_and_the_last_error(clock)
     assert fn.calls == len(clock.sleeps) + 1
 
 
+def test_the_budget_starts_at_the_first_failure_not_the_first_attempt(clock):
+    """A long upload that fails at its end is retried like a quick call."""
+    def ten_minutes_then(fail: Flaky):
+        def call():
+            clock.now += 600
+            return fail()
+        return call
+
+    assert RetryPolicy(budget_s=10).call("w", "x", ten_minutes_then(
+        Flaky(ConnectionResetError("reset")))) == "ok"
+
+
 def test_a_zero_budget_tries_once(clock):
     fn = Flaky(TimeoutError("slow"))
     with pytest.raises(StorageError, match="after 1 attempts"):

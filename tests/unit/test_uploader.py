@@ -51,14 +51,14 @@ class HeldStore(CheckpointStore):
         self.started = threading.Event()
         self.release = threading.Event()
 
-    def upload(self, index, local_dir, relpaths):
+    def upload(self, index, local_dir, relpaths, callback=None):
         self.started.set()
         assert self.release.wait(10)
-        super().upload(index, local_dir, relpaths)
+        super().upload(index, local_dir, relpaths, callback)
 
 
 class FailingStore(CheckpointStore):
-    def upload(self, index, local_dir, relpaths):
+    def upload(self, index, local_dir, relpaths, callback=None):
         raise PermissionError(f"denied: {relpaths}")
 
 

@@ -5,10 +5,17 @@
   backend is one module and one line there.
 - :mod:`.config`: :class:`~elastic_train.RendezvousConfig`, the settings the
   Python API and ``elastic-train launch`` share (torchrun's ``--rdzv-*``).
-- :mod:`.etcd_v3` / :mod:`.etcd_handler`: torch's dynamic rendezvous over etcd's v3 API.
+- :mod:`.etcd_native` (with :mod:`.etcd_rounds`, :mod:`.etcd_kv`,
+  :mod:`.etcd_lease`): our own handler on etcd's v3 API, ``etcd``: per-node
+  keys, leases and watches, O(N) work per round.
+- :mod:`.etcd_v3` / :mod:`.etcd_handler`: torch's dynamic rendezvous over etcd's
+  v3 API, ``etcd-v3``.
 
 Importing this package imports neither torch nor etcd3gw: ``RendezvousConfig``
-is a public type that ``elastic-train ls`` loads too.
+is a public type that ``elastic-train ls`` loads too, and torch loads
+:func:`torchrun_handler` as its ``torchrun.handlers`` entry point while it
+imports its own rendezvous package, possibly half way through importing its
+agent (e.g. for ``torch.distributed.checkpoint``).
 """
 
 from __future__ import annotations

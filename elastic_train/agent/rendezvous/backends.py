@@ -15,14 +15,18 @@ Example::
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from elastic_train.errors import ConfigError
 
-# Recovery-oriented defaults for the elastic backends (torch's: 5 s keep-alive x 3 and a
-# 30 s last call, so survivors wait ~45 s for a dead node). ``conf`` overrides any of them.
+# Recovery-oriented defaults for torch's dynamic rendezvous (torch's: 5 s keep-alive x 3
+# and a 30 s last call, so survivors wait ~45 s for a dead node). ``conf`` overrides them.
 FAST_DEFAULTS: dict[str, object] = {"keep_alive_interval": 1, "keep_alive_max_attempt": 3,
                                     "last_call_timeout": 2, "join_timeout": 600}
+# Our etcd handler never waits for a lost node's heartbeats to expire before the
+# survivors form the next round, so it keeps torch's heartbeat (5 s x 3): a node is
+# dropped after 15 s without a refresh, not after 3 s of a starved CPU.
+NATIVE_DEFAULTS: dict[str, object] = {"last_call_timeout": 2, "join_timeout": 600}
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,13 @@ class Backend:
         factory: ``"module:function"`` creating its ``RendezvousHandler`` from
             torch's ``RendezvousParameters``, registered by :func:`register`;
             ``None`` for torch's own backends.
-        elastic: Whether nodes may come and go (our :data:`FAST_DEFAULTS`
-            apply); ``static`` is a fixed set of nodes ranked by the user.
+        elastic: Whether nodes may come and go; ``static`` is a fixed set of
+            nodes ranked by the user.
+        defaults: Settings filled in where ``conf`` gives none.
+        reuses_store: Whether torch's agent hands the workers one store for every
+            round (torch's dynamic rendezvous): a restarted gloo group of a
+            launched script, joining through ``env://``, could then read the dead
+            group's addresses, so ``launch`` asks torch for a fresh one.
         extra: The pip extra it needs, named in errors.
         summary: How it is described in errors and help texts.
     """
@@ -45,6 +54,8 @@ class Backend:
     aliases: tuple[str, ...] = ()
     factory: str | None = None
     elastic: bool = True
+    defaults: dict[str, object] = field(default_factory=dict)
+    reuses_store: bool = False
     extra: str | None = None
     summary: str = ""
 
@@ -54,10 +65,16 @@ class Backend:
 
 
 BACKENDS: tuple[Backend, ...] = (
-    Backend("c10d", summary="c10d (default; torch's TCP store on the first node)"),
-    Backend("etcd-v3", aliases=("etcd",), extra="etcd",
+    Backend("c10d", defaults=FAST_DEFAULTS, reuses_store=True,
+            summary="c10d (default; torch's TCP store on the first node)"),
+    Backend("etcd", extra="etcd", defaults=NATIVE_DEFAULTS,
+            factory="elastic_train.agent.rendezvous.etcd_native:create_handler",
+            summary="etcd (our handler on etcd's v3 API: survives the loss of any node, "
+                    "forms hundreds of nodes in seconds)"),
+    Backend("etcd-v3", extra="etcd", defaults=FAST_DEFAULTS, reuses_store=True,
             factory="elastic_train.agent.rendezvous.etcd_handler:create_etcd_v3_handler",
-            summary="etcd or etcd-v3 (etcd's v3 API; survives the loss of any node)"),
+            summary="etcd-v3 (torch's dynamic rendezvous over etcd's v3 API, for jobs "
+                    "started with it, and plain torchrun's name for us)"),
     Backend("static", elastic=False,
             summary="static (a fixed set of nodes; --node-rank, --master-addr/--master-port)"),
 )

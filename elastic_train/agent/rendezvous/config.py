@@ -12,8 +12,9 @@ import os
 import uuid
 from dataclasses import dataclass
 
-from elastic_train.agent.rendezvous.backends import FAST_DEFAULTS, lookup
+from elastic_train.agent.rendezvous.backends import lookup
 from elastic_train.errors import ConfigError
+from elastic_train.redaction import public_options
 
 
 def parse_rdzv_conf(value: str, source: str = "--rdzv-conf") -> dict[str, object]:
@@ -57,8 +58,10 @@ class RendezvousConfig:
     Args:
         backend: ``"c10d"`` (default, nothing to install; the first node to
             bind ``endpoint`` hosts the store and must outlive the job),
-            ``"etcd"`` (alias ``"etcd-v3"``: etcd's v3 API, survives the loss
-            of any node; ``pip install elastic-train[etcd]``) or ``"static"``
+            ``"etcd"`` (our handler on etcd's v3 API: survives the loss of any
+            node, forms hundreds of nodes in seconds; ``pip install
+            elastic-train[etcd]``), ``"etcd-v3"`` (torch's dynamic rendezvous
+            over etcd's v3 API, for jobs started with it) or ``"static"``
             (a fixed set of nodes: ``endpoint`` is the master's ``host:port``
             and ``conf={"rank": N}`` this node's rank).
             torchrun: ``--rdzv-backend``; env ``PET_RDZV_BACKEND``.
@@ -67,9 +70,10 @@ class RendezvousConfig:
         run_id: The job's id, the same on every node and unique per job.
             torchrun: ``--rdzv-id``; env ``PET_RDZV_ID``.
         conf: Backend settings, e.g. ``{"last_call_timeout": 5}`` or etcd's
-            ``protocol``/``ca_cert``/``username``/``password``; for the elastic
-            backends our fast-recovery defaults (1 s heartbeats, a node lost
-            after 3 missed ones, a 2 s last call) fill in what is not given.
+            ``protocol``/``ca_cert``/``username``/``password``; our
+            fast-recovery defaults (a 2 s last call; for c10d and etcd-v3 also
+            1 s heartbeats, a node lost after 3 missed ones) fill in what is
+            not given.
             torchrun: ``--rdzv-conf k=v,...``; env ``PET_RDZV_CONF``.
 
     A field left ``None`` is read from its ``PET_*`` environment variable (what
@@ -99,9 +103,8 @@ class RendezvousConfig:
                               "{'last_call_timeout': 5}.")
         if self.endpoint:
             check_endpoint(self.endpoint, "RendezvousConfig.endpoint")
-        if backend.elastic:
-            self.conf = {**FAST_DEFAULTS, **self.conf}
-        elif "rank" not in self.conf:
+        self.conf = {**backend.defaults, **self.conf}
+        if not backend.elastic and "rank" not in self.conf:
             raise ConfigError(
                 f"RendezvousConfig(backend={self.backend!r}) needs this node's rank: pass "
                 "conf={'rank': N} (elastic-train launch's --node-rank), or use an elastic "
@@ -120,9 +123,9 @@ class RendezvousConfig:
         return lookup(self.backend, "RendezvousConfig.backend").elastic
 
     def without_secrets(self) -> RendezvousConfig:
-        """A copy without ``conf["password"]`` (never stored)."""
-        conf = {k: v for k, v in (self.conf or {}).items() if k != "password"}
-        return dataclasses.replace(self, conf=conf)
+        """A copy without secret ``conf`` entries such as ``password`` (never stored; the
+        rule is :mod:`elastic_train.redaction`'s)."""
+        return dataclasses.replace(self, conf=public_options(self.conf or {}))
 
     def missing_for_multi_node(self) -> list[str]:
         """The fields a job across nodes still needs: an endpoint, and a run id shared by

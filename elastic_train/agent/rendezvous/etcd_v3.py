@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+import zlib
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -36,14 +36,20 @@ from urllib.parse import quote
 
 import etcd3gw
 import requests
-from etcd3gw.exceptions import Etcd3Exception, PreconditionFailedError
+from etcd3gw.exceptions import Etcd3Exception
 from etcd3gw.lease import Lease
 from requests.adapters import HTTPAdapter
 from torch.distributed import DistStoreError, Store
-from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
+from torch.distributed.elastic.rendezvous import (
+    RendezvousParameters,
+    RendezvousStateError,
+)
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from urllib3.util.retry import Retry
+
+from elastic_train.agent.rendezvous import etcd_kv as ops
+from elastic_train.agent.rendezvous.etcd_kv import EtcdKV, connection_errors
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +57,6 @@ KEY_ROOT = "/elastic_train/rdzv"
 DEFAULT_LEASE_TTL = 10
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_OUTAGE_S = 30.0
-_MAX_POLL_INTERVAL = 0.5
 
 
 @dataclass(frozen=True)
@@ -62,14 +67,20 @@ class EtcdValue:
     mod_revision: int
 
 
-@contextmanager
-def _connection_errors() -> Iterator[None]:
-    """Turns etcd and HTTP failures into torch's RendezvousConnectionError."""
+def etcd_error(exc: Etcd3Exception) -> str:
+    """The etcd server's own error message (e.g. "etcdserver: lease already exists").
+
+    etcd's gateway maps one error to different HTTP statuses across versions
+    ("lease already exists": 412 from 3.4, 400 from 3.5), so errors are recognised
+    by the message in the JSON body, never by the HTTP status or exception class.
+    """
+    text = getattr(exc, "detail_text", None) or ""
     try:
-        yield
-    except (Etcd3Exception, requests.RequestException) as exc:
-        detail = getattr(exc, "detail_text", None) or exc
-        raise RendezvousConnectionError(f"The etcd request failed: {detail}") from exc
+        body = json.loads(text)
+    except ValueError:
+        return text
+    return str(body.get("message") or body.get("error") or text) \
+        if isinstance(body, dict) else text
 
 
 def _b64(data: bytes) -> str:
@@ -85,12 +96,14 @@ def _as_bytes(value: str | bytes) -> bytes:
 class EtcdV3Keyspace:
     """One run's keys on an etcd v3 server, all written with the run's shared lease.
 
-    Starts a daemon thread that refreshes the lease every third of its TTL, and
-    grants it again should it have expired, until :meth:`close`.
+    Starts a daemon thread that refreshes the lease every third of its TTL
+    (:attr:`refresh_interval`), and grants it again should it have expired, until
+    :meth:`close`; with ``refresh_thread=False`` the owner calls :meth:`refresh`.
     """
 
     def __init__(
-        self, client: etcd3gw.Etcd3Client, run_id: str, lease_ttl: int = DEFAULT_LEASE_TTL
+        self, client: etcd3gw.Etcd3Client, run_id: str, lease_ttl: int = DEFAULT_LEASE_TTL,
+        refresh_thread: bool = True,
     ) -> None:
         if not run_id:
             raise ValueError("The run id must be a non-empty string.")
@@ -103,12 +116,17 @@ class EtcdV3Keyspace:
         self._lease = Lease(lease_id or 1, client)
         self._lease_ttl = lease_ttl
         self._closed = threading.Event()
-        with _connection_errors():
-            interval = self._ensure_lease() / 3
+        with connection_errors():
+            self.refresh_interval = self._ensure_lease() / 3
         self._thread = threading.Thread(
-            target=self._keep_alive, args=(interval,), name=f"etcd-lease-{run_id}", daemon=True
-        )
-        self._thread.start()
+            target=self._keep_alive, name=f"etcd-lease-{run_id}", daemon=True)
+        if refresh_thread:
+            self._thread.start()
+
+    @property
+    def lease_id(self) -> int:
+        """The id of the run's shared lease, for keys written outside :meth:`put`."""
+        return self._lease.id
 
     def _ensure_lease(self) -> int:
         """Refreshes the run's lease, granting it first if no node holds it; returns its TTL."""
@@ -118,21 +136,27 @@ class EtcdV3Keyspace:
         try:
             grant = {"ID": self._lease.id, "TTL": self._lease_ttl}
             return int(self.client.post(self.client.get_url("/lease/grant"), json=grant)["TTL"])
-        except PreconditionFailedError:  # another node of the run granted it meanwhile
-            return self._lease.refresh()
+        except Etcd3Exception as exc:
+            if "lease already exists" not in etcd_error(exc):
+                raise
+            return self._lease.refresh()  # another node of the run granted it meanwhile
 
-    def _keep_alive(self, interval: float) -> None:
-        """The lease thread's loop; a failed refresh is logged and retried next interval."""
-        while not self._closed.wait(interval):
-            try:
-                self._ensure_lease()
-            except (Etcd3Exception, requests.RequestException, ValueError) as exc:
-                detail = getattr(exc, "detail_text", None) or exc
-                log.warning("Refreshing the etcd lease of %s failed: %s", self.prefix, detail)
+    def _keep_alive(self) -> None:
+        """The lease thread's loop."""
+        while not self._closed.wait(self.refresh_interval):
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Refreshes (or grants again) the run's lease; a failure is logged, not raised."""
+        try:
+            self._ensure_lease()
+        except (Etcd3Exception, requests.RequestException, ValueError) as exc:
+            detail = getattr(exc, "detail_text", None) or exc
+            log.warning("Refreshing the etcd lease of %s failed: %s", self.prefix, detail)
 
     def get(self, key: bytes) -> EtcdValue | None:
         """The key's value, or None if it is absent."""
-        with _connection_errors():
+        with connection_errors():
             found = self.client.get(key, metadata=True)
         if not found:
             return None
@@ -160,11 +184,11 @@ class EtcdV3Keyspace:
             txn["compare"] = [
                 {"key": b64_key, "target": "MOD", "result": "EQUAL", "mod_revision": mod_revision}
             ]
-        with _connection_errors():
+        with connection_errors():
             try:
                 result = self.client.transaction(txn)
             except Etcd3Exception as exc:
-                if "lease not found" not in (exc.detail_text or ""):
+                if "lease not found" not in etcd_error(exc):
                     raise
                 # Every node was silent for a whole TTL; the lease (and its keys) expired.
                 self._ensure_lease()
@@ -179,23 +203,45 @@ class EtcdV3Keyspace:
 
     def delete(self, key: bytes) -> bool:
         """Deletes the key; returns whether it existed."""
-        with _connection_errors():
+        with connection_errors():
             return self.client.delete(key)
 
     def delete_all(self) -> None:
         """Deletes every key of the run at once, and revokes the run's lease."""
-        with _connection_errors():
+        with connection_errors():
             self.client.delete_prefix(self.prefix)
             try:
                 self._lease.revoke()
             except Etcd3Exception as exc:
-                if "lease not found" not in (exc.detail_text or ""):
+                if "lease not found" not in etcd_error(exc):
                     raise
 
     def close(self) -> None:
         """Stops refreshing the lease (idempotent); the keys expire a TTL after the last node."""
         self._closed.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+_STATE_MAGIC = b"elastic_train.rdzv.v1\n"
+
+
+def _seal_state(state: bytes) -> bytes:
+    """The stored form of a state: a format marker, its CRC-32, then the state."""
+    return _STATE_MAGIC + zlib.crc32(state).to_bytes(4, "big") + state
+
+
+def _open_state(stored: bytes) -> bytes:
+    """The state inside :func:`_seal_state`'s form; RendezvousStateError if it is not one
+    (written by something else, truncated, or altered)."""
+    header = len(_STATE_MAGIC) + 4
+    state = stored[header:]
+    if not stored.startswith(_STATE_MAGIC) or len(stored) < header \
+            or zlib.crc32(state).to_bytes(4, "big") != stored[len(_STATE_MAGIC):header]:
+        raise RendezvousStateError(
+            "The rendezvous state in etcd is corrupt (not written by this backend, or "
+            "altered); delete the run's keys or use another --rdzv-id.")
+    return state
 
 
 class EtcdV3RendezvousBackend(RendezvousBackend):
@@ -204,6 +250,9 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
     The fencing token is the state key's ``mod_revision``, so ``set_state`` is a
     single etcd transaction: put if the key's mod_revision still equals the
     token (or, for token None, if the key is absent), else read the key back.
+    A token that is not one this backend issues (a positive int) matches no
+    state: the current one comes back, as torch's contract wants. The state is
+    stored with a checksum, so a corrupt one raises RendezvousStateError.
     """
 
     def __init__(self, keyspace: EtcdV3Keyspace, name: str = "etcd-v3") -> None:
@@ -219,14 +268,19 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
     def get_state(self) -> tuple[bytes, Token] | None:
         """See base class."""
         value = self._keyspace.get(self._key)
-        return None if value is None else (value.data, value.mod_revision)
+        return None if value is None else (_open_state(value.data), value.mod_revision)
 
     def set_state(
         self, state: bytes, token: Token | None = None
     ) -> tuple[bytes, Token, bool] | None:
         """See base class; returns None only if the state is absent and could not be set."""
-        value, succeeded = self._keyspace.put(self._key, state, 0 if token is None else int(token))
-        return None if value is None else (value.data, value.mod_revision, succeeded)
+        if token is None:
+            value, succeeded = self._keyspace.put(self._key, _seal_state(state), 0)
+        elif isinstance(token, int) and not isinstance(token, bool) and token > 0:
+            value, succeeded = self._keyspace.put(self._key, _seal_state(state), token)
+        else:  # never issued by us: nothing to compare with, so nothing is set
+            value, succeeded = self._keyspace.get(self._key), False
+        return None if value is None else (_open_state(value.data), value.mod_revision, succeeded)
 
     def close(self) -> None:
         """Stops this node's lease refresh; see the module docstring for why keys stay."""
@@ -240,15 +294,16 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
 class EtcdV3Store(Store):
     """A c10d store over a run's etcd keys (``<run prefix>store/<key>``).
 
-    DynamicRendezvousHandler hands it out, prefixed per round, to share the
-    master address and to run torch's exit barrier. Blocking reads poll with
-    backoff (at most every 0.5 s) instead of watching: the traffic is a handful of
-    keys per round, and etcd3gw's watches start a thread pool per watch.
+    The rendezvous handlers hand it out, prefixed per round, for torch's agent to
+    assign worker ranks, share the master address and run its exit barrier. A read
+    of a key not yet there watches that key (no polling), so it returns as soon as
+    another node sets it.
     """
 
     def __init__(self, keyspace: EtcdV3Keyspace, timeout: timedelta | None = None) -> None:
         super().__init__()  # the pybind trampoline requires it
         self._keyspace = keyspace
+        self._kv: EtcdKV | None = None
         if timeout is not None:
             self.set_timeout(timeout)
 
@@ -306,19 +361,28 @@ class EtcdV3Store(Store):
         return self._keyspace.delete(self._key(key))
 
     def _wait(self, keys: list[str], timeout: timedelta) -> list[bytes]:
-        """The keys' values once all exist, polling with backoff until ``timeout``."""
+        """The keys' values once all exist, watching for the missing ones until ``timeout``."""
         deadline = time.monotonic() + timeout.total_seconds()
-        delay = 0.01
-        while True:
-            values = [self._keyspace.get(self._key(key)) for key in keys]
-            if all(values):
-                return [value.data for value in values if value]
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                missing = [key for key, value in zip(keys, values, strict=True) if value is None]
-                raise DistStoreError(f"Timed out after {timeout} waiting for etcd keys {missing}")
-            time.sleep(min(delay, remaining))
-            delay = min(2 * delay, _MAX_POLL_INTERVAL)
+        if self._kv is None:
+            self._kv = EtcdKV(self._keyspace.client)
+        wanted = [self._key(key) for key in keys]
+        found = self._kv.read(*[ops.get(key) for key in wanted])
+        values = {key: kvs[0].value for key, kvs in zip(wanted, found.ranges, strict=True) if kvs}
+        for key in wanted:
+            if key in values:
+                continue
+            watch = self._kv.watch(key, found.revision + 1, prefix=False)
+            try:
+                while key not in values:
+                    events = watch.next(deadline - time.monotonic())
+                    if events is None:
+                        missing = [k.decode() for k in wanted if k not in values]
+                        raise DistStoreError(f"Timed out after {timeout} waiting for etcd "
+                                             f"keys {missing}")
+                    values.update((e.kv.key, e.kv.value) for e in events if not e.deleted)
+            finally:
+                watch.cancel()
+        return [values[key] for key in wanted]
 
 
 class _AuthSession(requests.Session):
@@ -375,7 +439,7 @@ def _patient_adapter(outage_s: float) -> HTTPAdapter:
     return HTTPAdapter(max_retries=retry)
 
 
-def _create_client(params: RendezvousParameters) -> etcd3gw.Etcd3Client:
+def create_client(params: RendezvousParameters) -> etcd3gw.Etcd3Client:
     """An etcd3gw client for ``params.endpoint`` with the TLS and auth options of ``params``."""
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=2379)
     protocol = str(params.get("protocol", "http")).strip().lower()
@@ -391,6 +455,10 @@ def _create_client(params: RendezvousParameters) -> etcd3gw.Etcd3Client:
     ca_cert, cert, key = params.get("ca_cert"), params.get("cert"), params.get("key")
     if ca_cert:
         session.verify = ca_cert
+    elif protocol == "http":  # no TLS: spares requests a look for CA files on every call
+        session.verify = False
+    # Nor look for proxies and .netrc files on every call: etcd is reached directly.
+    session.trust_env = False
     if cert:
         session.cert = (cert, key) if key else cert
     client = etcd3gw.Etcd3Client(
@@ -401,7 +469,7 @@ def _create_client(params: RendezvousParameters) -> etcd3gw.Etcd3Client:
         session=session,
     )
     if isinstance(session, _AuthSession):
-        with _connection_errors():  # get_url asks etcd for its version, to pick the API path
+        with connection_errors():  # get_url asks etcd for its version, to pick the API path
             session.login_url = client.get_url("/auth/authenticate")
     return client
 
@@ -417,5 +485,5 @@ def create_backend(params: RendezvousParameters) -> tuple[EtcdV3RendezvousBacken
     ``params.backend``, as torch's registry requires.
     """
     lease_ttl = int(params.get("lease_ttl", DEFAULT_LEASE_TTL))
-    keyspace = EtcdV3Keyspace(_create_client(params), params.run_id, lease_ttl)
+    keyspace = EtcdV3Keyspace(create_client(params), params.run_id, lease_ttl)
     return EtcdV3RendezvousBackend(keyspace, params.backend), EtcdV3Store(keyspace)

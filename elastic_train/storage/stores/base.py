@@ -14,6 +14,7 @@ in one place, :mod:`elastic_train.storage.stores`.
 from __future__ import annotations
 
 from collections.abc import Collection
+from datetime import datetime
 from typing import Any, ClassVar
 
 import fsspec
@@ -53,6 +54,18 @@ class StoreAdapter:
         (throttling, a 5xx); the signs all stores share are in
         :func:`~elastic_train.storage.retry.is_transient`."""
         return False
+
+    def modified(self, info: dict[str, Any]) -> float | None:
+        """The store's modification time (seconds since the epoch) of a file, from its
+        ``ls(detail=True)`` entry; None where the store gives none. Local disk and NFS
+        give ``mtime``, S3 ``LastModified``."""
+        for key in ("mtime", "LastModified", "last_modified", "modified", "created"):
+            value = info.get(key)
+            if isinstance(value, datetime):
+                return value.timestamp()
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+        return None
 
     def write_bytes_atomic(self, path: str, data: bytes) -> None:
         """Writes ``path`` so that readers see the old content or the new, never a part:

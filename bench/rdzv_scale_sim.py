@@ -1,0 +1,241 @@
+"""One case of figure 9: N simulated nodes as rendezvous handlers in threads of this process.
+
+    python -m bench.rdzv_scale_sim BACKEND NODES ENDPOINT TIMEOUT_S
+
+BACKEND is ``c10d`` (torch's DynamicRendezvousHandler over its TCPStore backend;
+ENDPOINT is a free port this process hosts the store on), ``etcd-v3`` (torch's
+DynamicRendezvousHandler over our etcd v3 backend) or ``etcd`` (our native
+handler); for the etcd ones ENDPOINT is the etcd server. Every node uses the
+rendezvous settings ``elastic-train launch`` gives that backend (last call 2 s;
+heartbeat 1 s x 3 for torch's handler, torch's 5 s x 3 for ours) with
+``--nnodes NODES-1:NODES``.
+
+1. The NODES handlers are created (an agent's start; not timed), then all call
+   ``next_rendezvous()`` at once: *form* is the time until the last one returned.
+2. One node (never the c10d store's host) is lost: its heartbeats (or lease
+   refreshes) stop and it never calls again. The others call
+   ``next_rendezvous()`` again at once, as their agents would after their workers
+   failed: *re-form* is the time from the loss until all survivors are in one round.
+
+Prints one JSON line: the times (null if not complete within TIMEOUT_S), the
+ranks and world sizes seen, and -- for the etcd backends -- the requests and
+bytes etcd served during each phase, from its own metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+
+from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
+from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+from elastic_train.agent.rendezvous.backends import lookup
+from elastic_train.agent.rendezvous.backends import register as register_backend
+
+
+def etcd_counters(endpoint: str) -> tuple[int, int]:
+    """(gRPC calls started, bytes received + sent) so far, from etcd's /metrics; health
+    checks excluded. A call through etcd's HTTP gateway is one gRPC call."""
+    with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    calls = sum(float(m.group(2)) for m in re.finditer(
+        r'^grpc_server_started_total\{grpc_method="(\w+)",grpc_service="etcdserverpb[^}]*\} (\S+)',
+        text, re.M))
+    size = sum(float(m.group(1)) for m in re.finditer(
+        r"^etcd_network_client_grpc_(?:received|sent)_bytes_total (\S+)", text, re.M))
+    return int(calls), int(size)
+
+
+def make_handlers(backend: str, nodes: int, endpoint: str, timeout_s: float, run_id: str,
+                  indices: list[int]) -> list[RendezvousHandler]:
+    """The handlers of nodes ``indices`` of the job (node 0 first: with c10d, the host)."""
+    table_entry = lookup(backend, "backend")
+    register_backend(table_entry)
+    settings = {**table_entry.defaults, "join_timeout": int(timeout_s), "close_timeout": 10}
+    params = [RendezvousParameters(backend, endpoint, run_id, nodes - 1, nodes,
+                                   local_addr="127.0.0.1", **settings) for _ in indices]
+    made: list[RendezvousHandler | None] = [None] * len(indices)
+
+    def make(i: int) -> None:
+        made[i] = get_rendezvous_handler(params[i])
+
+    if indices and indices[0] == 0:
+        make(0)
+    run_threads(make, len(indices), start=1 if indices and indices[0] == 0 else 0)
+    return [h for h in made if h is not None]
+
+
+def run_threads(work: Callable[[int], None], count: int, start: int = 0) -> None:
+    threads = [threading.Thread(target=work, args=(i,), daemon=True)
+               for i in range(start, count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def rendezvous(handlers: list[RendezvousHandler], started: float, timeout_s: float,
+               target: int) -> dict[str, object]:
+    """Every handler's ``next_rendezvous()`` at once, each then acting as torch's agent
+    does: while its round is not the whole job and ``num_nodes_waiting()`` is positive
+    (one monitor thread asks every handler every 0.1 s, the agent's monitor
+    interval), it calls ``next_rendezvous()`` again. Returns the seconds from
+    ``started`` until all handlers are in a round of ``target`` nodes (None if not
+    within ``timeout_s`` or a call failed), the failures, the ranks and worlds seen
+    and this process's CPU seconds."""
+    count = len(handlers)
+    latest: list[tuple[int, int] | None] = [None] * count
+    wake = [threading.Event() for _ in handlers]
+    errors: list[str] = []
+    formed = threading.Event()
+    finished: list[float] = []
+    lock = threading.Lock()
+    whole = [0]  # how many handlers are in a round of them all
+
+    def agent(i: int) -> None:
+        try:
+            while not formed.is_set() and time.monotonic() < started + timeout_s:
+                info = handlers[i].next_rendezvous()
+                with lock:
+                    if latest[i] is not None and latest[i][1] == target:
+                        whole[0] -= 1
+                    latest[i] = (info.rank, info.world_size)
+                    whole[0] += info.world_size == target
+                    if whole[0] == count:
+                        finished.append(time.monotonic())
+                        formed.set()
+                wake[i].wait(max(started + timeout_s - time.monotonic(), 0))
+                wake[i].clear()
+        except Exception as exc:  # reported in the result
+            errors.append(f"{type(exc).__name__}: {exc}"[:200])
+            formed.set()
+        finally:
+            wake[i].set()
+
+    def monitor() -> None:
+        while not formed.wait(0.1) and time.monotonic() < started + timeout_s:
+            for i, handler in enumerate(handlers):
+                if latest[i] is not None and handler.num_nodes_waiting() > 0:
+                    wake[i].set()
+        for event in wake:
+            event.set()
+
+    cpu = time.process_time()
+    watcher = threading.Thread(target=monitor, daemon=True)
+    watcher.start()
+    run_threads(agent, count)
+    formed.set()
+    watcher.join()
+    ok = not errors and finished
+    return {"seconds": finished[0] - started if ok else None, "errors": sorted(set(errors))[:3],
+            "ranks": [x[0] for x in latest if x], "worlds": sorted({x[1] for x in latest if x}),
+            "cpu_s": time.process_time() - cpu}
+
+
+def lose(handler: RendezvousHandler) -> None:
+    """The node dies: whatever keeps it alive in the rendezvous stops, nothing is sent."""
+    if hasattr(handler, "_stop_heartbeats"):  # torch's DynamicRendezvousHandler
+        handler._stop_heartbeats()
+    else:  # ours: its lease is no longer refreshed, its watches end
+        handler._lease.stop(revoke=False)
+        if handler._last is not None:
+            handler._stop_waiting(handler._last)
+
+
+def part(backend: str, nodes: int, endpoint: str, timeout_s: float, run_id: str,
+         index: int, parts: int) -> None:
+    """A simulating process: nodes ``index, index + parts, ...`` of the job; follows the
+    coordinator's commands on stdin (FORM/LOSE <wall time>, EXIT), answering on stdout."""
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # as elastic-train launch sets
+    # A thread waiting for the GIL wakes every switch interval to ask for it: with
+    # hundreds of simulated nodes runnable at once (all learn of a seal together),
+    # the default 5 ms makes those wake-ups alone saturate this machine's cores.
+    sys.setswitchinterval(0.05)
+    indices = list(range(index, nodes, parts))
+    handlers = make_handlers(backend, nodes, endpoint, timeout_s, run_id, indices)
+    print("READY", flush=True)
+    for line in sys.stdin:
+        command, *args = line.split()
+        if command == "EXIT":
+            break
+        at = float(args[0])
+        time.sleep(max(at - time.time(), 0))
+        started = time.monotonic() - (time.time() - at)
+        if command == "LOSE" and indices[-1] == nodes - 1:
+            lose(handlers.pop())
+        result = rendezvous(handlers, started, timeout_s, nodes - (command == "LOSE"))
+        print("DONE " + json.dumps(result), flush=True)
+
+
+def main(backend: str, nodes: int, endpoint: str, timeout_s: float) -> dict[str, object]:
+    """Runs the case over simulating processes (up to 8, at most 128 nodes each); returns
+    the times of both phases and etcd's cost per node."""
+    parts = min(8, max(1, nodes // 16))
+    run_id = f"scale-{uuid.uuid4().hex[:8]}"
+    procs = []
+    for index in range(parts):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "bench.rdzv_scale_sim", "--part", str(index), str(parts),
+             run_id, backend, str(nodes), endpoint, str(timeout_s)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        if index == 0:  # node 0 (with c10d, the store's host) is up before the others
+            assert procs[0].stdout is not None and procs[0].stdout.readline().strip() == "READY"
+    try:
+        for proc in procs[1:]:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
+        result: dict[str, object] = {"backend": backend, "nodes": nodes, "processes": parts}
+        counters = [etcd_counters(endpoint) if backend != "c10d" else (0, 0)]
+        for phase, command in (("form", "FORM"), ("reform", "LOSE")):
+            result[phase] = _phase(procs, command, nodes - (command == "LOSE"))
+            counters.append(etcd_counters(endpoint) if backend != "c10d" else (0, 0))
+            result[phase + "_cost"] = [(b - a) / nodes for a, b in
+                                       zip(counters[-2], counters[-1], strict=True)]
+            if result[phase]["seconds"] is None:  # type: ignore[index]
+                break
+        return result
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def _phase(procs: list[subprocess.Popen[str]], command: str, target: int) -> dict[str, object]:
+    """One phase in every simulating process at once; their results combined."""
+    at = time.time() + 0.5
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(f"{command} {at}\n")
+        proc.stdin.flush()
+    parts = []
+    for proc in procs:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        parts.append(json.loads(line.split(" ", 1)[1]) if line.startswith("DONE ") else
+                     {"seconds": None, "errors": ["a simulating process died"]})
+    times = [p["seconds"] for p in parts]
+    ranks = sorted(r for p in parts for r in p.get("ranks", []))
+    ok = None not in times and ranks == list(range(target))
+    return {"seconds": max(times) if ok else None,
+            "errors": sorted({e for p in parts for e in p["errors"]})[:3],
+            "worlds": sorted({w for p in parts for w in p.get("worlds", [])}),
+            "cpu_s": sum(p.get("cpu_s", 0.0) for p in parts)}
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--part":
+        index_, parts_, run_id_, backend_, nodes_, endpoint_, timeout_ = sys.argv[2:9]
+        part(backend_, int(nodes_), endpoint_, float(timeout_), run_id_, int(index_),
+             int(parts_))
+    else:
+        backend_, nodes_, endpoint_, timeout_ = sys.argv[1:5]
+        print(json.dumps(main(backend_, int(nodes_), endpoint_, float(timeout_))), flush=True)
+    os._exit(0)  # handlers of a failed case may still be blocked in their threads

@@ -1,0 +1,328 @@
+"""The etcd v3 calls the native rendezvous makes: transactions, ranges, leases and watches.
+
+Through etcd's HTTP/JSON gateway on the ``requests`` session of an ``etcd3gw``
+client (built by :func:`elastic_train.agent.rendezvous.etcd_v3.create_client`,
+which brings TLS, auth and waiting out a restarting server), so no gRPC or
+protobuf is needed. A watch is one streaming HTTP request; :class:`Watch` reads
+it in the calling thread until the first events or a timeout, and can be
+cancelled from another thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import etcd3gw
+import requests
+from etcd3gw.exceptions import Etcd3Exception
+from torch.distributed.elastic.rendezvous import RendezvousConnectionError
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def connection_errors() -> Iterator[None]:
+    """Turns etcd and HTTP failures into torch's RendezvousConnectionError."""
+    try:
+        yield
+    except (Etcd3Exception, requests.RequestException) as exc:
+        detail = getattr(exc, "detail_text", None) or exc
+        raise RendezvousConnectionError(f"The etcd request failed: {detail}") from exc
+
+
+def b64(data: bytes) -> str:
+    """Base64, as etcd's JSON gateway wants keys and values."""
+    return base64.b64encode(data).decode()
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The end of the key range that holds every key starting with ``prefix``."""
+    return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    """One key as etcd returns it."""
+
+    key: bytes
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    lease: int
+
+    @staticmethod
+    def of(kv: dict[str, Any]) -> KeyValue:
+        return KeyValue(base64.b64decode(kv["key"]), base64.b64decode(kv.get("value", "")),
+                        int(kv.get("create_revision", 0)), int(kv.get("mod_revision", 0)),
+                        int(kv.get("lease", 0)))
+
+
+@dataclass(frozen=True)
+class Event:
+    """A change seen by a watch: a put (with the new value) or a delete."""
+
+    deleted: bool
+    kv: KeyValue
+
+
+# Request operations and comparisons of a transaction, in the gateway's JSON form.
+def put(key: bytes, value: bytes, lease: int = 0) -> dict[str, Any]:
+    return {"request_put": {"key": b64(key), "value": b64(value), "lease": str(lease)}}
+
+
+def get(key: bytes, prefix: bool = False, count_only: bool = False,
+        keys_only: bool = False) -> dict[str, Any]:
+    request: dict[str, Any] = {"key": b64(key)}
+    if prefix:
+        request["range_end"] = b64(prefix_end(key))
+    if count_only:
+        request["count_only"] = True
+    if keys_only:
+        request["keys_only"] = True
+    return {"request_range": request}
+
+
+def delete(key: bytes, prefix: bool = False) -> dict[str, Any]:
+    request = {"key": b64(key)}
+    if prefix:
+        request["range_end"] = b64(prefix_end(key))
+    return {"request_delete_range": request}
+
+
+def txn(compare: list[dict[str, Any]], success: list[dict[str, Any]],
+        failure: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A transaction nested in another one's operations (etcd 3.3 and later)."""
+    return {"request_txn": {"compare": compare, "success": success, "failure": failure or []}}
+
+
+def absent(key: bytes) -> dict[str, Any]:
+    """Compares true when ``key`` does not exist."""
+    return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+
+
+def value_is(key: bytes, value: bytes) -> dict[str, Any]:
+    """Compares true when ``key`` holds ``value``."""
+    return {"key": b64(key), "target": "VALUE", "result": "EQUAL", "value": b64(value)}
+
+
+@dataclass(frozen=True)
+class TxnResult:
+    """Whether the comparisons held, the revision after the transaction, and what the
+    range operations of the branch taken returned (one list of keys per operation,
+    in order; a count-only range gives its count in :attr:`counts`)."""
+
+    succeeded: bool
+    revision: int
+    ranges: list[list[KeyValue]]
+    counts: list[int]
+    nested: list[bool]  # whether each nested transaction's comparisons held
+
+
+class EtcdKV:
+    """Transactions, ranges and leases on one etcd server (or cluster endpoint)."""
+
+    def __init__(self, client: etcd3gw.Etcd3Client) -> None:
+        self.client = client
+        with connection_errors():  # asks etcd for its version, to pick the API path
+            self._urls = {name: client.get_url(path) for name, path in (
+                ("txn", "/kv/txn"), ("grant", "/lease/grant"),
+                ("keepalive", "/lease/keepalive"), ("revoke", "/lease/revoke"),
+                ("watch", "/watch"))}
+
+    def _post(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        with connection_errors():
+            return self.client.post(self._urls[name], json=body)
+
+    def txn(self, compare: list[dict[str, Any]], success: list[dict[str, Any]],
+            failure: list[dict[str, Any]] | None = None) -> TxnResult:
+        """Runs one transaction: ``success`` if every comparison holds, else ``failure``."""
+        result = self._post("txn", {"compare": compare, "success": success,
+                                    "failure": failure or []})
+        ranges, counts, nested = [], [], []
+        for response in result.get("responses", []):
+            found = response.get("response_range")
+            if found is not None:
+                ranges.append([KeyValue.of(kv) for kv in found.get("kvs", [])])
+                counts.append(int(found.get("count", 0)))
+            if "response_txn" in response:
+                nested.append(bool(response["response_txn"].get("succeeded")))
+        return TxnResult(bool(result.get("succeeded")), int(result["header"]["revision"]),
+                         ranges, counts, nested)
+
+    def read(self, *ops: dict[str, Any]) -> TxnResult:
+        """Several ranges read at one revision (a transaction without comparisons)."""
+        return self.txn([], list(ops))
+
+    def grant(self, ttl: int) -> tuple[int, int]:
+        """A new lease of ``ttl`` seconds (etcd may raise it to its minimum): (id, ttl)."""
+        result = self._post("grant", {"TTL": ttl, "ID": 0})
+        return int(result["ID"]), int(result["TTL"])
+
+    def keep_alive(self, leases: list[int]) -> dict[int, int]:
+        """Refreshes the leases in one call; returns each one's TTL (0: it has expired).
+
+        etcd's keep-alive is a stream; through the gateway one request body may carry
+        several requests, answered line by line. etcd 3.5's gateway may end the answer
+        before the last lines, so a lease without an answer is missing from the result
+        (the caller tries it again).
+        """
+        body = "\n".join(json.dumps({"ID": str(lease)}) for lease in leases)
+        with connection_errors():
+            response = self.client.session.post(
+                self._urls["keepalive"], data=body.encode(), timeout=self.client.timeout,
+                headers={"Content-Type": "application/json"})
+            response.raise_for_status()
+        ttls = {}
+        for line in response.text.splitlines():
+            result = json.loads(line).get("result", {}) if line.strip() else {}
+            if "ID" in result:
+                ttls[int(result["ID"])] = int(result.get("TTL", 0))
+        return ttls
+
+    def revoke(self, lease: int) -> None:
+        """Ends the lease now, deleting its keys; a lease already gone is fine."""
+        try:
+            self._post("revoke", {"ID": str(lease)})
+        except RendezvousConnectionError as exc:  # only "not found" is ignored
+            if "lease not found" not in str(exc):
+                raise
+
+    def watch(self, key: bytes, start_revision: int, prefix: bool = True) -> Watch:
+        """A watch on ``key`` (or every key under it) from ``start_revision`` on."""
+        return Watch(self, key, start_revision, prefix)
+
+
+class Watch:
+    """One watch stream, read by a thread of its own into a queue; :meth:`next` waits for
+    the next events, a timeout, or :meth:`cancel` (from any thread). No event is lost
+    between calls, and a stream that broke is opened again from the revision after the
+    last event seen."""
+
+    def __init__(self, kv: EtcdKV, key: bytes, start_revision: int, prefix: bool) -> None:
+        self._kv = kv
+        self._key = key
+        self._prefix = prefix
+        self.revision = start_revision  # the first revision not yet seen
+        self._events: queue.Queue[list[Event] | Exception | None] = queue.Queue()
+        self._response: requests.Response | None = None
+        self._reader: threading.Thread | None = None
+        self._cancelled = False
+        self._opened_at = 0.0
+        self._lock = threading.Lock()
+
+    def next(self, timeout: float) -> list[Event] | None:
+        """The next events (at least one), or None if none came within ``timeout`` s or
+        the watch was cancelled. A stream that broke is opened again (from the first
+        revision not seen); one that breaks right after opening raises
+        RendezvousConnectionError."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._reader is None:
+                self._open()
+            try:
+                item = self._events.get(timeout=max(deadline - time.monotonic(), 0))
+            except queue.Empty:
+                return None
+            if not isinstance(item, Exception):
+                if item:
+                    self.revision = max(e.kv.mod_revision for e in item) + 1
+                return item
+            self._reader = None
+            if time.monotonic() - self._opened_at < 1.0:
+                with connection_errors():
+                    raise item
+
+    def follow(self, on_events: Callable[[list[Event]], None]) -> None:
+        """Calls ``on_events`` from a daemon thread for every change, until :meth:`cancel`;
+        a stream that broke (etcd restarting) is opened again from where it stopped."""
+        def run() -> None:
+            while not self._cancelled:
+                try:
+                    for events in self._stream(self._connect()):
+                        self.revision = max(e.kv.mod_revision for e in events) + 1
+                        on_events(events)
+                except Exception as exc:  # noqa: BLE001 -- reopened after a pause
+                    if not self._cancelled:
+                        log.warning("An etcd watch broke (%s); opening it again.", exc)
+                        time.sleep(1.0)
+
+        threading.Thread(target=run, daemon=True, name="etcd-watch").start()
+
+    def _open(self) -> None:
+        response = self._connect()
+        if response is None:
+            return
+        self._opened_at = time.monotonic()
+        self._reader = threading.Thread(target=self._read, args=(response,), daemon=True,
+                                        name="etcd-watch")
+        self._reader.start()
+
+    def _connect(self) -> requests.Response | None:
+        """Opens the stream from :attr:`revision` (None once cancelled)."""
+        with self._lock:
+            if self._cancelled:
+                return None
+            request: dict[str, Any] = {"key": b64(self._key), "start_revision": str(self.revision)}
+            if self._prefix:
+                request["range_end"] = b64(prefix_end(self._key))
+            with connection_errors():
+                response = self._kv.client.session.post(
+                    self._kv._urls["watch"], json={"create_request": request}, stream=True,
+                    timeout=(self._kv.client.timeout, None))
+                response.raise_for_status()
+            self._response = response
+            return response
+
+    @staticmethod
+    def _stream(response: requests.Response | None) -> Iterator[list[Event]]:
+        """The stream's changes, one list per message; raises when the stream ends."""
+        if response is None:
+            return
+        try:
+            for line in response.iter_lines():
+                if not line.strip():
+                    continue
+                result = json.loads(line).get("result", {})
+                if result.get("canceled"):  # e.g. compacted past our revision
+                    raise requests.ConnectionError(f"etcd cancelled the watch: {result}")
+                events = [Event(e.get("type") == "DELETE", KeyValue.of(e["kv"]))
+                          for e in result.get("events", [])]
+                if events:
+                    yield events
+            raise requests.ConnectionError("etcd closed the watch stream")
+        finally:
+            response.close()
+
+    def _read(self, response: requests.Response) -> None:
+        """The reader thread of :meth:`next`: queues the stream's changes."""
+        try:
+            for events in self._stream(response):
+                self._events.put(events)
+        except Exception as exc:  # handed to the waiting thread, which decides
+            if not self._cancelled:
+                self._events.put(exc)
+
+    def cancel(self) -> None:
+        """Ends the watch; a :meth:`next` waiting in another thread returns None."""
+        with self._lock:
+            self._cancelled = True
+            response = self._response
+        self._events.put(None)
+        raw = getattr(response, "raw", None)
+        connection = getattr(raw, "_connection", None) or getattr(raw, "connection", None)
+        sock = getattr(connection, "sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the reader blocked in recv
+            except OSError:
+                pass

@@ -1,0 +1,524 @@
+"""A rendezvous handler native to etcd v3: O(N) work for N nodes, liveness by leases.
+
+torch's DynamicRendezvousHandler keeps a whole job's rendezvous in one blob that
+every join and every heartbeat rewrites by compare-and-set, so N nodes contend
+N^2 times and 64 nodes no longer form (see bench figure 9). Here each node only
+writes keys of its own, and learns what others did from watches:
+
+- A node joins round R by writing ``r/R/j/<node>`` under its own lease
+  (:class:`~.etcd_lease.NodeLease`, TTL = keep-alive interval x max attempts):
+  liveness is etcd's lease expiry, not a heartbeat rewritten into shared state.
+- The first joiner of a round becomes its *sealer* (``r/R/c/sealer``, created
+  in the same transaction as its join; if it dies, its lease deletes the key and
+  the next node claims it). The sealer watches the round's joins; the others
+  watch only the round's control keys.
+- With ``max_nodes`` joined, or ``min_nodes`` joined for ``last_call_timeout``
+  seconds, the sealer writes ``r/R/c/seal`` in one transaction: the members in
+  rank order (itself first, then by join order) and the address of the workers'
+  bootstrap store. Every node learns its rank from that one event.
+- A member that calls :meth:`next_rendezvous` again (its workers failed) opens
+  round R+1 by moving ``run/round`` on; a node arriving at a sealed round writes
+  ``r/R+1/j/<node>`` (and ``run/waiting``) and waits for that; members watch the
+  run's keys to answer :meth:`num_nodes_waiting` without a request (scale-up). A node arriving at a
+  round of ``max_nodes`` waits as a spare (``r/R+1/s/<node>``), not counted, as
+  torch's redundancy list. A dead node is simply absent from the next round
+  (scale-down): nobody waits for its heartbeat to expire.
+- Closing writes ``run/closed`` (and into the current round, for its watchers).
+
+What torch's agent and workers get is as with torch's own handler: a
+``PrefixStore("torch.rendezvous.<run id>.<round>", store)`` for the agents (the
+run's keys in etcd, :class:`~.etcd_v3.EtcdV3Store`: it survives the loss of any
+node, and forming a round connects to no other node), and in
+``bootstrap_store_info`` the workers' store on rank 0: a TCPStore that rank 0's
+handler hosts (torch's default of a shared store; a new one each round, so no
+key of an earlier round is ever read), or with
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` a free port there for rank 0's worker.
+
+Keys live under ``/elastic_train/rdzv/<run id>/native/``; those of the run as a
+whole carry the run's shared lease (``lease_ttl``, default 30 s), so a job that
+died entirely leaves nothing behind for long, and the last node to shut down
+deletes them at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from urllib.parse import quote
+
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousGracefulExitError,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStoreInfo,
+    RendezvousTimeoutError,
+)
+from torch.distributed.elastic.utils.distributed import get_free_port
+
+from elastic_train.agent.rendezvous import etcd_kv as ops
+from elastic_train.agent.rendezvous.etcd_kv import EtcdKV, Watch
+from elastic_train.agent.rendezvous.etcd_lease import NodeLease
+from elastic_train.agent.rendezvous.etcd_rounds import Keys, Seal, Settings
+from elastic_train.agent.rendezvous.etcd_v3 import EtcdV3Keyspace, EtcdV3Store, create_client
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RUN_LEASE_TTL = 30
+
+
+@dataclass
+class _Membership:
+    """This node's place in the last round it formed."""
+
+    round: int
+    rank: int
+    seal: Seal
+    server: dist.Store | None = None  # the workers' bootstrap store, if this node hosts it
+    waiting: _WaitingNodes | None = field(default=None, repr=False)
+
+
+class _WaitingNodes:
+    """Counts the nodes waiting for round ``r``+1 without a request per call of
+    :meth:`EtcdNativeHandler.num_nodes_waiting` (the agent asks every monitor interval).
+
+    It watches the run's own keys (``run/``), which change once when the first node
+    waits: a member that re-joins moves ``run/round`` on, a newcomer writes
+    ``run/waiting``. Then the watch ends and the count stays 1: a lower bound, which is
+    all torch's agent asks (it re-rendezvouses when any node waits). Watching the next
+    round's join keys to count them would send every member every join: N^2 events
+    when N nodes re-join at once; counting them then, N requests at that moment.
+    """
+
+    def __init__(self, kv: EtcdKV, keys: Keys, r: int, start_revision: int) -> None:
+        self.count = 0
+        self._keys, self._round = keys, r
+        self._watch = kv.watch(keys.run, start_revision)
+        self._watch.follow(self._update)
+
+    def _update(self, events: list[ops.Event]) -> None:
+        keys, next_round = self._keys, b"%d" % (self._round + 1)
+        if any(not e.deleted and e.kv.key in (keys.round, keys.waiting)
+               and e.kv.value == next_round for e in events):
+            self.count = 1
+            self._watch.cancel()
+
+    def stop(self) -> None:
+        self._watch.cancel()
+
+
+class _Late(Exception):
+    """The round was sealed without this node; it waits for the next one."""
+
+    def __init__(self, seal: Seal, revision: int) -> None:
+        super().__init__("late")
+        self.seal, self.revision = seal, revision
+
+
+class EtcdNativeHandler(RendezvousHandler):
+    """torch's ``RendezvousHandler`` over etcd v3, as the module docstring describes.
+
+    ``params`` are torch's: ``min_nodes``/``max_nodes``, ``local_addr`` and the
+    ``--rdzv-conf`` keys ``join_timeout``, ``last_call_timeout``, ``close_timeout``,
+    ``keep_alive_interval``, ``keep_alive_max_attempt`` (torch's meanings and
+    defaults) and ``read_timeout`` (the c10d store's, default 60 s), plus those of
+    the etcd connection (:func:`~.etcd_v3.create_client`: endpoint, TLS, auth,
+    ``timeout``, ``outage_timeout``) and ``lease_ttl`` (the run's keys outlive its
+    last node by this many seconds, default 30).
+    """
+
+    def __init__(self, params: RendezvousParameters) -> None:
+        self._settings = Settings.of(params)
+        self._backend = params.backend
+        client = create_client(params)
+        self._kv = EtcdKV(client)
+        self._run = EtcdV3Keyspace(client, params.run_id,
+                                   int(params.get("lease_ttl", DEFAULT_RUN_LEASE_TTL)),
+                                   refresh_thread=False)
+        self._keys = Keys(self._run.prefix + b"native/")
+        self._store = EtcdV3Store(self._run, timedelta(seconds=self._settings.store_timeout))
+        self._node = quote(f"{self._settings.local_addr}_{os.getpid()}_{uuid.uuid4().hex[:8]}",
+                           safe="")
+        self._lease = NodeLease(self._kv, self._settings.lease_ttl,
+                                self._settings.keep_alive_interval, self._node,
+                                also=self._run.refresh, also_every=self._run.refresh_interval,
+                                also_key=(client.base_url, self._run.lease_id))
+        self._round_hint = 0
+        self._spare = False
+        self._last: _Membership | None = None
+        self._hosted: dist.Store | None = None  # the store of the round being sealed
+
+    # --- torch's interface ------------------------------------------------------------------
+
+    def get_backend(self) -> str:
+        return self._backend
+
+    def get_run_id(self) -> str:
+        return self._settings.run_id
+
+    @property
+    def use_agent_store(self) -> bool:
+        """As torch's handler: workers share the round's store unless
+        ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``."""
+        return os.getenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1"
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        """Leaves this node's last round (opening the next) and joins the current one;
+        blocks until it is sealed with this node in it, ``join_timeout`` passes
+        (RendezvousTimeoutError) or the rendezvous is closed (RendezvousClosedError)."""
+        deadline = time.monotonic() + self._settings.join_timeout
+        leaving, self._last = self._last, None
+        if leaving is not None:
+            self._stop_waiting(leaving)
+            self._round_hint = leaving.round + 1
+        while True:
+            try:
+                membership = self._join(deadline, leaving)
+                leaving = None  # left with the first attempt, whatever its outcome
+            except _Late as late:
+                self._wait_for_next_round(late.seal, late.revision, deadline)
+                continue
+            if membership is not None:
+                return self._info(membership)
+
+    def is_closed(self) -> bool:
+        return bool(self._kv.read(ops.get(self._keys.closed)).ranges[0])
+
+    def set_closed(self) -> None:
+        keys, r = self._keys, self._round_hint
+        lease = self._run.lease_id
+        self._kv.txn([], [ops.put(key, b"1", lease)
+                          for key in (keys.closed, keys.closed_in(r), keys.closed_in(r + 1))])
+
+    def num_nodes_waiting(self) -> int:
+        """Nodes waiting for the next round, from a watch started on the first call
+        after a rendezvous (so that next_rendezvous returns without waiting for it)."""
+        last = self._last
+        if last is None:
+            return 0
+        if last.waiting is None:
+            last.waiting = _WaitingNodes(self._kv, self._keys, last.round,
+                                         last.seal.revision + 1)
+        return last.waiting.count
+
+    def shutdown(self) -> bool:
+        """Closes the rendezvous, counts this node out of its last round (the last one out
+        deletes the run's keys) and releases the leases; False if closing failed."""
+        try:
+            self.set_closed()
+            closed = True
+        except RendezvousError as exc:
+            log.warning("Could not close the rendezvous of %s: %s", self._settings.run_id, exc)
+            closed = False
+        if self._last is not None:
+            self._stop_waiting(self._last)
+            self._count_out(self._last)
+        self._lease.stop(revoke=True)
+        self._run.close()
+        self._last = None
+        return closed
+
+    # --- joining a round --------------------------------------------------------------------
+
+    def _join(self, deadline: float, leaving: _Membership | None = None) -> _Membership | None:
+        """One attempt to join the current round, in one transaction that also leaves
+        ``leaving`` (opening the next round unless another member did) and elects the
+        round's sealer; None to try again (the round moved on, this node's lease was
+        renewed, or the sealer changed hands)."""
+        keys, r, me = self._keys, self._round_hint, self._node
+        lease, renewals = self._lease.id, self._lease.renewals
+        before = self._leave_ops(leaving) if leaving is not None else [
+            ops.txn([ops.absent(keys.round)], [ops.put(keys.round, b"0", self._run.lease_id)])]
+        result = self._with_lease(lease, [ops.absent(keys.seal(r)), ops.absent(keys.closed)], [
+            *before, ops.put(keys.join(r, me), b"", lease), ops.delete(keys.spare(r, me)),
+            ops.txn([ops.absent(keys.sealer(r))], [ops.put(keys.sealer(r), me.encode(), lease)]),
+            ops.get(keys.round)], [*before, ops.get(keys.round), ops.get(keys.closed),
+                                   ops.get(keys.seal(r)),
+                                   ops.get(keys.join(r, me), keys_only=True)])
+        if result is None:
+            return None
+        if not result.succeeded:
+            return self._not_joined(r, result)
+        if not self._in_current_round(r, result.ranges[0]):
+            return None
+        self._spare = False
+        joined = result.revision
+        if result.nested[-1]:
+            seal = self._seal(r, deadline, renewals)
+        else:
+            seal = self._await_seal(r, joined + 1, deadline, renewals)
+        if seal is None:
+            return None
+        rank = seal.rank_of(self._join_revision(r, joined, seal))
+        if rank is None:
+            raise _Late(seal, seal.revision)
+        return _Membership(r, rank, seal)
+
+    def _leave_ops(self, leaving: _Membership) -> list[dict]:
+        """Leaving round ``leaving.round``: its join key goes, the next round opens."""
+        keys, r = self._keys, leaving.round
+        return [ops.delete(keys.join(r, self._node)),
+                ops.txn([ops.value_is(keys.round, b"%d" % r)],
+                        [ops.put(keys.round, b"%d" % (r + 1), self._run.lease_id)])]
+
+    def _in_current_round(self, r: int, found: list[ops.KeyValue]) -> bool:
+        """Whether round ``r``, just joined, is the current one; if not (the round moved on
+        meanwhile) the join is undone and the current round noted."""
+        if found and int(found[0].value) == r:
+            return True
+        self._undo_join(r)
+        self._round_hint = int(found[0].value) if found else 0
+        return False
+
+    def _undo_join(self, r: int) -> None:
+        """Takes this node out of round ``r``: its join key, and the sealer's part if held."""
+        keys, me = self._keys, self._node
+        self._kv.txn([], [ops.delete(keys.join(r, me)), ops.txn(
+            [ops.value_is(keys.sealer(r), me.encode())], [ops.delete(keys.sealer(r))])])
+
+    def _with_lease(self, lease: int, compare: list[dict], success: list[dict],
+                    failure: list[dict] | None = None) -> ops.TxnResult | None:
+        """A transaction writing with this node's ``lease``; None if the lease had expired
+        (it is renewed: the caller starts over)."""
+        try:
+            return self._kv.txn(compare, success, failure)
+        except RendezvousConnectionError as exc:
+            if "lease not found" not in str(exc):
+                raise
+            self._lease.renew(lease)
+            return None
+
+    def _not_joined(self, r: int, result: ops.TxnResult) -> _Membership | None:
+        """Why a join failed: closed (raises), no round yet (starts round 0), another round
+        (follows it), or this one is sealed: with this node in it (it waited for the round
+        and was counted before it could join again), else raises _Late."""
+        round_kv, closed, seal, mine = result.ranges
+        if closed:
+            self._raise_closed()
+        if not round_kv:
+            self._kv.txn([ops.absent(self._keys.round)],
+                         [ops.put(self._keys.round, b"0", self._run.lease_id)])
+            self._round_hint = 0
+        elif int(round_kv[0].value) != r:
+            self._round_hint = int(round_kv[0].value)
+        elif seal:
+            sealed = Seal.decode(seal[0].value, seal[0].mod_revision)
+            rank = sealed.rank_of(mine[0].create_revision) if mine else None
+            if rank is None:
+                raise _Late(sealed, result.revision)
+            self._spare = False
+            return _Membership(r, rank, sealed)
+        return None
+
+    def _join_revision(self, r: int, joined: int, seal: Seal) -> int:
+        """The create revision of this node's join key: the join's own revision, unless the
+        key existed already (this node waited for the round before it opened)."""
+        if seal.rank_of(joined) is not None:
+            return joined
+        found = self._kv.read(ops.get(self._keys.join(r, self._node), keys_only=True)).ranges[0]
+        return found[0].create_revision if found else joined
+
+    def _await_seal(self, r: int, start: int, deadline: float, renewals: int) -> Seal | None:
+        """Waits for round ``r``'s seal, claiming the sealer's part if its holder dies."""
+        keys = self._keys
+        watch = self._kv.watch(keys.ctl(r), start)
+        try:
+            while True:
+                events = self._next(watch, r, deadline)
+                if self._lease.renewals != renewals:
+                    return None
+                for event in events or []:
+                    key = event.kv.key
+                    if key == keys.seal(r) and not event.deleted:
+                        return Seal.decode(event.kv.value, event.kv.mod_revision)
+                    if key == keys.closed_in(r):
+                        self._raise_closed()
+                    if key == keys.sealer(r) and event.deleted and self._claim_sealer(r):
+                        return self._seal(r, deadline, renewals)
+        finally:
+            watch.cancel()
+
+    def _claim_sealer(self, r: int) -> bool:
+        keys = self._keys
+        lease = self._lease.id
+        result = self._with_lease(lease, [ops.absent(keys.sealer(r)), ops.absent(keys.seal(r))],
+                                  [ops.put(keys.sealer(r), self._node.encode(), lease)])
+        return result is not None and result.succeeded
+
+    def _next(self, watch: Watch, r: int, deadline: float,
+              until: float | None = None) -> list[ops.Event] | None:
+        """The watch's next events, waiting at most until ``until``, the join deadline (then
+        this node leaves round ``r`` and RendezvousTimeoutError is raised) or a lease TTL."""
+        now = time.monotonic()
+        if now >= deadline:
+            self._undo_join(r)
+            raise RendezvousTimeoutError(
+                f"The rendezvous of {self._settings.run_id} did not complete within "
+                f"join_timeout={self._settings.join_timeout:g} s.")
+        wait = min(deadline, until if until is not None else deadline) - now
+        return watch.next(min(wait, self._settings.lease_ttl))
+
+    # --- sealing a round --------------------------------------------------------------------
+
+    def _seal(self, r: int, deadline: float, renewals: int) -> Seal | None:
+        """As round ``r``'s sealer: follows its joins and seals it with ``max_nodes``, or
+        ``min_nodes`` for ``last_call_timeout`` seconds; None if it lost the part."""
+        keys, settings = self._keys, self._settings
+        found = self._kv.read(ops.get(keys.joins(r), prefix=True, keys_only=True))
+        joined = {kv.key: kv.create_revision for kv in found.ranges[0]}
+        watch = self._kv.watch(keys.of_round(r), found.revision + 1)
+        enough_since: float | None = None
+        try:
+            while True:
+                now = time.monotonic()
+                if len(joined) < settings.min_nodes:
+                    enough_since = None
+                elif enough_since is None:
+                    enough_since = now
+                if len(joined) >= settings.max_nodes or enough_since is not None \
+                        and now >= enough_since + settings.last_call_timeout:
+                    return self._publish(r, joined)
+                last_call = None if enough_since is None \
+                    else enough_since + settings.last_call_timeout
+                events = self._next(watch, r, deadline, until=last_call)
+                if self._lease.renewals != renewals:
+                    return None
+                for event in events or []:
+                    seal = self._follow(r, event, joined)
+                    if seal is not None:
+                        return seal
+        finally:
+            watch.cancel()
+
+    def _follow(self, r: int, event: ops.Event, joined: dict[bytes, int]) -> Seal | None:
+        """Applies one event of round ``r`` to the sealer's view; a seal if one appeared."""
+        keys, key = self._keys, event.kv.key
+        if key.startswith(keys.joins(r)):
+            if event.deleted:
+                joined.pop(key, None)
+            else:
+                joined.setdefault(key, event.kv.create_revision)
+        elif key == keys.closed_in(r):
+            self._raise_closed()
+        elif key == keys.seal(r) and not event.deleted:
+            return Seal.decode(event.kv.value, event.kv.mod_revision)
+        return None
+
+    def _publish(self, r: int, joined: dict[bytes, int]) -> Seal | None:
+        """Writes round ``r``'s seal in one transaction, if this node still is its sealer:
+        itself as rank 0 (it hosts the round's store), the others in join order."""
+        keys, settings = self._keys, self._settings
+        mine = joined.get(keys.join(r, self._node))
+        if mine is None:
+            return None
+        others = sorted(rev for key, rev in joined.items() if rev != mine)
+        server = dist.TCPStore(settings.local_addr, 0, is_master=True, wait_for_workers=False,
+                               multi_tenant=True, timeout=timedelta(seconds=settings.store_timeout)
+                               ) if self.use_agent_store else None
+        bootstrap = server.port if server is not None else get_free_port()
+        seal = Seal(mine, tuple(others[:settings.max_nodes - 1]), settings.local_addr, bootstrap)
+        result = self._kv.txn(
+            [ops.absent(keys.seal(r)), ops.value_is(keys.sealer(r), self._node.encode())],
+            [ops.put(keys.seal(r), seal.encode(), self._run.lease_id)], [ops.get(keys.seal(r))])
+        if result.succeeded:
+            self._hosted = server
+            return Seal(**{**seal.__dict__, "revision": result.revision})
+        found = result.ranges[0]
+        return Seal.decode(found[0].value, found[0].mod_revision) if found else None
+
+    # --- between rounds ---------------------------------------------------------------------
+
+    def _wait_for_next_round(self, seal: Seal, revision: int, deadline: float) -> None:
+        """This node came after round ``r`` was sealed: it waits for round r+1, counted by the
+        members as waiting (so they re-rendezvous to take it in), or as an uncounted spare
+        if round r already has ``max_nodes``. Should every member of round r be gone, it
+        opens round r+1 itself."""
+        keys, r = self._keys, self._round_hint
+        self._spare = seal.world_size >= self._settings.max_nodes
+        lease = self._lease.id
+        waits = [ops.put(keys.spare(r + 1, self._node), b"", lease)] if self._spare else [
+            ops.put(keys.join(r + 1, self._node), b"", lease),
+            ops.put(keys.waiting, b"%d" % (r + 1), self._run.lease_id)]
+        if self._with_lease(lease, [], waits) is None:
+            return
+        watch = self._kv.watch(keys.run, revision + 1)
+        try:
+            while True:
+                events = self._next(watch, r + 1, deadline)
+                if events is None and not self._members_alive(r):
+                    self._kv.txn([ops.value_is(keys.round, b"%d" % r)],
+                                 [ops.put(keys.round, b"%d" % (r + 1), self._run.lease_id)])
+                for event in events or []:
+                    if event.kv.key == keys.closed:
+                        self._raise_closed()
+                    if event.kv.key == keys.round and not event.deleted:
+                        self._round_hint = int(event.kv.value)
+                        return
+                if events is None and self._round_moved(r):
+                    return
+        finally:
+            watch.cancel()
+
+    def _members_alive(self, r: int) -> bool:
+        """Whether any member of round ``r`` still holds its join key (its lease lives)."""
+        return self._kv.read(ops.get(self._keys.joins(r), prefix=True, count_only=True)
+                             ).counts[0] > 0
+
+    def _round_moved(self, r: int) -> bool:
+        found = self._kv.read(ops.get(self._keys.round)).ranges[0]
+        if found and int(found[0].value) != r:
+            self._round_hint = int(found[0].value)
+            return True
+        return False
+
+    def _info(self, membership: _Membership) -> RendezvousInfo:
+        """What torch's agent gets: the round's store (prefixed as torch's handler does),
+        this node's rank, the world size and the workers' bootstrap store."""
+        seal, settings = membership.seal, self._settings
+        if membership.rank == 0:
+            membership.server, self._hosted = self._hosted, None
+        store = dist.PrefixStore(f"torch.rendezvous.{settings.run_id}.{membership.round}",
+                                 self._store)
+        self._last = membership
+        self._round_hint = membership.round
+        return RendezvousInfo(store, membership.rank, seal.world_size,
+                              RendezvousStoreInfo(seal.addr, seal.bootstrap_port))
+
+    def _stop_waiting(self, membership: _Membership) -> None:
+        if membership.waiting is not None:
+            membership.waiting.stop()
+            membership.waiting = None
+
+    def _count_out(self, last: _Membership) -> None:
+        """Counts this node out of the job; the last member of the last round to do so
+        deletes every key of the run (else they expire with the run's lease)."""
+        keys = self._keys
+        try:
+            result = self._kv.txn([], [ops.put(keys.left + self._node.encode(), b"",
+                                               self._run.lease_id),
+                                       ops.get(keys.left, prefix=True, count_only=True)])
+            if result.counts[0] >= last.seal.world_size:
+                self._run.delete_all()
+        except RendezvousError as exc:
+            log.warning("Could not delete the run's etcd keys (%s); they expire with their "
+                        "lease.", exc)
+
+    def _raise_closed(self) -> None:
+        if self._spare:
+            raise RendezvousGracefulExitError(
+                f"The rendezvous of {self._settings.run_id} closed while this node was a spare.")
+        raise RendezvousClosedError(f"The rendezvous of {self._settings.run_id} is closed.")
+
+
+def create_handler(params: RendezvousParameters) -> EtcdNativeHandler:
+    """The factory torch's handler registry gets (see
+    :func:`elastic_train.agent.rendezvous.register`)."""
+    return EtcdNativeHandler(params)

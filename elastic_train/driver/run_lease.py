@@ -1,0 +1,294 @@
+"""One writer per run directory: the driver's lease on its run, taken before any process starts.
+
+Every driver process of a job (every node's ``fit()`` or ``launch``) holds a claim
+on the run (:mod:`elastic_train.storage.lease`) from before it starts anything
+until it ends, and renews it every ``ttl/4`` seconds. The nodes of one job --
+the same rendezvous backend and run id -- share the claim's token; a driver of
+another job finding a live claim is refused with :class:`RunInUseError`, which
+names the holder and says when a dead holder's lease goes stale.
+
+A claim is *live* while it is held and either its owner's process is alive
+(checked directly when the owner is on this host, in this pid namespace:
+a SIGKILLed driver's run is taken over at once) or, for an owner elsewhere, its
+heartbeat is younger than its time to live (``ELASTIC_TRAIN_LEASE_TTL_S``,
+20 s), measured on the store's clock. A job that finds only stale claims takes
+the run over with the next token; writers of the old job are then fenced.
+
+Acquiring without compare-and-swap: a driver writes a *pending* claim, then
+lists the claims. If it sees a live claim of another job, it withdraws (and is
+refused when that claim is held, or retries after a random pause when it is
+pending too). Of two drivers that write at the same time, at least the later
+lister sees the other's claim, so two jobs never both hold the run.
+
+Example::
+
+    lease = RunLease.acquire(storage, rendezvous, "fit()")   # RunInUseError if taken
+    storage.use_fence(lease.token)
+    try:
+        ...  # the workers get lease.worker_env()
+    finally:
+        lease.release()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import platform
+import random
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, replace
+
+from elastic_train import env_vars
+from elastic_train.agent.rendezvous.config import RendezvousConfig
+from elastic_train.errors import LeaseLostError, RunInUseError
+from elastic_train.storage import RunStorage
+from elastic_train.storage.lease import HELD, PENDING, RELEASED, Claim, LeaseDir
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TTL_S = 20.0
+_ATTEMPTS = 5  # acquisitions that meet a rival's pending claim retry this often
+
+
+def lease_ttl_s() -> float:
+    """The time to live of this driver's claims: ``ELASTIC_TRAIN_LEASE_TTL_S`` or 20 s."""
+    return float(os.environ.get(env_vars.LEASE_TTL_S) or DEFAULT_TTL_S)
+
+
+def job_id(rendezvous: RendezvousConfig) -> str:
+    """The identity the nodes of one job share: its rendezvous backend and run id (the
+    endpoint is left out: nodes may name one server differently)."""
+    return hashlib.sha256(f"{rendezvous.backend}|{rendezvous.run_id}".encode()).hexdigest()[:16]
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> str:
+    """The process's start time (clock ticks since boot): tells a pid from its reuse."""
+    stat = _read(f"/proc/{pid}/stat")
+    return stat.rsplit(")", 1)[1].split()[19] if ")" in stat else ""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """This driver process, as its claim names it."""
+
+    description: str
+    host: str
+    pid: int
+    start_ticks: str
+    boot_id: str
+    pid_namespace: str
+    started: float
+
+    @classmethod
+    def this_process(cls, description: str) -> Owner:
+        pidns = ""
+        with contextlib.suppress(OSError):
+            pidns = os.readlink("/proc/self/ns/pid")
+        return cls(description=description, host=platform.node(), pid=os.getpid(),
+                   start_ticks=_start_ticks(os.getpid()),
+                   boot_id=_read("/proc/sys/kernel/random/boot_id"), pid_namespace=pidns,
+                   started=time.time())
+
+    def can_see(self, owner: dict) -> bool:
+        """Whether ``owner``'s pid means the same process here (same host, boot and pid
+        namespace), so that its liveness can be checked directly."""
+        return bool(self.boot_id and self.pid_namespace) and (
+            owner.get("host"), owner.get("boot_id"), owner.get("pid_namespace")) == (
+            self.host, self.boot_id, self.pid_namespace)
+
+
+def _alive(owner: dict) -> bool:
+    ticks = owner.get("start_ticks")
+    return bool(ticks) and _start_ticks(int(owner.get("pid", 0))) == ticks
+
+
+def is_live(claim: Claim, me: Owner, now: float) -> bool:
+    """Whether ``claim`` still holds (or is acquiring) the run, as seen at ``now``."""
+    if claim.state == RELEASED:
+        return False
+    if me.can_see(claim.owner):
+        return _alive(claim.owner)
+    return claim.age_s(now) <= claim.ttl_s
+
+
+def in_use_message(display_path: str, holder: Claim, now: float) -> str:
+    """The refusal of a second job: who holds the run, and how to take it over if dead."""
+    age = max(holder.age_s(now), 0.0)
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.owner.get("started", 0)))
+    return (
+        f"The run {display_path} is in use by {holder.describe()}, running since {started}, "
+        f"last heartbeat {age:.0f} s ago. Two jobs writing one run directory would destroy "
+        "each other's checkpoints, so this one does not start. Wait for that job to end (or "
+        "stop it), or use another run name. If that job is dead -- its host down or cut off "
+        f"from the storage -- its lease goes stale {holder.ttl_s:.0f} s after its last "
+        f"heartbeat (in about {max(holder.ttl_s - age, 0.0):.0f} s): start this job again "
+        "then and it takes the run over (a dead process on this host is recognised at once).")
+
+
+def _store_now(claims: list[Claim], mine: Claim) -> float:
+    """Now on the store's clock: the modification time of the claim just written."""
+    own = next((c.modified for c in claims if c.claim_id == mine.claim_id), None)
+    return own if own is not None else time.time()
+
+
+def _token(others: list[Claim], live: list[Claim], job: str) -> int:
+    """The token to hold: the running members' if no claim is newer, else a new one.
+    Pending claims (nodes of this job acquiring now) do not count: they take the same."""
+    top = max((c.token for c in others if c.state != PENDING), default=0)
+    members = [c.token for c in live if c.job == job and c.state == HELD]
+    return max(members) if members and max(members) >= top else top + 1
+
+
+class RunLease:
+    """This driver's claim on a run, renewed by a heartbeat thread until :meth:`release`."""
+
+    def __init__(self, storage: RunStorage, claim: Claim, me: Owner):
+        self.storage = storage
+        # A heartbeat retried past a quarter of the time to live is late anyway; the next
+        # one tries again (and the driver's exit never waits on a store that is down).
+        self.lease_dir: LeaseDir = storage.lease_dir(retry_budget_s=claim.ttl_s / 4)
+        self.claim = claim
+        self.me = me
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._heartbeat, name="run-lease", daemon=True)
+
+    @property
+    def token(self) -> int:
+        return self.claim.token
+
+    @classmethod
+    def acquire(cls, storage: RunStorage, rendezvous: RendezvousConfig, description: str,
+                ttl_s: float | None = None) -> RunLease:
+        """Claims the run for this job (joining the claims of its other nodes), or raises
+        RunInUseError naming the live job that holds it."""
+        me = Owner.this_process(description)
+        lease_dir = storage.lease_dir()
+        for attempt in range(_ATTEMPTS):
+            claim = cls._attempt(storage, lease_dir, me, job_id(rendezvous),
+                                 ttl_s or lease_ttl_s())
+            if claim is not None:
+                lease = cls(storage, claim, me)
+                lease._thread.start()
+                return lease
+            time.sleep(random.uniform(0.1, 0.5) * (attempt + 1))
+        raise RunInUseError(f"The run {storage.display_path} is being started by another job "
+                            "at this very moment; try again, or use another run name.")
+
+    @staticmethod
+    def _attempt(storage: RunStorage, lease_dir: LeaseDir, me: Owner, job: str,
+                 ttl_s: float) -> Claim | None:
+        """Writes a pending claim and looks: the held claim, or None when a rival was
+        acquiring too (RunInUseError when a rival holds the run)."""
+        seen = lease_dir.claims()
+        pending = Claim(token=max((c.token for c in seen), default=0) + 1,
+                        claim_id=uuid.uuid4().hex[:16], job=job, state=PENDING,
+                        owner=asdict(me), ttl_s=ttl_s)
+        lease_dir.write(pending)
+        claims = lease_dir.claims()
+        now = _store_now(claims, pending)
+        others = [c for c in claims if c.claim_id != pending.claim_id]
+        live = [c for c in others if is_live(c, me, now)]
+        rivals = [c for c in live if c.job != job]
+        if rivals:
+            lease_dir.remove(pending)
+            held = [c for c in rivals if c.state == HELD]
+            if held:
+                holder = max(held, key=lambda c: c.token)
+                raise RunInUseError(in_use_message(storage.display_path, holder, now))
+            return None
+        claim = replace(pending, state=HELD, token=_token(others, live, job),
+                        beat_at=time.time())
+        lease_dir.write(claim)
+        if claim.token != pending.token:
+            lease_dir.remove(pending)
+        for dead in (c for c in others if c not in live):  # ours carries the highest token
+            lease_dir.remove(dead)
+        if any(c.state != RELEASED and c not in live for c in others):
+            logger.warning("Took over the run %s: the lease of its previous job was stale.",
+                           storage.display_path)
+        return claim
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.claim.ttl_s / 4):
+            try:
+                self._renew()
+            except LeaseLostError as exc:
+                self.lost = str(exc)
+                logger.error("%s", exc)
+                return
+            except Exception:  # the store may be down for a while: try again
+                logger.warning("Could not renew the lease of %s.", self.storage.display_path,
+                               exc_info=True)
+
+    def _renew(self) -> None:
+        newest = max(self.lease_dir.tokens(), default=0)
+        if newest > self.token:
+            raise LeaseLostError(
+                f"The lease of this job on {self.storage.display_path} (token {self.token}) "
+                f"was taken over by a newer job (token {newest}) while it could not renew it; "
+                "this job stops writing to the run.")
+        self.claim = replace(self.claim, beat_at=time.time())
+        self.lease_dir.write(self.claim)
+
+    def check(self) -> None:
+        """Raises LeaseLostError when this job's lease was taken over."""
+        if self.lost:
+            raise LeaseLostError(self.lost)
+        try:
+            self._renew()
+        except LeaseLostError as exc:
+            self.lost = str(exc)
+            raise
+
+    def _members(self) -> list[Claim]:
+        """The other live claims of this job with this token (other nodes' drivers)."""
+        claims = self.lease_dir.claims()
+        now = _store_now(claims, self.claim)
+        return [c for c in claims if c.claim_id != self.claim.claim_id
+                and c.job == self.claim.job and c.token == self.token
+                and is_live(c, self.me, now)]
+
+    def is_sole_member(self) -> bool:
+        """Whether no other node of this job still runs on the lease (then the job ends
+        with this node); False when that cannot be told."""
+        try:
+            return not self.lost and not self._members()
+        except Exception:
+            logger.warning("Could not read the lease of %s.", self.storage.display_path,
+                           exc_info=True)
+            return False
+
+    def worker_env(self) -> dict[str, str]:
+        """What the workers need to fence their writes (see RunStorage.use_fence)."""
+        return {env_vars.LEASE_TOKEN: str(self.token)}
+
+    def release(self) -> None:
+        """Stops the heartbeat; the last node of the job leaves a released claim behind
+        (it carries the highest token for the next job)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(self.claim.ttl_s)
+        if self.lost:
+            return
+        try:
+            if self._members():
+                self.lease_dir.remove(self.claim)
+            else:
+                self.lease_dir.write(replace(self.claim, state=RELEASED, beat_at=time.time()))
+        except Exception:  # it goes stale on its own
+            logger.warning("Could not release the lease of %s.", self.storage.display_path,
+                           exc_info=True)

@@ -1,0 +1,161 @@
+"""The run lease without processes: acquiring, joining, refusing, taking over a stale or dead
+holder, contention, fencing of every write that could harm a newer job."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from elastic_train.agent.rendezvous.config import RendezvousConfig
+from elastic_train.driver import run_lease
+from elastic_train.driver.run_lease import RunLease
+from elastic_train.errors import LeaseLostError, RunInUseError
+from elastic_train.storage import CommitManifest, RunStorage
+from elastic_train.storage.lease import HELD, PENDING, RELEASED, Claim
+from elastic_train.storage.run_state import RunState
+
+
+@pytest.fixture
+def storage(tmp_path):
+    storage = RunStorage.open(str(tmp_path / "results"), "run")
+    storage.ensure_writable()
+    return storage
+
+
+def rendezvous(run_id: str) -> RendezvousConfig:
+    return RendezvousConfig(backend="c10d", endpoint="127.0.0.1:0", run_id=run_id, conf={})
+
+
+def foreign(storage: RunStorage, token: int, *, age_s: float = 0.0, state: str = HELD,
+            job: str = "another-job", ttl_s: float = 20.0) -> Claim:
+    """A claim of a driver on another host, last renewed ``age_s`` ago."""
+    claim = Claim(token=token, claim_id=f"{token:016x}", job=job, state=state,
+                  owner={"host": "elsewhere", "pid": 4242, "description": "fit()",
+                         "started": time.time() - 100}, ttl_s=ttl_s)
+    lease_dir = storage.lease_dir()
+    lease_dir.write(claim)
+    path = os.path.join(lease_dir.path, claim.file_name)
+    os.utime(path, (time.time() - age_s, time.time() - age_s))
+    return claim
+
+
+def test_acquire_release_and_acquire_again_with_a_new_token(storage):
+    lease = RunLease.acquire(storage, rendezvous("a"), "fit()")
+    assert lease.token == 1
+    [claim] = storage.lease_dir().claims()
+    assert (claim.state, claim.owner["pid"]) == (HELD, os.getpid())
+    lease.release()
+    assert [c.state for c in storage.lease_dir().claims()] == [RELEASED]
+    again = RunLease.acquire(storage, rendezvous("b"), "fit()")
+    assert again.token == 2
+    assert [c.token for c in storage.lease_dir().claims()] == [2]  # the released one is gone
+    again.release()
+
+
+def test_a_second_job_is_refused_while_the_first_lives(storage):
+    first = RunLease.acquire(storage, rendezvous("a"), "fit()")
+    try:
+        holder = rf"in use by fit\(\) on host .* \(pid {os.getpid()},"
+        with pytest.raises(RunInUseError, match=holder):
+            RunLease.acquire(storage, rendezvous("b"), "fit()")
+        assert [c.token for c in storage.lease_dir().claims()] == [1]  # withdrawn
+    finally:
+        first.release()
+
+
+def test_nodes_of_one_job_share_the_token_and_only_the_last_cleans_up(storage):
+    first = RunLease.acquire(storage, rendezvous("job42"), "fit()")
+    second = RunLease.acquire(storage, rendezvous("job42"), "fit()")
+    assert second.token == first.token == 1
+    assert not first.is_sole_member() and not second.is_sole_member()
+    second.release()
+    assert first.is_sole_member()
+    first.release()
+
+
+def test_a_fresh_foreign_holder_is_named_with_when_its_lease_goes_stale(storage):
+    foreign(storage, 3, age_s=5.0)
+    with pytest.raises(RunInUseError) as refused:
+        RunLease.acquire(storage, rendezvous("b"), "fit()")
+    text = str(refused.value)
+    assert "host elsewhere (pid 4242, lease token 3)" in text
+    assert "goes stale 20 s after its last heartbeat (in about 15 s)" in text
+
+
+def test_a_stale_foreign_holder_is_taken_over_and_its_writes_fenced(storage):
+    old = foreign(storage, 3, age_s=60.0)
+    storage.use_fence(old.token)  # what the stale job's workers hold
+    lease = RunLease.acquire(storage, rendezvous("b"), "fit()")
+    try:
+        assert lease.token == 4
+        assert [c.token for c in storage.lease_dir().claims()] == [4]
+        with pytest.raises(LeaseLostError, match="taken over by fit"):
+            storage.write_run_state(RunState(name="run"))
+        manifest = CommitManifest(index=0, training_iteration=1, metrics={}, files={},
+                                  world_size=1)
+        with pytest.raises(LeaseLostError, match="committing checkpoint_000000"):
+            storage.checkpoints.commit(manifest)
+        with pytest.raises(LeaseLostError):
+            storage.checkpoints.remove_uncommitted()
+        storage.use_fence(lease.token)
+        storage.write_run_state(RunState(name="run"))  # the new job writes
+    finally:
+        lease.release()
+
+
+def test_a_dead_holder_on_this_host_is_taken_over_at_once(storage):
+    lease = RunLease.acquire(storage, rendezvous("a"), "fit()")
+    lease._stop.set()  # as if SIGKILLed: no release, and its pid is gone
+    claim = lease.claim
+    dead = {**claim.owner, "pid": 2 ** 22 - 1}  # no such process
+    storage.lease_dir().remove(claim)
+    storage.lease_dir().write(Claim(**{**claim.__dict__, "owner": dead}))
+    taker = RunLease.acquire(storage, rendezvous("b"), "fit()")
+    assert taker.token == 2
+    taker.release()
+
+
+def test_a_rival_acquiring_at_the_same_moment_makes_one_back_off(storage, monkeypatch):
+    monkeypatch.setattr(run_lease.random, "uniform", lambda a, b: 0.0)
+    foreign(storage, 1, state=PENDING)  # another job, still acquiring (and it stays so)
+    with pytest.raises(RunInUseError, match="at this very moment"):
+        RunLease.acquire(storage, rendezvous("b"), "fit()")
+    assert [c.state for c in storage.lease_dir().claims()] == [PENDING]  # ours withdrawn
+
+
+def test_check_raises_once_the_run_was_taken_over(storage):
+    lease = RunLease.acquire(storage, rendezvous("a"), "fit()")
+    lease.check()
+    foreign(storage, 2)
+    with pytest.raises(LeaseLostError, match="token 2"):
+        lease.check()
+    assert not lease.is_sole_member()  # it must not clean up either
+    lease.release()
+    assert {c.token for c in storage.lease_dir().claims()} == {1, 2}  # left as it was
+
+
+def test_the_same_protocol_on_s3(tmp_path, s3_endpoint):
+    """On an object store (moto's S3 server): refused while live, taken over once stale
+    (judged by the store's LastModified times), the stale job's writes fenced."""
+    from tests.conftest import make_storage
+
+    s3 = make_storage("s3", tmp_path, s3_endpoint).run("run")
+    s3.ensure_writable()
+    first = RunLease.acquire(s3, rendezvous("a"), "fit()", ttl_s=1.0)
+    first._stop.set()  # its heartbeat stops, as on a frozen host
+    first._thread.join()
+    with pytest.raises(RunInUseError, match="lease token 1"):
+        RunLease.acquire(s3, rendezvous("b"), "fit()")
+    stale_owner = {**first.claim.owner, "host": "elsewhere"}  # not checkable from here
+    s3.lease_dir().write(Claim(**{**first.claim.__dict__, "owner": stale_owner}))
+    time.sleep(2.5)  # LastModified has whole seconds
+    s3.use_fence(first.token)
+    taker = RunLease.acquire(s3, rendezvous("b"), "fit()")
+    try:
+        assert taker.token == 2
+        with pytest.raises(LeaseLostError):
+            s3.write_metrics([])
+    finally:
+        taker.release()
