@@ -26,7 +26,6 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 
 from elastic_train import env_vars
-from elastic_train.agent import zygote
 from elastic_train.agent.api import Interrupted
 from elastic_train.agent.rendezvous.backends import lookup
 from elastic_train.agent.rendezvous.config import RendezvousConfig, parse_rdzv_conf
@@ -237,7 +236,6 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
     ``argv``: the arguments after ``launch``, stored as the command that continues
     the run.
     """
-    zygote.prestart()  # before anything here starts a thread (storage clients, the agent)
     command = continuing_command(settings, argv)
     run_config = settings.run_config
     plan = NodePlan(

@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from elastic_train import env_vars
+from elastic_train.agent import zygote
 from elastic_train.agent.api import AgentOutcome, AgentSpec
 from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.config import RunConfig, ScalingConfig
@@ -122,6 +123,9 @@ class NodeRun:
         # rank 0 checks again as it records the launch, and is the one that starts over.
         RunRecord.check_resumable(plan.storage, plan.spec,
                                   start_over=plan.run_config.start_over, accepted=plan.accepted)
+        # Settings checked, no thread of ours started yet (the lease's heartbeat is the
+        # first): the moment to fork the worker zygote from this process, if it is safe.
+        zygote.prestart()
         self.lease = RunLease.acquire(plan.storage, plan.rendezvous, self._description())
         plan.storage.use_fence(self.lease.token)
         self.scratch = tempfile.mkdtemp(prefix="elastic_train_")

@@ -23,7 +23,6 @@ from typing import Any
 
 import cloudpickle
 
-from elastic_train.agent import zygote
 from elastic_train.agent.api import Interrupted
 from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.callbacks import UserCallback
@@ -230,7 +229,6 @@ class DataParallelTrainer:
                 left resumable (status ``interrupted``).
         """
         _refuse_inside_a_worker()
-        zygote.prestart()  # before anything here starts a thread (storage clients, the agent)
         name = self._experiment_name()
         run_config = dataclasses.replace(self.run_config, name=name)
         start = self.resume_from_checkpoint
