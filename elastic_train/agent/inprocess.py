@@ -159,11 +159,13 @@ class InProcessRestarts:
         return now - self._secondary_since < SECONDARY_GRACE_S
 
     def _failed_now(self, record: WorkerRecord) -> bool:
-        """A record that reports a failure of the current attempt (the worker may be past
-        ``failed`` already, ``ready`` for the next one)."""
-        if record.stage is Stage.UNHEALTHY:
-            return True
-        return record.failure is not None and record.attempt in (self.attempt, self.attempt + 1)
+        """A record that reports a failure of the current attempt. A worker ``ready`` (or
+        ``unhealthy``) for attempt N+1 failed in attempt N; once N+1 runs, the failure it
+        still carries is the last attempt's, not a new one."""
+        after = record.stage in (Stage.READY, Stage.UNHEALTHY)
+        if (record.attempt - 1 if after else record.attempt) != self.attempt:
+            return False
+        return record.stage is Stage.UNHEALTHY or record.failure is not None
 
     # 2. announce and interrupt
     def interrupt(self, group: WorkerGroup, failed: FailedAttempt) -> bool:
