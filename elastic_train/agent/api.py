@@ -59,6 +59,10 @@ class AgentSpec:
     agent gets a SIGTERM it passes it on to the workers (a preemption notice)
     and kills them ``failure.preemption_grace_s`` later. ``staging_dir`` (where
     workers stage checkpoint files) is emptied before each group starts.
+    ``private_dir`` is this agent's own (the node's scratch directory): the
+    in-process restart records and the workers' module lists go there, never
+    beside the logs, which a later job on the same run shares while an earlier
+    one may still be writing (default: the log directory).
     """
 
     entrypoint: str
@@ -74,6 +78,7 @@ class AgentSpec:
     worker_env: dict[str, str] = field(default_factory=dict)
     local_addr: str | None = None
     staging_dir: str | None = None
+    private_dir: str | None = None
 
 
 class Interrupted(Exception):
@@ -191,6 +196,7 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
     )
     logs = DefaultLogsSpecs(log_dir=spec.log_dir, redirects=Std.ALL, tee=Std.NONE)
     failure = spec.failure
+    private = spec.private_dir or logs.root_log_dir
     return TrainAgent(
         spec=worker_spec, logs_specs=logs, start_method="spawn",
         shutdown_timeout=math.ceil(failure.preemption_grace_s), worker_env=spec.worker_env,
@@ -205,9 +211,9 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
         worker_command=worker_command,
         worker_pids_dir=os.path.join(logs.root_log_dir, "worker_pids"),
         staging_dir=spec.staging_dir,
-        import_watch=ImportWatch(os.path.join(logs.root_log_dir, "modules"), zygote.preload)
+        import_watch=ImportWatch(os.path.join(private, "modules"), zygote.preload)
         if zygote.enabled() else None,
-        in_process=InProcessSettings(os.path.join(logs.root_log_dir, "inprocess"),
+        in_process=InProcessSettings(os.path.join(private, "inprocess"),
                                      failure.unwind_timeout_s)
         if failure.restart_in_process else None,
         hang_watch=HangWatch(os.path.join(logs.root_log_dir, "progress"),

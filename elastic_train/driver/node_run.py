@@ -190,7 +190,7 @@ class NodeRun:
             rendezvous=plan.rendezvous, failure=plan.run_config.failure_config,
             min_nodes=min_nodes, max_nodes=max_nodes, monitor_interval=plan.monitor_interval,
             log_dir=log_dir, agent_logs=plan.run_config.verbose >= 2, local_addr=plan.local_addr,
-            staging_dir=self.staging_dir,
+            staging_dir=self.staging_dir, private_dir=self.scratch,
             worker_env={env_vars.CHECKPOINT_CACHE: os.path.join(self.scratch, "checkpoint_cache"),
                         **(self.lease.worker_env() if self.lease else {}), **worker_env})
 
