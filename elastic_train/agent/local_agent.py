@@ -57,28 +57,21 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import (
     RunResult,
-    Worker,
     WorkerGroup,
     WorkerState,
 )
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
-from torch.distributed.elastic.utils import macros
 
 from elastic_train import env_vars
 from elastic_train.agent import forked_workers
 from elastic_train.agent.attribution import FailureExchange, NodeReport, charged
 from elastic_train.agent.failures import failures_of, observe
 from elastic_train.agent.hang_watch import HangWatch
-from elastic_train.agent.inprocess import (
-    FailedAttempt,
-    InProcessRestarts,
-    InProcessSettings,
-    Recovery,
-)
+from elastic_train.agent.inprocess import InProcessRestarts, InProcessSettings, Recovery
+from elastic_train.agent.inprocess_agent import InProcessRestart
 from elastic_train.agent.progress_guard import Progress, signature
 from elastic_train.agent.restart_budget import Decision, RestartBudget
-from elastic_train.agent.worker_slots import replace_worker, surviving
+from elastic_train.agent.worker_slots import surviving
 from elastic_train.agent.zygote_preload import ImportWatch
 from elastic_train.errors import WorkerFailure
 from elastic_train.storage.run_state import FailureKind
@@ -107,7 +100,7 @@ def _environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = old
 
 
-class TrainAgent(LocalElasticAgent):
+class TrainAgent(InProcessRestart, LocalElasticAgent):
     """A ``LocalElasticAgent`` that namespaces worker generations and reports failures."""
 
     def __init__(self, *args: Any, worker_env: Mapping[str, str] | None = None,
@@ -220,13 +213,8 @@ class TrainAgent(LocalElasticAgent):
         pcontext.close = close_at_once
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        if self._in_process is not None and self._pcontext is not None:
-            seen = self._in_process.poll(worker_group, self._pcontext)
-            if isinstance(seen, FailedAttempt):
-                return self._restart_in_process(worker_group, seen)
-            if seen:  # running, and able to restart in process: torch must not stop them
-                self._check_hangs(worker_group)
-                return RunResult(state=WorkerState.HEALTHY)
+        if (seen := self._watch_in_process(worker_group)) is not None:
+            return seen
         result = super()._monitor_workers(worker_group)
         if result.state == WorkerState.HEALTHY:
             self._check_hangs(worker_group)
@@ -281,52 +269,6 @@ class TrainAgent(LocalElasticAgent):
 
     def _preempted(self) -> bool:
         return self._notice_dir is not None and preemption.marked(self._notice_dir)
-
-    def _restart_in_process(self, worker_group: WorkerGroup, failed: FailedAttempt) -> RunResult:
-        """Charges the failed attempt and runs the next one in the same processes; falls
-        back to a restart of the whole group (torch's) when that is not possible."""
-        assert self._in_process is not None and self._pcontext is not None
-        own = self._in_process.interrupt(worker_group, failed)
-        failures = failed.failures or [failed.root]
-        kind = FailureKind.PREEMPTION if self._preempted() else (
-            FailureKind.FAILURE if own else FailureKind.PEER)
-        self.peer_root = None if own else failed.remote_root
-        decision = self._decide(worker_group, failures, kind)
-        if not decision.restart:
-            self._in_process.give_up(worker_group)
-            return RunResult(state=WorkerState.FAILED)
-        recovery = self._in_process.recover(worker_group, self._pcontext, lambda: (
-            worker_group.spec.rdzv_handler.num_nodes_waiting() > 0))
-        if recovery is None:
-            logger.warning("The group could not restart in process; its workers restart "
-                           "as new processes.")
-            return RunResult(state=WorkerState.FAILED)
-        if self._hang_watch is not None:
-            self._hang_watch.reset([w.global_rank for w in worker_group.workers])
-        if self._notice_dir is not None:
-            preemption.clear(self._notice_dir)
-        if self._on_recovered is not None:
-            self._on_recovered(recovery)
-        return RunResult(state=WorkerState.HEALTHY)
-
-    def _replace_worker(self, worker: Worker, env: dict[str, str]) -> int:
-        """A new process in ``worker``'s slot (an in-process restart's dead or killed rank)."""
-        assert self._pcontext is not None
-        spec = self._worker_group.spec
-        entrypoint, args = (self._worker_command() if self._worker_command is not None
-                            else (spec.entrypoint, spec.args))
-        args = tuple(macros.substitute(list(args), str(worker.local_rank)))
-        return replace_worker(self._pcontext, worker, entrypoint, args,
-                              {**self._start_env, **env})
-
-    def _failure_of(self, worker: Worker, exitcode: int) -> WorkerFailure:
-        """A dead worker, described from its exit and its error file (as torch would)."""
-        assert self._pcontext is not None
-        failure = ProcessFailure(local_rank=worker.local_rank, pid=worker.id or 0,
-                                 exitcode=exitcode,
-                                 error_file=self._pcontext.error_files[worker.local_rank])
-        return failures_of(RunResult(WorkerState.FAILED,
-                                     failures={worker.global_rank: failure}))[0]
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._shutdown(signal.SIGKILL)
