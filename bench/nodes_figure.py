@@ -61,11 +61,10 @@ class NodesRun:
 
 def _command(variant: Variant, endpoint: str, run_id: str, storage: str,
              config: str) -> list[str]:
-    flags = ["--nnodes", str(NODES), "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
-             "--rdzv-id", run_id, "--max-restarts", "1"]
+    flags = ["--nnodes", str(NODES), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+             "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts", "1"]
     if variant is FLOOR:
-        return [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d",
-                *flags, WORKER_SCRIPT, config]
+        return [sys.executable, "-m", "torch.distributed.run", *flags, WORKER_SCRIPT, config]
     return [ELASTIC_TRAIN_CLI, "launch", *flags, "--storage-path", storage, "--name", run_id,
             WORKER_SCRIPT, config]
 

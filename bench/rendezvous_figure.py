@@ -77,7 +77,7 @@ class Launcher:
         if self.key.startswith("torchrun"):
             return [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d",
                     *flags, *worker]
-        backend = ["--rdzv-backend", self.key] if self.key.startswith("etcd") else []
+        backend = ["--rdzv-backend", self.key if self.key.startswith("etcd") else "c10d"]
         return [sys.executable, "-m", "elastic_train.cli", "launch", *backend, *flags,
                 "--storage-path", storage, *worker]
 

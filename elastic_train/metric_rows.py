@@ -37,9 +37,10 @@ AUTO_FIELDS: dict[str, str] = {
     "pid": "rank 0's process id",
     "checkpoint_dir_name": "the checkpoint reported with the row (rows with one only)",
 }
-# Counters and ids among them, which a chart of the run does not plot (its step is
-# training_iteration).
-NOT_PLOTTED = frozenset({"training_iteration", "timestamp", "pid"})
+# The numbers among them that are ids or clock readings, not metrics of the training.
+NOT_METRICS = frozenset({"timestamp", "pid"})
+# What a chart of the run does not plot: those, and its step, training_iteration.
+NOT_PLOTTED = NOT_METRICS | {"training_iteration"}
 
 
 def user_metrics(row: dict[str, Any]) -> dict[str, Any]:

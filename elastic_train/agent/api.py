@@ -26,6 +26,7 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousParameters,
 )
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+from torch.numa.binding import AffinityMode, NumaOptions
 
 from elastic_train.agent import zygote
 from elastic_train.agent.failures import failures_of
@@ -42,7 +43,35 @@ from elastic_train.errors import RendezvousLostError, WorkerFailure
 
 logger = logging.getLogger(__name__)
 
-_HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+_SIGNALS_VARIABLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+
+DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's --signals-to-handle
+
+
+@dataclass(frozen=True)
+class ProcessOptions:
+    """How the workers' processes are started and named (torchrun's per-process flags).
+
+    Attributes:
+        role: The workers' role (``ROLE_NAME``; torchrun's ``--role``).
+        event_log_handler: torch's event handler for the agent's events
+            (``--event-log-handler``).
+        numa_binding: An affinity mode of ``torch.numa.binding`` (``--numa-binding``);
+            the binding wraps the worker's command with ``numactl``, so such workers
+            start as fresh interpreters, not from the zygote.
+        virtual_local_rank: ``LOCAL_RANK=0`` and one visible device per worker
+            (``--virtual-local-rank``).
+        signals_to_handle: Signals the agent stops the workers on, passing them on
+            (``--signals-to-handle``).
+        zygote: Fork workers from the zygote when they allow it (see :mod:`.zygote`).
+    """
+
+    role: str = "trainer"
+    event_log_handler: str = "null"
+    numa_binding: str | None = None
+    virtual_local_rank: bool = False
+    signals_to_handle: str = DEFAULT_SIGNALS
+    zygote: bool = True
 
 
 @dataclass
@@ -79,6 +108,7 @@ class AgentSpec:
     local_addr: str | None = None
     staging_dir: str | None = None
     private_dir: str | None = None
+    process: ProcessOptions = field(default_factory=ProcessOptions)
 
 
 class Interrupted(Exception):
@@ -102,15 +132,24 @@ def _quiet_torch_agent_logs() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _restored_signal_handlers() -> Iterator[None]:
-    """torch's process context installs handlers that raise; put the caller's back."""
-    saved = {s: signal.getsignal(s) for s in _HANDLED_SIGNALS}
+def _handling_signals(names: str) -> Iterator[None]:
+    """torch's process context installs handlers that raise for the signals named in
+    ``TORCHELASTIC_SIGNALS_TO_HANDLE`` (torchrun sets it from --signals-to-handle); the
+    caller's handlers and the variable are put back afterwards."""
+    signals = [getattr(signal, name) for name in names.split(",")]
+    saved = {s: signal.getsignal(s) for s in signals}
+    variable = os.environ.get(_SIGNALS_VARIABLE)
+    os.environ[_SIGNALS_VARIABLE] = names
     try:
         yield
     finally:
         for sig, handler in saved.items():
             if handler is not None:
                 signal.signal(sig, handler)
+        if variable is None:
+            os.environ.pop(_SIGNALS_VARIABLE, None)
+        else:
+            os.environ[_SIGNALS_VARIABLE] = variable
 
 
 @dataclass
@@ -152,7 +191,7 @@ def run_agent(spec: AgentSpec, events: AgentEvents | None = None) -> AgentOutcom
     agent = _train_agent(spec, events or AgentEvents())
     rdzv_handler, rdzv = agent.get_worker_group().spec.rdzv_handler, spec.rendezvous
     quiet = contextlib.nullcontext() if spec.agent_logs else _quiet_torch_agent_logs()
-    with _restored_signal_handlers(), quiet:
+    with _handling_signals(spec.process.signals_to_handle), quiet:
         try:
             result = agent.run()
         except SignalException as exc:
@@ -186,13 +225,19 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
     rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
 
     def worker_command() -> tuple[str, tuple[str, ...]]:
+        if not spec.process.zygote:
+            return spec.entrypoint, spec.args
         return zygote.worker_command(spec.entrypoint, spec.args)
 
     entrypoint, args = worker_command()  # starts the zygote now, during the rendezvous
+    process = spec.process
     worker_spec = WorkerSpec(
-        role="trainer", local_world_size=spec.nproc_per_node, entrypoint=entrypoint,
+        role=process.role, local_world_size=spec.nproc_per_node, entrypoint=entrypoint,
         args=args, rdzv_handler=rdzv_handler, max_restarts=spec.failure.max_restarts,
         monitor_interval=spec.monitor_interval, local_addr=spec.local_addr,
+        event_log_handler=process.event_log_handler,
+        numa_options=NumaOptions(affinity_mode=AffinityMode(process.numa_binding))
+        if process.numa_binding else None, virtual_local_rank=process.virtual_local_rank,
     )
     logs = DefaultLogsSpecs(log_dir=spec.log_dir, redirects=Std.ALL, tee=Std.NONE)
     failure = spec.failure
@@ -212,7 +257,7 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
         worker_pids_dir=os.path.join(logs.root_log_dir, "worker_pids"),
         staging_dir=spec.staging_dir,
         import_watch=ImportWatch(os.path.join(private, "modules"), zygote.preload)
-        if zygote.enabled() else None,
+        if zygote.enabled() and spec.process.zygote else None,
         in_process=InProcessSettings(os.path.join(private, "inprocess"),
                                      failure.unwind_timeout_s)
         if failure.restart_in_process else None,

@@ -1,9 +1,8 @@
-"""``elastic-train ls | show | restore | verify-resume``: what each command does.
+"""``elastic-train restore | verify-resume``: what each command does.
 
-``ls`` and ``show`` read the run directory only (no torch import: they start
-in a fraction of a second); ``restore`` continues a run the way it was
-started (``fit()`` through its stored train function, ``launch`` by
-relaunching its stored command, checked and shown first: see :mod:`.relaunch`).
+``restore`` continues a run the way it was started (``fit()`` through its
+stored train function, ``launch`` by relaunching its stored command, checked
+and shown first: see :mod:`.relaunch`). ``ls`` and ``show`` are in :mod:`.browse`.
 """
 
 from __future__ import annotations
@@ -13,63 +12,14 @@ import dataclasses
 import os
 import shlex
 import sys
-import time
 
-from elastic_train.cli import render
-from elastic_train.cli.launch_args import launch_parser, main_launch, storage_options
+from elastic_train.cli.launch_args import main_launch
 from elastic_train.cli.relaunch import RunAt, plan_relaunch
-from elastic_train.cli.run_summary import RunSummary
 from elastic_train.errors import ConfigError, TrainingFailedError, exit_code
 from elastic_train.redaction import redact_argv
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.run_state import RunState
-
-
-def _runs(storage_path: str) -> list[tuple[str, RunStorage, RunState]]:
-    """The runs under ``storage_path``, oldest first."""
-    fs, root = fsutil.resolve(storage_path)
-    try:
-        entries = fs.ls(root, detail=True)
-    except FileNotFoundError:
-        return []
-    runs = []
-    for entry in entries:
-        if entry["type"] != "directory":
-            continue
-        storage = RunStorage(fs, entry["name"])
-        state = storage.read_run_state()
-        if state is not None:
-            runs.append((entry["name"].rstrip("/").rsplit("/", 1)[-1], storage, state))
-    return sorted(runs, key=lambda r: r[2].created)
-
-
-def cmd_ls(args: argparse.Namespace) -> int:
-    runs = [(name, state, RunSummary.read(storage, state))
-            for name, storage, state in _runs(args.storage_path)]
-    if args.json:
-        print(render.runs_json(runs))
-    elif not runs:
-        print(f"No runs under {args.storage_path}")
-    else:
-        print("\n".join(render.runs_table(runs, time.time())))
-    return 0
-
-
-def cmd_show(args: argparse.Namespace) -> int:
-    fs, path = fsutil.resolve(args.run_path)
-    storage = RunStorage(fs, path)
-    state = storage.read_run_state()
-    if state is None:
-        print(f"{args.run_path} is not a run directory (no run.json).", file=sys.stderr)
-        return 2
-    summary = RunSummary.read(storage, state)
-    if args.json:
-        print(render.run_json(state, summary))
-    else:
-        log_dir = fsutil.display_path(fs, storage.log_dir())
-        print("\n".join(render.run_text(storage.display_path, state, summary, log_dir)))
-    return 0
+from elastic_train.storage.filesystem import options_from_flags as storage_options
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
@@ -98,7 +48,7 @@ def _relaunch(command: list[str], stored_cwd: str, args: argparse.Namespace,
     :func:`~.relaunch.plan_relaunch`, in the current directory; it is printed first."""
     try:
         argv = plan_relaunch(command, at, stored_cwd, trust=args.trust_command,
-                             start_over=args.start_over, parser=launch_parser())
+                             start_over=args.start_over)
     except ConfigError as exc:
         raise ConfigError(f"{args.run_path} cannot be restored: {exc}") from None
     shown = shlex.join(redact_argv(["elastic-train", "launch", *argv]))

@@ -19,9 +19,6 @@ before anything runs, and the command is printed first:
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import io
 import os
 import shlex
 from dataclasses import dataclass
@@ -44,15 +41,28 @@ class RunAt:
     options: dict[str, str] | None
 
 
-def _parse(argv: list[str], parser: argparse.ArgumentParser) -> argparse.Namespace:
+@dataclass(frozen=True)
+class _Stored:
+    """What restore checks of a stored launch command."""
+
+    script: str
+    script_args: list[str]
+    no_python: bool
+    module: bool
+    storage_option: list[str]
+
+
+def _parse(argv: list[str]) -> _Stored:
     """launch's arguments as launch parses them; a ConfigError if they are not launch's."""
-    errors = io.StringIO()
+    from elastic_train.cli.launch_parser import build_parser
+
     try:
-        with contextlib.redirect_stderr(errors):
-            return parser.parse_args(["launch", *argv])
-    except SystemExit:
+        args = build_parser().parse_args(argv)
+    except ConfigError as exc:
         raise ConfigError(f"the stored command is not a valid `elastic-train launch` command "
-                          f"({errors.getvalue().strip().splitlines()[-1:]}).") from None
+                          f"({exc}).") from None
+    return _Stored(args.training_script, list(args.training_script_args),
+                   bool(args.no_python), bool(args.module), list(args.storage_option or []))
 
 
 def _without(flags: list[str], dropped: dict[str, int]) -> list[str]:
@@ -96,21 +106,21 @@ def _filled(item: str, given: dict[str, str]) -> str:
     return f"{key}={given[key]}"
 
 
-def _missing_storage_secrets(stored: argparse.Namespace, options: dict[str, str] | None
+def _missing_storage_secrets(stored: _Stored, options: dict[str, str] | None
                              ) -> list[str]:
     return [pair.split("=", 1)[0] for pair in stored.storage_option or []
             if pair.endswith("=" + REDACTED) and pair.split("=", 1)[0] not in (options or {})]
 
 
 def plan_relaunch(command: list[str], at: RunAt, stored_cwd: str, *, trust: bool,
-                  start_over: bool, parser: argparse.ArgumentParser) -> list[str]:
+                  start_over: bool) -> list[str]:
     """launch's arguments that continue the run at ``at``; ConfigError (with the command
-    and the way out) when it is not to be run. ``parser``: launch's own."""
+    and the way out) when it is not to be run."""
     shown = shlex.join(redact_argv(command))
     if command[:2] != ["elastic-train", "launch"]:
         raise ConfigError(f"its stored command is not an `elastic-train launch`: {shown}. "
                           "Restore runs nothing else; start the run yourself if you trust it.")
-    stored = _parse(command[2:], parser)
+    stored = _parse(command[2:])
     target = [stored.script, *stored.script_args]
     flags = command[2:len(command) - len(target)]
     if (stored.no_python or stored.module) and not trust:

@@ -68,6 +68,9 @@ def run_text(display_path: str, state: RunState, summary: RunSummary, log_dir: s
              f"iteration {summary.iterations}"]
     if state.no_progress:
         lines.append(f"stopped:  {state.no_progress} (exit code {NO_PROGRESS_EXIT_CODE})")
+    if state.error:  # why a failed run stopped, as the user was told then
+        first, *rest = state.error.splitlines() or [""]
+        lines += [f"error:    {first}", *(f"          {line}" for line in rest)]
     if spec.get("command"):
         lines.append(f"command:  {shlex.join(spec['command'])}")
     if spec.get("train_function"):

@@ -28,15 +28,16 @@ import os
 import shutil
 import socket
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
 from elastic_train import env_vars
 from elastic_train.agent import zygote
-from elastic_train.agent.api import AgentOutcome, AgentSpec
+from elastic_train.agent.api import AgentOutcome, AgentSpec, ProcessOptions
 from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.config import RunConfig, ScalingConfig
+from elastic_train.driver.console import ConsoleView
 from elastic_train.driver.resume_rules import is_launch
 from elastic_train.driver.run_lease import RunLease
 from elastic_train.driver.run_record import RunRecord
@@ -78,8 +79,8 @@ class NodePlan:
         accepted: Spec changes this launch accepts on resume (see ``resume_rules``).
         trainable: ``fit()``'s pickled spec, written beside ``run.json`` for restore.
         train_loop_config: ``fit()``'s, shown to the driver-side callbacks.
-        local_ranks: Local ranks whose output the console shows (None: all).
-        streams: Streams the console shows.
+        view: Which workers' output the console shows, and how it names them.
+        process: How the workers' processes are started (role, NUMA binding, ...).
         log_dir: Where worker logs go (default: the run's ``logs/<host>`` on local
             storage, uploaded there at the end from scratch on remote storage).
         monitor_interval: Seconds between the agent's looks at its workers.
@@ -95,8 +96,8 @@ class NodePlan:
     accepted: frozenset[str] = frozenset()
     trainable: bytes | None = None
     train_loop_config: dict[str, Any] | None = None
-    local_ranks: set[int] | None = None
-    streams: frozenset[str] = frozenset({"stdout", "stderr"})
+    view: ConsoleView = field(default_factory=ConsoleView)
+    process: ProcessOptions = field(default_factory=ProcessOptions)
     log_dir: str | None = None
     monitor_interval: float = 0.1
     local_addr: str | None = None
@@ -125,7 +126,8 @@ class NodeRun:
                                   start_over=plan.run_config.start_over, accepted=plan.accepted)
         # Settings checked, no thread of ours started yet (the lease's heartbeat is the
         # first): the moment to fork the worker zygote from this process, if it is safe.
-        zygote.prestart()
+        if plan.process.zygote:
+            zygote.prestart()
         self.lease = RunLease.acquire(plan.storage, plan.rendezvous, self._description())
         plan.storage.use_fence(self.lease.token)
         self.scratch = tempfile.mkdtemp(prefix="elastic_train_")
@@ -162,7 +164,7 @@ class NodeRun:
                                    check_lease=self.lease.check if self.lease else None,
                                    callbacks=self.plan.run_config.callbacks,
                                    verbose=self.plan.run_config.verbose,
-                                   local_ranks=self.plan.local_ranks, streams=self.plan.streams,
+                                   view=self.plan.view,
                                    train_loop_config=self.plan.train_loop_config)
         outcome = supervisor.run(self._agent_spec(entrypoint, args, worker_env))
         if outcome.failures:
@@ -190,7 +192,7 @@ class NodeRun:
             rendezvous=plan.rendezvous, failure=plan.run_config.failure_config,
             min_nodes=min_nodes, max_nodes=max_nodes, monitor_interval=plan.monitor_interval,
             log_dir=log_dir, agent_logs=plan.run_config.verbose >= 2, local_addr=plan.local_addr,
-            staging_dir=self.staging_dir, private_dir=self.scratch,
+            process=plan.process, staging_dir=self.staging_dir, private_dir=self.scratch,
             worker_env={env_vars.CHECKPOINT_CACHE: os.path.join(self.scratch, "checkpoint_cache"),
                         **(self.lease.worker_env() if self.lease else {}), **worker_env})
 

@@ -28,7 +28,7 @@ from typing import Any, TextIO
 
 from elastic_train.callbacks import RunContext, UserCallback
 from elastic_train.checkpoint import Checkpoint
-from elastic_train.driver.console import Console, LogTail
+from elastic_train.driver.console import Console, ConsoleView, LogTail
 from elastic_train.errors import WorkerFailure
 from elastic_train.metric_rows import user_metrics
 
@@ -52,9 +52,7 @@ class RunMonitor:
 
     def __init__(self, context: RunContext, callbacks: list[UserCallback], log_dir: str,
                  verbose: int = 1, stream: TextIO | None = None,
-                 local_ranks: set[int] | None = None,
-                 streams: frozenset[str] = frozenset({"stdout", "stderr"}),
-                 interval_s: float = 1.0,
+                 view: ConsoleView | None = None, interval_s: float = 1.0,
                  plain_every_s: float = 10.0, nproc_per_node: int = 1):
         self.context = context
         self.callbacks = list(callbacks)
@@ -63,7 +61,8 @@ class RunMonitor:
         self.interval_s = interval_s
         self.plain_every_s = plain_every_s
         self._group_rank, self._nodes, self._nproc = 0, 1, nproc_per_node
-        self.tail = LogTail(log_dir, self.console, self._prefix, local_ranks, streams)
+        self.view = view or ConsoleView()
+        self.tail = LogTail(log_dir, self.console, self._prefix, self.view)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = time.monotonic()
@@ -78,6 +77,9 @@ class RunMonitor:
 
     def _prefix(self, local_rank: int) -> str:
         rank = self._group_rank * self._nproc + local_rank
+        prefix = self.view.prefix(rank, local_rank)
+        if prefix is not None:
+            return prefix
         return f"[node{self._group_rank} rank{rank}]: " if self._nodes > 1 else f"[rank{rank}]: "
 
     def start(self) -> None:

@@ -16,6 +16,7 @@ from elastic_train.agent.inprocess import Recovery
 from elastic_train.agent.progress_guard import Progress
 from elastic_train.agent.restart_budget import Decision
 from elastic_train.callbacks import RunContext, UserCallback
+from elastic_train.driver.console import ConsoleView
 from elastic_train.driver.progress import RunMonitor
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.errors import RendezvousLostError, WorkerFailure
@@ -38,9 +39,7 @@ class RunSupervisor:
                  begin_record: Callable[[], RunRecord],
                  check_lease: Callable[[], None] | None = None,
                  callbacks: list[UserCallback] | None = None, verbose: int = 1,
-                 local_ranks: set[int] | None = None,
-                 streams: frozenset[str] = frozenset({"stdout", "stderr"}),
-                 train_loop_config: dict | None = None):
+                 view: ConsoleView | None = None, train_loop_config: dict | None = None):
         self.storage = storage
         self.record: RunRecord | None = None
         self.train_loop_config = train_loop_config
@@ -48,16 +47,14 @@ class RunSupervisor:
         self.check_lease = check_lease
         self.callbacks = list(callbacks or [])
         self.verbose = verbose
-        self.local_ranks = local_ranks
-        self.streams = streams
+        self.view = view
         self.name = name
 
     def run(self, spec: AgentSpec) -> AgentOutcome:
         """Runs the agent; returns how it ended. Raises ``Interrupted`` on a signal."""
         context = RunContext(self.name, self.storage, self.train_loop_config)
         monitor = RunMonitor(context, self.callbacks, spec.log_dir,
-                             verbose=self.verbose, local_ranks=self.local_ranks,
-                             streams=self.streams,
+                             verbose=self.verbose, view=self.view,
                              nproc_per_node=spec.nproc_per_node)
 
         def on_rendezvous(group_rank: int, nodes: int) -> None:

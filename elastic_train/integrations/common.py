@@ -6,14 +6,13 @@ import contextlib
 import math
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from elastic_train.callbacks import RunContext
 from elastic_train.checkpoint import Checkpoint
-
-# Bookkeeping columns of every reported row that are not training metrics.
-ROW_INFO = ("timestamp", "date", "hostname", "pid", "checkpoint_dir_name")
+from elastic_train.metric_rows import NOT_METRICS
+from elastic_train.storage.run_state import RunStatus
 
 
 def flatten(values: Mapping[str, Any], sep: str = "/", prefix: str = "") -> dict[str, Any]:
@@ -28,9 +27,11 @@ def flatten(values: Mapping[str, Any], sep: str = "/", prefix: str = "") -> dict
     return flat
 
 
-def metric_values(row: Mapping[str, Any], exclude: tuple[str, ...] = ROW_INFO
+def metric_values(row: Mapping[str, Any], exclude: Collection[str] = NOT_METRICS
                   ) -> dict[str, float]:
-    """The finite numbers of a reported row (nested dicts flattened), minus ``exclude``."""
+    """The finite numbers of a reported row (nested dicts flattened), minus ``exclude``
+    (by default the ids and clock readings among the fields we add, see
+    :mod:`elastic_train.metric_rows`)."""
     return {k: float(v) for k, v in flatten(row).items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)
             and math.isfinite(v) and k not in exclude}
@@ -41,10 +42,12 @@ def run_outcome(run_context: RunContext, failed: bool) -> str:
     if failed:
         return "failed"
     try:
-        status = (run_context.storage.read_run_state() or {}).get("status")
+        state = run_context.storage.read_run_state()
     except Exception:
-        status = None
-    return status if status in ("failed", "interrupted") else "finished"
+        state = None
+    if state is not None and state.status in (RunStatus.FAILED, RunStatus.INTERRUPTED):
+        return state.status.value
+    return "finished"
 
 
 @contextlib.contextmanager

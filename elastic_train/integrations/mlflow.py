@@ -21,13 +21,13 @@ from typing import Any
 
 from elastic_train.callbacks import RunContext, UserCallback
 from elastic_train.checkpoint import Checkpoint
-from elastic_train.extras import require
 from elastic_train.integrations.common import (
     checkpoint_files,
     flatten,
     metric_values,
     run_outcome,
 )
+from elastic_train.integrations.extras import require
 from elastic_train.worker.session import current_session, get_context
 
 logger = logging.getLogger(__name__)

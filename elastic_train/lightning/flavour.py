@@ -23,7 +23,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from elastic_train.extras import missing
+from elastic_train.integrations.extras import missing
 
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 

@@ -48,6 +48,18 @@ def resolve(storage_path: str, filesystem: fsspec.AbstractFileSystem | None = No
                           "path, file://, s3:// or another fsspec URL.") from exc
 
 
+def options_from_flags(pairs: list[str], flag: str = "--storage-option") -> dict[str, str] | None:
+    """``--storage-option KEY=VALUE`` flags as fsspec options (None when there are none)."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{flag} {pair!r} is invalid: use KEY=VALUE, e.g. "
+                              f"{flag} endpoint_url=http://127.0.0.1:9000")
+        options[key] = value
+    return options or None
+
+
 def without_secrets(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
     """The same store through a filesystem built without credentials (safe to pickle; the
     rule is :mod:`elastic_train.redaction`'s); on use it finds credentials where the

@@ -170,7 +170,11 @@ class RunStorage:
         try:
             state = self._read_unless_missing(RUN_FILE, "reading run.json",
                                               lambda p: fsutil.read_json(self.fs, p))
-        except (OSError, ValueError) as exc:
+        except ValueError as exc:
+            raise StorageError(f"{self.display_path}/{RUN_FILE} is not valid JSON ({exc}): it "
+                               "was cut short or edited; restore it from a copy, or move the "
+                               "run directory aside") from exc
+        except OSError as exc:
             raise StorageError(f"Cannot read {self._path(RUN_FILE)}: {exc!r}") from exc
         if state is None:
             return None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import json
-import logging
 import os
 import signal
 import sys
@@ -87,7 +86,9 @@ def run_worker(main: Callable[[], None]) -> None:
     # Unbuffered, as `python -u`: the driver's console tails the worker's log files.
     sys.stdout.reconfigure(write_through=True)
     sys.stderr.reconfigure(write_through=True)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # No logging.basicConfig: the user's script configures logging (a basicConfig of its
+    # own would be ignored after ours); our warnings reach stderr through logging's
+    # last-resort handler until it does.
     faulthandler.enable()
     heartbeat.arm()
     try:

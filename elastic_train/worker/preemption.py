@@ -30,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -107,7 +108,10 @@ def marked(notice_dir: str) -> bool:
 
 
 def clear(notice_dir: str) -> None:
-    """Forgets the marks of the previous incarnation of the group."""
+    """Forgets the marks of the previous incarnation of the group. Agents of one host
+    that share the run's log directory (local storage) clear it at the same time, so a
+    mark already gone is not an error."""
     os.makedirs(notice_dir, exist_ok=True)
     for name in os.listdir(notice_dir):
-        os.remove(os.path.join(notice_dir, name))
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(notice_dir, name))

@@ -282,7 +282,8 @@ def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) 
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     etcd = None
-    flags, sleep = ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"], "0.3"
+    flags = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    sleep = "0.3"
     if trial.kind == "etcd_restart":
         etcd = EtcdServer(etcd_binary())
         etcd.start()

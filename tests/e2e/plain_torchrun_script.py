@@ -15,5 +15,6 @@ if __name__ == "__main__":
     dist.all_reduce(total)
     missing = [k for k in KEYS if k not in os.environ]
     print(f"ENV rank={os.environ['RANK']} world={os.environ['WORLD_SIZE']} "
-          f"sum={int(total.item())} missing={missing}", flush=True)
+          f"sum={int(total.item())} missing={missing} role={os.environ['ROLE_NAME']}",
+          flush=True)
     dist.destroy_process_group()

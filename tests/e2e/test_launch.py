@@ -13,10 +13,9 @@ import time
 import pytest
 
 from elastic_train.result import Result
-from elastic_train.storage import RunStorage
-from elastic_train.storage import filesystem as fsutil
 from tests.conftest import pid_alive, wait_until
 from tests.support.etcd_server import run_keys
+from tests.support.launched import run_state, starts
 from tests.support.paths import REPO
 from tests.support.servers import free_port, stop_process
 
@@ -42,8 +41,8 @@ def run_nodes(tmp_path, count, *args, timeout=180) -> list[int]:
     procs = []
     try:
         for i, log in enumerate(logs):
-            procs.append(launch("--nnodes", count, "--nproc-per-node", 1, "--rdzv-endpoint",
-                                endpoint, *args, out=log))
+            procs.append(launch("--nnodes", count, "--nproc-per-node", 1, "--rdzv-backend",
+                                "c10d", "--rdzv-endpoint", endpoint, *args, out=log))
             if i == 0:
                 time.sleep(2)  # node 0 hosts the c10d store
         return [p.wait(timeout) for p in procs]
@@ -52,17 +51,6 @@ def run_nodes(tmp_path, count, *args, timeout=180) -> list[int]:
             stop_process(proc)
         for log in logs:
             log.close()
-
-
-def starts(out_dir):
-    path = out_dir / "starts"
-    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()] \
-        if path.exists() else []
-
-
-def run_state(storage_path, name):
-    fs, path = fsutil.resolve(os.path.join(storage_path, name))
-    return RunStorage(fs, path).read_run_state().to_json()
 
 
 def worker_pids(out_dir):
@@ -111,10 +99,13 @@ def test_budget_spent_exit_code_and_message(storage_path, tmp_path):
     assert proc.returncode == 1
     assert "rank 1" in out and "crash at epoch 1" in out
     assert "run the same command again" in out and "--max-restarts N" in out
+    hint = next(line for line in out.splitlines() if "run the same command again" in line)
+    assert hint.count("--storage-path") == 1 and hint.count("--name") == 1, hint
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"], "--rdzv-id is required"),
+    (["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1"],
+     "--rdzv-id is required"),
     (["--nnodes", "3:2"], "--nnodes='3:2' is invalid"),
     (["--rdzv-backend", "zookeeper"], "not supported"),
     (["--rdzv-conf", "novalue"], "--rdzv-conf item 'novalue'"),
@@ -195,7 +186,7 @@ def test_three_agents_lose_one_and_take_one_back(request, storage_path, tmp_path
         endpoint = request.getfixturevalue("etcd_endpoint")
         backend_args = ["--rdzv-backend", "etcd", "--rdzv-endpoint", endpoint]
     else:
-        backend_args = ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+        backend_args = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     out_dir, node, logs = _cluster(tmp_path, storage_path, backend_args, f"job-{backend}")
     procs = [node(0)]
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -124,7 +125,7 @@ def test_ls_and_show_on_finished_failed_and_interrupted_runs(storage, tmp_path):
     assert "checkpoint_000000" in show.stdout
     missing = subprocess.run([*CLI, "show", str(tmp_path / "nothing")], cwd=REPO,
                              capture_output=True, text=True, timeout=60)
-    assert missing.returncode == 2 and "not a run directory" in missing.stderr
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
 def test_launch_local_ranks_filter(tmp_path):
@@ -133,6 +134,24 @@ def test_launch_local_ranks_filter(tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[rank1]: ENV rank=1" in proc.stdout and "[rank0]:" not in proc.stdout
+
+
+def test_launch_torchruns_console_and_worker_flags(tmp_path):
+    """--role names the workers (ROLE_NAME), --log-line-prefix-template their console
+    prefix, -r per local rank keeps rank 0's stdout in its log file only, and --run-path
+    with --start-method spawn runs the script path in fresh interpreters."""
+    proc = subprocess.run(
+        [*CLI, "launch", "--standalone", "--nproc-per-node", "2", "--role", "trainer",
+         "--log-line-prefix-template", "${role_name}-${rank}@${hostname}| ", "-r", "0:1",
+         "--run-path", "--start-method", "spawn", "--storage-path", str(tmp_path),
+         "tests/e2e/plain_torchrun_script.py"],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    host = socket.gethostname()
+    assert f"trainer-1@{host}| ENV rank=1 world=2 sum=2 missing=[] role=trainer" in proc.stdout
+    assert "ENV rank=0" not in proc.stdout  # redirected to its log file only
+    logs = list(tmp_path.glob("*/logs/**/attempt_0/0/stdout.log"))
+    assert len(logs) == 1 and "ENV rank=0" in logs[0].read_text()
 
 
 def test_resumed_run_gives_callbacks_each_iteration_once(storage_path, tmp_path):

@@ -22,9 +22,11 @@ CASES = [
     ("rdzv-conf", ["launch", "--rdzv-conf", "timeout", SCRIPT], ["'timeout'", "key=value"]),
     ("rdzv-backend", ["launch", "--rdzv-backend", "zookeeper", SCRIPT],
      ["'zookeeper'", "c10d"]),
-    ("rdzv-endpoint", ["launch", "--nnodes", "2", "--rdzv-id", "j", "--rdzv-endpoint",
+    ("rdzv-endpoint", ["launch", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-id", "j",
+                       "--rdzv-endpoint",
                        "127.0.0.1:notaport", SCRIPT], ["'127.0.0.1:notaport'", "HOST:PORT"]),
-    ("rdzv-id-missing", ["launch", "--nnodes", "2", "--rdzv-endpoint", "h:29400", SCRIPT],
+    ("rdzv-id-missing", ["launch", "--nnodes", "2", "--rdzv-backend", "c10d",
+                         "--rdzv-endpoint", "h:29400", SCRIPT],
      ["--rdzv-id is required"]),
     ("no-script", ["launch", "no_such_script.py"], ["'no_such_script.py' does not exist"]),
     # Flags are checked by the configs they map to, as the Python API's settings are.
@@ -48,8 +50,13 @@ CASES = [
     ("verify-used-workdir", ["verify-resume", "--workdir", "{root}", SCRIPT],
      ["already holds a run 'straight'", "empty directory"]),
     ("newer-run-json", ["restore", "{root}/newer"], ["format_version 99", "upgrade"]),
-    ("show-not-a-run", ["show", "{root}/nothing"], ["not a run directory"]),
+    ("show-not-a-run", ["show", "{root}"], ["not a run directory", "elastic-train ls"]),
+    ("show-missing", ["show", "{root}/nothing"], ["nothing does not exist", "check the path"]),
+    ("show-corrupt", ["show", "{root}/corrupt"], ["run.json is not valid JSON", "move the run"]),
+    ("ls-missing", ["ls", "{root}/nothing"], ["nothing does not exist"]),
     ("ls-protocol", ["ls", "nosuchproto://x"], ["'nosuchproto://x'"]),
+    ("show-storage-option", ["show", "{root}/finished", "--storage-option", "x"],
+     ["'x'", "KEY=VALUE"]),
     ("storage-option", ["restore", "{root}/finished", "--storage-option", "endpoint"],
      ["'endpoint'", "KEY=VALUE"]),
 ]
@@ -65,6 +72,8 @@ def stored_runs(tmp_path):
         (root / name / "checkpoint_000000").mkdir(parents=True)
         (root / name / "run.json").write_text(json.dumps(state))
         (root / name / "checkpoint_000000" / "state.pt").write_bytes(b"weights")
+    (root / "corrupt").mkdir()
+    (root / "corrupt" / "run.json").write_text('{"status": "runn')  # a write cut short
     return root
 
 
@@ -82,6 +91,8 @@ def test_bad_cli_input_exits_2_with_the_fix_and_touches_nothing(args, words, sto
         code = exc.code
     err = capsys.readouterr().err
     assert code == 2, err
+    assert err.count("\n") == 1, err  # one line
+    assert err.startswith("elastic-train: ") or args[0] == "restore", err
     for word in words:
         assert word in err
     assert snapshot(stored_runs) == before

@@ -151,6 +151,22 @@ def test_nodes_map_to_torchruns_flags(monkeypatch):
     assert elastic.rendezvous.conf["password"] == "pw"
 
 
+def test_fit_inside_slurm_meets_on_the_allocations_first_host(monkeypatch):
+    """The Python API reads the platform as launch does (elastic_train.platforms)."""
+    for name in ("PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {"SLURM_JOB_ID": "99", "SLURM_JOB_NUM_NODES": "2",
+                        "SLURM_JOB_NODELIST": "gpu[3-4]", "MASTER_PORT": "29555"}.items():
+        monkeypatch.setenv(name, value)
+    scaling = ScalingConfig(num_workers=16, num_workers_per_node=8)
+    assert (scaling.rendezvous.backend, scaling.rendezvous.endpoint,
+            scaling.rendezvous.run_id) == ("c10d", "gpu3:29555", "99")
+    explicit = RendezvousConfig(backend="etcd", endpoint="etcd:2379", run_id="mine")
+    assert (explicit.endpoint, explicit.run_id) == ("etcd:2379", "mine")
+    etcd = RendezvousConfig(backend="etcd")  # Slurm's endpoint is a c10d store, not etcd
+    assert etcd.endpoint is None and etcd.run_id == "99"
+
+
 def test_rendezvous_settings_come_from_torchruns_environment(monkeypatch):
     monkeypatch.setenv("PET_RDZV_BACKEND", "etcd")
     monkeypatch.setenv("PET_RDZV_ENDPOINT", "etcd-host:2379")

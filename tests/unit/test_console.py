@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import os
 
-from elastic_train.driver.console import Console, LogTail
+from elastic_train.driver.console import Console, ConsoleView, LogTail
 
 
 def _log(root, session: str, attempt: int, local_rank: int, stream: str, text: str) -> str:
@@ -43,7 +43,8 @@ def test_a_restore_does_not_replay_earlier_launches(tmp_path):
 
 
 def test_rank_and_stream_filters(tmp_path):
-    tail, out = _tail(tmp_path, local_ranks={1}, streams=frozenset({"stderr"}))
+    view = ConsoleView(local_ranks=frozenset({1}), streams_by_rank={1: frozenset({"stderr"})})
+    tail, out = _tail(tmp_path, view=view)
     _log(tmp_path, "s", 0, 0, "stderr", "rank zero\n")
     _log(tmp_path, "s", 0, 1, "stdout", "to stdout\n")
     _log(tmp_path, "s", 0, 1, "stderr", "to stderr")
@@ -74,3 +75,72 @@ def test_status_line_counts_checkpoints_still_uploading(tmp_path):
     (tmp_path / "results" / "run" / "checkpoint_000002" / MARKER).write_text("{}")
     monitor._poll_metrics()
     assert "uploading" not in monitor.status_line()
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_progress_bar_shows_live_with_its_prefix_off_a_terminal(tmp_path):
+    """tqdm redraws its line with \\r: the console prints its latest state at once, then
+    at most every progress_every_s, and the finished line when the newline comes."""
+    clock, out = _Clock(), io.StringIO()
+    tail = LogTail(str(tmp_path), Console(out, progress_every_s=10, clock=clock),
+                   lambda r: f"[rank{r}]: ")
+    path = _log(tmp_path, "s", 0, 0, "stderr", "\rtrain:  10%|#   | 1/10")
+    tail.poll()
+    assert out.getvalue() == "[rank0]: train:  10%|#   | 1/10\n"
+    with open(path, "a") as f:
+        f.write("\rtrain:  20%|##  | 2/10")
+    clock.now = 5
+    tail.poll()  # too soon for another line
+    assert out.getvalue().count("\n") == 1
+    with open(path, "a") as f:
+        f.write("\rtrain:  30%|### | 3/10")
+    clock.now = 11
+    tail.poll()
+    assert out.getvalue().endswith("[rank0]: train:  30%|### | 3/10\n")
+    with open(path, "a") as f:
+        f.write("\rtrain: 100%|####| 10/10\nnext line\n")
+    tail.poll()
+    assert out.getvalue().endswith("[rank0]: train: 100%|####| 10/10\n[rank0]: next line\n")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_on_a_terminal_progress_bars_stay_above_the_status_line(tmp_path):
+    out = _Terminal()
+    console = Console(out)
+    tail = LogTail(str(tmp_path), console, lambda r: f"[rank{r}]: ")
+    console.status("[elastic-train] run | 3s")
+    _log(tmp_path, "s", 0, 0, "stderr", "\rbar 1/2")
+    _log(tmp_path, "s", 0, 1, "stderr", "\rbar 1/2")
+    tail.poll()
+    assert out.getvalue().endswith(
+        "[rank0]: bar 1/2\n[rank1]: bar 1/2\n[elastic-train] run | 3s")
+    out.truncate(0)
+    out.seek(0)
+    console.lines(["[rank0]: hello"])
+    # the three live rows are cleared (cursor up twice), the line printed, the rows redrawn
+    assert out.getvalue() == ("\r\033[K" + "\033[A\033[K" * 2 + "[rank0]: hello\n"
+                              "[rank0]: bar 1/2\n[rank1]: bar 1/2\n[elastic-train] run | 3s")
+
+
+def test_per_rank_streams_and_the_prefix_template(tmp_path):
+    view = ConsoleView(streams_by_rank={0: frozenset({"stdout"}), 1: frozenset()},
+                       prefix_template="${role_name}/${rank}: ", role="trainer")
+    tail, out = _tail(tmp_path, view=view)
+    tail.prefix = lambda r: view.prefix(r + 4, r)
+    _log(tmp_path, "s", 0, 0, "stdout", "zero out\n")
+    _log(tmp_path, "s", 0, 0, "stderr", "zero err\n")
+    _log(tmp_path, "s", 0, 1, "stdout", "one out\n")
+    _log(tmp_path, "s", 0, 2, "stderr", "two err\n")
+    tail.poll(final=True)
+    assert out.getvalue() == "trainer/4: zero out\ntrainer/6: two err\n"

@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from elastic_train.errors import ConfigError
-from elastic_train.extras import require
 from elastic_train.integrations.common import flatten, metric_values
+from elastic_train.integrations.extras import require
 
 
 def test_require_names_the_extra_of_a_missing_package():
@@ -119,3 +119,18 @@ def test_setup_mlflow_outside_a_run_needs_an_existing_experiment(tmp_path, monke
         assert mlflow.get_run(mlflow.active_run().info.run_id).data.params == {"lr": "1"}
     finally:
         mlflow.end_run()
+
+
+@pytest.mark.parametrize("status, failed, outcome", [
+    ("failed", False, "failed"), ("interrupted", False, "interrupted"),
+    ("finished", False, "finished"), ("running", True, "failed")])
+def test_run_outcome_reads_the_runs_status(tmp_path, status, failed, outcome):
+    """What a tracker records as the run's end: run.json's status, or the driver's word."""
+    from elastic_train.callbacks import RunContext
+    from elastic_train.integrations.common import run_outcome
+    from elastic_train.storage import RunStorage
+    from elastic_train.storage.run_state import RunState, RunStatus
+
+    storage = RunStorage.open(str(tmp_path), "run")
+    storage.write_run_state(RunState(name="run", status=RunStatus(status)))
+    assert run_outcome(RunContext("run", storage), failed) == outcome

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from elastic_train.agent.rendezvous.config import RendezvousConfig
-from elastic_train.driver.launch import LaunchSettings, continuing_command
+from elastic_train.driver.launch import LaunchSettings
+from elastic_train.driver.launch_run import continuing_command
 from elastic_train.redaction import (
     public_options,
     redact_argv,
@@ -48,7 +49,7 @@ def test_launch_records_and_hints_are_redacted(tmp_path):
     argv = ["--rdzv-conf", "password=hunter2", "--storage-option", "key=AK",
             f"{REPO}/tests/e2e/launch_script.py", "out", "3", "--db", "https://u:pw@h"]
     settings = LaunchSettings(target=argv[4], target_args=argv[5:],
-                              rdzv_conf="password=hunter2", storage_options={"key": "AK"},
+                              rdzv_conf="password=hunter2", storage_option=["key=AK"],
                               storage_path=str(tmp_path), name="n")
     command = continuing_command(settings, argv)
     text = repr(command) + repr(settings.flags())

@@ -6,7 +6,6 @@ import os
 
 import pytest
 
-from elastic_train.cli.launch_args import launch_parser
 from elastic_train.cli.relaunch import RunAt, plan_relaunch
 from elastic_train.errors import ConfigError
 
@@ -16,7 +15,7 @@ AT = RunAt("/new/results", "job.failed-20260101T000000Z", None)
 
 def plan(command, at=AT, trust=False, start_over=False):
     return plan_relaunch(["elastic-train", "launch", *command], at, "/stored/cwd", trust=trust,
-                         start_over=start_over, parser=launch_parser())
+                         start_over=start_over)
 
 
 def test_the_path_given_replaces_the_stored_name_and_storage():
@@ -41,8 +40,7 @@ def test_programs_and_modules_need_trust(command, message):
 
 def test_only_a_launch_is_ever_run_and_a_missing_script_names_where_it_was():
     with pytest.raises(ConfigError, match="not an `elastic-train launch`"):
-        plan_relaunch(["sh", "-c", "id"], AT, "/c", trust=True, start_over=False,
-                      parser=launch_parser())
+        plan_relaunch(["sh", "-c", "id"], AT, "/c", trust=True, start_over=False)
     with pytest.raises(ConfigError, match="train.py does not exist .* launched from /stored"):
         plan(["train.py"])
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from elastic_train.agent.rendezvous.backends import lookup
 from elastic_train.errors import ConfigError
+from elastic_train.platforms import derived_settings
 from elastic_train.redaction import public_options
 
 
@@ -77,7 +78,9 @@ class RendezvousConfig:
             torchrun: ``--rdzv-conf k=v,...``; env ``PET_RDZV_CONF``.
 
     A field left ``None`` is read from its ``PET_*`` environment variable (what
-    torchrun and e.g. Kubeflow's PyTorchJob set), else gets its default.
+    torchrun and e.g. Kubeflow's PyTorchJob set), else from the platform (inside a
+    Slurm allocation: c10d on the first host of the node list, the job id as the
+    run id; see :mod:`elastic_train.platforms`), else gets its default.
 
     Example::
 
@@ -90,14 +93,9 @@ class RendezvousConfig:
     conf: dict[str, object] | None = None
 
     def __post_init__(self) -> None:
-        env = os.environ
-        backend = lookup(self.backend or env.get("PET_RDZV_BACKEND") or "c10d",
-                         "RendezvousConfig.backend")
+        self._from_environment()
+        backend = lookup(self.backend, "RendezvousConfig.backend")
         self.backend = backend.name
-        self.endpoint = self.endpoint or env.get("PET_RDZV_ENDPOINT") or None
-        self.run_id = self.run_id or env.get("PET_RDZV_ID") or None
-        if self.conf is None:
-            self.conf = parse_rdzv_conf(env.get("PET_RDZV_CONF", ""), "PET_RDZV_CONF")
         if not isinstance(self.conf, dict):
             raise ConfigError(f"RendezvousConfig.conf={self.conf!r} must be a dict such as "
                               "{'last_call_timeout': 5}.")
@@ -109,6 +107,26 @@ class RendezvousConfig:
                 f"RendezvousConfig(backend={self.backend!r}) needs this node's rank: pass "
                 "conf={'rank': N} (elastic-train launch's --node-rank), or use an elastic "
                 "backend, 'c10d' or 'etcd', which ranks the nodes itself.")
+
+    def _from_environment(self) -> None:
+        """Fields left None: torchrun's ``PET_RDZV_*``, then what the platform implies
+        (inside Slurm: c10d on the allocation's first host, the job id; see
+        :mod:`elastic_train.platforms`), as ``elastic-train launch`` reads them."""
+        env = os.environ
+        platform = derived_settings(env) \
+            if None in (self.backend, self.endpoint, self.run_id) else {}
+
+        def read(variable: str, key: str) -> str | None:
+            return env.get(variable) or (platform[key].value if key in platform else None)
+
+        self.backend = self.backend or read("PET_RDZV_BACKEND", "rdzv_backend") or "c10d"
+        # The platform's endpoint is a c10d store of its own; another backend needs one given.
+        platform_store = lookup(self.backend, "RendezvousConfig.backend").name == "c10d"
+        self.endpoint = self.endpoint or (read("PET_RDZV_ENDPOINT", "rdzv_endpoint")
+                                          if platform_store else env.get("PET_RDZV_ENDPOINT"))
+        self.run_id = self.run_id or read("PET_RDZV_ID", "rdzv_id")
+        if self.conf is None:
+            self.conf = parse_rdzv_conf(env.get("PET_RDZV_CONF", ""), "PET_RDZV_CONF")
 
     @classmethod
     def single_node(cls, name: str) -> RendezvousConfig:

@@ -14,7 +14,7 @@ Ray's Transformers guide ports by changing ``ray.train`` to ``elastic_train``::
 Needs ``transformers`` and ``accelerate`` (``pip install 'elastic-train[transformers]'``).
 """
 
-from elastic_train.extras import require
+from elastic_train.integrations.extras import require
 
 require("transformers", extra="transformers", user="elastic_train.huggingface.transformers")
 

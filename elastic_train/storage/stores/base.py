@@ -34,6 +34,9 @@ class StoreAdapter:
     #: them in place, and the run's logs are written straight into the run directory.
     is_local: ClassVar[bool] = False
 
+    #: What to check when the store cannot be read at all (said with the error).
+    access_hint: ClassVar[str] = "check the path and that you may read it"
+
     def __init__(self, fs: fsspec.AbstractFileSystem):
         self.fs = fs
 

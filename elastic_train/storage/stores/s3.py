@@ -25,6 +25,10 @@ PARTS_AT_ONCE = 4
 class S3Store(StoreAdapter):
     """An S3 bucket (fsspec's ``s3://``, ``s3a://``)."""
 
+    access_hint = ("check the bucket name, the credentials (AWS_ACCESS_KEY_ID and "
+                   "AWS_SECRET_ACCESS_KEY, a profile, or the storage options key= and "
+                   "secret=) and the endpoint (the storage option endpoint_url=)")
+
     @classmethod
     def filesystem_options(cls, options: dict[str, Any] | None) -> dict[str, Any]:
         """``options`` with no botocore retries and bounded timeouts, unless set.

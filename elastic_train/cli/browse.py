@@ -1,0 +1,100 @@
+"""``elastic-train ls`` and ``show``: read run directories, never change them.
+
+They read the run directory only (no torch import: they start in a fraction
+of a second). What they cannot read is said in one line with what to check:
+a path that does not exist, a store that refuses (credentials, a bucket, an
+endpoint: the store's adapter knows what to suggest), a run.json that is not
+a run record (``ls`` skips it with a warning, ``show`` explains it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+
+import fsspec
+
+from elastic_train.cli import render
+from elastic_train.cli.run_summary import RunSummary
+from elastic_train.errors import ConfigError, StorageError
+from elastic_train.storage import RunStorage
+from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.run_state import RunState
+from elastic_train.storage.stores import adapter_for
+
+
+@contextlib.contextmanager
+def reading(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[None]:
+    """Any error of the store while reading ``path`` as one StorageError saying what to
+    check (a botocore or fsspec traceback says nothing to a user)."""
+    try:
+        yield
+    except (ConfigError, StorageError):
+        raise
+    except FileNotFoundError:
+        raise StorageError(f"{fsutil.display_path(fs, path)} does not exist; check the "
+                           "path") from None
+    except Exception as exc:  # the store's own error types vary (botocore, OSError, ...)
+        raise StorageError(f"cannot read {fsutil.display_path(fs, path)} "
+                           f"({type(exc).__name__}: {exc}); {adapter_for(fs).access_hint}"
+                           ) from exc
+
+
+def _runs(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[str, RunStorage, RunState]]:
+    """The runs under ``root``, oldest first; an unreadable run.json is skipped with a
+    warning."""
+    with reading(fs, root):
+        if not fs.isdir(root):
+            raise FileNotFoundError(root)
+        entries = fs.ls(root, detail=True)
+    runs = []
+    for entry in entries:
+        if entry["type"] != "directory":
+            continue
+        storage = RunStorage(fs, entry["name"])
+        try:
+            with reading(fs, entry["name"]):
+                state = storage.read_run_state()
+        except StorageError as exc:
+            print(f"elastic-train: skipping {storage.display_path}: {exc}", file=sys.stderr)
+            continue
+        if state is not None:
+            runs.append((entry["name"].rstrip("/").rsplit("/", 1)[-1], storage, state))
+    return sorted(runs, key=lambda r: r[2].created)
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    fs, root = fsutil.resolve(args.storage_path,
+                              options=fsutil.options_from_flags(args.storage_option))
+    runs = [(name, state, RunSummary.read(storage, state))
+            for name, storage, state in _runs(fs, root)]
+    if args.json:
+        print(render.runs_json(runs))
+    elif not runs:
+        print(f"No runs under {fsutil.display_path(fs, root)}")
+    else:
+        print("\n".join(render.runs_table(runs, time.time())))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    fs, path = fsutil.resolve(args.run_path,
+                              options=fsutil.options_from_flags(args.storage_option))
+    storage = RunStorage(fs, path)
+    with reading(fs, path):
+        if not fs.exists(path):
+            raise FileNotFoundError(path)
+        state = storage.read_run_state()
+        if state is None:
+            raise StorageError(f"{storage.display_path} is not a run directory (no run.json); "
+                               "pass a run's directory, as `elastic-train ls` lists them")
+        summary = RunSummary.read(storage, state)
+    if args.json:
+        print(render.run_json(state, summary))
+    else:
+        log_dir = fsutil.display_path(fs, storage.log_dir())
+        print("\n".join(render.run_text(storage.display_path, state, summary, log_dir)))
+    return 0

@@ -1,0 +1,175 @@
+"""torchrun's rules for its flags, each a small function of the values given.
+
+:class:`~elastic_train.driver.launch.LaunchSettings` applies them; each
+``source`` argument is where the value came from (``"--nnodes"``,
+``"PET_NNODES"``, ``"SLURM_JOB_NUM_NODES"``), so a ConfigError names it.
+Where torchrun has a rule we keep its rule (the single-node static job gets
+a local c10d store; ``--nproc-per-node auto``; ``-r 0:1,1:2``); where we
+differ, the docstring says why.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from elastic_train.driver.console import BOTH, ConsoleView
+from elastic_train.errors import ConfigError
+
+if TYPE_CHECKING:
+    from elastic_train.driver.launch import LaunchSettings
+
+_STREAMS = {"0": frozenset(), "1": frozenset({"stdout"}), "2": frozenset({"stderr"}),
+            "3": BOTH}
+
+
+def parse_nnodes(value: str, source: str) -> tuple[int, int]:
+    """``"2"`` -> (2, 2); ``"1:4"`` -> (1, 4)."""
+    try:
+        low, _, high = value.partition(":")
+        bounds = (int(low), int(high or low))
+    except ValueError:
+        bounds = (0, 0)
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise ConfigError(f"{source}={value!r} is invalid: use N or MIN:MAX with "
+                          "1 <= MIN <= MAX, e.g. --nnodes 2 or --nnodes 1:4.")
+    return bounds
+
+
+def local_world_size(value: str, source: str) -> int:
+    """Workers on this node, as torchrun counts them: a number, ``cpu`` (the CPUs this
+    process may use), ``gpu`` / ``xpu`` (that many devices; an error without any), or
+    ``auto`` (the accelerators if there are any, else the CPUs)."""
+    if value.lstrip("-").isdigit():
+        if int(value) < 1:
+            raise ConfigError(f"{source}={value} is invalid: use >= 1, or auto, cpu, gpu "
+                              "or xpu.")
+        return int(value)
+    if value not in ("auto", "cpu", "gpu", "xpu"):
+        raise ConfigError(f"{source}={value!r} is invalid: use a number >= 1, or auto, cpu, "
+                          "gpu or xpu.")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else os.cpu_count() or 1
+    if value == "cpu":
+        return cpus
+    import torch
+
+    if value == "auto":
+        return torch.accelerator.device_count() if torch.accelerator.is_available() else cpus
+    module = torch.cuda if value == "gpu" else torch.xpu
+    if not module.is_available():
+        raise ConfigError(f"{source}={value} needs a {value.upper()}, and this node has "
+                          "none: use auto, cpu or a number.")
+    return module.device_count()
+
+
+def _std(value: str, source: str) -> dict[int, frozenset[str]] | frozenset[str]:
+    """torchrun's ``-r``/``-t`` value: ``"3"`` for every local rank, or ``"0:1,1:2"``."""
+    if value in _STREAMS:
+        return _STREAMS[value]
+    per_rank: dict[int, frozenset[str]] = {}
+    for item in value.split(","):
+        rank, _, std = item.partition(":")
+        if not rank.strip().isdigit() or std not in _STREAMS:
+            raise ConfigError(f"{source}={value!r} is invalid: use 0 (none), 1 (stdout), "
+                              "2 (stderr) or 3 (both) for every rank, or LOCAL_RANK:N pairs "
+                              "such as 0:1,1:2.")
+        per_rank[int(rank)] = _STREAMS[std]
+    return per_rank
+
+
+def _for_rank(std: dict[int, frozenset[str]] | frozenset[str], rank: int) -> frozenset[str]:
+    return std.get(rank, frozenset()) if isinstance(std, dict) else std
+
+
+def local_ranks(value: str, source: str) -> frozenset[int] | None:
+    """``--local-ranks-filter 0,1`` -> {0, 1}; empty: every rank."""
+    if not value:
+        return None
+    items = value.split(",")
+    if not all(item.strip().isdigit() for item in items):
+        raise ConfigError(f"{source}={value!r} is invalid: use local ranks separated by "
+                          "commas, e.g. 0 or 0,1.")
+    return frozenset(int(item) for item in items)
+
+
+def console_view(values: Mapping[str, str], sources: Mapping[str, str], role: str,
+                 nproc: int) -> ConsoleView:
+    """What the console shows: for each local rank, the streams not redirected to the log
+    files only (``-r``) plus those teed (``-t``); the ranks ``--local-ranks-filter`` keeps;
+    each line prefixed per ``--log-line-prefix-template`` (or
+    ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``, as torchrun). Every rank's output is always
+    in its log files."""
+    redirects = _std(values["redirects"], sources["redirects"])
+    tee = _std(values["tee"], sources["tee"])
+    shown = {rank: BOTH - _for_rank(redirects, rank) | _for_rank(tee, rank)
+             for rank in range(nproc)}
+    template = values["log_line_prefix_template"] \
+        or os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE") or None
+    return ConsoleView(local_ranks=local_ranks(values["local_ranks_filter"],
+                                               sources["local_ranks_filter"]),
+                       streams_by_rank=shown, prefix_template=template, role=role)
+
+
+def signal_names(value: str, source: str) -> str:
+    """``--signals-to-handle``: signal names separated by commas, each one this system has."""
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [n for n in names if not isinstance(getattr(signal, n, None), signal.Signals)]
+    if unknown or not names:
+        raise ConfigError(f"{source}={value!r} is invalid: use signal names separated by "
+                          "commas, e.g. SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1.")
+    return ",".join(names)
+
+
+def endpoint_name(endpoint: str) -> str:
+    """A run name from a static job's master endpoint (``static-node0-29500``): the one
+    thing every node of such a job shares when it was given no id."""
+    return "static-" + re.sub(r"[^A-Za-z0-9._-]+", "-", endpoint).strip("-")
+
+
+def check_program(settings: LaunchSettings) -> None:
+    """The program must exist before any process starts (torch would fail later)."""
+    s = settings
+    if s.module and s.no_python and not s.run_path:  # torchrun refuses it too
+        raise ConfigError(f"{s.named('module')} and {s.named('no_python')} cannot be used "
+                          "together (-m runs a Python module, --no-python a program): drop "
+                          "one of them.")
+    if s.mode == "program" and shutil.which(s.target) is None:
+        raise ConfigError(f"--no-python program {s.target!r} was not found or is not "
+                          "executable: pass a program on PATH or the path of an executable "
+                          "file.")
+    if s.mode == "script" and not os.path.isfile(s.target):
+        raise ConfigError(f"The training script {s.target!r} does not exist. Pass a script "
+                          "path, or -m MODULE, or --no-python PROGRAM.")
+
+
+def check_static_job(settings: LaunchSettings) -> None:
+    """A static job is a fixed set of ranked nodes (torch's static rendezvous waits for
+    MAX nodes and never shrinks, so a MIN:MAX would mislead)."""
+    s = settings
+    if s.min_nodes < s.max_nodes:
+        raise ConfigError(f"{s.named('nnodes')}={s.nnodes!r} is a range, but the static "
+                          "rendezvous (torchrun's default backend) needs a fixed number of "
+                          "nodes: pass --nnodes N, or --rdzv-backend c10d (or etcd) with "
+                          "--rdzv-endpoint and --rdzv-id for an elastic job.")
+    if not 0 <= s.node_rank < s.max_nodes:
+        raise ConfigError(f"{s.named('node_rank')}={s.node_rank} is invalid: with "
+                          f"{s.named('nnodes')}={s.nnodes} use 0 to {s.max_nodes - 1}, "
+                          "a different rank on every node.")
+
+
+def unsupported(settings: LaunchSettings) -> list[str]:
+    """One line for each torchrun flag given that we do not honour."""
+    s, notes = settings, []
+    if s.logs_specs:
+        notes.append(f"{s.named('logs_specs')} {s.logs_specs} is not supported (the console "
+                     "and run logs need torch's default log layout); ignored.")
+    for stream in ("stdout", "stderr"):
+        if getattr(s, f"duplicate_{stream}_filters"):
+            notes.append(f"{s.named(f'duplicate_{stream}_filters')} is not supported; "
+                         f"ignored: every rank's {stream} is in the run's logs/ (grep there).")
+    return notes

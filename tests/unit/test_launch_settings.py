@@ -1,0 +1,196 @@
+"""``elastic-train launch``'s settings from flags, PET_* variables, Slurm and Kubeflow, as
+``--dry-run`` reports them (the same path a real launch takes), and its one-line errors
+that name where a bad value came from."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from elastic_train.cli.launch_args import main_launch
+from elastic_train.platforms import SLURM_PORT_BASE
+from tests.support.paths import REPO
+
+SCRIPT = "tests/e2e/plain_torchrun_script.py"
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch):
+    monkeypatch.chdir(REPO)
+
+
+def dry_run(capsys, argv, env=None):
+    code = main_launch(["--dry-run", *argv], env or {})
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return {key: entry if key == "notes" else (entry["value"], entry["source"])
+            for key, entry in json.loads(out).items()}
+
+
+def failure(capsys, argv, env=None):
+    code = main_launch(argv, env or {})
+    out, err = capsys.readouterr()
+    assert code == 2 and not out
+    assert err.count("\n") == 1 and err.startswith("elastic-train: "), err
+    assert "Traceback" not in err
+    return err
+
+
+def test_nothing_given_is_torchruns_single_node_static_job(capsys):
+    got = dry_run(capsys, [SCRIPT])
+    assert got["nnodes"] == (1, "default") and got["nproc_per_node"] == (1, "default")
+    assert got["rdzv_backend"][0] == "c10d" and "local c10d store" in got["rdzv_backend"][1]
+    assert got["rdzv_endpoint"][0] == "127.0.0.1:0"
+    assert got["name"][0].startswith("launch_") and got["program"] == ([SCRIPT], "script")
+
+
+def test_slurm_allocation_alone_on_a_compressed_node_list(capsys):
+    env = {"SLURM_JOB_ID": "31337", "SLURM_JOB_NUM_NODES": "5", "SLURM_NODEID": "3",
+           "SLURM_JOB_NODELIST": "gpu-a[01-03,07],gpu-b12", "SLURM_GPUS_ON_NODE": "4"}
+    got = dry_run(capsys, [SCRIPT], env)
+    port = SLURM_PORT_BASE + 31337 % 10000
+    assert got["nnodes"] == (5, "SLURM_JOB_NUM_NODES")
+    assert got["nproc_per_node"] == (4, "SLURM_GPUS_ON_NODE")
+    assert got["rdzv_backend"] == ("c10d", "SLURM_JOB_NUM_NODES")
+    assert got["rdzv_endpoint"] == (f"gpu-a01:{port}", "SLURM_JOB_NODELIST, SLURM_JOB_ID")
+    assert got["rdzv_id"] == ("31337", "SLURM_JOB_ID")
+    assert got["name"] == ("31337", "rdzv_id (SLURM_JOB_ID)")
+    assert got["rdzv_conf"][0]["keep_alive_interval"] == 1  # our fast-recovery defaults
+
+
+def test_one_slurm_node_is_a_local_job_named_after_the_job(capsys):
+    """A requeued single-node job continues its run: its name is the job id."""
+    env = {"SLURM_JOB_ID": "808", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "cpu7"}
+    got = dry_run(capsys, [SCRIPT], env)
+    assert got["rdzv_endpoint"][0] == "127.0.0.1:0" and got["nnodes"] == (1, "SLURM_JOB_NUM_NODES")
+    assert got["name"] == ("808", "rdzv_id (SLURM_JOB_ID)")
+
+
+def test_flags_and_pet_variables_win_over_slurm(capsys):
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1",
+           "SLURM_JOB_NODELIST": "n[1-2]", "MASTER_PORT": "29999",
+           "PET_NPROC_PER_NODE": "3", "PET_RDZV_ID": "mine"}
+    got = dry_run(capsys, ["--rdzv-backend", "static", "--name", "exp", SCRIPT], env)
+    assert got["rdzv_backend"] == ("static", "--rdzv-backend")
+    assert got["rdzv_endpoint"] == ("n1:29999", "SLURM_JOB_NODELIST, MASTER_PORT")
+    assert got["node_rank"] == (1, "SLURM_NODEID")
+    assert got["nproc_per_node"] == (3, "PET_NPROC_PER_NODE")
+    assert got["rdzv_id"] == ("mine", "PET_RDZV_ID") and got["name"] == ("exp", "--name")
+
+
+def test_kubeflow_static_pytorchjob(capsys):
+    """What the operator sets in a worker pod of a PyTorchJob without an elastic policy."""
+    env = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "auto",
+           "PET_MASTER_ADDR": "resnet-master-0", "PET_MASTER_PORT": "23456",
+           "MASTER_ADDR": "resnet-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "2",
+           "RANK": "1", "PYTHONUNBUFFERED": "1"}
+    got = dry_run(capsys, [SCRIPT], env)
+    assert got["rdzv_backend"] == ("static", "default")
+    assert got["rdzv_endpoint"] == ("resnet-master-0:23456", "PET_MASTER_ADDR, PET_MASTER_PORT")
+    assert got["node_rank"] == (1, "PET_NODE_RANK")
+    assert got["nproc_per_node"] == (len(os.sched_getaffinity(0)), "PET_NPROC_PER_NODE")
+    assert got["name"][0] == "resnet" and "Kubeflow" in got["name"][1]
+
+
+def test_kubeflow_elastic_pytorchjob_without_an_rdzv_id(capsys):
+    env = {"PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "bert-worker-0:29400",
+           "PET_NNODES": "2:4", "PET_MAX_RESTARTS": "3", "PET_NPROC_PER_NODE": "2"}
+    got = dry_run(capsys, [SCRIPT], env)
+    assert got["nnodes"] == ("2:4", "PET_NNODES") and got["max_restarts"] == (3, "PET_MAX_RESTARTS")
+    assert got["rdzv_id"][0] == "bert" and got["name"][0] == "bert"
+    assert got["node_rank"][0] is None
+
+
+def test_a_static_job_without_an_id_is_named_after_its_master(capsys):
+    got = dry_run(capsys, ["--nnodes", "2", "--node-rank", "1", "--master-addr", "node0",
+                           "--master-port", "29500", SCRIPT])
+    assert got["name"][0] == "static-node0-29500"
+    assert any("named static-node0-29500" in note for note in got["notes"])
+
+
+def test_flags_we_do_not_honour_get_a_note(capsys):
+    got = dry_run(capsys, ["--logs-specs", "custom", SCRIPT])
+    assert got["notes"] == ["--logs-specs custom is not supported (the console and run logs "
+                            "need torch's default log layout); ignored."]
+
+
+@pytest.mark.parametrize("argv, env, words", [
+    ([SCRIPT], {"PET_NPROC_PER_NODE": "many"}, ["PET_NPROC_PER_NODE='many'", "auto"]),
+    ([SCRIPT], {"PET_NPROC_PER_NODE": "0"}, ["PET_NPROC_PER_NODE=0", ">= 1"]),
+    ([SCRIPT], {"PET_MAX_RESTARTS": "abc"}, ["PET_MAX_RESTARTS='abc'", "whole number"]),
+    ([SCRIPT], {"PET_MAX_RESTARTS": "-2"}, ["PET_MAX_RESTARTS:", "max_failures=-2"]),
+    ([SCRIPT], {"PET_STANDALONE": "yes"}, ["PET_STANDALONE='yes'", "1 (on) or 0"]),
+    ([SCRIPT], {"PET_NNODES": "0"}, ["PET_NNODES='0'", "MIN:MAX"]),
+    ([SCRIPT], {"PET_START_METHOD": "thread"}, ["PET_START_METHOD='thread'", "spawn"]),
+    ([SCRIPT], {"SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "two"},
+     ["SLURM_JOB_NUM_NODES='two'"]),
+    ([SCRIPT], {"SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "2",
+                "SLURM_JOB_NODELIST": "gpu[1-"}, ["SLURM_JOB_NODELIST='gpu[1-'"]),
+    (["--local-ranks-filter", "a,b", SCRIPT], {}, ["--local-ranks-filter='a,b'", "0,1"]),
+    (["-r", "0:7", SCRIPT], {}, ["--redirects='0:7'", "0:1,1:2"]),
+    (["--signals-to-handle", "SIGNOPE", SCRIPT], {}, ["'SIGNOPE'", "SIGUSR1"]),
+    (["--no-python", "no-such-program-xyz"], {}, ["'no-such-program-xyz'", "PATH"]),
+    (["-m", "--no-python", "python3"], {}, ["cannot be used together"]),
+    (["--nnodes", "1:2", SCRIPT], {}, ["--nnodes='1:2'", "--rdzv-backend c10d"]),
+    (["--nnodes", "2", "--node-rank", "2", SCRIPT], {}, ["--node-rank=2", "0 to 1"]),
+    (["--max-restarts", "x", SCRIPT], {}, ["--max-restarts", "'x'"]),
+    (["--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", "h:2379", SCRIPT], {},
+     ["--rdzv-id is required"]),
+    (["--print-completion", "bash", SCRIPT], {}, ["torchrun --print-completion"]),
+    ([SCRIPT], {"PET_UNWIND_TIMEOUT": "0"}, ["PET_UNWIND_TIMEOUT:", "unwind_timeout_s=0"]),
+    (["--max-restarts-without-progress", "0", SCRIPT], {},
+     ["--max-restarts-without-progress:", "max_restarts_without_progress=0", "-1"]),
+    (["--rdzv-backend", "etcd", SCRIPT], {"SLURM_JOB_ID": "5", "SLURM_JOB_NUM_NODES": "2",
+                                          "SLURM_JOB_NODELIST": "n[1-2]"},
+     ["--rdzv-endpoint is required for --rdzv-backend etcd"]),  # Slurm's is a c10d store
+])
+def test_bad_values_end_in_one_line_naming_their_source(capsys, argv, env, words):
+    err = failure(capsys, argv, env)
+    for word in words:
+        assert word in err, err
+
+
+@pytest.mark.parametrize("argv, env, expected", [
+    ([SCRIPT], {}, (True, 10.0, 3)),
+    (["--no-restart-in-process", "--unwind-timeout", "2.5", "--max-restarts-without-progress",
+      "-1", SCRIPT], {}, (False, 2.5, -1)),
+    ([SCRIPT], {"PET_UNWIND_TIMEOUT": "4", "PET_MAX_RESTARTS_WITHOUT_PROGRESS": "5"},
+     (True, 4.0, 5)),
+])
+def test_in_process_and_no_progress_flags_set_the_failure_config(monkeypatch, argv, env,
+                                                                   expected):
+    launched = []
+    monkeypatch.setattr("elastic_train.driver.launch_run.launch",
+                        lambda settings, argv: launched.append(settings) or 0)
+    assert main_launch(argv, env) == 0
+    failure = launched[0].run_config.failure_config
+    assert (failure.restart_in_process, failure.unwind_timeout_s,
+            failure.max_restarts_without_progress) == expected
+
+
+def test_debug_shows_the_traceback(capsys):
+    main_launch(["--debug", "--nnodes", "0", SCRIPT], {})
+    assert "Traceback" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, zygote", [
+    ({}, True),
+    ({"numa_binding": "node"}, False),  # numactl wraps the worker's own command
+    ({"run_path": True}, False),        # torchrun's --run-path with its default spawn
+    ({"run_path": True, "start_method": "fork"}, True),
+])
+def test_which_workers_fork_from_the_zygote(flags, zygote):
+    from elastic_train.driver.launch import LaunchSettings
+
+    assert LaunchSettings(target=SCRIPT, **flags).process.zygote is zygote
+
+
+def test_python_exec_picks_the_workers_interpreter(monkeypatch):
+    from elastic_train.driver.launch import LaunchSettings
+
+    monkeypatch.setenv("PYTHON_EXEC", "/opt/python3.12/bin/python")
+    program, args = LaunchSettings(target=SCRIPT, target_args=["--lr", "1"]).worker_command()
+    assert program == "/opt/python3.12/bin/python"
+    assert args == ("-m", "elastic_train.worker.script_worker", SCRIPT, "--lr", "1")
