@@ -80,28 +80,27 @@ def own_cpu_s() -> float:
     return total
 
 
-def peak_rss_mb(pid: int) -> float | None:
-    """``VmHWM`` of a live process in MiB (its peak RSS so far), or None once gone."""
+def _kib_field(path: str, key: str) -> float | None:
+    """The ``key:  N kB`` line of a /proc file in MiB, or None once the process is gone."""
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         return None
     return None
 
 
+def peak_rss_mb(pid: int) -> float | None:
+    """``VmHWM`` of a live process in MiB (its peak RSS so far), or None once gone."""
+    return _kib_field(f"/proc/{pid}/status", "VmHWM")
+
+
 def pss_mb(pid: int) -> float | None:
     """A live process's proportional set size in MiB (pages shared by N processes count
     1/N each, so the sum over a tree is what the tree really holds), or None once gone."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
+    return _kib_field(f"/proc/{pid}/smaps_rollup", "Pss")
     return None
 
 
