@@ -30,7 +30,6 @@ cloudpickle.register_pickle_by_value(jobs)
 cloudpickle.register_pickle_by_value(restart_job)
 
 
-
 def pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
