@@ -176,8 +176,9 @@ class NoProgressError(TrainingFailedError):
 
     @classmethod
     def stopped(cls, reason: str, failures: list[WorkerFailure], run_path: str,
-                resume_hint: str) -> NoProgressError:
-        """The message: the reason first (one line), then the last failure's traceback."""
+                resume_hint: str, guard_hint: str) -> NoProgressError:
+        """The message: the reason first (one line), then the last failure's traceback;
+        ``guard_hint`` says how to turn the guard off, in the front-end's terms."""
         root = failures[0]
         lines = [f"Training stopped: {reason}.", "", f"The last failure: {root.describe()}."]
         if root.traceback:
@@ -186,7 +187,7 @@ class NoProgressError(TrainingFailedError):
             lines.append(root.message)
         lines += ["", f"Run directory: {run_path}",
                   f"Fix the failure, then to continue from the latest checkpoint, {resume_hint}.",
-                  "FailureConfig(max_restarts_without_progress=-1) turns this guard off."]
+                  f"To turn this guard off, {guard_hint}."]
         return cls("\n".join(lines), failures=failures, run_path=run_path, reason=reason)
 
 

@@ -109,7 +109,8 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
         spec={"command": command, "cwd": os.getcwd(), "identity": settings.identity(),
               "launch": settings.flags(), "checkpoint_config": asdict(settings.checkpoint)},
         hints=FailureHints(resume=f"run the same command again: {shlex.join(command)}",
-                           retry="pass --max-restarts N (or -1 for unlimited)"),
+                           retry="pass --max-restarts N (or -1 for unlimited)",
+                           no_guard="pass --max-restarts-without-progress -1"),
         view=settings.view, process=settings.process, log_dir=settings.log_dir,
         monitor_interval=settings.monitor_interval, local_addr=settings.local_addr)
     if lookup(settings.rendezvous.backend, "--rdzv-backend").reuses_store:

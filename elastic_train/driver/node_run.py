@@ -52,10 +52,12 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class FailureHints:
     """How a failed run's error tells the user to go on: ``resume`` (continue from the
-    latest checkpoint) and ``retry`` (raise the restart budget), in the front-end's terms."""
+    latest checkpoint), ``retry`` (raise the restart budget) and ``no_guard`` (turn the
+    no-progress guard off), in the front-end's terms."""
 
     resume: str
     retry: str
+    no_guard: str = "set FailureConfig(max_restarts_without_progress=-1)"
 
     @classmethod
     def for_fit(cls) -> FailureHints:
@@ -206,7 +208,7 @@ class NodeRun:
         if outcome.no_progress is not None:
             error: TrainingFailedError = NoProgressError.stopped(
                 outcome.no_progress, outcome.failures, self.plan.storage.display_path,
-                resume_hint=self.plan.hints.resume)
+                resume_hint=self.plan.hints.resume, guard_hint=self.plan.hints.no_guard)
         else:
             error = (PreemptionError if preempted else TrainingFailedError).from_failures(
                 outcome.failures, self.plan.storage.display_path,

@@ -159,6 +159,7 @@ def test_no_progress_guard_stops_an_unlimited_budget(storage_path):
     assert "no progress in 3 consecutive restarts" in reason
     assert "each failed with rank 1: ValueError: loss is nan" in reason
     assert info.value.exit_code == 3
+    assert "set FailureConfig(max_restarts_without_progress=-1)" in str(info.value)
     state = run_json(os.path.join(storage_path, "stuck"))
     assert state["status"] == "failed" and state["no_progress"] == reason
     assert len(state["failures"]) == 4  # the first attempt made progress, 3 restarts did not
@@ -210,6 +211,7 @@ def test_launch_no_progress_exits_3(storage_path, tmp_path):
     assert code == 3, out
     assert "Training stopped: no progress in 3 consecutive restarts" in out
     assert "rank 1: RuntimeError: crash at epoch 2" in out
+    assert "To turn this guard off, pass --max-restarts-without-progress -1." in out
 
 
 def test_verify_resume_passes_with_in_process_restarts(tmp_path):
