@@ -30,7 +30,8 @@ def test_a_node_failing_the_same_way_every_attempt_ends_the_job(storage_path, tm
             logs.append(open(tmp_path / f"node{i}.log", "w"))  # noqa: SIM115
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "elastic_train.cli", "launch", "--nnodes", "2",
-                 "--nproc-per-node", "1", "--rdzv-endpoint", endpoint, "--rdzv-id", "refused",
+                 "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                 "--rdzv-id", "refused",
                  "--max-restarts", "1", "--storage-path", storage_path,
                  "tests/e2e/launch_script.py", str(tmp_path), "6", "--refused-at", "2",
                  "--sleep", "0.2"], cwd=REPO, stdout=logs[-1], stderr=subprocess.STDOUT,

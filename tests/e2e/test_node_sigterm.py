@@ -87,7 +87,8 @@ def _launch(tmp_path, index: int, endpoint: str, storage_path: str, out_dir):
     log = open(tmp_path / f"agent{index}.log", "w")  # noqa: SIM115 (closed by the caller)
     proc = subprocess.Popen(
         [sys.executable, "-m", "elastic_train.cli", "launch", "--nnodes", "1:2",
-         "--nproc-per-node", "1", "--rdzv-endpoint", endpoint, "--rdzv-id", "node-term",
+         "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+         "--rdzv-id", "node-term",
          "--max-restarts", "0", "--preemption-grace", "3", "--storage-path", storage_path,
          "tests/e2e/launch_script.py", str(out_dir), "10", "--sleep", "1"],
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)

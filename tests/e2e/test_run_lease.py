@@ -1,6 +1,6 @@
 """One writer per run directory: a second job on a live run is refused before any process
 starts; a job whose lease was taken over stops writing (fencing); a node that spent its
-own budget leaves the uploads of the job that goes on without it alone."""
+own budget leaves the uploads of a node that still runs alone."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import time
 
 import pytest
 
+from elastic_train.agent.rendezvous.config import RendezvousConfig
+from elastic_train.driver.run_lease import RunLease
 from elastic_train.result import Result
+from elastic_train.storage import RunStorage
 from tests.conftest import child_pids, wait_until
 from tests.support.nodes import node_drivers, node_log
 from tests.support.paths import REPO
@@ -128,30 +131,37 @@ def test_a_hung_job_whose_stale_lease_was_taken_over_is_fenced(
 
 def test_node_that_spent_its_budget_leaves_uploads_of_a_live_node_alone(
         storage_path, tmp_path, etcd_endpoint):
-    """Two nodes (etcd, no restarts); rank 0's node fails by its own worker and spends
-    its budget, while the other node's driver still runs. Uploads that node may have in
-    flight -- here one planted while the failed node's callback holds it, as a commit
-    of the other node's rank could be -- are not the failed node's to remove: only the
-    job's last live node cleans up (the next start does it otherwise)."""
+    """A node of a 2-node job (etcd, no restarts) whose rank fails spends its budget and
+    records the run as failed, while another node of the job still runs -- here this
+    test's own process, holding that node's claim on the run's lease, as a node winding
+    down or uploading does. Uploads that node may have in flight (one planted while the
+    failed node's callback holds, as a commit of its rank could be) are not the failed
+    node's to remove: only the job's last live node cleans up (the next start does it
+    otherwise)."""
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     run_dir = os.path.join(storage_path, "budget")
+    rendezvous = {"backend": "etcd", "endpoint": etcd_endpoint}
     settings = {"storage": storage_path, "name": "budget", "out_dir": str(out_dir),
-                "epochs": 6, "rendezvous": {"backend": "etcd", "endpoint": etcd_endpoint},
-                "nodes": [1, 2], "max_failures": 0, "hold_after_exception": True,
+                "epochs": 6, "rendezvous": rendezvous, "nodes": [1, 2], "max_failures": 0,
+                "hold_after_exception": True,
                 "fault": {"rank": 0, "epoch": 2, "batch": 0, "how": "raise",
                           "marker": str(tmp_path / "fault")}}
     in_flight = [os.path.join(run_dir, "checkpoint_000099", "shard.bin"),
                  os.path.join(run_dir, ".upload-marks", "checkpoint_000099.rank1")]
-    with node_drivers(settings, tmp_path) as procs:
-        assert wait_until(lambda: (out_dir / "holding").exists(), 150), "no failure seen"
-        for path in in_flight:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write("{}")
-        (out_dir / "release").touch()
-        codes = [proc.wait(120) for proc in procs]
-    outs = [node_log(tmp_path, i) for i in (0, 1)]
-    assert all(code != 0 for code in codes), outs  # one node's spent budget ends the job
-    assert any("HOLD released" in out for out in outs), outs
+    other_node = RunLease.acquire(RunStorage.open(storage_path, "budget"),
+                                  RendezvousConfig(run_id="budget", **rendezvous), "fit()")
+    try:
+        with node_drivers(settings, tmp_path, envs=[{}]) as procs:
+            assert wait_until(lambda: (out_dir / "holding").exists(), 150), "no failure seen"
+            for path in in_flight:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w") as f:
+                    f.write("{}")
+            (out_dir / "release").touch()
+            code = procs[0].wait(120)
+    finally:
+        other_node.release()
+    out = node_log(tmp_path, 0)
+    assert code != 0 and "HOLD released" in out, out
     assert all(os.path.exists(path) for path in in_flight), "a live node's upload removed"
