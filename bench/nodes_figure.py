@@ -1,4 +1,4 @@
-"""Figure 10: a worker fails on one node of a 3-node job -- what restarts on the other nodes.
+"""Figure 13: a worker fails on one node of a 3-node job -- what restarts on the other nodes.
 
 Three agents on this machine form one job (c10d, ``--nnodes 3``, one worker
 each) and train the common workload; rank 1's worker exits with code 1 after
@@ -124,8 +124,8 @@ def _measured(events: Events) -> NodesRun:
 
 
 def nodes(suite: Suite) -> list[Table]:
-    """Figure 10."""
-    table = Table("Figure 10 — a worker fails on one node of a 3-node job (s, median (min–max))",
+    """Figure 13."""
+    table = Table("Figure 13 — a worker fails on one node of a 3-node job (s, median (min–max))",
                   ["variant", "recovered", "worker processes started on the other nodes",
                    "fault → every rank stepping again"])
     for variant in suite.variants(*VARIANTS):

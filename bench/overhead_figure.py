@@ -1,4 +1,4 @@
-"""Figure 9: elastic-train's steady-state cost per training step, against bare torchrun.
+"""Figure 12: elastic-train's steady-state cost per training step, against bare torchrun.
 
 Wall time on this machine varies ±10 % between identical runs, which hides a
 1-3 % regression. So this figure measures each step's *CPU time* inside the
@@ -45,13 +45,13 @@ def _paired(runs: dict[str, list[Sample]], variant: Variant, baseline: Variant, 
 
 
 def overhead(suite: Suite) -> list[Table]:
-    """Figure 9: per-step cost of (b) over (a), and of (c) and (d) over (b), with
+    """Figure 12: per-step cost of (b) over (a), and of (c) and (d) over (b), with
     confidence intervals."""
     profile = suite.profile
     variants = suite.variants(FLOOR, TORCH_SAVE, ET_EPOCH, ET_LAUNCH)
     runs = suite.run_set("overhead", variants, profile.overhead, profile.workers,
                          repeat=profile.overhead_pairs)
-    table = Table("Figure 9 — steady-state cost per step (µs per step; mean of paired "
+    table = Table("Figure 12 — steady-state cost per step (µs per step; mean of paired "
                   "differences [95 % interval])",
                   ["variant − baseline", "clock", "baseline µs/step", "variant µs/step",
                    "difference µs/step", "difference % of baseline",

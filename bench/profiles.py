@@ -51,7 +51,7 @@ class Profile:
     fault: FaultPlan = field(default=FaultPlan(how="sigkill", epoch=1, step=5, rank=1,
                                                recover_within_s=30.0))
     faults: tuple[str, ...] = ("exception", "exit", "sigkill")  # figure 4's rows
-    soak_faults: int = 50  # figure 11
+    soak_faults: int = 50  # figure 14
 
 
 _FULL_MODEL = WorkloadConfig(input_dim=512, hidden=1024, layers=2, batch=128)

@@ -1,4 +1,4 @@
-"""Figure 11: the soak -- one run, N faults, nothing lost and nothing left behind.
+"""Figure 14: the soak -- one run, N faults, nothing lost and nothing left behind.
 
 Runs :mod:`tests.support.soak` in a process of its own: a 2-rank ``fit()`` whose
 train function reads a DataLoader with 2 worker processes; rank 1 fails in each
@@ -44,7 +44,7 @@ def soak(suite: Suite) -> list[Table]:
         data = json.load(open(out)) if os.path.exists(out) else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    table = Table(f"Figure 11 — soak: {faults} faults in one fit() run",
+    table = Table(f"Figure 14 — soak: {faults} faults in one fit() run",
                   ["check", "result", "target"])
     if data is None:
         suite.fatal_failures += 1
