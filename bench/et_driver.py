@@ -36,6 +36,12 @@ def train_func(config: dict[str, Any]) -> float:
     return workload.train(cfg, model, rank, ReportHooks(cfg, rank, log), log)
 
 
+def _restart_mode(cfg: WorkloadConfig) -> dict[str, Any]:
+    """elastic-train's restart switch (variant c-proc turns in-process restarts off);
+    Ray Train has no such setting."""
+    return {} if cfg.restart_in_process else {"restart_in_process": False}
+
+
 def main(argv: list[str]) -> None:
     config_json, workers, storage, max_failures = argv
     cfg = WorkloadConfig.from_json(config_json)
@@ -46,7 +52,8 @@ def main(argv: list[str]) -> None:
                                            resources_per_worker={"CPU": cfg.threads}),
         run_config=train.RunConfig(
             name="bench", storage_path=storage,
-            failure_config=train.FailureConfig(max_failures=int(max_failures))),
+            failure_config=train.FailureConfig(max_failures=int(max_failures),
+                                               **_restart_mode(cfg))),
     ).fit()
 
 

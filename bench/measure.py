@@ -3,26 +3,24 @@
 :func:`measure` runs a variant in a fresh temporary directory (events,
 checkpoints and elastic-train storage all live there and are deleted
 afterwards) and turns the harness's launch/end times, the workers' events and
-the sampled memory into a :class:`Sample`. With a :class:`FaultPlan` it also
-SIGKILLs rank 1 in the middle of an epoch (figure 4).
+the sampled memory into a :class:`Sample`. With a :class:`FaultPlan` a rank
+fails in the middle of an epoch (figure 4) and the recovery is timed from its
+``fault`` event to the first step of the last rank to step again.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
 import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
 
 from bench import procs
-from bench.events import Events, read_pid
+from bench.events import Events
 from bench.variants import REPO, Variant, base_env, command
 from bench.workload import WorkloadConfig
-
-KILLED_RANK = 1
 
 
 @dataclass
@@ -42,6 +40,7 @@ class Sample:
     # Every other process of the tree (elastic-train's zygote and per-worker stand-ins,
     # Ray's worker actors' parents...), summed.
     helper_rss_mb: float = 0.0
+    pss_total_mb: float | None = None  # peak of the tree's summed PSS
     save_s: list[float] = field(default_factory=list)
     report_s: list[float] = field(default_factory=list)
     checkpoint_total_s: list[float] = field(default_factory=list)  # save + report + cleanup
@@ -50,57 +49,61 @@ class Sample:
     # Microseconds per steady-state step, mean over ranks: "wall", "thread_cpu", "process_cpu".
     step_us: dict[str, float] = field(default_factory=dict)
     checkpoint_mb: float | None = None
-    recovery_s: float | None = None
+    recovery_s: float | None = None  # fault -> every rank's first step again
     recovery_phases: dict[str, float] = field(default_factory=dict)
+    processes_started: int | None = None  # distinct worker processes (pids) over the run
     foreign_cores: float | None = None  # CPU other processes used during the run
 
 
 @dataclass(frozen=True)
 class FaultPlan:
-    """Figure 4's fault: SIGKILL rank 1 ``delay_s`` after rank 0 ends epoch ``after_epoch``;
-    give up on the run if rank 0 has not stepped again ``recover_within_s`` after the kill."""
+    """The recovery figure's fault: rank ``rank`` fails ``how`` (``exception``, ``exit``,
+    ``sigkill``, see :func:`bench.workload.fail`) after step ``step`` of epoch ``epoch``,
+    in the first attempt; the run is given up if some rank has not stepped again
+    ``recover_within_s`` after the fault."""
 
-    after_epoch: int
-    delay_s: float
-    recover_within_s: float
+    how: str
+    epoch: int = 1
+    step: int = 5
+    rank: int = 1
+    recover_within_s: float = 30.0
+
+    def apply(self, cfg: WorkloadConfig) -> WorkloadConfig:
+        return cfg.replace(fault=self.how, fault_epoch=self.epoch, fault_step=self.step,
+                           fault_rank=self.rank)
 
 
-class Killer:
-    """A poll callback: SIGKILLs rank 1 ``delay_s`` after rank 0 ends epoch ``after_epoch``,
-    then stops the run if rank 0 has not stepped again within ``recover_within_s``
-    (a restart that hangs would otherwise hold the suite until the run's timeout)."""
+class Watchdog:
+    """A poll callback: stops the run when, ``recover_within_s`` after the fault, some
+    rank has not stepped again (a restart that hangs would otherwise hold the suite
+    until the run's timeout)."""
 
-    def __init__(self, events_dir: str, plan: FaultPlan):
+    def __init__(self, events_dir: str, plan: FaultPlan, workers: int):
         self.events_dir = events_dir
-        self.after_epoch = plan.after_epoch
-        self.delay_s = plan.delay_s
-        self.recover_within_s = plan.recover_within_s
-        self.armed_at: float | None = None
+        self.plan = plan
+        self.workers = workers
         self.recovered = False
 
     def __call__(self, result: procs.RunResult) -> str | None:
-        killed = result.marks.get("killed")
-        if killed is not None:
-            if self.recovered or time.time() - killed < self.recover_within_s:
-                return None
-            if Events.read(self.events_dir).time_of("first_step", rank=0, restart=1):
-                self.recovered = True
-                return None
-            return f"no first step within {self.recover_within_s:.0f} s of the kill"
-        if self.armed_at is None:
-            ends = Events.read(self.events_dir).select("epoch_end")
-            if any(e["epoch"] >= self.after_epoch for e in ends):
-                self.armed_at = time.time()
+        if self.recovered:
             return None
-        pid = read_pid(self.events_dir, KILLED_RANK, 0)
-        if pid is None or time.time() < self.armed_at + self.delay_s:
+        events = Events.read(self.events_dir)
+        fault = events.time_of("fault", rank=None)
+        if fault is None or time.time() - fault < self.plan.recover_within_s:
             return None
-        result.marks["killed"] = time.time()
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return None
+        if every_rank_back(events, self.workers, fault) is not None:
+            self.recovered = True
+            return None
+        return f"not every rank stepped again within {self.plan.recover_within_s:.0f} s"
+
+
+def every_rank_back(events: Events, workers: int, fault: float) -> float | None:
+    """When the last rank took its first step after ``fault`` (None: not all did).
+    A restart's first step, whatever the rank's restart count (a node restarted for a
+    membership change keeps its count)."""
+    times = [min((e["t"] for e in events.select("first_step", rank=rank, restart=None)
+                  if e["t"] > fault), default=None) for rank in range(workers)]
+    return None if None in times else max(times)  # type: ignore[type-var]
 
 
 _PHASES = (("agent: launch/detect → worker process start", "proc_start"),
@@ -129,8 +132,8 @@ def _phases(ev: Events, origin: float, restart: int) -> dict[str, float]:
     for name, event in _PHASES:
         t = ev.time_of(event, rank=0, restart=restart)
         pending.append(name)
-        if t is None:
-            continue
+        if t is None or t < origin:  # not written, or (a process restarted in place)
+            continue                 # started before the fault: merged into the next phase
         out[" + ".join(pending)] = t - previous
         previous, pending = t, []
     return out
@@ -173,6 +176,7 @@ def _fill(sample: Sample, result: procs.RunResult, ev: Events, cfg: WorkloadConf
     pids = ev.pids_by_rank()
     rank_of = {pid: rank for rank, ps in pids.items() for pid in ps}
     sample.agent_rss_mb = result.peak_rss_mb.get(result.root_pid)
+    sample.pss_total_mb = result.peak_pss_total_mb or None
     for pid, rss in result.peak_rss_mb.items():
         if pid in rank_of:
             rank = rank_of[pid]
@@ -187,11 +191,13 @@ def _fill(sample: Sample, result: procs.RunResult, ev: Events, cfg: WorkloadConf
     sample.step_us = _step_costs(ev.select("steady", rank=None))
     sizes = [e["bytes"] for e in ev.select("save") if "bytes" in e]
     sample.checkpoint_mb = sizes[0] / 2**20 if sizes else None
-    killed = result.marks.get("killed")
-    back = ev.time_of("first_step", rank=0, restart=1)
-    if killed is not None and back is not None:
-        sample.recovery_s = back - killed
-        sample.recovery_phases = _phases(ev, killed, 1)
+    fault = ev.time_of("fault", rank=None)
+    back = every_rank_back(ev, sample.workers, fault) if fault is not None else None
+    if fault is not None and back is not None:
+        sample.recovery_s = back - fault
+        sample.recovery_phases = _phases(ev, fault, 1)
+        sample.processes_started = len({e["pid"] for e in ev.select("proc_start", rank=None,
+                                                                     restart=None)})
 
 
 def measure(variant: Variant, base: WorkloadConfig, workers: int, timeout_s: float,
@@ -203,12 +209,14 @@ def measure(variant: Variant, base: WorkloadConfig, workers: int, timeout_s: flo
         events_dir = os.path.join(workdir, "events")
         cfg = variant.workload(base).replace(events_dir=events_dir,
                                              ckpt_dir=os.path.join(workdir, "ckpt"))
+        if fault is not None:
+            cfg = fault.apply(cfg)
         os.makedirs(cfg.events_dir)
         os.makedirs(cfg.ckpt_dir)
         cmd = command(variant, cfg, workers, os.path.join(workdir, "storage"), max_restarts)
-        killer = Killer(events_dir, fault) if fault is not None else None
+        watchdog = Watchdog(events_dir, fault, workers) if fault is not None else None
         result = procs.run(cmd, base_env(cfg.threads, variant), cwd=REPO, timeout_s=timeout_s,
-                           log_path=os.path.join(workdir, "output.log"), on_poll=killer)
+                           log_path=os.path.join(workdir, "output.log"), on_poll=watchdog)
         sample = Sample(variant=variant.key, workers=workers, ok=result.ok)
         if not result.ok:
             fd, kept = tempfile.mkstemp(prefix=f"bench-failed-{variant.key}-", suffix=".log")

@@ -6,7 +6,8 @@ session of its own, so a process group does not reach them); on a timeout or
 at the end every process of that tree -- and only those -- is killed by pid.
 
 While the command runs, the harness samples ``VmHWM`` (peak resident set
-size) of the launched process and of each descendant. An optional
+size) of the launched process and of each descendant, and the sum of their
+PSS (proportional set size: shared pages split between their sharers). An optional
 ``on_poll`` callback (figure 4) can act on the run, e.g. SIGKILL a worker, and
 can stop it early by returning a reason (e.g. "no recovery within 60 s").
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -78,15 +80,27 @@ def own_cpu_s() -> float:
     return total
 
 
-def peak_rss_mb(pid: int) -> float | None:
-    """``VmHWM`` of a live process in MiB (its peak RSS so far), or None once gone."""
+def _kib_field(path: str, key: str) -> float | None:
+    """The ``key:  N kB`` line of a /proc file in MiB, or None once the process is gone."""
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         return None
+    return None
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """``VmHWM`` of a live process in MiB (its peak RSS so far), or None once gone."""
+    return _kib_field(f"/proc/{pid}/status", "VmHWM")
+
+
+def pss_mb(pid: int) -> float | None:
+    """A live process's proportional set size in MiB (pages shared by N processes count
+    1/N each, so the sum over a tree is what the tree really holds), or None once gone."""
+    return _kib_field(f"/proc/{pid}/smaps_rollup", "Pss")
     return None
 
 
@@ -103,6 +117,7 @@ class RunResult:
     stopped: str = ""  # why an on_poll callback stopped the run early
     foreign_cores: float | None = None  # mean CPU use of other processes, in cores
     peak_rss_mb: dict[int, float] = field(default_factory=dict)  # pid -> VmHWM
+    peak_pss_total_mb: float = 0.0  # the largest sum of PSS over the tree at one sample
     marks: dict[str, float] = field(default_factory=dict)  # set by on_poll callbacks
 
     @property
@@ -135,6 +150,18 @@ def _kill_tree(root: int, known: dict[int, str | None]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILLs what is left of a process tree started in a session of its own."""
+    _kill_tree(root, {})
+
+
+def free_port() -> int:
+    """A port nothing on 127.0.0.1 listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 PollCallback = Callable[[RunResult], str | None]
@@ -172,6 +199,8 @@ def run(cmd: list[str], env: dict[str, str], cwd: str, timeout_s: float, log_pat
                         rss = peak_rss_mb(pid)
                         if rss is not None:
                             result.peak_rss_mb[pid] = max(rss, result.peak_rss_mb.get(pid, 0))
+                    total = sum(p for pid in tree if (p := pss_mb(pid)) is not None)
+                    result.peak_pss_total_mb = max(result.peak_pss_total_mb, total)
                     next_sample = now + MEMORY_EVERY_S
                 if on_poll is not None and (reason := on_poll(result)):
                     result.stopped = reason

@@ -16,7 +16,8 @@ from bench.measure import FaultPlan
 from bench.workload import WorkloadConfig
 
 FIGURES = ("cold_start", "steps", "checkpoint", "recovery", "memory", "scaling", "storage",
-           "rendezvous", "rendezvous_scale", "shard_reads", "local_tier", "overhead")
+           "rendezvous", "rendezvous_scale", "shard_reads", "local_tier", "overhead", "nodes",
+           "soak")
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,10 @@ class Profile:
     scale_timeout_s: float = 60.0
     overhead: WorkloadConfig = WorkloadConfig()
     overhead_pairs: int = 12
-    fault: FaultPlan = field(default=FaultPlan(after_epoch=0, delay_s=0.3,
+    fault: FaultPlan = field(default=FaultPlan(how="sigkill", epoch=1, step=5, rank=1,
                                                recover_within_s=30.0))
+    faults: tuple[str, ...] = ("exception", "exit", "sigkill")  # figure 4's rows
+    soak_faults: int = 50  # figure 14
 
 
 _FULL_MODEL = WorkloadConfig(input_dim=512, hidden=1024, layers=2, batch=128)
@@ -82,6 +85,9 @@ SMOKE = Profile(
     figures=("cold_start", "steps", "checkpoint", "memory", "storage", "rendezvous",
              "rendezvous_scale", "overhead"),
     rendezvous_agents=(2,), rendezvous_launchers=("c10d",), rendezvous_recovery=False,
+    fault=FaultPlan(how="sigkill", epoch=1, step=2, rank=1, recover_within_s=30.0),
+    faults=("exit",),
+    soak_faults=3,
     scale_nodes=(4,), scale_backends=("etcd",), scale_timeout_s=30.0,
     overhead=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2), overhead_pairs=2,
 )

@@ -27,7 +27,6 @@ import functools
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bench.procs import descendants
+from bench.procs import descendants, free_port
 from bench.report import Table
 from bench.stats import Summary, Target
 from bench.variants import REPO
@@ -106,12 +105,6 @@ class Recovery:
     restarted: float | None = None
     resumed: float | None = None
     error: str = ""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _lines(path: str) -> list[list[str]]:
@@ -277,7 +270,7 @@ def rendezvous(suite: Suite) -> list[Table]:
         usable = [x for x in launchers if x not in ETCD_LAUNCHERS or etcd is not None]
 
         def endpoint(launcher: Launcher) -> str:
-            return etcd if launcher in ETCD_LAUNCHERS and etcd else f"127.0.0.1:{_free_port()}"
+            return etcd if launcher in ETCD_LAUNCHERS and etcd else f"127.0.0.1:{free_port()}"
 
         for _ in range(profile.repeat):
             for agents in profile.rendezvous_agents:

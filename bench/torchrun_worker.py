@@ -77,4 +77,8 @@ def main(config_json: str) -> None:
 
 
 if __name__ == "__main__":
+    if WorkloadConfig.from_json(sys.argv[1]).in_process:  # (d'): restarted in process
+        import elastic_train
+
+        main = elastic_train.restart_in_process(main)
     main(sys.argv[1])

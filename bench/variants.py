@@ -52,11 +52,14 @@ class Variant:
     report_every: str = "epoch"
     namespaced_store: bool = False
     upload_mode: str | None = None  # None: the harness's default
+    in_process: bool = False  # (d'): the script's main wrapped by restart_in_process
+    restart_in_process: bool = True  # (c-proc): FailureConfig(restart_in_process=False)
 
     def workload(self, base: WorkloadConfig) -> WorkloadConfig:
         cfg = base.replace(checkpoint=self.checkpoint, report_every=self.report_every,
                            report_api=self.harness is not Harness.TORCHRUN,
-                           namespaced_store=self.namespaced_store)
+                           namespaced_store=self.namespaced_store, in_process=self.in_process,
+                           restart_in_process=self.restart_in_process)
         return cfg.replace(upload_mode=self.upload_mode) if self.upload_mode else cfg
 
 
@@ -71,6 +74,12 @@ ET_STEP = Variant("c-step", "(c) elastic-train API, +metrics report/step", Harne
                   checkpoint=True, report_every="step")
 ET_LAUNCH = Variant("d", "(d) elastic-train launch, report+ckpt/epoch", Harness.ET_LAUNCH,
                     checkpoint=True)
+# The recovery figure only: the same restarts with new (warm) processes, and a launched
+# script whose main is wrapped by @elastic_train.restart_in_process.
+ET_PROC = Variant("c-proc", "(c) elastic-train API, restart_in_process=False", Harness.ET_API,
+                  checkpoint=True, restart_in_process=False)
+ET_LAUNCH_INPROC = Variant("d-inproc", "(d') elastic-train launch, @restart_in_process main",
+                           Harness.ET_LAUNCH, checkpoint=True, in_process=True)
 # Ray's default upload mode: its ASYNC needs the checkpoint directory to outlive report()
 # (Ray deletes it after the upload), which the shared hooks' TemporaryDirectory does not.
 RAY = Variant("e", "(e) Ray Train 2.60, report+ckpt/epoch (SYNC)", Harness.RAY,

@@ -11,6 +11,9 @@ random "teacher" so the loss actually goes down.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
@@ -34,6 +37,11 @@ class WorkloadConfig:
     ``report()``/``get_checkpoint()`` instead of its own ``torch.save`` (d).
     ``namespaced_store`` makes it join the process group through a store prefixed
     with the restart count (the workaround for torchrun's failing gloo restarts).
+    ``fault`` (``"exception"``, ``"exit"`` or ``"sigkill"``) makes rank ``fault_rank``
+    fail in the first attempt after step ``fault_step`` of epoch ``fault_epoch``: its
+    train function raises, its process exits with code 1, or it SIGKILLs itself, right
+    after a ``fault`` event. ``in_process`` wraps the torchrun-style worker's main in
+    ``elastic_train.restart_in_process`` (variant d').
     """
 
     input_dim: int = 512
@@ -52,6 +60,12 @@ class WorkloadConfig:
     namespaced_store: bool = False
     report_every: str = "epoch"
     upload_mode: str = "ASYNC"
+    fault: str = ""
+    fault_rank: int = 1
+    fault_epoch: int = 1
+    fault_step: int = 5
+    in_process: bool = False
+    restart_in_process: bool = True
     events_dir: str = ""
     ckpt_dir: str = ""
 
@@ -135,6 +149,17 @@ def load_state(state: dict[str, Any], model: nn.Module,
     return int(state["epoch"]) + 1
 
 
+def fail(how: str, log: EventLog) -> None:
+    """The injected fault, stamped first (the recovery figures count from it)."""
+    log.emit("fault", how=how)
+    if how == "exception":
+        raise RuntimeError("injected fault")
+    sys.stdout.flush()
+    if how == "exit":
+        os._exit(1)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def train(cfg: WorkloadConfig, model: nn.Module, rank: int, hooks: Hooks, log: EventLog) -> float:
     """Runs the epochs from the resume point; returns the last loss.
 
@@ -161,6 +186,9 @@ def train(cfg: WorkloadConfig, model: nn.Module, rank: int, hooks: Hooks, log: E
             log.step_done()
             steady.step()
             hooks.after_step(epoch, step, loss_value)
+            if cfg.fault and (epoch, step, rank, log.restart) == (
+                    cfg.fault_epoch, cfg.fault_step, cfg.fault_rank, 0):
+                fail(cfg.fault, log)
         state = checkpoint_state(model, optimizer, epoch, payload) if cfg.checkpoint else {}
         hooks.after_epoch(epoch, loss_value, state)
         log.emit("epoch_end", epoch=epoch, loss=loss_value)

@@ -25,6 +25,7 @@ _EXPORTS = {
     "ScalingConfig": "elastic_train.config",
     "TrainContext": "elastic_train.context",
     "ConfigError": "elastic_train.errors",
+    "NoProgressError": "elastic_train.errors",
     "PreemptionError": "elastic_train.errors",
     "TrainingFailedError": "elastic_train.errors",
     "WorkerFailure": "elastic_train.errors",
@@ -37,6 +38,7 @@ _EXPORTS = {
     "get_dataset_shard": "elastic_train.worker.session",
     "get_preemption_info": "elastic_train.worker.session",
     "report": "elastic_train.worker.session",
+    "restart_in_process": "elastic_train.worker.script_restart",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]
@@ -54,12 +56,14 @@ if TYPE_CHECKING:  # what static tools see
     from elastic_train.context import TrainContext
     from elastic_train.errors import (
         ConfigError,
+        NoProgressError,
         PreemptionError,
         TrainingFailedError,
         WorkerFailure,
     )
     from elastic_train.result import Result
     from elastic_train.worker.preemption import PreemptionInfo
+    from elastic_train.worker.script_restart import restart_in_process
     from elastic_train.worker.session import (
         CheckpointUploadMode,
         get_checkpoint,

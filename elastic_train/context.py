@@ -42,8 +42,16 @@ class WorkerEnv:
             master_port=int(env["MASTER_PORT"]),
             restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
             use_agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
-            generation=env.get(env_vars.GENERATION, env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            generation=_generation(env),
         )
+
+
+def _generation(env: Mapping[str, str]) -> str:
+    """The incarnation of the process group this worker joins: the agents' generation id,
+    and the in-process attempt after a restart inside the same processes."""
+    base = env.get(env_vars.GENERATION, env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    attempt = env.get(env_vars.ATTEMPT, "0")
+    return base if attempt == "0" else f"{base}.{attempt}"
 
 
 @dataclass(frozen=True)

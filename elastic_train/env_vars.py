@@ -41,6 +41,12 @@ Set by the agent or the driver for each worker:
   checkpoint settings as JSON, from which a script's session is built.
 - ``LEASE_TOKEN``: the job's lease token on the run; a worker's commits and
   cleanups are refused once a newer job holds the run.
+- ``INPROCESS_DIR``: with in-process restarts on, the directory through which
+  the worker and its agent agree on attempts (:mod:`elastic_train.worker.restart_channel`).
+- ``ATTEMPT``: the attempt a worker starts in (0, or the attempt a replacement
+  worker joins); in-process restarts count it up inside the process.
+- ``MODULES_DIR``: where a worker lists the modules it imported, which the
+  agent's zygote then preloads for later workers (:mod:`elastic_train.agent.zygote_preload`).
 """
 
 ZYGOTE = "ELASTIC_TRAIN_ZYGOTE"
@@ -56,3 +62,6 @@ CHECKPOINT_CACHE = "ELASTIC_TRAIN_CHECKPOINT_CACHE"
 LAUNCH = "ELASTIC_TRAIN_LAUNCH"
 LEASE_TTL_S = "ELASTIC_TRAIN_LEASE_TTL_S"
 LEASE_TOKEN = "ELASTIC_TRAIN_LEASE_TOKEN"
+INPROCESS_DIR = "ELASTIC_TRAIN_INPROCESS_DIR"
+ATTEMPT = "ELASTIC_TRAIN_ATTEMPT"
+MODULES_DIR = "ELASTIC_TRAIN_MODULES_DIR"

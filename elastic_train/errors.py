@@ -151,6 +151,46 @@ class PreemptionError(TrainingFailedError):
     """
 
 
+NO_PROGRESS_EXIT_CODE = 3
+
+
+class NoProgressError(TrainingFailedError):
+    """The run stopped because its restarts brought no progress (our addition; Ray has none).
+
+    Raised when ``FailureConfig.max_restarts_without_progress`` consecutive
+    restarts ended without a new committed checkpoint and without a report past
+    the furthest iteration reached -- whatever is left of ``max_failures``, so
+    that a failure that repeats does not loop forever. ``reason`` is one line
+    naming the repeating failure. ``elastic-train launch`` and ``restore`` exit
+    with :data:`exit_code` (3) for it, so a scheduler can tell it apart: e.g. a
+    Kubernetes Job's ``podFailurePolicy`` rule ``action: FailJob`` on exit code 3,
+    or leaving 3 out of Slurm's ``RequeueExit``.
+    """
+
+    exit_code = NO_PROGRESS_EXIT_CODE
+
+    def __init__(self, message: str, failures: list[WorkerFailure] | None = None,
+                 run_path: str | None = None, reason: str = ""):
+        super().__init__(message, failures=failures, run_path=run_path)
+        self.reason = reason
+
+    @classmethod
+    def stopped(cls, reason: str, failures: list[WorkerFailure], run_path: str,
+                resume_hint: str, guard_hint: str) -> NoProgressError:
+        """The message: the reason first (one line), then the last failure's traceback;
+        ``guard_hint`` says how to turn the guard off, in the front-end's terms."""
+        root = failures[0]
+        lines = [f"Training stopped: {reason}.", "", f"The last failure: {root.describe()}."]
+        if root.traceback:
+            lines += [f"Traceback of rank {root.rank}:", root.traceback.rstrip()]
+        elif root.message:
+            lines.append(root.message)
+        lines += ["", f"Run directory: {run_path}",
+                  f"Fix the failure, then to continue from the latest checkpoint, {resume_hint}.",
+                  f"To turn this guard off, {guard_hint}."]
+        return cls("\n".join(lines), failures=failures, run_path=run_path, reason=reason)
+
+
 class RendezvousLostError(TrainingFailedError):
     """This node can no longer reach the job's rendezvous, so it cannot re-form the job.
 
@@ -170,3 +210,9 @@ class RendezvousLostError(TrainingFailedError):
                    "than its outage_timeout (--rdzv-conf outage_timeout=SECONDS).")
         return cls(redact_url(f"This node lost the job's rendezvous: {why} ({cause}) Start "
                               "every node again to resume the run from its latest checkpoint."))
+
+
+def exit_code(error: TrainingFailedError) -> int:
+    """The exit code of ``elastic-train launch``/``restore`` for a run that failed: 3 when
+    it stopped without progress (:class:`NoProgressError`), else 1."""
+    return error.exit_code if isinstance(error, NoProgressError) else 1

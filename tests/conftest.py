@@ -20,13 +20,14 @@ import elastic_train as et
 from elastic_train.agent import zygote
 from elastic_train.storage import RunStorage
 from elastic_train.torch import TorchTrainer
-from tests.support import jobs
+from tests.support import jobs, restart_job
 from tests.support.etcd_server import EtcdServer, etcd_binaries, etcd_binary
 from tests.support.paths import REPO
 from tests.support.process_tree import child_pids
 from tests.support.servers import SERVER_PIDS, MotoS3Server, s3_options
 
 cloudpickle.register_pickle_by_value(jobs)
+cloudpickle.register_pickle_by_value(restart_job)
 
 
 def pid_alive(pid: int) -> bool:

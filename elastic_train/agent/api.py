@@ -17,7 +17,7 @@ import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec
+from torch.distributed.elastic.agent.server.api import WorkerSpec
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.rendezvous import (
@@ -31,10 +31,13 @@ from torch.numa.binding import AffinityMode, NumaOptions
 from elastic_train.agent import zygote
 from elastic_train.agent.failures import failures_of
 from elastic_train.agent.hang_watch import HangWatch
+from elastic_train.agent.inprocess import InProcessSettings, Recovery
 from elastic_train.agent.local_agent import TrainAgent
+from elastic_train.agent.progress_guard import NoProgressGuard, Progress
 from elastic_train.agent.rendezvous.backends import lookup, register
 from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.agent.restart_budget import Decision, RestartBudget
+from elastic_train.agent.zygote_preload import ImportWatch
 from elastic_train.config import FailureConfig
 from elastic_train.errors import RendezvousLostError, WorkerFailure
 
@@ -85,6 +88,10 @@ class AgentSpec:
     agent gets a SIGTERM it passes it on to the workers (a preemption notice)
     and kills them ``failure.preemption_grace_s`` later. ``staging_dir`` (where
     workers stage checkpoint files) is emptied before each group starts.
+    ``private_dir`` is this agent's own (the node's scratch directory): the
+    in-process restart records and the workers' module lists go there, never
+    beside the logs, which a later job on the same run shares while an earlier
+    one may still be writing (default: the log directory).
     """
 
     entrypoint: str
@@ -100,6 +107,7 @@ class AgentSpec:
     worker_env: dict[str, str] = field(default_factory=dict)
     local_addr: str | None = None
     staging_dir: str | None = None
+    private_dir: str | None = None
     process: ProcessOptions = field(default_factory=ProcessOptions)
 
 
@@ -144,23 +152,43 @@ def _handling_signals(names: str) -> Iterator[None]:
             os.environ[_SIGNALS_VARIABLE] = variable
 
 
-def run_agent(spec: AgentSpec,
-              on_failure: Callable[[list[WorkerFailure], Decision], None] | None = None,
-              on_rendezvous: Callable[[int, int], None] | None = None,
-              ) -> tuple[list[WorkerFailure], bool]:
-    """Runs the workers to the end; returns the final failures (empty on success)
-    and whether it was the preemption budget that ran out.
+@dataclass
+class AgentEvents:
+    """What the agent tells its caller while it runs.
 
-    ``on_failure(failures, decision)`` is called for every failed attempt,
-    including the last, with what the restart budget decided (see
-    :mod:`.restart_budget`); ``on_rendezvous(group_rank, nodes)`` after every
-    rendezvous. When the job ends because another node spent its budget (it
-    closes the rendezvous), the failures are that node's root cause. Raises
+    ``on_failure(failures, decision)``: every failed attempt, including the last,
+    with what the restart budget decided (see :mod:`.restart_budget`).
+    ``on_rendezvous(group_rank, nodes)``: after every rendezvous.
+    ``on_recovered(recovery)``: after every in-process restart (see :mod:`.inprocess`).
+    ``progress()``: how far the run is, for the no-progress guard (None: unknown).
+    """
+
+    on_failure: Callable[[list[WorkerFailure], Decision], None] | None = None
+    on_rendezvous: Callable[[int, int], None] | None = None
+    on_recovered: Callable[[Recovery], None] | None = None
+    progress: Callable[[], Progress | None] | None = None
+
+
+@dataclass(frozen=True)
+class AgentOutcome:
+    """How the agent ended: the final failures (empty on success), whether it was the
+    preemption budget that ran out, and why it stopped without progress (if it did)."""
+
+    failures: list[WorkerFailure]
+    preempted_out: bool = False
+    no_progress: str | None = None
+
+
+def run_agent(spec: AgentSpec, events: AgentEvents | None = None) -> AgentOutcome:
+    """Runs the workers to the end.
+
+    When the job ends because another node spent its budget (it closes the
+    rendezvous), the failures are that node's root cause. Raises
     :class:`Interrupted` after a SIGINT/SIGTERM, once every worker is stopped,
     and :class:`RendezvousLostError` when the rendezvous became unreachable
     (with c10d: the node hosting its store is gone).
     """
-    agent = _train_agent(spec, on_failure, on_rendezvous)
+    agent = _train_agent(spec, events or AgentEvents())
     rdzv_handler, rdzv = agent.get_worker_group().spec.rdzv_handler, spec.rendezvous
     quiet = contextlib.nullcontext() if spec.agent_logs else _quiet_torch_agent_logs()
     with _handling_signals(spec.process.signals_to_handle), quiet:
@@ -171,22 +199,21 @@ def run_agent(spec: AgentSpec,
             raise Interrupted(int(exc.sigval)) from None
         except (RendezvousClosedError, RendezvousConnectionError) as exc:
             if agent.peer_root is not None:  # the node at fault spent its budget and left
-                return [agent.peer_root], False
+                return AgentOutcome([agent.peer_root])
             if isinstance(exc, RendezvousClosedError):
                 raise
             raise RendezvousLostError.for_backend(rdzv.backend, rdzv.endpoint, exc) from exc
         rdzv_handler.shutdown()
     if result is None:  # torch's agent: the rendezvous closed while this node was a spare
         logger.info("The job finished without needing this node (it waited as a spare).")
-        return [], False
+        return AgentOutcome([])
     if not result.is_failed():
-        return [], False
-    return failures_of(result), agent.preemption_budget_spent
+        return AgentOutcome([])
+    return AgentOutcome(agent.last_failures or failures_of(result),
+                        agent.preemption_budget_spent, agent.no_progress)
 
 
-def _train_agent(spec: AgentSpec,
-                 on_failure: Callable[[list[WorkerFailure], Decision], None] | None,
-                 on_rendezvous: Callable[[int, int], None] | None) -> TrainAgent:
+def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
     """torch's rendezvous handler (from its registry, by backend name) and our agent."""
     rdzv = spec.rendezvous
     params = RendezvousParameters(
@@ -213,22 +240,33 @@ def _train_agent(spec: AgentSpec,
         if process.numa_binding else None, virtual_local_rank=process.virtual_local_rank,
     )
     logs = DefaultLogsSpecs(log_dir=spec.log_dir, redirects=Std.ALL, tee=Std.NONE)
-
-    def report(result: RunResult, decision: Decision) -> None:
-        if on_failure is not None:
-            on_failure(failures_of(result), decision)
-
+    failure = spec.failure
+    private = spec.private_dir or logs.root_log_dir
     return TrainAgent(
         spec=worker_spec, logs_specs=logs, start_method="spawn",
-        shutdown_timeout=math.ceil(spec.failure.preemption_grace_s), worker_env=spec.worker_env,
+        shutdown_timeout=math.ceil(failure.preemption_grace_s), worker_env=spec.worker_env,
         notice_dir=os.path.join(logs.root_log_dir, "preemption"),
-        preemption_grace_s=spec.failure.preemption_grace_s,
-        budget=RestartBudget(max_failures=spec.failure.max_failures,
-                             max_preemptions=spec.failure.max_preemption_failures),
-        on_failure=report, on_rendezvous=on_rendezvous, worker_command=worker_command,
+        preemption_grace_s=failure.preemption_grace_s,
+        budget=RestartBudget(max_failures=failure.max_failures,
+                             max_preemptions=failure.max_preemption_failures,
+                             guard=NoProgressGuard(failure.max_restarts_without_progress,
+                                                   _progress_now(events.progress))),
+        on_failure=events.on_failure, on_rendezvous=events.on_rendezvous,
+        on_recovered=events.on_recovered, progress=events.progress,
+        worker_command=worker_command,
         worker_pids_dir=os.path.join(logs.root_log_dir, "worker_pids"),
         staging_dir=spec.staging_dir,
+        import_watch=ImportWatch(os.path.join(private, "modules"), zygote.preload)
+        if zygote.enabled() and spec.process.zygote else None,
+        in_process=InProcessSettings(os.path.join(private, "inprocess"),
+                                     failure.unwind_timeout_s)
+        if failure.restart_in_process else None,
         hang_watch=HangWatch(os.path.join(logs.root_log_dir, "progress"),
-                             spec.failure.hang_timeout_s)
-        if spec.failure.hang_timeout_s else None,
+                             failure.hang_timeout_s) if failure.hang_timeout_s else None,
     )
+
+
+def _progress_now(progress: Callable[[], Progress | None] | None) -> Progress:
+    """Where the run starts: what the guard measures the first attempt's progress from."""
+    start = progress() if progress is not None else None
+    return start or Progress()

@@ -31,6 +31,14 @@
 7. Stopping a group stops the workers a zygote forked behind the processes
    torch started, and waits for them (:mod:`.forked_workers`); a group starts
    with an empty staging directory (what a killed attempt staged is stale).
+8. With in-process restarts (:mod:`elastic_train.agent.inprocess`) a failed
+   attempt does not stop the group: the agent watches its workers itself
+   (torch's process context would stop them all at the first death), charges
+   the failure, lets the survivors unwind and start the next attempt, and
+   starts a new process only in the slot of a worker that died, hung or lost
+   its device. It falls back to torch's restart of the whole group when it
+   cannot (a live worker that cannot restart in process, another node that
+   gave up or is joining).
 
 Everything else -- rendezvous, spawning, monitoring, restart budget,
 membership changes, shutdown -- is torch.distributed.elastic's own.
@@ -43,29 +51,38 @@ import logging
 import os
 import shutil
 import signal
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.api import (
+    RunResult,
+    WorkerGroup,
+    WorkerState,
+)
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from elastic_train import env_vars
 from elastic_train.agent import forked_workers
 from elastic_train.agent.attribution import FailureExchange, NodeReport, charged
-from elastic_train.agent.failures import observe
+from elastic_train.agent.failures import failures_of, observe
 from elastic_train.agent.hang_watch import HangWatch
+from elastic_train.agent.inprocess import InProcessRestarts, InProcessSettings, Recovery
+from elastic_train.agent.inprocess_agent import InProcessRestart
+from elastic_train.agent.progress_guard import Progress, signature
 from elastic_train.agent.restart_budget import Decision, RestartBudget
+from elastic_train.agent.worker_slots import surviving
+from elastic_train.agent.zygote_preload import ImportWatch
 from elastic_train.errors import WorkerFailure
 from elastic_train.storage.run_state import FailureKind
 from elastic_train.worker import preemption
 
 logger = logging.getLogger(__name__)
 
-# (the failed attempt's result, what the restart budget decided)
-FailureCallback = Callable[[RunResult, Decision], None]
+# (the failed attempt's workers, root cause first; what the restart budget decided)
+FailureCallback = Callable[[list[WorkerFailure], Decision], None]
 RendezvousCallback = Callable[[int, int], None]
+RecoveryCallback = Callable[[Recovery], None]
 
 
 @contextlib.contextmanager
@@ -83,25 +100,7 @@ def _environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = old
 
 
-def surviving(pids: list[int], wait_s: float = 1.0) -> dict[int, str]:
-    """Of ``pids``, those still alive after ``wait_s`` (zombies count as gone): pid -> state."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        alive = {}
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if state not in ("Z", "X"):
-                alive[pid] = state
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.05)
-
-
-class TrainAgent(LocalElasticAgent):
+class TrainAgent(InProcessRestart, LocalElasticAgent):
     """A ``LocalElasticAgent`` that namespaces worker generations and reports failures."""
 
     def __init__(self, *args: Any, worker_env: Mapping[str, str] | None = None,
@@ -111,8 +110,21 @@ class TrainAgent(LocalElasticAgent):
                  preemption_grace_s: float = 0.0, budget: RestartBudget | None = None,
                  worker_command: Callable[[], tuple[str, tuple[str, ...]]] | None = None,
                  worker_pids_dir: str | None = None, staging_dir: str | None = None,
+                 in_process: InProcessSettings | None = None,
+                 on_recovered: RecoveryCallback | None = None,
+                 progress: Callable[[], Progress | None] | None = None,
+                 import_watch: ImportWatch | None = None,
                  **kwargs: Any):
         super().__init__(*args, **kwargs)
+        self._import_watch = import_watch
+        self._in_process = InProcessRestarts(
+            in_process.directory, in_process.unwind_timeout_s, self._replace_worker,
+            self._failure_of) if in_process is not None else None
+        self._on_recovered = on_recovered
+        self._progress = progress
+        self._start_env: dict[str, str] = {}
+        self.last_failures: list[WorkerFailure] = []
+        self.no_progress: str | None = None
         self._worker_command = worker_command
         self._worker_pids_dir = worker_pids_dir
         self._staging_dir = staging_dir
@@ -171,8 +183,14 @@ class TrainAgent(LocalElasticAgent):
             env[env_vars.WORKER_PIDS_DIR] = self._worker_pids_dir
         if self._staging_dir is not None:
             shutil.rmtree(self._staging_dir, ignore_errors=True)
+        if self._import_watch is not None:
+            env[env_vars.MODULES_DIR] = self._import_watch.directory
+        if self._in_process is not None:
+            env.update(self._in_process.begin(
+                worker_group.spec.max_restarts - self._remaining_restarts))
         if self._worker_command is not None:  # e.g. a new zygote if the last one died
             worker_group.spec.entrypoint, worker_group.spec.args = self._worker_command()
+        self._start_env = env
         with _environ(env):
             pids = super()._start_workers(worker_group)
         self._stop_rest_at_once()
@@ -195,32 +213,48 @@ class TrainAgent(LocalElasticAgent):
         pcontext.close = close_at_once
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        if (seen := self._watch_in_process(worker_group)) is not None:
+            return seen
         result = super()._monitor_workers(worker_group)
-        if self._hang_watch is not None and result.state == WorkerState.HEALTHY \
-                and self._pcontext is not None:
+        if result.state == WorkerState.HEALTHY:
+            self._check_hangs(worker_group)
+        if result.is_failed():
+            result.failures = {rank: failure for rank, failure in result.failures.items()
+                               if failure.pid not in self._stopped} or result.failures
+            self._decide(worker_group, failures_of(result), self._classify(worker_group, result))
+        return result
+
+    def _check_hangs(self, worker_group: WorkerGroup) -> None:
+        """Stops hung workers (they show up as failures at the next look); hands the
+        modules the workers imported to the zygote once they are reported."""
+        if self._import_watch is not None:
+            self._import_watch.poll()
+        if self._hang_watch is not None and self._pcontext is not None:
             pids = self._pcontext.pids()
             self._hang_watch.check({
                 w.global_rank: (pids[w.local_rank], self._pcontext.error_files[w.local_rank])
                 for w in worker_group.workers if w.local_rank in pids})
-            # The killed workers show up as failures at the next check.
-        if result.is_failed():
-            result.failures = {rank: failure for rank, failure in result.failures.items()
-                               if failure.pid not in self._stopped} or result.failures
-            decision = self.budget.charge(self._classify(worker_group, result))
-            self.preemption_budget_spent = decision.preemption_budget_spent
-            # torch restarts while its counter is positive and takes one off; the workers'
-            # TORCHELASTIC_RESTART_COUNT is then max_restarts minus the counter, which
-            # this keeps at the number of restarts charged to max_failures.
-            spec = worker_group.spec
-            self._remaining_restarts = (spec.max_restarts - self.budget.failures + 1
-                                        if decision.restart else 0)
-            if self._on_failure is not None:
-                self._on_failure(result, decision)
-        return result
+
+    def _decide(self, worker_group: WorkerGroup, failures: list[WorkerFailure],
+                kind: FailureKind) -> Decision:
+        """Charges a failed attempt to its budget and reports it."""
+        progress = self._progress() if self._progress is not None else None
+        decision = self.budget.charge(kind, progress, signature(failures[0]))
+        self.preemption_budget_spent = decision.preemption_budget_spent
+        self.last_failures, self.no_progress = failures, decision.no_progress
+        # torch restarts while its counter is positive and takes one off; the workers'
+        # TORCHELASTIC_RESTART_COUNT is then max_restarts minus the counter, which
+        # this keeps at the number of restarts charged to max_failures.
+        spec = worker_group.spec
+        self._remaining_restarts = (spec.max_restarts - self.budget.failures + 1
+                                    if decision.restart else 0)
+        if self._on_failure is not None:
+            self._on_failure(failures, decision)
+        return decision
 
     def _classify(self, worker_group: WorkerGroup, result: RunResult) -> FailureKind:
         """Which budget the failed attempt spends (see :mod:`.restart_budget`)."""
-        if self._notice_dir is not None and preemption.marked(self._notice_dir):
+        if self._preempted():
             return FailureKind.PREEMPTION
         nodes = worker_group.group_world_size or 1
         if nodes == 1:
@@ -232,6 +266,9 @@ class TrainAgent(LocalElasticAgent):
             return FailureKind.FAILURE
         self.peer_root = at_fault.root if at_fault is not None else None
         return FailureKind.PEER
+
+    def _preempted(self) -> bool:
+        return self._notice_dir is not None and preemption.marked(self._notice_dir)
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._shutdown(signal.SIGKILL)

@@ -11,6 +11,9 @@ without a process (torch's agent only carries the decision out):
   ``max_preemptions`` (``FailureConfig.max_preemption_failures``), never
   ``max_failures``.
 
+Whatever is left of the budget, a failure or peer failure after too many
+restarts without progress stops the run (the :mod:`.progress_guard`).
+
 Example::
 
     budget = RestartBudget(max_failures=1, max_preemptions=-1)
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from elastic_train.agent.progress_guard import NoProgressGuard, Progress
 from elastic_train.storage.run_state import FailureKind
 
 UNLIMITED = -1
@@ -33,13 +37,15 @@ class Decision:
 
     ``restarts_left``: restarts of the budget it was charged to that remain
     after this one (-1: unlimited). ``preemption_budget_spent``: the run stops
-    because of preemptions, not failures.
+    because of preemptions, not failures. ``no_progress``: the run stops because
+    restarts bring no progress (see :mod:`.progress_guard`), with the reason.
     """
 
     kind: FailureKind
     restart: bool
     restarts_left: int
     preemption_budget_spent: bool = False
+    no_progress: str | None = None  # why the run stops although its budget is not spent
 
 
 @dataclass
@@ -51,6 +57,7 @@ class RestartBudget:
     failures: int = 0
     preemptions: int = 0
     peer_failures: int = 0
+    guard: NoProgressGuard | None = None
 
     @staticmethod
     def _spend(limit: int, used: int) -> tuple[bool, int]:
@@ -59,14 +66,24 @@ class RestartBudget:
             return True, UNLIMITED
         return used <= limit, max(limit - used, 0)
 
-    def charge(self, kind: FailureKind) -> Decision:
-        """Spends one attempt of ``kind``'s budget; the decision for the group."""
-        if kind is FailureKind.PEER:
-            self.peer_failures += 1
-            return Decision(kind, True, self._spend(self.max_failures, self.failures)[1])
+    def charge(self, kind: FailureKind, progress: Progress | None = None,
+               failure: str = "") -> Decision:
+        """Spends one attempt of ``kind``'s budget; the decision for the group.
+
+        ``progress`` (how far the run is now) and ``failure`` (the root failure's
+        :func:`~.progress_guard.signature`) feed the no-progress guard, if any.
+        """
         if kind is FailureKind.PREEMPTION:
             self.preemptions += 1
             restart, left = self._spend(self.max_preemptions, self.preemptions)
             return Decision(kind, restart, left, preemption_budget_spent=not restart)
-        self.failures += 1
-        return Decision(kind, *self._spend(self.max_failures, self.failures))
+        if kind is FailureKind.PEER:
+            self.peer_failures += 1
+            decision = Decision(kind, True, self._spend(self.max_failures, self.failures)[1])
+        else:
+            self.failures += 1
+            decision = Decision(kind, *self._spend(self.max_failures, self.failures))
+        reason = self.guard.check(progress, failure) if self.guard is not None else None
+        if decision.restart and reason is not None:
+            return Decision(kind, False, decision.restarts_left, no_progress=reason)
+        return decision

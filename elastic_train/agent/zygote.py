@@ -6,7 +6,10 @@ therefore starts one zygote per process (``python -m elastic_train.agent.zygote
 SOCKET``) that imports torch and the worker modules, then forks a worker per
 request. Restarts and later ``fit()`` calls in the same process fork from the
 same zygote. The zygote is single-threaded and never touches CUDA, so the
-forked workers start clean.
+forked workers start clean. It also imports what a first training step
+imports lazily, and later the modules the workers reported
+(:mod:`.zygote_preload`); ``fit()`` and ``launch`` fork it from the driver itself
+when that is safe (:mod:`.zygote_fork`) instead of starting an interpreter.
 
 torch's agent still starts, watches and stops ordinary processes: each is a
 :mod:`~elastic_train.agent.zygote_client` (standard library only, a few ms to
@@ -30,6 +33,7 @@ import contextlib
 import gc
 import importlib
 import json
+import logging
 import os
 import selectors
 import shutil
@@ -42,9 +46,14 @@ import threading
 from dataclasses import dataclass
 
 from elastic_train import env_vars
+from elastic_train.agent import zygote_fork
+from elastic_train.agent.zygote_preload import FIRST_STEP, ask_to_preload, preload_here
+
+logger = logging.getLogger(__name__)
 
 WORKER_MODULES = ("elastic_train.worker.fit_worker", "elastic_train.worker.script_worker")
-PRELOAD = ("torch", "torch.distributed", *WORKER_MODULES)
+# torch, what a first training step imports lazily (see zygote_preload), our worker modules.
+PRELOAD = ("torch", "torch.distributed", *FIRST_STEP, *WORKER_MODULES)
 CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote_client.py")
 
 
@@ -65,11 +74,16 @@ class Request:
     fds: list[int]
 
 
-def _recv_request(conn: socket.socket) -> Request | None:
+def _recv_request(conn: socket.socket) -> Request | list[str] | None:
+    """A worker request, or a list of modules to preload (the agent's, see
+    :mod:`.zygote_preload`), or None when the client hung up."""
     message, fds, _, _ = socket.recv_fds(conn, 1 << 22, 3)
     if not message:
         return None
-    return Request(**json.loads(message), fds=fds)
+    data = json.loads(message)
+    if "preload" in data:
+        return list(data["preload"])
+    return Request(**data, fds=fds)
 
 
 def _kill(pid: int) -> None:
@@ -132,6 +146,9 @@ class _Server:
         request = _recv_request(conn)
         if request is None:
             self.drop(conn)
+            return None
+        if isinstance(request, list):  # preloading, between forks: this process stays
+            conn.send(json.dumps(preload_here(request)).encode())
             return None
         sys.stdout.flush()
         sys.stderr.flush()
@@ -252,14 +269,38 @@ class Zygote:
         """The zygote's socket path and pid (it binds the socket once torch is imported)."""
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
-                self._stop()
-                self._dir = tempfile.mkdtemp(prefix="et-zygote-")  # mode 0700: ours only
-                path = os.path.join(self._dir, "socket")
+                path = self._fresh_dir()
                 self._proc = subprocess.Popen(
                     [sys.executable, "-m", "elastic_train.agent.zygote", path],
                     stdin=subprocess.PIPE, start_new_session=True)
             assert self._dir is not None
             return os.path.join(self._dir, "socket"), self._proc.pid
+
+    def prestart(self) -> None:
+        """Starts the zygote now by forking this process, when that is safe (see
+        :mod:`.zygote_fork`): it then shares the driver's imports instead of importing
+        torch again. Otherwise the zygote starts later, as a new interpreter."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                return
+            if (why := zygote_fork.reason_not_to_fork()) is not None:
+                logger.debug("The worker zygote will start as a new interpreter: %s.", why)
+                return
+            self._proc = zygote_fork.fork(_main, self._fresh_dir())  # type: ignore[assignment]
+
+    def _fresh_dir(self) -> str:
+        """A new private directory for the zygote's socket; returns the socket's path."""
+        self._stop()
+        self._dir = tempfile.mkdtemp(prefix="et-zygote-")  # mode 0700: ours only
+        return os.path.join(self._dir, "socket")
+
+    def preload(self, modules: list[str]) -> dict | None:
+        """Asks the running zygote to import ``modules`` (those safe to, see
+        :mod:`.zygote_preload`); returns what it preloaded and skipped, or None when no
+        zygote runs or it did not answer."""
+        if self.pid is None or self._dir is None:
+            return None
+        return ask_to_preload(os.path.join(self._dir, "socket"), modules)
 
     @property
     def pid(self) -> int | None:
@@ -293,6 +334,19 @@ atexit.register(_zygote.close)
 def running_pid() -> int | None:
     """The pid of this process's zygote, if one is running."""
     return _zygote.pid
+
+
+def prestart() -> None:
+    """Starts this process's zygote now, forked from it if it is safe (see
+    :meth:`Zygote.prestart`); called by ``fit()`` and ``launch`` before anything else
+    starts threads. Does nothing with ``ELASTIC_TRAIN_ZYGOTE=0``."""
+    if enabled():
+        _zygote.prestart()
+
+
+def preload(modules: list[str]) -> dict | None:
+    """See :meth:`Zygote.preload`."""
+    return _zygote.preload(modules)
 
 
 def worker_command(entrypoint: str, args: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:

@@ -15,7 +15,7 @@ import sys
 
 from elastic_train.cli.launch_args import main_launch
 from elastic_train.cli.relaunch import RunAt, plan_relaunch
-from elastic_train.errors import ConfigError, TrainingFailedError
+from elastic_train.errors import ConfigError, TrainingFailedError, exit_code
 from elastic_train.redaction import redact_argv
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
@@ -67,7 +67,7 @@ def _refit(run_path: str, options: dict[str, str] | None, start_over: bool) -> i
         result = trainer.fit()
     except TrainingFailedError as exc:
         print(f"elastic-train: {exc}", file=sys.stderr)
-        return 1
+        return exit_code(exc)
     except KeyboardInterrupt:
         return 130
     print(f"finished: {result.path}  iteration {result.metrics.get('training_iteration')}")

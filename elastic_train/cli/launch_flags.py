@@ -17,6 +17,7 @@ START_OVER_HELP = ("if the run stored under --name cannot be continued (it finis
                    "time> (nothing is deleted) and start a fresh run; a run that can be "
                    "continued is continued")
 EXIT_CODES = ("exit codes: 0 success, 1 the run failed, 2 bad usage or not a run, "
+              "3 stopped: restarts brought no progress (--max-restarts-without-progress), "
               "128+N stopped by signal N (130: Ctrl-C)")
 DESCRIPTION = (
     "Runs SCRIPT on this node under torch.distributed.elastic, like torchrun: every "
@@ -90,7 +91,8 @@ def refuse_print_completion(parser: argparse.ArgumentParser) -> None:
 
 
 def add_our_flags(parser: argparse.ArgumentParser) -> None:
-    """Ours: hangs, preemption, the console, storage, checkpoints, starting over, dry run."""
+    """Ours: hangs, in-process restarts, the no-progress guard, preemption, the console,
+    storage, checkpoints, starting over, dry run."""
     ours = parser.add_argument_group("elastic-train (every flag with a value can also be "
                                      "set as PET_<FLAG>)")
     flag(ours, "max-failures", type=int, dest="max_restarts",
@@ -98,6 +100,15 @@ def add_our_flags(parser: argparse.ArgumentParser) -> None:
     flag(ours, "hang-timeout", type=float, default=None,
          help="restart the job when a worker makes no progress (no report or batch) for "
               "this many seconds")
+    flag(ours, "no-restart-in-process", action="store_true",
+         help="restart the processes after a failure, even for a script whose main is "
+              "wrapped by @elastic_train.restart_in_process")
+    flag(ours, "unwind-timeout", type=float, default=10.0,
+         help="with in-process restarts, seconds a surviving worker may take to leave the "
+              "failed attempt before it is killed and replaced (default 10)")
+    flag(ours, "max-restarts-without-progress", type=int, default=3,
+         help="stop (exit code 3) after this many consecutive restarts without a new "
+              "checkpoint or report (default 3; -1: never)")
     flag(ours, "preemption-grace", type=float, default=None,
          help="on SIGTERM, seconds the workers get to commit a checkpoint before they are "
               "killed (default: --shutdown-timeout, else 25)")

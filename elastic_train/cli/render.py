@@ -8,6 +8,7 @@ import shlex
 from dataclasses import asdict
 
 from elastic_train.cli.run_summary import Recovery, RunSummary
+from elastic_train.errors import NO_PROGRESS_EXIT_CODE
 from elastic_train.metric_rows import user_metrics
 from elastic_train.storage.checkpoint_store import dir_name
 from elastic_train.storage.run_state import FailureRecord, RunState
@@ -66,6 +67,8 @@ def run_text(display_path: str, state: RunState, summary: RunSummary, log_dir: s
     lines = [f"run:      {display_path}",
              f"status:   {state.status.value}   updated {when(state.updated)}   "
              f"iteration {summary.iterations}"]
+    if state.no_progress:
+        lines.append(f"stopped:  {state.no_progress} (exit code {NO_PROGRESS_EXIT_CODE})")
     if state.error:  # why a failed run stopped, as the user was told then
         first, *rest = state.error.splitlines() or [""]
         lines += [f"error:    {first}", *(f"          {line}" for line in rest)]
@@ -93,8 +96,13 @@ def run_text(display_path: str, state: RunState, summary: RunSummary, log_dir: s
 def failure_line(failure: FailureRecord) -> str:
     root = failure.root
     how = f"signal {root.signal_name}" if root.signal_name else f"exit code {root.exitcode}"
-    return (f"  {when(failure.time)}  [{failure.kind.value}] rank {root.rank} {how}: "
+    line = (f"  {when(failure.time)}  [{failure.kind.value}] rank {root.rank} {how}: "
             f"{root.message[:100]}")
+    if failure.restart:
+        replaced = "".join(f"; rank {rank} in a new process ({why})"
+                           for rank, why in sorted(failure.replaced.items()))
+        line += f"\n      restart:  {failure.restart}{replaced}"
+    return line
 
 
 def recovery_line(recovery: Recovery) -> str:

@@ -46,6 +46,8 @@ _FIELD_SETTINGS = {
     "FailureConfig.max_failures": "max_restarts",
     "FailureConfig.hang_timeout_s": "hang_timeout",
     "FailureConfig.max_preemption_failures": "max_preemption_failures",
+    "FailureConfig.unwind_timeout_s": "unwind_timeout",
+    "FailureConfig.max_restarts_without_progress": "max_restarts_without_progress",
     "CheckpointConfig.num_to_keep": "num_to_keep",
     "CheckpointConfig.checkpoint_score_attribute": "checkpoint_score_attribute",
     "CheckpointConfig.checkpoint_score_order": "checkpoint_score_order",
@@ -109,6 +111,9 @@ class LaunchSettings:
     hang_timeout: float | None = None
     preemption_grace: float | None = None
     max_preemption_failures: int = -1
+    no_restart_in_process: bool = False
+    unwind_timeout: float = 10.0
+    max_restarts_without_progress: int = 3
     quiet: bool = False
     verbose: bool = False
     storage_path: str = DEFAULT_STORAGE_PATH
@@ -253,7 +258,10 @@ class LaunchSettings:
             failure_config=FailureConfig(
                 max_failures=self.max_restarts, hang_timeout_s=self.hang_timeout,
                 max_preemption_failures=self.max_preemption_failures,
-                preemption_grace_s=self._grace()[0]))
+                preemption_grace_s=self._grace()[0],
+                restart_in_process=not self.no_restart_in_process,
+                unwind_timeout_s=self.unwind_timeout,
+                max_restarts_without_progress=self.max_restarts_without_progress))
 
     @property
     def mode(self) -> str:

@@ -21,7 +21,7 @@ from elastic_train.agent.api import Interrupted
 from elastic_train.agent.rendezvous.backends import lookup
 from elastic_train.driver.launch import LaunchSettings
 from elastic_train.driver.node_run import FailureHints, NodePlan, NodeRun
-from elastic_train.errors import TrainingFailedError
+from elastic_train.errors import TrainingFailedError, exit_code
 from elastic_train.redaction import redact_argv, redacted_options
 from elastic_train.storage import RunStorage
 from elastic_train.storage.filesystem import options_from_flags
@@ -109,7 +109,8 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
         spec={"command": command, "cwd": os.getcwd(), "identity": settings.identity(),
               "launch": settings.flags(), "checkpoint_config": asdict(settings.checkpoint)},
         hints=FailureHints(resume=f"run the same command again: {shlex.join(command)}",
-                           retry="pass --max-restarts N (or -1 for unlimited)"),
+                           retry="pass --max-restarts N (or -1 for unlimited)",
+                           no_guard="pass --max-restarts-without-progress -1"),
         view=settings.view, process=settings.process, log_dir=settings.log_dir,
         monitor_interval=settings.monitor_interval, local_addr=settings.local_addr)
     if lookup(settings.rendezvous.backend, "--rdzv-backend").reuses_store:
@@ -132,5 +133,5 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
             return 128 + exc.signum
         except TrainingFailedError as exc:  # the budget is spent, or the rendezvous lost
             print(f"elastic-train: {exc}", file=sys.stderr)
-            return 1
+            return exit_code(exc)
     return 0

@@ -33,7 +33,8 @@ from types import TracebackType
 from typing import Any
 
 from elastic_train import env_vars
-from elastic_train.agent.api import AgentSpec, ProcessOptions
+from elastic_train.agent import zygote
+from elastic_train.agent.api import AgentOutcome, AgentSpec, ProcessOptions
 from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.config import RunConfig, ScalingConfig
 from elastic_train.driver.console import ConsoleView
@@ -41,7 +42,7 @@ from elastic_train.driver.resume_rules import is_launch
 from elastic_train.driver.run_lease import RunLease
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.driver.supervisor import RunSupervisor
-from elastic_train.errors import PreemptionError, TrainingFailedError, WorkerFailure
+from elastic_train.errors import NoProgressError, PreemptionError, TrainingFailedError
 from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunStatus
 
@@ -51,10 +52,12 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class FailureHints:
     """How a failed run's error tells the user to go on: ``resume`` (continue from the
-    latest checkpoint) and ``retry`` (raise the restart budget), in the front-end's terms."""
+    latest checkpoint), ``retry`` (raise the restart budget) and ``no_guard`` (turn the
+    no-progress guard off), in the front-end's terms."""
 
     resume: str
     retry: str
+    no_guard: str = "set FailureConfig(max_restarts_without_progress=-1)"
 
     @classmethod
     def for_fit(cls) -> FailureHints:
@@ -123,6 +126,10 @@ class NodeRun:
         # rank 0 checks again as it records the launch, and is the one that starts over.
         RunRecord.check_resumable(plan.storage, plan.spec,
                                   start_over=plan.run_config.start_over, accepted=plan.accepted)
+        # Settings checked, no thread of ours started yet (the lease's heartbeat is the
+        # first): the moment to fork the worker zygote from this process, if it is safe.
+        if plan.process.zygote:
+            zygote.prestart()
         self.lease = RunLease.acquire(plan.storage, plan.rendezvous, self._description())
         plan.storage.use_fence(self.lease.token)
         self.scratch = tempfile.mkdtemp(prefix="elastic_train_")
@@ -161,9 +168,9 @@ class NodeRun:
                                    verbose=self.plan.run_config.verbose,
                                    view=self.plan.view,
                                    train_loop_config=self.plan.train_loop_config)
-        failures = supervisor.run(self._agent_spec(entrypoint, args, worker_env))
-        if failures:
-            raise self._failed(failures, supervisor)
+        outcome = supervisor.run(self._agent_spec(entrypoint, args, worker_env))
+        if outcome.failures:
+            raise self._failed(outcome, supervisor)
         if supervisor.record is not None:
             supervisor.record.set_status(RunStatus.FINISHED)
 
@@ -187,22 +194,28 @@ class NodeRun:
             rendezvous=plan.rendezvous, failure=plan.run_config.failure_config,
             min_nodes=min_nodes, max_nodes=max_nodes, monitor_interval=plan.monitor_interval,
             log_dir=log_dir, agent_logs=plan.run_config.verbose >= 2, local_addr=plan.local_addr,
-            process=plan.process, staging_dir=self.staging_dir,
+            process=plan.process, staging_dir=self.staging_dir, private_dir=self.scratch,
             worker_env={env_vars.CHECKPOINT_CACHE: os.path.join(self.scratch, "checkpoint_cache"),
                         **(self.lease.worker_env() if self.lease else {}), **worker_env})
 
-    def _failed(self, failures: list[WorkerFailure],
-                supervisor: RunSupervisor) -> TrainingFailedError:
-        """The error for a spent budget, recorded; the run's cut-short uploads removed by the
-        node that records the run, when no other node of the job still runs on it."""
+    def _failed(self, outcome: AgentOutcome, supervisor: RunSupervisor) -> TrainingFailedError:
+        """The error for a spent budget (or a run that stopped making progress), recorded;
+        the run's cut-short uploads removed by the node that records the run, when no
+        other node of the job still runs on it."""
         budget = self.plan.run_config.failure_config
-        preempted = supervisor.preempted_out
-        error = (PreemptionError if preempted else TrainingFailedError).from_failures(
-            failures, self.plan.storage.display_path,
-            budget.max_preemption_failures if preempted else budget.max_failures,
-            resume_hint=self.plan.hints.resume, retry_hint=self.plan.hints.retry)
+        preempted = outcome.preempted_out
+        hints = {"resume_hint": self.plan.hints.resume, "retry_hint": self.plan.hints.retry}
+        if outcome.no_progress is not None:
+            error: TrainingFailedError = NoProgressError.stopped(
+                outcome.no_progress, outcome.failures, self.plan.storage.display_path,
+                resume_hint=self.plan.hints.resume, guard_hint=self.plan.hints.no_guard)
+        else:
+            error = (PreemptionError if preempted else TrainingFailedError).from_failures(
+                outcome.failures, self.plan.storage.display_path,
+                budget.max_preemption_failures if preempted else budget.max_failures, **hints)
         if supervisor.record is not None:
-            supervisor.record.set_status(RunStatus.FAILED, error=str(error))
+            supervisor.record.set_status(RunStatus.FAILED, error=str(error),
+                                         no_progress=outcome.no_progress)
             if self.lease is not None and self.lease.is_sole_member():
                 self.plan.storage.discard_unfinished_uploads()
         return error

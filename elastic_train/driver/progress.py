@@ -110,8 +110,13 @@ class RunMonitor:
 
     def note_rendezvous(self, group_rank: int, nodes: int) -> None:
         self._group_rank, self._nodes = group_rank, nodes
-        workers = nodes * self._nproc
-        self._workers = f"{workers} workers" + (f" on {nodes} nodes" if nodes > 1 else "")
+        self.note_recovered()
+
+    def note_recovered(self) -> None:
+        """The group runs again (after a rendezvous, or an in-process restart)."""
+        workers = self._nodes * self._nproc
+        self._workers = f"{workers} workers" + (f" on {self._nodes} nodes"
+                                                if self._nodes > 1 else "")
 
     def note_failure(self, failures: list[WorkerFailure], restarting: bool) -> None:
         """A failed attempt; ``restarting`` unless the budget is spent (then the callbacks'

@@ -18,7 +18,11 @@ Acquiring without compare-and-swap: a driver writes a *pending* claim, then
 lists the claims. If it sees a live claim of another job, it withdraws (and is
 refused when that claim is held, or retries after a random pause when it is
 pending too). Of two drivers that write at the same time, at least the later
-lister sees the other's claim, so two jobs never both hold the run.
+lister sees the other's claim, so two jobs never both hold the run. A pending
+claim carries token 0, so that it fences nobody: with a token of its own it would
+look like a newer job to the heartbeats and fences of the nodes running the run
+for as long as it stands, whether it is another node of theirs joining or a
+second job about to be refused.
 
 Example::
 
@@ -47,7 +51,7 @@ from elastic_train import env_vars
 from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.errors import LeaseLostError, RunInUseError
 from elastic_train.storage import RunStorage
-from elastic_train.storage.lease import HELD, PENDING, RELEASED, Claim, LeaseDir
+from elastic_train.storage.lease import HELD, PENDING, PENDING_TOKEN, RELEASED, Claim, LeaseDir
 
 logger = logging.getLogger(__name__)
 
@@ -193,10 +197,8 @@ class RunLease:
                  ttl_s: float) -> Claim | None:
         """Writes a pending claim and looks: the held claim, or None when a rival was
         acquiring too (RunInUseError when a rival holds the run)."""
-        seen = lease_dir.claims()
-        pending = Claim(token=max((c.token for c in seen), default=0) + 1,
-                        claim_id=uuid.uuid4().hex[:16], job=job, state=PENDING,
-                        owner=asdict(me), ttl_s=ttl_s)
+        pending = Claim(token=PENDING_TOKEN, claim_id=uuid.uuid4().hex[:16], job=job,
+                        state=PENDING, owner=asdict(me), ttl_s=ttl_s)
         lease_dir.write(pending)
         claims = lease_dir.claims()
         now = _store_now(claims, pending)
@@ -213,8 +215,7 @@ class RunLease:
         claim = replace(pending, state=HELD, token=_token(others, live, job),
                         beat_at=time.time())
         lease_dir.write(claim)
-        if claim.token != pending.token:
-            lease_dir.remove(pending)
+        lease_dir.remove(pending)
         for dead in (c for c in others if c not in live):  # ours carries the highest token
             lease_dir.remove(dead)
         if any(c.state != RELEASED and c not in live for c in others):

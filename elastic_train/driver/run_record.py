@@ -22,6 +22,8 @@ from elastic_train.errors import ConfigError, StorageError, WorkerFailure
 from elastic_train.storage import RunStorage
 from elastic_train.storage.archive import archive_run
 from elastic_train.storage.run_state import (
+    IN_PROCESS,
+    NEW_PROCESSES,
     FailureRecord,
     LaunchRecord,
     RunState,
@@ -119,8 +121,9 @@ class RunRecord:
     def record_failure(self, failures: list[WorkerFailure], decision: Decision) -> None:
         """Appends a failed attempt, with the budget it spent and what is left of it."""
         left = {-1: "unlimited", 0: "no"}.get(decision.restarts_left, decision.restarts_left)
-        logger.warning("Worker group failed (%s): %s; %s restart(s) left.", decision.kind.value,
-                       failures[0].describe(), left)
+        logger.warning("Worker group failed (%s): %s; %s.", decision.kind.value,
+                       failures[0].describe(), f"stopping: {decision.no_progress}"
+                       if decision.no_progress else f"{left} restart(s) left")
         failed_at = min((f.timestamp for f in failures if f.timestamp), default=time.time())
         self.state.failures.append(FailureRecord(
             time=time.time(), failed_at=failed_at, restarts_left=decision.restarts_left,
@@ -128,17 +131,30 @@ class RunRecord:
         self._write(required=False)
 
     def note_rendezvous(self) -> None:
-        """The group re-formed: closes the latest failure's rendezvous time."""
+        """The group re-formed with new processes: closes the latest failure's
+        rendezvous time."""
         failures = self.state.failures
         if failures and failures[-1].rendezvous_at is None:
             failures[-1].rendezvous_at = time.time()
+            failures[-1].restart = NEW_PROCESSES
             self._write(required=False)
 
-    def set_status(self, status: RunStatus, error: str | None = None) -> None:
+    def note_recovery(self, replaced: dict[int, str]) -> None:
+        """The group restarted in process: the latest failure's recovery time, and the
+        ranks that got a new process."""
+        failures = self.state.failures
+        if failures and failures[-1].rendezvous_at is None:
+            failures[-1].rendezvous_at = time.time()
+            failures[-1].restart, failures[-1].replaced = IN_PROCESS, dict(replaced)
+            self._write(required=False)
+
+    def set_status(self, status: RunStatus, error: str | None = None,
+                   no_progress: str | None = None) -> None:
         now = time.time()
         self.state.status, self.state.updated = status, now
         if error is not None:
             self.state.error = error
+        self.state.no_progress = no_progress
         self.state.launches[-1].status, self.state.launches[-1].ended = status, now
         self._write(required=status is RunStatus.FINISHED)
 

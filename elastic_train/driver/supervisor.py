@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from elastic_train.agent.api import AgentSpec, Interrupted, run_agent
+from elastic_train.agent.api import AgentEvents, AgentOutcome, AgentSpec, Interrupted, run_agent
+from elastic_train.agent.inprocess import Recovery
+from elastic_train.agent.progress_guard import Progress
 from elastic_train.agent.restart_budget import Decision
 from elastic_train.callbacks import RunContext, UserCallback
 from elastic_train.driver.console import ConsoleView
@@ -47,13 +49,9 @@ class RunSupervisor:
         self.verbose = verbose
         self.view = view
         self.name = name
-        self.preempted_out = False
 
-    def run(self, spec: AgentSpec) -> list[WorkerFailure]:
-        """Runs the agent; returns the final failures. Raises ``Interrupted`` on a signal.
-
-        ``preempted_out`` tells afterwards whether the preemption budget ran out.
-        """
+    def run(self, spec: AgentSpec) -> AgentOutcome:
+        """Runs the agent; returns how it ended. Raises ``Interrupted`` on a signal."""
         context = RunContext(self.name, self.storage, self.train_loop_config)
         monitor = RunMonitor(context, self.callbacks, spec.log_dir,
                              verbose=self.verbose, view=self.view,
@@ -73,10 +71,16 @@ class RunSupervisor:
             if self.record is not None:
                 self.record.record_failure(failures, decision)
 
+        def on_recovered(recovery: Recovery) -> None:
+            monitor.note_recovered()
+            if self.record is not None:
+                self.record.note_recovery(recovery.replaced)
+
         monitor.start()
         try:
-            failures, self.preempted_out = run_agent(spec, on_failure=on_failure,
-                                                     on_rendezvous=on_rendezvous)
+            outcome = run_agent(spec, AgentEvents(
+                on_failure=on_failure, on_rendezvous=on_rendezvous, on_recovered=on_recovered,
+                progress=lambda: read_progress(self.storage)))
         except Interrupted:
             self._set_status(RunStatus.INTERRUPTED)
             raise
@@ -89,7 +93,7 @@ class RunSupervisor:
         finally:
             monitor.stop()
             self._upload_logs(spec.log_dir)
-        return failures
+        return outcome
 
     def _set_status(self, status: RunStatus, error: str | None = None) -> None:
         if self.record is not None:
@@ -102,3 +106,26 @@ class RunSupervisor:
             except Exception:
                 logger.warning("Could not upload the logs in %s to %s.", log_dir,
                                self.storage.display_path, exc_info=True)
+
+
+def read_progress(storage: RunStorage) -> Progress | None:
+    """How far the run is, from its storage: the furthest reported iteration and the newest
+    committed checkpoint (None when the storage cannot be read now)."""
+    try:
+        rows = storage.read_metrics()
+        newest, looked = -1, 0
+        for row in reversed(rows):
+            name = row.get("checkpoint_dir_name")
+            if not name:
+                continue
+            if storage.checkpoints.is_committed(name):
+                newest = int(name.rsplit("_", 1)[1])
+                break
+            looked += 1
+            if looked == 3:  # at most two are in flight: older ones were committed or lost
+                break
+        iteration = max((int(r.get("training_iteration", 0)) for r in rows), default=0)
+        return Progress(iteration, newest)
+    except Exception:  # noqa: BLE001 -- the guard then counts this failure as neither
+        logger.debug("Could not read the run's progress", exc_info=True)
+        return None

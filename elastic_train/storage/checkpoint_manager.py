@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ class CheckpointManager:
         self.config = config
         self._committed = list(committed)
         self._next_index = next_index
+        self._cancelled = threading.Event()
 
     @property
     def committed(self) -> list[CheckpointRecord]:
@@ -81,6 +83,10 @@ class CheckpointManager:
         self._committed.append(CheckpointRecord(manifest.index, manifest.metrics))
         self._apply_retention()
 
+    def cancel(self) -> None:
+        """Stops a commit waiting for other ranks' uploads (the attempt is over)."""
+        self._cancelled.set()
+
     def _wait_for_owners(self, index: int, owner_ranks: Sequence[int]) -> None:
         """Waits for the owners' upload markers as long as their uploads advance: each
         time the retry budget passes, their progress (see :mod:`.upload_progress`) must
@@ -97,7 +103,9 @@ class CheckpointManager:
                         f"ranks {sorted(missing)} made no progress uploading "
                         f"{dir_name(index)} to {self.store.display_path} for {budget:.0f}s")
                 progress, deadline = now, time.monotonic() + budget
-            time.sleep(delay)
+            if self._cancelled.wait(delay):
+                raise StorageError(f"the commit of {dir_name(index)} was cancelled: the "
+                                   "attempt ended before every rank uploaded its files")
             delay = min(delay * 2, 0.5)
 
     def _apply_retention(self) -> None:

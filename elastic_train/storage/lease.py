@@ -10,9 +10,10 @@ few seconds (its heartbeat); the store's modification time of the file is the
 heartbeat's time, so no two machines' clocks are compared.
 
 The *token* grows by one each time a job acquires the run; the nodes of a job
-share it. Before every commit, upload, deletion and cleanup, a writer checks that
-no claim carries a higher token (:class:`LeaseFence`): a job whose lease went stale
-and was taken over stops writing instead of overwriting the new job's checkpoints.
+share it (a claim still being acquired, *pending*, carries 0). Before every commit,
+upload, deletion and cleanup, a writer checks that no claim carries a higher token
+(:class:`LeaseFence`): a job whose lease went stale and was taken over stops writing
+instead of overwriting the new job's checkpoints.
 
 What this relies on, since fsspec stores offer no compare-and-swap (S3's conditional
 writes are not available on every S3-compatible store, and not at all on NFS):
@@ -48,6 +49,9 @@ T = TypeVar("T")
 
 LEASES_DIR = ".leases"
 PENDING, HELD, RELEASED = "pending", "held", "released"
+# A claim being acquired is no job's token yet: it must never look newer than the job
+# that holds the run (every fence and heartbeat compares the highest token).
+PENDING_TOKEN = 0
 _NAME_RE = re.compile(r"^claim-(\d{10})-([0-9a-f]{16})\.json$")
 
 

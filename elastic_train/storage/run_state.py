@@ -64,13 +64,20 @@ class LaunchRecord:
         return data
 
 
+IN_PROCESS = "in-process"  # the surviving workers ran the train function again
+NEW_PROCESSES = "new processes"  # the whole group was started again
+
+
 @dataclass
 class FailureRecord:
     """One failed attempt of the worker group, root cause first in ``workers``.
 
     ``failed_at``: when the first worker failed; ``time``: when the agent saw it;
     ``rendezvous_at``: when the group had formed again (None until then, or for
-    the last failure of a run that stopped).
+    the last failure of a run that stopped). ``restart``: how the group restarted,
+    :data:`IN_PROCESS` or :data:`NEW_PROCESSES` (None: it did not, or not yet);
+    ``replaced``: after an in-process restart, the ranks that got a new process
+    (rank -> why).
     """
 
     time: float
@@ -79,6 +86,8 @@ class FailureRecord:
     kind: FailureKind
     workers: list[WorkerFailure]
     rendezvous_at: float | None = None
+    restart: str | None = None
+    replaced: dict[int, str] = field(default_factory=dict)
 
     @property
     def root(self) -> WorkerFailure:
@@ -91,7 +100,8 @@ class FailureRecord:
                    restarts_left=int(data.get("restarts_left", 0)),
                    kind=FailureKind(data.get("kind", FailureKind.FAILURE.value)),
                    workers=[WorkerFailure.from_json(w) for w in data.get("workers", [])],
-                   rendezvous_at=data.get("rendezvous_at"))
+                   rendezvous_at=data.get("rendezvous_at"), restart=data.get("restart"),
+                   replaced={int(k): v for k, v in data.get("replaced", {}).items()})
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"time": self.time, "failed_at": self.failed_at,
@@ -99,6 +109,10 @@ class FailureRecord:
                                 "workers": [w.to_json() for w in self.workers]}
         if self.rendezvous_at is not None:
             data["rendezvous_at"] = self.rendezvous_at
+        if self.restart is not None:
+            data["restart"] = self.restart
+        if self.replaced:
+            data["replaced"] = {str(k): v for k, v in self.replaced.items()}
         return data
 
 
@@ -108,7 +122,8 @@ class RunState:
 
     ``spec`` is what the front-end recorded of the run (``fit()``: the train
     function, configs; ``launch``: the command, flags), compared on resume by
-    :mod:`elastic_train.driver.resume_rules`.
+    :mod:`elastic_train.driver.resume_rules`. ``no_progress``: the one-line reason
+    when the run stopped because its restarts brought no progress.
     """
 
     name: str = ""
@@ -120,6 +135,7 @@ class RunState:
     launches: list[LaunchRecord] = field(default_factory=list)
     failures: list[FailureRecord] = field(default_factory=list)
     error: str | None = None
+    no_progress: str | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -133,7 +149,7 @@ class RunState:
                    versions=dict(data.get("versions", {})),
                    launches=[LaunchRecord.from_json(x) for x in data.get("launches", [])],
                    failures=[FailureRecord.from_json(x) for x in data.get("failures", [])],
-                   error=data.get("error"))
+                   error=data.get("error"), no_progress=data.get("no_progress"))
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -143,6 +159,8 @@ class RunState:
             "failures": [x.to_json() for x in self.failures]}
         if self.error is not None:
             data["error"] = self.error
+        if self.no_progress is not None:
+            data["no_progress"] = self.no_progress
         return data
 
 

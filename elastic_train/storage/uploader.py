@@ -108,6 +108,7 @@ class CheckpointUploader:
         self._done: dict[int, str | None] = {}
         self._cond = threading.Condition()
         self._error: str | None = None
+        self._abandoned = threading.Event()
         self._thread = threading.Thread(target=self._run, name="checkpoint-uploader",
                                         daemon=True)
         self._thread.start()
@@ -146,12 +147,33 @@ class CheckpointUploader:
         self._thread.join()
         self.raise_if_failed()
 
+    def abandon(self) -> None:
+        """Drops every job not committed yet and stops the thread (an in-process restart:
+        as if the process had died). Returns once the thread is gone; a file being
+        uploaded finishes first. What was uploaded stays uncommitted, and the next
+        attempt's rank 0 removes it."""
+        self._abandoned.set()
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None and job.staged_dir:
+                shutil.rmtree(job.staged_dir, ignore_errors=True)
+        self._queue.put(None)
+        self._thread.join()
+
+    @property
+    def abandoned(self) -> bool:
+        return self._abandoned.is_set()
+
     def _run(self) -> None:
         while (job := self._queue.get()) is not None:
             error = None
             try:
-                self._process(job)
-                self._keep(job)
+                if not self._abandoned.is_set():
+                    self._process(job)
+                    self._keep(job)
             except Exception as exc:  # surfaced by the next report() or close()
                 error = f"checkpoint {dir_name(job.index)} (rank {self.rank}): {exc}"
                 logger.error("Upload failed: %s", error)
@@ -188,7 +210,7 @@ class CheckpointUploader:
                 self.store.upload(job.index, job.staged_dir, job.relpaths,
                                   callback=progress.callback)
             self.store.mark_uploaded(job.index, self.rank, files)
-        if job.manifest is not None:
+        if job.manifest is not None and not self._abandoned.is_set():
             self.commit(job.manifest, job.owner_ranks)
 
     def _keep(self, job: UploadJob) -> None:

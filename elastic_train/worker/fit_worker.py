@@ -3,7 +3,9 @@
 Started by the agent with torch.distributed.elastic's environment. It joins
 the process group, runs the user's train function inside a session, waits
 for pending checkpoint uploads and, on rank 0, saves the function's return
-value for the driver.
+value for the driver. With in-process restarts (:mod:`.inprocess`) a failed
+attempt is followed by another in the same process: process group, session
+and train function again.
 """
 
 from __future__ import annotations
@@ -16,9 +18,15 @@ from fsspec.implementations.local import LocalFileSystem
 
 from elastic_train.context import WorkerEnv
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.worker import group_sockets, inprocess
 from elastic_train.worker.lifecycle import run_worker
 from elastic_train.worker.run_spec import RunSpec
-from elastic_train.worker.session import TrainSession, init_session, shutdown_session
+from elastic_train.worker.session import (
+    TrainSession,
+    current_session,
+    init_session,
+    shutdown_session,
+)
 from elastic_train.worker.storage_access import open_run_storage
 
 FIT_WORKER = "elastic_train.worker.fit_worker"  # this module, as the agent runs it
@@ -35,17 +43,30 @@ def read_return_value(result_dir: str) -> object:
 
 
 def run(spec_path: str, result_dir: str) -> None:
-    env = WorkerEnv.from_environ()
     with open(spec_path, "rb") as f:
         spec: RunSpec = cloudpickle.load(f)
     storage = open_run_storage(spec.run_config, spec.experiment_name)
-    resources = spec.backend.on_worker_start(env, spec.scaling_config)
     staging = os.path.join(result_dir, "staging")
-    session = TrainSession(spec, env, resources, storage, staging)
-    init_session(session)
-    value = spec.call_train_function()
-    session.finish()
-    if env.rank == 0:
+
+    def attempt() -> object:
+        env = WorkerEnv.from_environ()
+        with group_sockets.recording():  # cut if the attempt fails (see group_sockets)
+            resources = spec.backend.on_worker_start(env, spec.scaling_config)
+        session = TrainSession(spec, env, resources, storage, staging)
+        init_session(session)
+        value = spec.call_train_function()
+        session.finish()
+        return value
+
+    def release() -> None:
+        session = current_session()
+        if session is not None:
+            session.abandon()
+        shutdown_session()
+        spec.backend.on_worker_shutdown()
+
+    value = inprocess.run_attempts(attempt, release) if inprocess.enabled() else attempt()
+    if WorkerEnv.from_environ().rank == 0:
         fsutil.write_bytes_atomic(LocalFileSystem(), os.path.join(result_dir, RETURN_VALUE_FILE),
                                   cloudpickle.dumps(value))
     shutdown_session()

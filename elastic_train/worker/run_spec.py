@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,7 +57,10 @@ class RunSpec:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def call_train_function(self) -> Any:
+        """Calls the train function with a copy of ``train_loop_config``: an attempt after
+        an in-process restart gets the config as given, whatever the last one did to it."""
         fn = self.train_loop_per_worker
         if takes_config(fn):
-            return fn(self.train_loop_config if self.train_loop_config is not None else {})
+            return fn(copy.deepcopy(self.train_loop_config)
+                      if self.train_loop_config is not None else {})
         return fn()

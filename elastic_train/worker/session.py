@@ -39,7 +39,7 @@ from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_manager import CheckpointManager
 from elastic_train.storage.checkpoint_store import dir_name
 from elastic_train.storage.uploader import CheckpointUploader, UploadJob, listed_files
-from elastic_train.worker import heartbeat, preemption
+from elastic_train.worker import heartbeat, module_report, preemption
 from elastic_train.worker.backend import WorkerResources
 from elastic_train.worker.control_group import ControlGroup
 from elastic_train.worker.dataset import DatasetShard, ResumableIterable
@@ -245,6 +245,7 @@ class TrainSession:
         if self.env.rank == 0:
             self._history.append(row)
             self.storage.append_metrics(row, self._history)
+        module_report.note_imports(self.env.rank, self.env.local_rank)
         maybe_fail_after_report(self.rows.iteration, self.env.rank, self.env.world_size,
                                 self.env.restart_count)
 
@@ -275,6 +276,12 @@ class TrainSession:
         """Waits for pending uploads and commits (the run ends only when they are stored)."""
         if self._joined:
             self.uploader.close()
+
+    def abandon(self) -> None:
+        """Ends a failed attempt's session at once (an in-process restart): uploads not
+        committed yet are dropped, as if the process had died."""
+        self.checkpoints.cancel()
+        self.uploader.abandon()
 
 
 def init_session(session: TrainSession) -> None:

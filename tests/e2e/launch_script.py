@@ -2,15 +2,18 @@
 
     launch_script.py OUT_DIR EPOCHS [--crash-at EPOCH] [--refused-at EPOCH] [--sleep S]
                      [--slow-below-world N] [--forget-optimizer] [--context-on-rank0-first]
+                     [--restartable] [--crash-how raise|exit] [--crash-always]
 
 It initialises its own process group (as under torchrun), uses
 elastic_train.get_checkpoint()/report() for resume, and records each start
 (epoch and world size) in OUT_DIR/starts; rank 0 prints the final digest.
+With --restartable its main function is wrapped by @elastic_train.restart_in_process.
 """
 
 import argparse
 import hashlib
 import os
+import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -38,6 +41,10 @@ def _args() -> argparse.Namespace:
                              "attempt (e.g. a storage outage that outlasts every restart)")
     parser.add_argument("--context-on-rank0-first", action="store_true",
                         help="rank 0 alone calls get_context() before any other session call")
+    parser.add_argument("--restartable", action="store_true")
+    parser.add_argument("--crash-how", choices=("raise", "exit"), default="raise")
+    parser.add_argument("--crash-always", action="store_true",
+                        help="crash at --crash-at in every attempt, not only the first")
     return parser.parse_args()
 
 
@@ -75,8 +82,11 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         marker = os.path.join(args.out, "crashed")
-        if epoch == args.crash_at and rank == world - 1 and not os.path.exists(marker):
+        if epoch == args.crash_at and rank == world - 1 and (
+                args.crash_always or not os.path.exists(marker)):
             open(marker, "w").close()
+            if args.crash_how == "exit":
+                os._exit(3)
             raise RuntimeError(f"crash at epoch {epoch}")
         if epoch == args.refused_at and rank == 0:
             raise ConnectionRefusedError(111, "Connection refused")
@@ -98,4 +108,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    (et.restart_in_process(main) if "--restartable" in sys.argv else main)()

@@ -152,13 +152,15 @@ def _crash_every_attempt(config):
 
 
 def test_repeated_restarts_always_reconnect(storage_path):
-    """Plain torchrun's gloo restarts fail intermittently on stale store keys; ours must not."""
+    """Plain torchrun's gloo restarts fail intermittently on stale store keys; ours must not.
+    (The crashes come before any report: the no-progress guard is off for this test.)"""
     crashes = 6
     result = TorchTrainer(
         _crash_every_attempt, train_loop_config={"crashes": crashes},
         scaling_config=et.ScalingConfig(num_workers=2),
         run_config=et.RunConfig(storage_path=storage_path, name="restarts",
-                                failure_config=et.FailureConfig(max_failures=-1)),
+                                failure_config=et.FailureConfig(
+                                    max_failures=-1, max_restarts_without_progress=-1)),
     ).fit()
     assert result.return_value == crashes
     assert result.metrics["sum"] == 4.0

@@ -32,6 +32,27 @@ def launch(*args, out=None):
                             stdout=out or subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
+def run_nodes(tmp_path, count, *args, timeout=180) -> list[int]:
+    """``count`` agents of one job (``--nnodes count``, one worker each) on a c10d endpoint
+    of this machine, node 0 first (it hosts the store); their exit codes. Each node's
+    output is in ``tmp_path/node<i>.log``."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    logs = [open(tmp_path / f"node{i}.log", "w") for i in range(count)]  # noqa: SIM115
+    procs = []
+    try:
+        for i, log in enumerate(logs):
+            procs.append(launch("--nnodes", count, "--nproc-per-node", 1, "--rdzv-backend",
+                                "c10d", "--rdzv-endpoint", endpoint, *args, out=log))
+            if i == 0:
+                time.sleep(2)  # node 0 hosts the c10d store
+        return [p.wait(timeout) for p in procs]
+    finally:
+        for proc in procs:
+            stop_process(proc)
+        for log in logs:
+            log.close()
+
+
 def worker_pids(out_dir):
     return [int(p.name.split("-")[1]) for p in out_dir.glob("pid-*")]
 
@@ -207,24 +228,9 @@ def test_worker_crash_on_one_of_two_nodes_restarts_both(storage_path, tmp_path):
     """Only the crashed node spends a restart; the other's is free. The two agents'
     restart counts then differ, and they must still agree on the next generation
     (a key per restart count made the second rendezvous wait for ever)."""
-    endpoint = f"127.0.0.1:{free_port()}"
-    logs = [open(tmp_path / f"node{i}.log", "w") for i in range(2)]  # noqa: SIM115
-    procs = []
-    try:
-        for i, log in enumerate(logs):
-            procs.append(launch("--nnodes", 2, "--nproc-per-node", 1, "--rdzv-backend", "c10d",
-                                "--rdzv-endpoint",
-                                endpoint, "--rdzv-id", "crash2", "--max-restarts", 1,
-                                "--storage-path", storage_path, SCRIPT, tmp_path, 5,
-                                "--crash-at", 2, "--sleep", 0.2, out=log))
-            if i == 0:
-                time.sleep(2)  # node 0 hosts the c10d store
-        codes = [p.wait(180) for p in procs]
-    finally:
-        for proc in procs:
-            stop_process(proc)
-        for log in logs:
-            log.close()
+    codes = run_nodes(tmp_path, 2, "--rdzv-id", "crash2", "--max-restarts", 1,
+                      "--storage-path", storage_path, SCRIPT, tmp_path, 5, "--crash-at", 2,
+                      "--sleep", 0.2)
     assert codes == [0, 0], [(tmp_path / f"node{i}.log").read_text()[-2000:] for i in (0, 1)]
     assert starts(tmp_path) == [(0, 2), (2, 2)]
     kinds = [f["kind"] for f in run_state(storage_path, "crash2")["failures"]]

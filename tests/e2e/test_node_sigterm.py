@@ -5,6 +5,7 @@ for the job's other nodes a restart charged to the preemption budget."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -107,8 +108,16 @@ def test_sigterm_to_a_whole_node_is_a_preemption_for_the_others(storage_path, tm
         agents.append(_launch(tmp_path, 0, endpoint, storage_path, out_dir))
         time.sleep(2)  # the first agent hosts the c10d store and is group rank 0
         agents.append(_launch(tmp_path, 1, endpoint, storage_path, out_dir))
-        commit = os.path.join(storage_path, "node-term", "checkpoint_000001", ".commit.json")
-        assert wait_until(lambda: os.path.exists(commit), 150), "no checkpoint committed"
+        # Both nodes in the job (a node still starting up when the signal comes is not
+        # what this test is about), and a checkpoint committed by the 2-node job.
+        starts = out_dir / "starts"
+        assert wait_until(lambda: starts.exists() and any(
+            line.split()[1] == "2" for line in starts.read_text().splitlines()), 150), \
+            "the second node never joined"
+        run_dir = os.path.join(storage_path, "node-term")
+        before = set(glob.glob(os.path.join(run_dir, "checkpoint_*", ".commit.json")))
+        assert wait_until(lambda: set(glob.glob(os.path.join(
+            run_dir, "checkpoint_*", ".commit.json"))) - before, 150), "no checkpoint committed"
         victim = agents[1][0]
         signal_tree(victim.pid, signal.SIGTERM)
         assert victim.wait(60) == 128 + signal.SIGTERM

@@ -165,3 +165,51 @@ def test_node_that_spent_its_budget_leaves_uploads_of_a_live_node_alone(
     out = node_log(tmp_path, 0)
     assert code != 0 and "HOLD released" in out, out
     assert all(os.path.exists(path) for path in in_flight), "a live node's upload removed"
+
+
+def test_a_node_joining_while_another_renews_the_lease_does_not_take_the_run_from_it(
+        tmp_path, etcd_endpoint):
+    """Two nodes of one job (``elastic-train launch``, etcd): the second acquires the run's
+    lease over a slow store -- its pending claim stands for 2 s -- while the first, already
+    holding it, renews it every 0.5 s. The first must not take that claim for a newer
+    job's: it did (the pending claim carried the next token), stopped at the rendezvous
+    without starting its worker, and the second waited for it at the end (bench figure 8a:
+    8 agents started at once, 7 workers started)."""
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    out.mkdir()
+    worker = os.path.join(REPO, "tests", "e2e", "rdzv_light_worker.py")
+    args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
+            "--rdzv-endpoint", etcd_endpoint, "--rdzv-id", "joining", "--name", "joining",
+            "--storage-path", str(runs), "--no-python", sys.executable, worker, str(out), "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ELASTIC_TRAIN_LEASE_TTL_S": "2"}
+    logs = [tmp_path / f"node{i}.log" for i in range(2)]
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(module: list[str]) -> None:
+        with open(logs[len(procs)], "wb") as f:
+            procs.append(subprocess.Popen([sys.executable, "-m", *module, *args], cwd=REPO,
+                                          env=env, stdout=f, stderr=subprocess.STDOUT))
+
+    try:
+        start(["elastic_train.cli", "launch"])
+        assert wait_until(lambda: list(runs.glob(".leases/joining/claim-*")), 60), \
+            logs[0].read_text()
+        start(["tests.e2e.slow_lease_launch", "2"])
+        deadline = time.monotonic() + 90
+        codes = [_wait(proc, deadline) for proc in procs]
+    finally:
+        for proc in procs:
+            stop_process(proc)
+    texts = [log.read_text()[-2000:] for log in logs]
+    assert codes == [0, 0], texts
+    assert not any("taken over" in text for text in texts), texts
+    starts = sorted(line.split()[:2] for line in (out / "starts").read_text().splitlines())
+    assert starts == [["0", "2"], ["1", "2"]]
+
+
+def _wait(proc: subprocess.Popen[bytes], deadline: float) -> int | None:
+    """The process's exit code, or None if it still runs at ``deadline``."""
+    try:
+        return proc.wait(max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return None

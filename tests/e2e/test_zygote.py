@@ -13,7 +13,7 @@ import pytest
 
 from elastic_train import env_vars
 from elastic_train.agent import zygote
-from elastic_train.agent.local_agent import surviving
+from elastic_train.agent.worker_slots import surviving
 from tests.conftest import wait_until
 from tests.support.paths import REPO
 from tests.support.process_tree import child_pids

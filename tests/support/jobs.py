@@ -6,6 +6,7 @@ run these functions without the tests directory on their path.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import signal
@@ -74,6 +75,11 @@ def _inject_one(fault: dict, epoch: int, batch: int) -> None:
         time.sleep(60)  # dies with it (PR_SET_PDEATHSIG)
     if how == "deadlock":  # never reach the collective the other ranks wait in
         time.sleep(3600)
+    if how == "wedge":  # a C call that never returns and holds the GIL: no signal gets in
+        mutex = ctypes.create_string_buffer(64)  # a zeroed pthread_mutex_t: unlocked
+        libc = ctypes.PyDLL(None)  # PyDLL keeps the GIL during the call
+        libc.pthread_mutex_lock(mutex)
+        libc.pthread_mutex_lock(mutex)  # a default mutex locked twice: waits for ever
     if how == "preempt":  # the scheduler's notice; the test SIGKILLs us later
         with open(fault["pid_file"], "w") as f:
             f.write(str(os.getpid()))
@@ -107,6 +113,9 @@ def train_mlp(config: dict) -> dict:
     if ctx.get_world_rank() == 0 and config.get("starts_file"):
         with open(config["starts_file"], "a") as f:
             f.write(f"{start_epoch}\n")
+    if config.get("pids_file"):  # which process runs each rank's attempts
+        with open(config["pids_file"], "a") as f:
+            f.write(f"{ctx.get_world_rank()} {os.getpid()}\n")
     shard = et.get_dataset_shard("train")
     loss_fn = torch.nn.BCEWithLogitsLoss()
     saved_on_notice = False

@@ -139,6 +139,9 @@ def test_flags_we_do_not_honour_get_a_note(capsys):
     (["--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", "h:2379", SCRIPT], {},
      ["--rdzv-id is required"]),
     (["--print-completion", "bash", SCRIPT], {}, ["torchrun --print-completion"]),
+    ([SCRIPT], {"PET_UNWIND_TIMEOUT": "0"}, ["PET_UNWIND_TIMEOUT:", "unwind_timeout_s=0"]),
+    (["--max-restarts-without-progress", "0", SCRIPT], {},
+     ["--max-restarts-without-progress:", "max_restarts_without_progress=0", "-1"]),
     (["--rdzv-backend", "etcd", SCRIPT], {"SLURM_JOB_ID": "5", "SLURM_JOB_NUM_NODES": "2",
                                           "SLURM_JOB_NODELIST": "n[1-2]"},
      ["--rdzv-endpoint is required for --rdzv-backend etcd"]),  # Slurm's is a c10d store
@@ -147,6 +150,24 @@ def test_bad_values_end_in_one_line_naming_their_source(capsys, argv, env, words
     err = failure(capsys, argv, env)
     for word in words:
         assert word in err, err
+
+
+@pytest.mark.parametrize("argv, env, expected", [
+    ([SCRIPT], {}, (True, 10.0, 3)),
+    (["--no-restart-in-process", "--unwind-timeout", "2.5", "--max-restarts-without-progress",
+      "-1", SCRIPT], {}, (False, 2.5, -1)),
+    ([SCRIPT], {"PET_UNWIND_TIMEOUT": "4", "PET_MAX_RESTARTS_WITHOUT_PROGRESS": "5"},
+     (True, 4.0, 5)),
+])
+def test_in_process_and_no_progress_flags_set_the_failure_config(monkeypatch, argv, env,
+                                                                   expected):
+    launched = []
+    monkeypatch.setattr("elastic_train.driver.launch_run.launch",
+                        lambda settings, argv: launched.append(settings) or 0)
+    assert main_launch(argv, env) == 0
+    failure = launched[0].run_config.failure_config
+    assert (failure.restart_in_process, failure.unwind_timeout_s,
+            failure.max_restarts_without_progress) == expected
 
 
 def test_debug_shows_the_traceback(capsys):

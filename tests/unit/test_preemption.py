@@ -101,7 +101,7 @@ def test_surviving_reports_live_workers_and_ignores_dead_ones():
     """Teardown's last check: what even SIGKILL did not end is named with its state."""
     import subprocess
 
-    from elastic_train.agent.local_agent import surviving
+    from elastic_train.agent.worker_slots import surviving
 
     proc = subprocess.Popen(["sleep", "30"])
     try:

@@ -13,7 +13,7 @@ from elastic_train.driver import run_lease
 from elastic_train.driver.run_lease import RunLease
 from elastic_train.errors import LeaseLostError, RunInUseError
 from elastic_train.storage import CommitManifest, RunStorage
-from elastic_train.storage.lease import HELD, PENDING, RELEASED, Claim
+from elastic_train.storage.lease import HELD, PENDING, RELEASED, Claim, LeaseDir
 from elastic_train.storage.run_state import RunState
 
 
@@ -123,6 +123,34 @@ def test_a_rival_acquiring_at_the_same_moment_makes_one_back_off(storage, monkey
     with pytest.raises(RunInUseError, match="at this very moment"):
         RunLease.acquire(storage, rendezvous("b"), "fit()")
     assert [c.state for c in storage.lease_dir().claims()] == [PENDING]  # ours withdrawn
+
+
+@pytest.mark.parametrize("job", ["a", "b"])  # a node of the job joining; another job refused
+def test_a_claim_being_acquired_fences_nobody(storage, monkeypatch, job):
+    """While a driver's pending claim stands (its store is slow to list, say), the job
+    holding the run renews its lease and writes: the pending claim is not a newer job."""
+    holder = RunLease.acquire(storage, rendezvous("a"), "fit()")
+    storage.use_fence(holder.token)
+    write, checked = LeaseDir.write, []
+
+    def write_then_look(self, claim):
+        write(self, claim)
+        if claim.state == PENDING:
+            holder.check()
+            storage.write_run_state(RunState(name="run"))
+            checked.append(claim.claim_id)
+
+    monkeypatch.setattr(LeaseDir, "write", write_then_look)
+    try:
+        if job == "a":
+            RunLease.acquire(storage, rendezvous(job), "fit()").release()
+        else:
+            with pytest.raises(RunInUseError):
+                RunLease.acquire(storage, rendezvous(job), "fit()")
+        assert len(checked) == 1
+        holder.check()
+    finally:
+        holder.release()
 
 
 def test_check_raises_once_the_run_was_taken_over(storage):

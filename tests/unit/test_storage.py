@@ -14,7 +14,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from elastic_train import ConfigError
 from elastic_train.checkpoint import Checkpoint
-from elastic_train.errors import StorageError
+from elastic_train.errors import StorageError, WorkerFailure
 from elastic_train.storage import CheckpointStore, CommitManifest, RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import (
@@ -24,7 +24,14 @@ from elastic_train.storage.checkpoint_store import (
     mismatched_files,
     scan_directory,
 )
-from elastic_train.storage.run_state import LaunchRecord, RunState, RunStatus
+from elastic_train.storage.run_state import (
+    IN_PROCESS,
+    FailureKind,
+    FailureRecord,
+    LaunchRecord,
+    RunState,
+    RunStatus,
+)
 from elastic_train.storage.run_storage import METRICS_FILE, RUN_FILE, RUN_FORMAT_VERSION
 from elastic_train.storage.stores import S3Store
 from tests.conftest import make_storage
@@ -174,6 +181,19 @@ def test_run_state_roundtrip_adds_format_version(run):
     assert run.read_run_state() == state
     assert fsutil.read_json(run.fs, f"{run.run_path}/run.json")["format_version"] == \
         RUN_FORMAT_VERSION
+
+
+def test_run_state_keeps_how_failures_restarted_and_why_the_run_stopped(run):
+    failure = WorkerFailure(rank=1, local_rank=1, pid=3, exitcode=-9, message="", traceback=None)
+    state = RunState(name="run", status=RunStatus.FAILED, no_progress="no progress in 3 ...",
+                     failures=[FailureRecord(time=2.0, failed_at=1.0, restarts_left=-1,
+                                             kind=FailureKind.FAILURE, workers=[failure],
+                                             rendezvous_at=2.5, restart=IN_PROCESS,
+                                             replaced={1: "its process ended"})])
+    run.write_run_state(state)
+    assert run.read_run_state() == state
+    older = RunState.from_json({"failures": [{"time": 1.0, "workers": []}]})
+    assert older.failures[0].restart is None and older.no_progress is None
 
 
 def test_newer_run_format_asks_to_upgrade(run):

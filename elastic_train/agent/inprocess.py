@@ -1,0 +1,273 @@
+"""In-process restarts, the agent's side: end a failed attempt without ending the processes.
+
+The worker's side is :mod:`elastic_train.worker.inprocess`; they talk through
+the files of :mod:`elastic_train.worker.restart_channel`. The agents of a
+multi-node job talk through the rendezvous round's store (:mod:`.attempt_store`).
+One attempt ends in four steps:
+
+1. **Detect** (:meth:`InProcessRestarts.poll`, every monitor interval): a
+   local worker died, reported its own error, or reported an unhealthy device;
+   or another node announced that the attempt failed.
+2. **Announce and interrupt** (:meth:`~InProcessRestarts.interrupt`): the
+   failure goes into the store (the first node to fail names the root cause;
+   ``primary`` says some node failed by itself rather than through a peer),
+   and every local worker still in the train function gets the abort signal.
+   The agent then charges the restart budget as for any failure.
+3. **Recover** (:meth:`~InProcessRestarts.recover`): the survivors unwind and
+   report ``ready``; a dead one, one that is not ready within
+   ``unwind_timeout_s`` (killed now) and an unhealthy one get a new worker
+   forked from the zygote. With several nodes the agents then wait for each
+   other; a node that gives up (its budget is spent), a node waiting to join,
+   or a node that never arrives makes every agent fall back to a restart of
+   its processes (torch's own path).
+4. **Go**: ``go.json`` lets attempt N+1 start; the workers form a new process
+   group (keys namespaced by the attempt) and call the train function again.
+
+Nothing here restarts a process that did not fail: on the other nodes of a
+job, a failure costs their workers one unwind and a new process group.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import Worker, WorkerGroup
+
+from elastic_train import env_vars
+from elastic_train.agent import attempt_store
+from elastic_train.agent.worker_slots import kill
+from elastic_train.errors import WorkerFailure
+from elastic_train.worker import restart_channel as channel
+from elastic_train.worker.restart_channel import Go, Stage, WorkerRecord
+
+logger = logging.getLogger(__name__)
+
+SECONDARY_GRACE_S = 0.5  # how long broken collectives alone wait for the failure behind them
+PEER_PRIMARY_WAIT_S = 1.0  # how long a node that failed only through peers waits to hear why
+AGENT_BARRIER_EXTRA_S = 5.0  # on top of the unwind timeout, for the other nodes to arrive
+
+
+@dataclass(frozen=True)
+class InProcessSettings:
+    """``directory``: where the agent and its workers exchange their records (see
+    :mod:`elastic_train.worker.restart_channel`); ``unwind_timeout_s``: how long a
+    survivor may take to leave a failed attempt before it is killed and replaced."""
+
+    directory: str
+    unwind_timeout_s: float
+
+
+@dataclass(frozen=True)
+class FailedAttempt:
+    """An attempt that failed, as this node saw it.
+
+    ``failures``: this node's failed workers, root cause first (empty when only
+    another node failed so far). ``primary``: one of them failed by itself (died,
+    hung, or raised outside torch's communication code).
+    """
+
+    attempt: int
+    failures: list[WorkerFailure]
+    primary: bool
+    remote_root: WorkerFailure | None = None
+
+    @property
+    def root(self) -> WorkerFailure | None:
+        return self.failures[0] if self.failures else self.remote_root
+
+
+@dataclass
+class Recovery:
+    """How an in-process restart went: the ranks that got a new process, and why."""
+
+    attempt: int
+    replaced: dict[int, str] = field(default_factory=dict)
+
+
+class InProcessRestarts:
+    """One node's in-process restarts of one group of worker processes.
+
+    ``replace(worker, env)`` starts a new process in a worker's slot (see
+    :mod:`.worker_slots`); ``failure_of(worker, exitcode)`` describes a dead
+    worker from its error file.
+    """
+
+    def __init__(self, directory: str, unwind_timeout_s: float,
+                 replace: Callable[[Worker, dict[str, str]], int],
+                 failure_of: Callable[[Worker, int], WorkerFailure]):
+        self.directory = directory
+        self.unwind_timeout_s = unwind_timeout_s
+        self._replace = replace
+        self._failure_of = failure_of
+        self.attempt = 0
+        self._base_restarts = 0
+        self._capable: set[int] = set()
+        self._secondary_since: float | None = None
+
+    def begin(self, restart_count: int) -> dict[str, str]:
+        """A new group of processes starts (attempt 0); returns the workers' environment."""
+        channel.clear(self.directory)
+        self.attempt, self._base_restarts, self._capable = 0, restart_count, set()
+        return {env_vars.INPROCESS_DIR: self.directory, env_vars.ATTEMPT: "0"}
+
+    # 1. detect
+    def poll(self, group: WorkerGroup, pcontext: Any) -> FailedAttempt | bool:
+        """The failed attempt, if any; ``True`` while the attempt runs and every live
+        worker can restart in process; ``False`` when torch's own monitoring must decide
+        (the group finished, or a live worker cannot restart in process)."""
+        exits = {w.local_rank: pcontext.subprocess_handlers[w.local_rank].proc.poll()
+                 for w in group.workers}
+        if all(code == 0 for code in exits.values()):
+            return False
+        records = {w.local_rank: channel.read_record(self.directory, w.global_rank)
+                   for w in group.workers}
+        self._capable |= {lr for lr, record in records.items() if record is not None}
+        if any(lr not in self._capable for lr in exits):
+            return False  # a worker that never said it can restart in process (torchrun's)
+        found: list[tuple[WorkerFailure, bool]] = []
+        for worker in group.workers:
+            code, record = exits[worker.local_rank], records[worker.local_rank]
+            if code not in (None, 0):
+                found.append((self._failure_of(worker, code), True))  # it died: its own
+            elif code is None and record is not None and self._failed_now(record):
+                found.append(_raised(worker, record))
+        remote = attempt_store.announced(group, self.attempt)
+        if not found and remote is None or self._too_early(found, remote):
+            return True
+        found.sort(key=lambda item: (not item[1], item[0].traceback is None,
+                                     item[0].timestamp, item[0].rank))
+        return FailedAttempt(self.attempt, [f for f, _ in found], any(p for _, p in found),
+                             remote)
+
+    def _too_early(self, found: list[tuple[WorkerFailure, bool]],
+                   remote: WorkerFailure | None) -> bool:
+        """Whether to wait a moment before acting on failures that are all a peer's doing
+        (broken collectives): the peer's own failure -- a death the zygote reports a few
+        milliseconds later -- is about to show, and it is the root cause to record."""
+        if remote is not None or any(primary for _, primary in found):
+            self._secondary_since = None
+            return False
+        now = time.monotonic()
+        if self._secondary_since is None:
+            self._secondary_since = now
+        return now - self._secondary_since < SECONDARY_GRACE_S
+
+    def _failed_now(self, record: WorkerRecord) -> bool:
+        """A record that reports a failure of the current attempt. A worker ``ready`` (or
+        ``unhealthy``) for attempt N+1 failed in attempt N; once N+1 runs, the failure it
+        still carries is the last attempt's, not a new one."""
+        after = record.stage in (Stage.READY, Stage.UNHEALTHY)
+        if (record.attempt - 1 if after else record.attempt) != self.attempt:
+            return False
+        return record.stage is Stage.UNHEALTHY or record.failure is not None
+
+    # 2. announce and interrupt
+    def interrupt(self, group: WorkerGroup, failed: FailedAttempt) -> bool:
+        """Tells the other nodes and stops every local worker still in the attempt.
+        Returns whether the failure is this node's own (some node must pay for it: when
+        no node says it failed by itself within a second, this one does)."""
+        attempt_store.announce(group, self.attempt,
+                               failed.failures[0] if failed.failures else None, failed.primary)
+        for worker in group.workers:
+            record = channel.read_record(self.directory, worker.global_rank)
+            if record is not None and record.stage is Stage.RUNNING \
+                    and record.attempt == self.attempt:
+                _signal(record.pid, channel.ABORT_SIGNAL)
+        if failed.primary or not attempt_store.several(group):
+            return True
+        return not attempt_store.failed_by_itself_elsewhere(group, self.attempt,
+                                                            PEER_PRIMARY_WAIT_S)
+
+    def give_up(self, group: WorkerGroup) -> None:
+        """This node stops (its budget is spent): the other nodes must not wait for it."""
+        attempt_store.give_up(group, self.attempt)
+
+    # 3. recover, 4. go
+    def recover(self, group: WorkerGroup, pcontext: Any,
+                others_joining: Callable[[], bool]) -> Recovery | None:
+        """Brings every local worker to the next attempt; None when the group must fall
+        back to new processes (another node gave up, left or is joining)."""
+        target = self.attempt + 1
+        recovery = Recovery(target, self._unwind(group, pcontext, target))
+        restart_count = self._base_restarts + target
+        for worker in group.workers:
+            if worker.global_rank in recovery.replaced:
+                self._replace(worker, {env_vars.ATTEMPT: str(target),
+                                       "TORCHELASTIC_RESTART_COUNT": str(restart_count)})
+        own_store = not group.spec.rdzv_handler.use_agent_store  # launch: rank 0 hosts it
+        port = _free_port() if own_store and group.group_rank == 0 else None
+        if attempt_store.several(group):
+            if port is not None:
+                attempt_store.share_port(group, target, port)
+            if not attempt_store.all_ready(group, self.attempt, self.unwind_timeout_s +
+                                           AGENT_BARRIER_EXTRA_S, others_joining):
+                return None
+            if own_store:
+                port = attempt_store.share_port(group, target, port)
+        channel.write_go(self.directory, Go(target, restart_count, port))
+        self.attempt, self._secondary_since = target, None
+        return recovery
+
+    def _unwind(self, group: WorkerGroup, pcontext: Any, target: int) -> dict[int, str]:
+        """Waits for the local workers to be ready for ``target``; kills those that are not
+        within the unwind timeout or are unhealthy. Returns rank -> why it needs a new
+        process."""
+        deadline = time.monotonic() + self.unwind_timeout_s
+        pending = {w.local_rank: w for w in group.workers}
+        replaced: dict[int, str] = {}
+        while pending:
+            for local_rank, worker in list(pending.items()):
+                proc = pcontext.subprocess_handlers[local_rank].proc
+                record = channel.read_record(self.directory, worker.global_rank)
+                if proc.poll() is not None:
+                    replaced[worker.global_rank] = "its process ended"
+                elif record is not None and record.stage is Stage.UNHEALTHY:
+                    kill([record.pid, proc.pid])
+                    replaced[worker.global_rank] = "its device was unhealthy"
+                elif not (record is not None and record.stage is Stage.READY
+                          and record.attempt >= target):
+                    continue
+                del pending[local_rank]
+            if pending and time.monotonic() > deadline:
+                for worker in pending.values():
+                    record = channel.read_record(self.directory, worker.global_rank)
+                    handler = pcontext.subprocess_handlers[worker.local_rank]
+                    kill(([record.pid] if record else []) + [handler.proc.pid])
+                    replaced[worker.global_rank] = (
+                        f"it did not leave the failed attempt within {self.unwind_timeout_s:g}s")
+                    logger.warning("Rank %d %s; killed, a new process takes its place.",
+                                   worker.global_rank, replaced[worker.global_rank])
+                break
+            time.sleep(0.005)
+        return replaced
+
+def _free_port() -> int:
+    """A port nothing listens on now, for the next attempt's store on this node."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _raised(worker: Worker, record: WorkerRecord) -> tuple[WorkerFailure, bool]:
+    """A live worker's own report: its error (exit code 1, as the process would have
+    ended with), or an unhealthy device."""
+    note = record.failure
+    message = note.message if note else "its device is unhealthy after the failure"
+    return WorkerFailure(
+        rank=worker.global_rank, local_rank=worker.local_rank, pid=record.pid, exitcode=1,
+        message=message, traceback=note.traceback if note else None,
+        hostname=socket.gethostname(), timestamp=note.timestamp if note else time.time(),
+    ), (note.primary if note else True)

@@ -1,0 +1,177 @@
+"""The zygote forked from the driver itself, when the driver has imported torch already.
+
+A zygote started as a new interpreter imports torch again: seconds of CPU on
+the cold start's critical path, after the driver's own ``import torch``.
+Forking the driver instead costs milliseconds and shares its pages, but only
+a process that is safe to fork can be forked: one thread (a fork keeps only
+the calling thread, and locks other threads hold stay locked for ever), no
+CUDA context (CUDA does not survive a fork) and no OpenMP pool that already ran
+(a child of such a process hangs at its first parallel operation). :func:`reason_not_to_fork` says
+why not, and :class:`~elastic_train.agent.zygote.Zygote` then starts a new
+interpreter as before.
+
+The forked process then sheds what it inherited from the driver, so that the
+workers it forks look like fresh processes: a new session, every inherited
+descriptor but the standard streams pointed at ``/dev/null`` (not closed: a
+stale Python object closing its old descriptor number must not close a new
+file of the worker's), the standard streams on descriptors 0-2, default signal
+handlers, no ``atexit`` handlers, no logging handlers, torch's random generator
+at a fresh process's seed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+
+TORCH_DEFAULT_SEED = 67280421310721  # torch's default CPU generator seed in a new process
+
+
+def reason_not_to_fork() -> str | None:
+    """Why this process cannot be the zygote's parent by fork, or None if it can."""
+    if not sys.platform.startswith("linux"):
+        return "not Linux"
+    if "torch" not in sys.modules:
+        return "torch is not imported here: nothing to share"
+    if threading.active_count() != 1:
+        return "this process runs Python threads"
+    torch = sys.modules["torch"]
+    if torch.cuda.is_initialized():
+        return "this process initialised CUDA"
+    if not _parallel_op_survives_fork():
+        return "this process ran parallel torch operations (OpenMP does not survive a fork)"
+    return None
+
+
+def _parallel_op_survives_fork(timeout_s: float = 2.0) -> bool:
+    """Whether a forked child of this process can run a multi-threaded torch operation.
+
+    Native thread pools decide it: OpenBLAS's idle threads (started by ``import torch``)
+    re-create themselves after a fork, but an OpenMP pool that already ran -- any parallel
+    torch operation in this process -- leaves a child that hangs at its first parallel
+    operation. Tried, rather than guessed from thread counts, in a throw-away child.
+    """
+    pid = os.fork()
+    if pid == 0:
+        try:
+            torch = sys.modules["torch"]
+            torch.set_num_threads(2)
+            (torch.ones(1 << 20) * 2).sum()
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status) == 0
+        time.sleep(0.005)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return False
+
+
+class ForkedZygote:
+    """The forked zygote, with the part of ``subprocess.Popen``'s interface the agent uses:
+    ``pid``, ``stdin`` (closing it ends the zygote), ``poll``, ``wait``, ``kill``."""
+
+    def __init__(self, pid: int, stdin_fd: int):
+        self.pid = pid
+        self.stdin = os.fdopen(stdin_fd, "wb")
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            with contextlib.suppress(ChildProcessError):
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"zygote {self.pid}", timeout or 0)
+            time.sleep(0.01)
+        return self.returncode  # type: ignore[return-value]
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def fork(main: Callable[[str], None], path: str) -> ForkedZygote:
+    """Forks a zygote that runs ``main(path)`` (see :func:`elastic_train.agent.zygote._main`)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the zygote, and later each worker it forks, ends here
+        code = 1
+        try:
+            os.dup2(read_end, 0)
+            _shed_the_driver(keep={0, 1, 2})
+            code = _run(main, path)
+        finally:
+            os._exit(code)
+    os.close(read_end)
+    return ForkedZygote(pid, write_end)
+
+
+def _shed_the_driver(keep: set[int]) -> None:
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep and fd != devnull:
+            with contextlib.suppress(OSError):
+                os.dup2(devnull, fd)
+    os.close(devnull)
+    _standard_streams()
+    signal.set_wakeup_fd(-1)
+    for sig in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.SIG_DFL)
+    atexit._clear()  # the driver's exit handlers are not the workers'
+    for logger in [logging.getLogger(), *[v for v in logging.Logger.manager.loggerDict.values()
+                                          if isinstance(v, logging.Logger)]]:
+        logger.handlers.clear()
+    sys.modules["torch"].manual_seed(TORCH_DEFAULT_SEED)
+
+
+def _standard_streams() -> None:
+    """``sys.stdin``/``stdout``/``stderr`` on descriptors 0, 1 and 2 again, as a new
+    interpreter has them: the driver may have replaced them (pytest's capture, a
+    notebook's, a logging tee), and the zygote and its workers use the descriptors."""
+    sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115 -- for the process
+    sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)  # noqa: SIM115
+    sys.stderr = sys.__stderr__ = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
+
+
+def _run(main: Callable[[str], None], path: str) -> int:
+    """Runs ``main`` and ends as an interpreter would: non-daemon threads joined, ``atexit``
+    handlers run, streams flushed; returns the exit code (a worker's ``sys.exit(N)`` too)."""
+    try:
+        main(path)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int) and exc.code is not None:
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 -- what an interpreter would print, then exit 1
+        traceback.print_exc()
+        code = 1
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    return code

@@ -1,0 +1,153 @@
+"""What the zygote imports beyond torch, so that a restarted worker pays only fork and setup.
+
+Two sources:
+
+- :data:`FIRST_STEP`: what torch imports lazily on a training step's first
+  use, measured by profiling the first step of a DDP workload in a process
+  forked from the zygote: ``DistributedDataParallel(...)`` and the first
+  optimizer import ``torch._dynamo`` (with sympy and more: ~900 modules,
+  1.5-5 s of CPU here), a DataLoader with workers imports multiprocessing's
+  queues. Every new worker paid that again.
+- The modules the workers actually imported: each node's local rank 0 lists
+  them at its first ``report()`` (:mod:`elastic_train.worker.module_report`),
+  and the agent hands the list to the zygote (:func:`preload`).
+
+A module is preloaded only if importing it is safe in a process that forks:
+:func:`probe` imports each candidate in a throw-away child of the zygote and
+skips -- and names -- any that starts a thread, initialises CUDA or fails.
+Modules of the user's own code (outside the Python installation) are not
+candidates: they may read the worker's environment (``RANK``...) at import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
+
+FIRST_STEP = ("torch._dynamo", "torch.nn.parallel", "torch.optim", "torch.utils.data",
+              "multiprocessing.queues", "multiprocessing.popen_fork")
+
+
+def _tasks() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _try_import(name: str) -> str:
+    """Imports ``name`` here; returns why it must not be preloaded ('' when it may be)."""
+    tasks = _tasks()
+    try:
+        importlib.import_module(name)
+    except BaseException as exc:  # noqa: BLE001 -- any failure disqualifies it
+        return f"its import failed ({type(exc).__name__})"
+    if _tasks() > tasks:
+        return "its import started a thread"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "its import initialised CUDA"
+    return ""
+
+
+def probe(candidates: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Imports ``candidates`` in forked children of this process, in order: returns the
+    safe ones and, for the others, why not. A child that a module taints (a thread, CUDA)
+    stops there; the next child goes on after that module."""
+    remaining = [name for name in candidates if name not in sys.modules]
+    safe: list[str] = []
+    skipped: dict[str, str] = {}
+    while remaining:
+        verdicts = _probe_in_child(remaining)
+        if not verdicts:  # the child died at the first module
+            verdicts = [(remaining[0], "its import crashed the process")]
+        for name, why in verdicts:
+            if why:
+                skipped[name] = why
+            else:
+                safe.append(name)
+        remaining = remaining[len(verdicts):]
+    return safe, skipped
+
+
+def _probe_in_child(names: list[str]) -> list[tuple[str, str]]:
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        with os.fdopen(write_end, "w") as out:
+            for name in names:
+                why = _try_import(name)
+                out.write(json.dumps([name, why]) + "\n")
+                out.flush()
+                if why and not why.startswith("its import failed"):
+                    break  # this process is tainted: a fresh child checks the rest
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as lines:
+        verdicts = [tuple(json.loads(line)) for line in lines if line.strip()]
+    os.waitpid(pid, 0)
+    return verdicts  # type: ignore[return-value]
+
+
+def preload_here(candidates: list[str]) -> dict:
+    """In the zygote: imports the safe candidates; returns what was preloaded and skipped."""
+    safe, skipped = probe(candidates)
+    loaded = []
+    for name in safe:
+        with contextlib.suppress(BaseException):
+            importlib.import_module(name)
+            loaded.append(name)
+    gc.freeze()  # as after the first imports: workers' collections must not touch them
+    return {"preloaded": loaded, "skipped": skipped}
+
+
+def ask_to_preload(socket_path: str, modules: list[str]) -> dict | None:
+    """The agent's request to the zygote at ``socket_path``: the zygote's answer, or None
+    if it did not answer."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+            sock.connect(socket_path)
+            sock.send(json.dumps({"preload": modules}).encode())
+            return json.loads(sock.recv(1 << 22) or b"null")
+    except (OSError, ValueError):
+        return None
+
+
+class ImportWatch:
+    """The agent's side: hands the first list of modules a worker reports (see
+    :mod:`elastic_train.worker.module_report`) to the zygote, once, on a thread of its own
+    (the zygote probes and imports for a while), and says which it did not preload."""
+
+    def __init__(self, directory: str, send: Callable[[list[str]], dict | None]):
+        self.directory = directory
+        self._send = send
+        self._sent = False
+        self.result: dict | None = None
+
+    def poll(self) -> None:
+        if self._sent or not os.path.isdir(self.directory):
+            return
+        reports = sorted(n for n in os.listdir(self.directory) if n.endswith(".json"))
+        if not reports:
+            return
+        self._sent = True
+        with open(os.path.join(self.directory, reports[0])) as f:
+            modules = json.load(f)
+        threading.Thread(target=self._hand_over, args=(modules,), name="zygote-preload",
+                         daemon=True).start()
+
+    def _hand_over(self, modules: list[str]) -> None:
+        self.result = self._send(modules)
+        skipped = (self.result or {}).get("skipped") or {}
+        if skipped:
+            logger.warning("The worker zygote does not preload %s; new workers import them "
+                           "themselves.", "; ".join(f"{name} ({why})" for name, why in
+                                                   sorted(skipped.items())))

@@ -1,0 +1,201 @@
+"""In-process restarts, the worker's side: run the train function again in the same process.
+
+With ``FailureConfig(restart_in_process=True)`` (the default for ``fit()``, and
+for ``launch`` scripts whose main function is wrapped by
+:func:`elastic_train.restart_in_process`), a worker runs its attempts in a loop
+(:func:`run_attempts`) instead of running the train function once:
+
+1. It waits until its agent lets the attempt start (``go.json``, see
+   :mod:`.restart_channel`), says it is ``running`` and calls the attempt.
+2. When the train function raises, the worker cuts its process groups'
+   connections and tears the groups down at once (:mod:`.group_sockets`) -- a
+   peer blocked in a collective with it gets an error instead of waiting for
+   the collective's timeout -- and reports the error (``failed``).
+3. When another rank failed, the agent sends :data:`~.restart_channel.ABORT_SIGNAL`;
+   the signal handler raises :class:`RestartAttempt` in the main thread, which
+   unwinds the train function like any exception (``finally`` blocks and
+   context managers run). A worker blocked in a collective with a peer that
+   died or left gets the collective's error instead.
+4. Either way it releases what the attempt held -- process groups, the
+   session and its uploads (a checkpoint not yet committed is dropped, as if the
+   process had died), and, through a garbage collection, the train function's
+   objects (a DataLoader's worker processes stop when its iterator goes) --
+   checks its device, and waits as ``ready`` for the next attempt.
+
+The agent kills and replaces a worker that does not become ready within
+``FailureConfig.unwind_timeout_s`` (a hang with the GIL held, a wedged C++
+call, a handler that swallowed :class:`RestartAttempt`) or reports itself
+``unhealthy`` (a sticky CUDA error).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from types import TracebackType
+from typing import TypeVar
+
+from elastic_train import env_vars
+from elastic_train.worker import group_sockets
+from elastic_train.worker import restart_channel as channel
+from elastic_train.worker.restart_channel import FailureNote, Stage, WorkerRecord
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Where an error comes from when a peer, not this worker, failed: a collective, DDP's
+# reducer (its all-reduce runs inside backward()), or the autograd engine around it.
+_COMMUNICATION = tuple(os.path.join("torch", part, "") for part in
+                       ("distributed", os.path.join("nn", "parallel"), "autograd"))
+
+
+class RestartAttempt(BaseException):
+    """Raised in a worker's main thread when its agent ends the attempt (a rank failed).
+
+    A ``BaseException``, like ``KeyboardInterrupt``: ``except Exception`` in the
+    train function lets it through. A handler that swallows it keeps the worker
+    in the failed attempt until the agent kills it (``unwind_timeout_s``).
+    """
+
+
+_in_attempt = False
+
+
+def enabled() -> bool:
+    """Whether this worker's agent restarts it in process."""
+    return bool(os.environ.get(env_vars.INPROCESS_DIR))
+
+
+def _on_abort(signum: int, frame: object) -> None:
+    if _in_attempt:
+        raise RestartAttempt("another rank failed: the attempt restarts")
+
+
+def from_communication(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of torch's communication code (then a peer may be the
+    cause), judged by where it was raised, never by its message."""
+    tb: TracebackType | None = exc.__traceback__
+    last = None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last is not None and any(part in last.tb_frame.f_code.co_filename
+                                    for part in _COMMUNICATION)
+
+
+def describe(exc: BaseException) -> FailureNote:
+    return FailureNote(message=f"{type(exc).__name__}: {exc}",
+                       traceback="".join(traceback.format_exception(exc)),
+                       primary=not from_communication(exc), timestamp=time.time())
+
+
+def abort_process_groups() -> None:
+    """Tears down every process group of this process, now: peers blocked in a collective
+    with this worker get an error (gloo: the connection closes; NCCL: the communicators
+    are aborted first, so nothing waits on the device)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if dist.get_backend() == "nccl":
+            dist.distributed_c10d._abort_process_group()
+    except Exception:  # noqa: BLE001 -- a broken group is what is being torn down
+        logger.debug("Aborting the NCCL communicators failed", exc_info=True)
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        logger.debug("destroy_process_group failed", exc_info=True)
+
+
+def device_healthy() -> bool:
+    """False when this process's CUDA context is unusable (an error that sticks to the
+    context, such as an illegal memory access): only a new process recovers from that."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return True
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 -- any error here means the context is gone
+        logger.error("The CUDA context is unusable after the failure", exc_info=True)
+        return False
+    return True
+
+
+def _release_objects() -> None:
+    """The failed attempt's objects go: a garbage collection frees what its frames held (a
+    DataLoader's worker processes stop when its iterator goes), and multiprocessing
+    forgets the children that ended (it keeps each one, and two pipes, until asked)."""
+    gc.collect()
+    if "multiprocessing" in sys.modules:
+        sys.modules["multiprocessing"].active_children()
+
+
+def _run_one(attempt: Callable[[], T]) -> tuple[bool, T | None, FailureNote | None]:
+    """Runs one attempt: (succeeded, its value, this worker's own error if it failed)."""
+    global _in_attempt
+    try:
+        _in_attempt = True
+        try:
+            return True, attempt(), None
+        finally:
+            _in_attempt = False
+    except (KeyboardInterrupt, SystemExit) as exc:
+        if isinstance(exc, SystemExit) and exc.code not in (None, 0):
+            return False, None, describe(exc)
+        raise  # Ctrl-C stops the worker; sys.exit(0) ends the script as usual
+    except RestartAttempt as exc:
+        cause = exc.__context__  # an error that was on its way out when the signal came
+        own = cause if cause is not None and not isinstance(cause, RestartAttempt) else None
+        return False, None, describe(own) if own is not None else None
+    except BaseException as exc:  # noqa: BLE001 -- every error restarts the attempt
+        return False, None, describe(exc)
+
+
+def _enter(directory: str, rank: int, attempt: int) -> None:
+    """Waits for the agent's go for ``attempt`` and gives the attempt its environment."""
+    if attempt > 0:
+        go = channel.wait_for_go(directory, attempt)
+        os.environ["TORCHELASTIC_RESTART_COUNT"] = str(go.restart_count)
+        if go.master_port is not None:
+            os.environ["MASTER_PORT"] = str(go.master_port)
+    os.environ[env_vars.ATTEMPT] = str(attempt)
+    channel.write_record(directory, rank, WorkerRecord(attempt, Stage.RUNNING, os.getpid()))
+
+
+def run_attempts(attempt: Callable[[], T], release: Callable[[], None]) -> T:
+    """Runs ``attempt`` until it succeeds on every rank; returns its value here.
+
+    ``release`` drops what an attempt left behind besides its process groups (the
+    session, its uploads); it runs after every failed attempt.
+    """
+    directory = os.environ[env_vars.INPROCESS_DIR]
+    rank = int(os.environ["RANK"])
+    number = int(os.environ.get(env_vars.ATTEMPT, "0"))
+    signal.signal(channel.ABORT_SIGNAL, _on_abort)
+    while True:
+        _enter(directory, rank, number)
+        group_sockets.forget()
+        ok, value, failure = _run_one(attempt)
+        if ok:
+            return value  # type: ignore[return-value]
+        group_sockets.cut()  # peers blocked in a collective with this worker: released now
+        abort_process_groups()
+        record = WorkerRecord(number, Stage.FAILED, os.getpid(), failure)
+        if failure is not None:
+            channel.write_record(directory, rank, record)
+            sys.stderr.write(failure.traceback)
+        release()
+        _release_objects()
+        number += 1
+        healthy = device_healthy()
+        channel.write_record(directory, rank, WorkerRecord(
+            number, Stage.READY if healthy else Stage.UNHEALTHY, os.getpid(), failure))
+        if not healthy:
+            while True:
+                signal.pause()  # the agent kills and replaces this worker

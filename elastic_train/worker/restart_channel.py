@@ -1,0 +1,142 @@
+"""How a node's agent and its workers agree on in-process restarts: small files, one writer each.
+
+The agent gives every worker a directory (``ELASTIC_TRAIN_INPROCESS_DIR``).
+Each worker writes its own ``rank<R>.json``; the agent writes ``go.json``.
+Both are replaced atomically, so a reader never sees half a record.
+
+A worker's record says where it stands in which attempt:
+
+- ``running``: it runs the train function of attempt ``attempt``. Written
+  before the train function is entered, it also tells the agent that this
+  worker can restart in process (a script under ``launch`` without the
+  wrapper never writes one, and keeps torchrun's restarts).
+- ``failed``: its train function raised in ``attempt``; ``failure`` holds the
+  error. The worker has already torn down its process group, which releases
+  peers blocked in a collective with it.
+- ``ready``: it has left attempt ``attempt - 1`` and released what that
+  attempt held; it waits for ``go.json`` to name ``attempt``.
+- ``unhealthy``: it left the attempt but cannot run another in this process
+  (a CUDA error that sticks to the context); the agent replaces it.
+
+The agent interrupts a running worker with :data:`ABORT_SIGNAL`, which the
+worker turns into :class:`~elastic_train.worker.inprocess.RestartAttempt`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass
+
+from fsspec.implementations.local import LocalFileSystem
+
+from elastic_train.storage import filesystem as fsutil
+
+ABORT_SIGNAL = signal.SIGUSR2  # the agent's "leave this attempt" (relayed by the zygote client)
+GO_FILE = "go.json"
+
+
+class Stage(str, enum.Enum):
+    """Where a worker stands in its current attempt."""
+
+    RUNNING = "running"
+    FAILED = "failed"
+    READY = "ready"
+    UNHEALTHY = "unhealthy"
+
+
+@dataclass(frozen=True)
+class FailureNote:
+    """A worker's own error, as its agent records it.
+
+    ``primary``: the error did not come out of a torch.distributed call -- the
+    worker failed by itself, not because a peer vanished from a collective.
+    """
+
+    message: str
+    traceback: str
+    primary: bool
+    timestamp: float
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    """One worker's ``rank<R>.json``."""
+
+    attempt: int
+    stage: Stage
+    pid: int
+    failure: FailureNote | None = None
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "stage": self.stage.value}
+
+    @classmethod
+    def from_json(cls, data: dict) -> WorkerRecord:
+        failure = data.get("failure")
+        return cls(attempt=int(data["attempt"]), stage=Stage(data["stage"]),
+                   pid=int(data["pid"]), failure=FailureNote(**failure) if failure else None)
+
+
+@dataclass(frozen=True)
+class Go:
+    """The agent's ``go.json``: attempt ``attempt`` may start; its workers see
+    ``TORCHELASTIC_RESTART_COUNT=restart_count`` and, when the workers host their own
+    store (``launch``: rank 0's ``env://`` store), ``MASTER_PORT=master_port``: a new port
+    per attempt, so that a store the last attempt left behind is never joined again."""
+
+    attempt: int
+    restart_count: int
+    master_port: int | None = None
+
+
+def _record_path(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rank{rank}.json")
+
+
+def _write(path: str, data: dict) -> None:
+    fsutil.write_bytes_atomic(LocalFileSystem(), path, json.dumps(data).encode())
+
+
+def _read(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_record(directory: str, rank: int, record: WorkerRecord) -> None:
+    _write(_record_path(directory, rank), record.to_json())
+
+
+def read_record(directory: str, rank: int) -> WorkerRecord | None:
+    data = _read(_record_path(directory, rank))
+    return WorkerRecord.from_json(data) if data else None
+
+
+def write_go(directory: str, go: Go) -> None:
+    _write(os.path.join(directory, GO_FILE), asdict(go))
+
+
+def read_go(directory: str) -> Go | None:
+    data = _read(os.path.join(directory, GO_FILE))
+    return Go(**data) if data else None
+
+
+def wait_for_go(directory: str, attempt: int, poll_s: float = 0.005) -> Go:
+    """Blocks until the agent lets ``attempt`` (or a later one) start. A worker that is
+    not let go is stopped by its agent, so this needs no timeout of its own."""
+    while (go := read_go(directory)) is None or go.attempt < attempt:
+        time.sleep(poll_s)
+    return go
+
+
+def clear(directory: str) -> None:
+    """Before a new group of processes starts: forget every record of the previous one."""
+    os.makedirs(directory, exist_ok=True)
+    for name in os.listdir(directory):
+        os.remove(os.path.join(directory, name))

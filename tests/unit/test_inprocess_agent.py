@@ -1,0 +1,93 @@
+"""Unit tests: what the agent makes of its workers' records and exits during in-process
+restarts (fakes stand in for torch's worker group and process context)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from elastic_train.agent import inprocess
+from elastic_train.agent.inprocess import FailedAttempt, InProcessRestarts
+from elastic_train.errors import WorkerFailure
+from elastic_train.worker import restart_channel as channel
+from elastic_train.worker.restart_channel import FailureNote, Stage, WorkerRecord
+
+
+def group(ranks: int = 2) -> SimpleNamespace:
+    workers = [SimpleNamespace(local_rank=r, global_rank=r, id=100 + r) for r in range(ranks)]
+    return SimpleNamespace(workers=workers, group_world_size=1, group_rank=0)
+
+
+def context(exits: dict[int, int | None]) -> SimpleNamespace:
+    return SimpleNamespace(subprocess_handlers={
+        r: SimpleNamespace(proc=SimpleNamespace(poll=lambda code=code: code))
+        for r, code in exits.items()})
+
+
+def died(worker, exitcode: int) -> WorkerFailure:
+    return WorkerFailure(rank=worker.global_rank, local_rank=worker.local_rank,
+                         pid=worker.id, exitcode=exitcode, message="", traceback=None)
+
+
+@pytest.fixture
+def restarts(tmp_path) -> InProcessRestarts:
+    agent = InProcessRestarts(str(tmp_path), 10.0, replace=lambda *_: 0, failure_of=died)
+    agent.begin(restart_count=0)
+    return agent
+
+
+def note(primary: bool) -> FailureNote:
+    return FailureNote("RuntimeError: x", "Traceback ...", primary, 1.0)
+
+
+def record(restarts, rank: int, attempt: int, stage: Stage, failure=None) -> None:
+    channel.write_record(restarts.directory, rank, WorkerRecord(attempt, stage, 200 + rank,
+                                                                failure))
+
+
+def test_running_workers_that_can_restart_in_process(restarts):
+    for rank in (0, 1):
+        record(restarts, rank, 0, Stage.RUNNING)
+    assert restarts.poll(group(), context({0: None, 1: None})) is True
+
+
+def test_a_worker_without_a_record_leaves_it_to_torch(restarts):
+    record(restarts, 0, 0, Stage.RUNNING)
+    assert restarts.poll(group(), context({0: None, 1: None})) is False
+    assert restarts.poll(group(), context({0: 0, 1: 0})) is False  # all done: torch's
+
+
+def test_a_death_is_the_root_cause(restarts):
+    record(restarts, 0, 0, Stage.FAILED, note(primary=False))  # its collective broke
+    record(restarts, 1, 0, Stage.RUNNING)
+    seen = restarts.poll(group(), context({0: None, 1: -9}))
+    assert isinstance(seen, FailedAttempt) and seen.primary
+    assert [f.rank for f in seen.failures] == [1, 0]
+
+
+def test_broken_collectives_alone_wait_for_the_failure_behind_them(restarts, monkeypatch):
+    record(restarts, 0, 0, Stage.FAILED, note(primary=False))
+    record(restarts, 1, 0, Stage.RUNNING)
+    assert restarts.poll(group(), context({0: None, 1: None})) is True  # within the grace
+    monkeypatch.setattr(inprocess, "SECONDARY_GRACE_S", 0.0)
+    seen = restarts.poll(group(), context({0: None, 1: None}))
+    assert isinstance(seen, FailedAttempt) and not seen.primary
+
+
+def test_the_last_attempts_failure_is_not_the_next_ones(restarts):
+    """After the go for attempt 1, a worker still 'ready' carries attempt 0's error."""
+    restarts.attempt = 1
+    record(restarts, 0, 1, Stage.READY, note(primary=True))
+    record(restarts, 1, 1, Stage.RUNNING)
+    assert restarts.poll(group(), context({0: None, 1: None})) is True
+    record(restarts, 0, 1, Stage.FAILED, note(primary=True))  # attempt 1 failed
+    assert isinstance(restarts.poll(group(), context({0: None, 1: None})), FailedAttempt)
+
+
+def test_an_unhealthy_device_is_a_failure_of_the_attempt(restarts):
+    record(restarts, 0, 1, Stage.UNHEALTHY)
+    record(restarts, 1, 0, Stage.RUNNING)
+    seen = restarts.poll(group(), context({0: None, 1: None}))
+    assert isinstance(seen, FailedAttempt)
+    assert "unhealthy" in seen.failures[0].message
