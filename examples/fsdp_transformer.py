@@ -217,7 +217,7 @@ def train_func(config: dict) -> float:
         if step == config["kill_at_step"] and ctx.get_world_rank() == 1 \
                 and not os.path.exists(config["kill_marker"]):
             open(config["kill_marker"], "w").close()
-            print(f"rank 1: killing myself at step {step} (a simulated crash)")
+            print(f"rank 1: killing myself at step {step} (a simulated crash)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         metrics = {"loss": loss.item(), "step": step}
         if step % config["checkpoint_every"] == 0 or step == config["steps"]:
