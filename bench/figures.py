@@ -2,7 +2,11 @@
 
 Figure 7 (storage) lives in :mod:`bench.storage_figure`, figure 8 (rendezvous) in
 :mod:`bench.rendezvous_figure`, figure 9 (rendezvous at scale) in
-:mod:`bench.rendezvous_scale_figure`; each runs processes of its own.
+:mod:`bench.rendezvous_scale_figure`, figures 10 and 11 (sharded checkpoints) in
+:mod:`bench.sharded_figure`, figure 12 (overhead per step) in
+:mod:`bench.overhead_figure`, figure 13 (a failure on one of three nodes) in
+:mod:`bench.nodes_figure`, figure 14 (the soak) in :mod:`bench.soak_figure`; each
+runs processes of its own.
 
 :class:`Suite` runs the variants (repetitions interleaved -- a, b, c, a, b,
 c, ... -- so that drift of the machine hits every variant alike) and caches
@@ -23,6 +27,7 @@ from bench.recovery_figure import recovery
 from bench.rendezvous_figure import rendezvous
 from bench.rendezvous_scale_figure import rendezvous_scale
 from bench.report import Table
+from bench.sharded_figure import local_tier, shard_reads
 from bench.soak_figure import soak
 from bench.stats import Summary, Target, fmt_ratio, ratio, with_target
 from bench.storage_figure import storage
@@ -337,7 +342,8 @@ def scaling(suite: Suite) -> list[Table]:
 FIGURE_FUNCTIONS: dict[str, Callable[[Suite], list[Table]]] = {
     "cold_start": cold_start, "steps": steps, "checkpoint": checkpoint,
     "recovery": recovery, "memory": memory, "scaling": scaling, "storage": storage,
-    "rendezvous": rendezvous, "rendezvous_scale": rendezvous_scale, "overhead": overhead,
+    "rendezvous": rendezvous, "rendezvous_scale": rendezvous_scale,
+    "shard_reads": shard_reads, "local_tier": local_tier, "overhead": overhead,
     "nodes": nodes, "soak": soak,
 }
 

@@ -5,7 +5,7 @@ step of the ``full`` MLP (512 -> 1024 -> 1024 -> 10, batch 128 per worker,
 ~1.6 M parameters) takes ~30 ms with gloo. ``smoke`` only proves that every
 code path still runs: tiny model, one repetition, 2 epochs, no recovery or
 scaling runs, a 1 MiB instead of ~100 MB checkpoint (and 1 MiB instead of
-100/400 MB for storage).
+100/400 MB for storage, 2 MB sharded checkpoints instead of 128/400 MB).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from bench.measure import FaultPlan
 from bench.workload import WorkloadConfig
 
 FIGURES = ("cold_start", "steps", "checkpoint", "recovery", "memory", "scaling", "storage",
-           "rendezvous", "rendezvous_scale", "overhead", "nodes", "soak")
+           "rendezvous", "rendezvous_scale", "shard_reads", "local_tier", "overhead", "nodes",
+           "soak")
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,8 @@ class Profile:
 
     ``main`` serves figures 1, 2 and 5 (the same runs); ``checkpoint_payload_mb``
     is added to the state of the figure 3 runs to bring it to ~100 MB;
-    ``storage_sizes_mb`` are the checkpoint sizes of figure 7.
+    ``storage_sizes_mb`` are the checkpoint sizes of figure 7, ``shard_reads_mb``
+    and ``local_tier_mb`` those of the sharded checkpoints of figures 10 and 11.
     """
 
     name: str
@@ -38,6 +40,8 @@ class Profile:
     scaling: WorkloadConfig
     scaling_workers: tuple[int, ...]
     storage_sizes_mb: tuple[int, ...] = (100, 400)
+    shard_reads_mb: float = 128  # figure 10's 4-rank sharded checkpoint
+    local_tier_mb: float = 400  # figure 11's 2-rank sharded checkpoint
     figures: tuple[str, ...] = field(default=FIGURES)
     rendezvous_agents: tuple[int, ...] = (2, 4, 8, 16)
     rendezvous_launchers: tuple[str, ...] = ("torchrun", "torchrun-unshared", "c10d", "etcd",
@@ -77,7 +81,7 @@ SMOKE = Profile(
     recovery=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2),
     scaling=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2),
     scaling_workers=(1, 2),
-    storage_sizes_mb=(1,),
+    storage_sizes_mb=(1,), shard_reads_mb=2, local_tier_mb=2,
     figures=("cold_start", "steps", "checkpoint", "memory", "storage", "rendezvous",
              "rendezvous_scale", "overhead"),
     rendezvous_agents=(2,), rendezvous_launchers=("c10d",), rendezvous_recovery=False,

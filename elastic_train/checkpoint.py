@@ -15,8 +15,6 @@ Mirrors ``ray.train.Checkpoint``::
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -26,13 +24,13 @@ from typing import Any
 
 import fsspec
 
-from elastic_train import env_vars
 from elastic_train.errors import ConfigError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import MARKER
+from elastic_train.storage.local_tier import LocalTier
+from elastic_train.storage.manifest import CommitManifest
 
 METADATA_FILE = ".metadata.json"
-# Set for workers: the node-local directory where remote checkpoints are cached.
 
 
 class Checkpoint:
@@ -42,6 +40,10 @@ class Checkpoint:
         path: The directory, a local path or a path on ``filesystem``.
         filesystem: The fsspec filesystem holding it (default: from the path).
     """
+
+    # Class-level defaults, so that checkpoints pickled by older versions have them too.
+    written: Any = None  # the future of files still being written (see from_directory)
+    _commit: CommitManifest | None = None  # the commit manifest, once read
 
     def __init__(self, path: str | os.PathLike,
                  filesystem: fsspec.AbstractFileSystem | None = None):
@@ -54,15 +56,34 @@ class Checkpoint:
         self.filesystem: fsspec.AbstractFileSystem = filesystem
 
     @classmethod
-    def from_directory(cls, path: str | os.PathLike) -> Checkpoint:
-        """A checkpoint of a local directory (which must exist)."""
+    def from_directory(cls, path: str | os.PathLike, written: Any = None) -> Checkpoint:
+        """A checkpoint of a local directory (which must exist).
+
+        ``written`` (our addition) is a ``concurrent.futures.Future`` that completes
+        when the files in ``path`` are all written -- what
+        ``torch.distributed.checkpoint.async_save`` returns. ``report()`` then
+        returns without waiting for the writes (the training loop blocks only for
+        async_save's copy of the state to host memory); the upload starts once the
+        future completes, and takes the directory over: leave it alone, it is
+        moved away. Each rank's files must have names of their own (DCP's do)::
+
+            written = dcp.async_save(state, checkpoint_id=d, process_group=group)
+            elastic_train.report(metrics, checkpoint=Checkpoint.from_directory(d, written))
+        """
         path = os.path.abspath(os.fspath(path))
         if not os.path.isdir(path):
             raise ConfigError(
                 f"Checkpoint.from_directory({path!r}): no such directory. Save the checkpoint's "
                 "files into a directory first, then pass that directory."
             )
-        return cls(path)
+        written = getattr(written, "upload_completion", written)  # dcp's AsyncSaveResponse
+        if written is not None and not callable(getattr(written, "result", None)):
+            raise ConfigError(
+                f"Checkpoint.from_directory(written={written!r}): pass the future of the "
+                "writes, e.g. written=dcp.async_save(state, checkpoint_id=path, ...).")
+        checkpoint = cls(path)
+        checkpoint.written = written
+        return checkpoint
 
     @property
     def _is_local(self) -> bool:
@@ -90,16 +111,18 @@ class Checkpoint:
         """A local directory with the checkpoint's files, for the duration of the block.
 
         A local checkpoint is yielded in place (do not modify it). A remote one
-        is downloaded: inside a worker, once per node into the run's node-local
-        cache, which the node's ranks share; elsewhere into a temporary
-        directory that is removed afterwards.
+        is fetched: inside a worker, once per node into its local tier (see
+        :mod:`elastic_train.storage.local_tier`), which the node's ranks share and
+        which already holds, checked against the commit manifest, the files this
+        node uploaded; elsewhere into a temporary directory removed afterwards.
         """
         if self._is_local:
             yield self.path
             return
-        cached = self._cached_copy()
-        if cached is not None:
-            yield cached
+        tier = LocalTier.of_node()
+        if tier is not None:
+            with tier.local_copy(self.filesystem, self.path, self.get_commit_info()) as d:
+                yield d
             return
         tmp = self.to_directory()
         try:
@@ -107,34 +130,24 @@ class Checkpoint:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def _cache_entry(self) -> str | None:
-        root = os.environ.get(env_vars.CHECKPOINT_CACHE)
-        if not root:
-            return None
-        url = self.filesystem.unstrip_protocol(self.path)
-        return os.path.join(root, hashlib.sha256(url.encode()).hexdigest()[:20])
+    def get_commit_info(self) -> CommitManifest | None:
+        """What the run recorded when it committed this checkpoint, or None for a
+        directory that elastic-train did not commit (our addition; Ray has none).
 
-    def _cached_copy(self) -> str | None:
-        """The node's copy of this checkpoint, downloaded by the first rank that asks."""
-        entry = self._cache_entry()
-        if entry is None:
-            return None
-        os.makedirs(os.path.dirname(entry), exist_ok=True)
-        with open(entry + ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not os.path.exists(entry + ".complete"):
-                shutil.rmtree(entry, ignore_errors=True)
-                self.to_directory(entry)
-                open(entry + ".complete", "w").close()
-        return entry
+        ``ranks`` are the ranks whose files it holds, ``size_bytes`` its size,
+        ``files`` each file's size, CRC-32 and rank, ``world_size`` the number of
+        workers that wrote it::
 
-    def drop_cached_copy(self) -> None:
-        """Forgets the node's copy (e.g. after it failed verification)."""
-        entry = self._cache_entry()
-        if entry is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(entry + ".complete")
-            shutil.rmtree(entry, ignore_errors=True)
+            info = result.checkpoint.get_commit_info()
+            print(info.describe_contents())      # e.g. "400.0 MiB from ranks 0-3"
+        """
+        if self._commit is None:
+            try:
+                self._commit = CommitManifest.from_json(
+                    fsutil.read_json(self.filesystem, fsutil.join(self.path, MARKER)))
+            except FileNotFoundError:
+                return None
+        return self._commit
 
     def without_credentials(self) -> Checkpoint:
         """This checkpoint on a filesystem holding no secrets: what a run stores of it
@@ -169,7 +182,9 @@ class Checkpoint:
         self.set_metadata({**self.get_metadata(), **metadata})
 
     def __repr__(self) -> str:
-        return f"Checkpoint(filesystem={self.filesystem.protocol!r}, path={self.path!r})"
+        contents = f", {self._commit.describe_contents()}" if self._commit else ""
+        return (f"Checkpoint(filesystem={self.filesystem.protocol!r}, path={self.path!r}"
+                f"{contents})")
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Checkpoint) and other.path == self.path
@@ -177,3 +192,11 @@ class Checkpoint:
 
     def __hash__(self) -> int:
         return hash(self.path)
+
+
+def committed_checkpoint(path: str, filesystem: fsspec.AbstractFileSystem,
+                         manifest: CommitManifest) -> Checkpoint:
+    """A checkpoint whose commit manifest the caller has read already."""
+    checkpoint = Checkpoint(path, filesystem)
+    checkpoint._commit = manifest
+    return checkpoint

@@ -1,7 +1,7 @@
 """Every ``ELASTIC_TRAIN_*`` environment variable, named once.
 
 Most are the agent's messages to the workers it starts (set in the worker's
-environment, read in the worker); two are switches a user may set. Modules
+environment, read in the worker); three are switches a user may set. Modules
 import the names from here, so a variable is renamed or documented in one
 place. torch.distributed.elastic's own variables (``RANK``, ``WORLD_SIZE``,
 ``TORCHELASTIC_*``) and torchrun's ``PET_*`` flags are torch's, not listed here.
@@ -14,6 +14,10 @@ User switches:
 - ``FAIL_AT_REPORT``: ``elastic-train verify-resume``'s injected crash, the
   last rank exits after this ``report()`` of the first attempt
   (:mod:`elastic_train.worker.fault_injection`).
+- ``LOCAL_TIER`` (``ELASTIC_TRAIN_LOCAL_TIER=0``, in the environment of ``fit()``
+  or ``elastic-train launch``): a node does not keep the checkpoint files its
+  ranks uploaded to a remote store (for nodes short of disk), so every restart
+  downloads what it reads (:mod:`elastic_train.storage.local_tier`).
 - ``LEASE_TTL_S``: seconds after its last heartbeat (every quarter of it) a
   driver's lease on its run goes stale and another job may take the run over
   (default 20; :mod:`elastic_train.driver.run_lease`).
@@ -31,7 +35,8 @@ Set by the agent or the driver for each worker:
   it stands in for, so the agent can stop and wait for that worker itself
   (:mod:`elastic_train.agent.forked_workers`; the stand-in, which imports only
   the standard library, spells the name out).
-- ``CHECKPOINT_CACHE``: the node's directory of downloaded checkpoints.
+- ``CHECKPOINT_CACHE``: the node's local tier, its directory of checkpoint files
+  kept after upload or downloaded (:mod:`elastic_train.storage.local_tier`).
 - ``LAUNCH``: under ``elastic-train launch``, the run's storage, name and
   checkpoint settings as JSON, from which a script's session is built.
 - ``LEASE_TOKEN``: the job's lease token on the run; a worker's commits and
@@ -46,6 +51,7 @@ Set by the agent or the driver for each worker:
 
 ZYGOTE = "ELASTIC_TRAIN_ZYGOTE"
 FAIL_AT_REPORT = "ELASTIC_TRAIN_FAIL_AT_REPORT"
+LOCAL_TIER = "ELASTIC_TRAIN_LOCAL_TIER"
 GENERATION = "ELASTIC_TRAIN_GENERATION"
 AGENT_PID = "ELASTIC_TRAIN_AGENT_PID"
 PROGRESS_DIR = "ELASTIC_TRAIN_PROGRESS_DIR"

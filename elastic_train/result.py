@@ -18,7 +18,7 @@ from typing import Any
 
 import fsspec
 
-from elastic_train.checkpoint import Checkpoint
+from elastic_train.checkpoint import Checkpoint, committed_checkpoint
 from elastic_train.errors import ConfigError, TrainingFailedError
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
@@ -32,7 +32,8 @@ class Result:
     Attributes:
         metrics: The last row reported by rank 0, with auto-filled fields
             (``training_iteration``, ``timestamp``, ``time_total_s``, ...).
-        checkpoint: The latest committed checkpoint.
+        checkpoint: The latest committed checkpoint; its ``get_commit_info()`` says
+            which ranks wrote its files and its size (printed in its repr).
         error: The run's error when it failed.
         path: The run directory on ``filesystem``.
         filesystem: The fsspec filesystem of the run directory.
@@ -82,8 +83,8 @@ class Result:
     def from_storage(cls, storage: RunStorage, return_value: Any = None) -> Result:
         rows = storage.read_metrics()
         manifests = storage.checkpoints.committed()
-        checkpoints = [(Checkpoint(storage.checkpoints.path(m.index), storage.fs), m.metrics)
-                       for m in manifests]
+        checkpoints = [(committed_checkpoint(storage.checkpoints.path(m.index), storage.fs, m),
+                        m.metrics) for m in manifests]
         state = storage.read_run_state()
         error = None
         if state is not None and state.status is RunStatus.FAILED:

@@ -55,7 +55,8 @@ def run_json(state: RunState, summary: RunSummary) -> str:
                        "recoveries": [asdict(r) for r in summary.recoveries],
                        "checkpoints": [{"index": c.index,
                                         "training_iteration": c.training_iteration,
-                                        "metrics": c.metrics, "best": c.index == best}
+                                        "metrics": c.metrics, "best": c.index == best,
+                                        "ranks": c.ranks, "size_bytes": c.size_bytes}
                                        for c in summary.checkpoints],
                        "deleted_checkpoints": summary.deleted}, indent=2)
 
@@ -121,7 +122,8 @@ def checkpoint_lines(summary: RunSummary) -> list[str]:
     for c in summary.checkpoints:
         shown = user_metrics(c.metrics)
         mark = "*" if c.index == best else " "
-        lines.append(f"{mark} {dir_name(c.index)}  iteration {c.training_iteration}  {shown}")
+        lines.append(f"{mark} {dir_name(c.index)}  iteration {c.training_iteration}  "
+                     f"{c.describe_contents()}  {shown}")
     if best is not None:
         lines.append(f"  (* best: {summary.best_label()})")
     if summary.deleted:

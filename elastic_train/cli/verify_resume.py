@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from elastic_train import env_vars
 from elastic_train.errors import ConfigError
 from elastic_train.storage import RunStorage
-from elastic_train.storage.checkpoint_store import CommitManifest
+from elastic_train.storage.manifest import CommitManifest
 
 
 @dataclass

@@ -18,13 +18,24 @@ spec stored in ``run.json`` with the new one:
   prepared data loaders, whose positions are stored per rank, restart the
   checkpoint's epoch from its beginning with the new split of the data
   (elastic launches change size this way by design). Only the result stops
-  being bit-identical to a run of fixed size -- and a train function that
-  saves one file per rank must reshard it itself (``torch.distributed.checkpoint``
-  does), which no driver can check. Also warned about: another
-  ``checkpoint_score_attribute`` or ``checkpoint_score_order``. Retention ranks
-  the stored checkpoints anew by it; those whose metrics lack the new attribute
-  rank below every other, so they are the first it deletes (never the latest)
-  -- see :mod:`elastic_train.storage.retention`.
+  being bit-identical to a run of fixed size. Whether the model state fits the
+  new size depends on how it was saved, which no driver can check:
+
+  - one file written by one rank (``torch.save`` of a whole model, DDP): loads
+    on any number of workers;
+  - ``torch.distributed.checkpoint`` (DCP) shards, each rank saving its own
+    (FSDP2, tensor parallel): ``.metadata`` maps every tensor to byte ranges of
+    the ranks' files, and ``dcp.load`` reshards them to the new world size --
+    with :class:`elastic_train.torch.CheckpointReader`, each rank fetching only
+    the ranges it loads. Before the resume every file is checked by one rank,
+    its writer's rank modulo the new world size;
+  - one ``torch.save`` file per rank of a sharded model: the files come back as
+    they are, and the train function must reshard them itself (or save with DCP).
+
+  Also warned about: another ``checkpoint_score_attribute`` or
+  ``checkpoint_score_order``. Retention ranks the stored checkpoints anew by it;
+  those whose metrics lack the new attribute rank below every other, so they are
+  the first it deletes (never the latest) -- see :mod:`elastic_train.storage.retention`.
 
 ``train_loop_config`` is not compared: changing it (more epochs, another learning
 rate) is a legitimate way to continue a run, as in Ray.

@@ -9,7 +9,8 @@ methods on it (``Checkpoint``, ``Result``, the callbacks) or the helpers of
 files); none of them asks which store it holds.
 """
 
-from elastic_train.storage.checkpoint_store import CheckpointStore, CommitManifest
+from elastic_train.storage.checkpoint_store import CheckpointStore
+from elastic_train.storage.manifest import CommitManifest
 from elastic_train.storage.run_storage import RunStorage
 
 __all__ = ["CheckpointStore", "CommitManifest", "RunStorage"]

@@ -26,7 +26,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from elastic_train.errors import StorageError
-from elastic_train.storage.checkpoint_store import CheckpointStore, CommitManifest, dir_name
+from elastic_train.storage.checkpoint_store import CheckpointStore, dir_name
+from elastic_train.storage.manifest import CommitManifest
 from elastic_train.storage.retention import CheckpointRecord, score_of, to_delete
 
 if TYPE_CHECKING:

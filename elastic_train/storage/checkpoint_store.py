@@ -32,15 +32,16 @@ import json
 import logging
 import os
 import re
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import fsspec
 from fsspec.callbacks import Callback
 
+from elastic_train.errors import StorageError
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.manifest import CommitManifest
 from elastic_train.storage.retry import RetryPolicy
 from elastic_train.storage.stores import adapter_for
 
@@ -62,23 +63,6 @@ UPLOAD_BATCH = 4
 
 def dir_name(index: int) -> str:
     return f"checkpoint_{index:06d}"
-
-
-@dataclass
-class CommitManifest:
-    """The marker of a committed checkpoint."""
-
-    index: int
-    training_iteration: int
-    metrics: dict[str, Any]
-    files: dict[str, dict[str, Any]]
-    world_size: int
-    worker_states: dict[str, Any] = field(default_factory=dict)
-    created: float = field(default_factory=time.time)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CommitManifest:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
 def list_directory(local_dir: str) -> list[str]:
@@ -103,15 +87,16 @@ def scan_directory(local_dir: str) -> dict[str, dict[str, Any]]:
     return describe_files(local_dir, list_directory(local_dir))
 
 
+def file_matches(path: str, info: dict[str, Any]) -> bool:
+    """Whether the local file exists with the manifest's size and CRC-32 (``info``)."""
+    return (os.path.isfile(path) and os.path.getsize(path) == info["size"]
+            and fsutil.file_crc32(path) == info["crc32"])
+
+
 def mismatched_files(local_dir: str, manifest: CommitManifest) -> list[str]:
     """Files of a local copy whose size or CRC-32 differs from the manifest."""
-    bad = []
-    for rel, info in manifest.files.items():
-        path = os.path.join(local_dir, rel)
-        if not os.path.isfile(path) or os.path.getsize(path) != info["size"] \
-                or fsutil.file_crc32(path) != info["crc32"]:
-            bad.append(rel)
-    return bad
+    return [rel for rel, info in manifest.files.items()
+            if not file_matches(os.path.join(local_dir, rel), info)]
 
 
 class CheckpointStore:
@@ -178,23 +163,31 @@ class CheckpointStore:
     def remove_uncommitted(self) -> list[int]:
         """Deletes leftovers of interrupted uploads (directories without a marker, and
         unfinished multipart uploads on object stores); returns the directories' indices."""
+        return self.sweep()[0]
+
+    def sweep(self) -> tuple[list[int], list[CommitManifest]]:
+        """:meth:`remove_uncommitted` and :meth:`committed` in one pass over the run
+        directory (a start needs both; each marker is read once)."""
         self._fenced("removing unfinished uploads")
         aborted = self._retry("aborting unfinished multipart uploads",
                               lambda: self.adapter.abort_unfinished_uploads(self.run_path))
         if aborted:
             logger.info("Aborted %d unfinished multipart upload(s) under %s", aborted,
                         self.display_path)
-        removed = []
+        removed, manifests = [], []
         for index, path in sorted(self._checkpoint_dirs().items()):
-            if self._read_manifest(path) is None:
-                logger.info("Removing uncommitted checkpoint directory %s", path)
-                self._retry("removing an uncommitted checkpoint",
-                            lambda p=path: self.adapter.remove_tree(p))
-                removed.append(index)
+            manifest = self._read_manifest(path)
+            if manifest is not None:
+                manifests.append(manifest)
+                continue
+            logger.info("Removing uncommitted checkpoint directory %s", path)
+            self._retry("removing an uncommitted checkpoint",
+                        lambda p=path: self.adapter.remove_tree(p))
+            removed.append(index)
         uploads = fsutil.join(self.run_path, UPLOADS_DIR)
         if self._retry("listing upload markers", lambda: self.fs.exists(uploads)):
             self._retry("removing upload markers", lambda: self.adapter.remove_tree(uploads))
-        return removed
+        return removed, manifests
 
     def upload(self, index: int, local_dir: str, relpaths: list[str],
                callback: Callback | None = None) -> None:
@@ -238,11 +231,19 @@ class CheckpointStore:
             self.fs, self._upload_mark(index, rank), files))
 
     def uploaded_files(self, index: int, ranks: list[int]) -> dict[str, dict[str, Any]]:
-        """The file descriptions in the upload markers of ``ranks``, merged."""
+        """The file descriptions in the upload markers of ``ranks``, merged; two ranks
+        that uploaded the same file (written in the background, so not deduplicated
+        in ``report()``) are an error: one would have overwritten the other."""
         files: dict[str, dict[str, Any]] = {}
         for rank in ranks:
-            files.update(self._retry("reading an upload marker", lambda r=rank: fsutil.read_json(
-                self.fs, self._upload_mark(index, r))))
+            mine = self._retry("reading an upload marker", lambda r=rank: fsutil.read_json(
+                self.fs, self._upload_mark(index, r)))
+            if clash := sorted(set(mine) & set(files)):
+                raise StorageError(
+                    f"{dir_name(index)}: ranks {files[clash[0]].get('rank')} and {rank} both "
+                    f"wrote {', '.join(clash[:3])}; files written in the background must "
+                    "have names of their own per rank (as DCP's are).")
+            files.update(mine)
         return files
 
     def _marks(self, index: int) -> list[str]:

@@ -97,8 +97,11 @@ def write_json_atomic(fs: fsspec.AbstractFileSystem, path: str, obj: Any) -> Non
 
 
 def read_json(fs: fsspec.AbstractFileSystem, path: str) -> Any:
-    with fs.open(path, "rb") as f:
-        return json.loads(f.read())
+    """The JSON file at ``path`` as the store holds it now: one whole read (``cat_file``),
+    not a file object, which s3fs opens with the ETag its listing cache holds and fails
+    (``FileExpired``) when another process rewrote the file since -- a heartbeat's claim,
+    ``run.json``."""
+    return json.loads(fs.cat_file(path))
 
 
 def names_in(fs: fsspec.AbstractFileSystem, directory: str) -> set[str]:

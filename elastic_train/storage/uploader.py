@@ -4,7 +4,12 @@
 :class:`CheckpointUploader`: the files are copied into a local staging area
 (so the user's directory can go away) and queued. A background thread uploads
 them (telling rank 0 how far it got, see :mod:`.upload_progress`), then writes
-this rank's *done* marker under ``<run>/.upload-marks/``. Rank 0's
+this rank's *done* marker under ``<run>/.upload-marks/``, and on a remote store
+moves the staged copy into the node's local tier (:mod:`.local_tier`) for a
+restart on this node. Files still being written when ``report()`` is called
+(``Checkpoint.from_directory(d, written=future)``, e.g. ``dcp.async_save``) are
+not staged then: the upload thread waits for the future and takes the
+directory over. Rank 0's
 job then commits the checkpoint (``commit``: the
 :class:`~elastic_train.storage.checkpoint_manager.CheckpointManager` waits for the
 done markers of every rank that owns files, writes the commit marker and applies
@@ -23,42 +28,63 @@ import queue
 import shutil
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from elastic_train.errors import StorageError
 from elastic_train.storage.checkpoint_store import (
     CheckpointStore,
-    CommitManifest,
     describe_files,
     dir_name,
+    list_directory,
 )
+from elastic_train.storage.local_tier import LocalTier
+from elastic_train.storage.manifest import CommitManifest
 from elastic_train.storage.upload_progress import ProgressReporter, report_interval_s
 
 logger = logging.getLogger(__name__)
+
+# A rank's file list in report() while its files are still being written (see
+# Checkpoint.from_directory(written=...)): it uploads whatever it has written by then.
+WRITTEN_LATER = "<written in the background>"
+
+
+def listed_files(directory: str, written: Future | None) -> list[str] | str:
+    """A rank's file list in ``report()``: the files below ``directory``, or
+    :data:`WRITTEN_LATER` while a background writer (``written``) is still at work."""
+    return WRITTEN_LATER if written is not None else list_directory(directory)
 
 
 @dataclass
 class UploadJob:
     """One rank's part of checkpoint ``index``; ``manifest`` is set on the committing rank
-    (its ``files`` are filled in from the owners' upload markers before the commit)."""
+    (its ``files`` are filled in from the owners' upload markers before the commit).
+    ``relpaths`` is None while the rank's files are still being written (``written``)."""
 
     index: int
-    relpaths: list[str]
+    relpaths: list[str] | None
     owner_ranks: list[int]
     manifest: CommitManifest | None = None
     staged_dir: str | None = None
+    source_dir: str | None = None
+    written: Future | None = None
 
     @classmethod
-    def plan(cls, index: int, file_lists: Sequence[Sequence[str] | None], rank: int,
+    def plan(cls, index: int, file_lists: Sequence[Sequence[str] | str | None], rank: int,
              manifest: CommitManifest | None = None) -> UploadJob:
         """``rank``'s job, given every rank's file list (None: no checkpoint): each file
-        goes up from the lowest rank that has it, so a file all ranks hold goes up once."""
+        goes up from the lowest rank that has it, so a file all ranks hold goes up once.
+        A rank whose list is :data:`WRITTEN_LATER` uploads all of its files, listed once
+        written (its job's ``relpaths`` is None until then)."""
         owners: dict[str, int] = {}
+        later = {r for r, files in enumerate(file_lists) if files == WRITTEN_LATER}
         for owner, files in enumerate(file_lists):
-            for rel in files or ():
-                owners.setdefault(rel, owner)
-        return cls(index=index, relpaths=[rel for rel, r in owners.items() if r == rank],
-                   owner_ranks=sorted(set(owners.values())), manifest=manifest)
+            if owner not in later:
+                for rel in files or ():
+                    owners.setdefault(rel, owner)
+        mine = None if rank in later else [rel for rel, r in owners.items() if r == rank]
+        return cls(index=index, relpaths=mine,
+                   owner_ranks=sorted(set(owners.values()) | later), manifest=manifest)
 
 
 class CheckpointUploader:
@@ -70,11 +96,14 @@ class CheckpointUploader:
     """
 
     def __init__(self, store: CheckpointStore, rank: int, staging_root: str,
-                 commit: Callable[[CommitManifest, list[int]], None], max_pending: int = 1):
+                 commit: Callable[[CommitManifest, list[int]], None], max_pending: int = 1,
+                 tier: LocalTier | None = None):
         self.store = store
         self.rank = rank
         self.staging_root = staging_root
         self.commit = commit
+        # Remote stores only: a local run directory is its own local copy.
+        self.tier = None if store.adapter.is_local else tier or LocalTier.for_uploads()
         self._queue: queue.Queue[UploadJob | None] = queue.Queue(maxsize=max_pending)
         self._done: dict[int, str | None] = {}
         self._cond = threading.Condition()
@@ -84,11 +113,18 @@ class CheckpointUploader:
                                         daemon=True)
         self._thread.start()
 
-    def submit(self, job: UploadJob, source_dir: str | None) -> None:
-        """Stages the job's files from ``source_dir`` and queues it (blocks when full)."""
+    def submit(self, job: UploadJob, source_dir: str | None,
+               written: Future | None = None) -> None:
+        """Stages the job's files from ``source_dir`` and queues it (blocks when full).
+
+        Files still being written (``written`` not done, ``job.relpaths`` None) are
+        not waited for: the upload thread takes ``source_dir`` over once they are.
+        """
         self.raise_if_failed()
-        if job.relpaths:
-            job.staged_dir = os.path.join(self.staging_root, f"{dir_name(job.index)}.r{self.rank}")
+        if job.relpaths is None:
+            job.source_dir, job.written = source_dir, written
+        elif job.relpaths:
+            job.staged_dir = self._staging_dir(job.index)
             for rel in job.relpaths:
                 target = os.path.join(job.staged_dir, rel)
                 os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -137,6 +173,7 @@ class CheckpointUploader:
             try:
                 if not self._abandoned.is_set():
                     self._process(job)
+                    self._keep(job)
             except Exception as exc:  # surfaced by the next report() or close()
                 error = f"checkpoint {dir_name(job.index)} (rank {self.rank}): {exc}"
                 logger.error("Upload failed: %s", error)
@@ -149,11 +186,25 @@ class CheckpointUploader:
                     self._error = error
                 self._cond.notify_all()
 
+    def _staging_dir(self, index: int) -> str:
+        return os.path.join(self.staging_root, f"{dir_name(index)}.r{self.rank}")
+
+    def _take_over(self, job: UploadJob) -> None:
+        """Waits for the background writer (raising its error), then moves its
+        directory into the staging area."""
+        job.written.result()
+        job.staged_dir = self._staging_dir(job.index)
+        shutil.move(job.source_dir, job.staged_dir)  # a rename on the same file system
+        job.relpaths = list_directory(job.staged_dir)
+
     def _process(self, job: UploadJob) -> None:
+        if job.relpaths is None:
+            self._take_over(job)
         if job.relpaths:
             # Checksums of the staged copy: exactly the bytes uploaded, and computed
             # here rather than in report(), which then only copies.
-            files = describe_files(job.staged_dir, job.relpaths)
+            files = {rel: {**info, "rank": self.rank}
+                     for rel, info in describe_files(job.staged_dir, job.relpaths).items()}
             interval = report_interval_s(self.store.retry.budget_s)
             with ProgressReporter(self.store, job.index, self.rank, interval) as progress:
                 self.store.upload(job.index, job.staged_dir, job.relpaths,
@@ -161,3 +212,19 @@ class CheckpointUploader:
             self.store.mark_uploaded(job.index, self.rank, files)
         if job.manifest is not None and not self._abandoned.is_set():
             self.commit(job.manifest, job.owner_ranks)
+
+    def _keep(self, job: UploadJob) -> None:
+        """Moves the uploaded files into the node's local tier, for a restart on this
+        node, and drops what the tier holds of checkpoints now superseded."""
+        if self.tier is None:
+            return
+        store = self.store
+        try:
+            if job.relpaths:
+                self.tier.keep(store.fs, store.path(job.index), job.staged_dir, job.relpaths)
+            committed = job.index if job.manifest is not None else None
+            self.tier.supersede(store.fs, store.run_path, lambda index: index == committed
+                                or store.is_committed(dir_name(index)))
+        except Exception:  # the checkpoint is stored; only this node's copy is missing
+            logger.warning("Could not keep checkpoint %s in the node's local tier",
+                           dir_name(job.index), exc_info=True)

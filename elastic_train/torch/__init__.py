@@ -1,4 +1,7 @@
-"""``elastic_train.torch``: mirrors ``ray.train.torch``."""
+"""``elastic_train.torch``: mirrors ``ray.train.torch``, plus a reader for sharded
+(``torch.distributed.checkpoint``) checkpoints, our addition."""
+
+from typing import TYPE_CHECKING, Any
 
 from elastic_train.torch.config import TorchConfig
 from elastic_train.torch.removed import accelerate, backward, prepare_optimizer
@@ -11,7 +14,11 @@ from elastic_train.torch.train_loop_utils import (
     prepare_model,
 )
 
+if TYPE_CHECKING:
+    from elastic_train.storage.dcp import CheckpointReader
+
 __all__ = [
+    "CheckpointReader",
     "TorchConfig",
     "TorchTrainer",
     "accelerate",
@@ -23,3 +30,12 @@ __all__ = [
     "prepare_model",
     "prepare_optimizer",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded on first use: it imports torch.distributed.checkpoint, which most runs never need.
+    if name == "CheckpointReader":
+        from elastic_train.storage.dcp import CheckpointReader
+
+        return CheckpointReader
+    raise AttributeError(f"module 'elastic_train.torch' has no attribute {name!r}")

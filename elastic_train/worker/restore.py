@@ -1,18 +1,24 @@
-"""Where a start of the worker group resumes from, decided once, by rank 0.
+"""Where a start of the worker group resumes from, agreed once by every rank.
+
+:func:`agree_on_restore_point` is the whole agreement (collective): rank 0
+sweeps the run directory (what cut-short uploads left goes; the committed
+checkpoints are listed); every rank checks its share of the newest checkpoint
+against the manifest (:mod:`elastic_train.storage.restore_check`: the files it
+wrote, from or into its node's local tier), and if any rank found a bad file all
+fall back to the previous one together; rank 0 then decides and tells every rank.
 
 :func:`decide_restore` is the decision, a pure function of what the run
 directory holds: the newest committed checkpoint that is intact (asked newest
-first, so older ones are never downloaded), the metric rows up to its
+first, so older ones are never checked), the metric rows up to its
 iteration (rows of a failed attempt after it are redone, so each
 ``training_iteration`` appears once), the next free checkpoint index (past
 every index ever used, also by uncommitted leftovers), the training time the
 kept history accounts for, and what the restart costs (recomputed iterations
 and seconds, for goodput in ``elastic-train show``).
 
-:func:`load_restore_point` is the I/O around it, on rank 0: it removes what
-cut-short uploads left, reads the manifests and rows, checks integrity, and
-rewrites ``metrics.jsonl`` to the kept rows. The session then tells every rank
-(:meth:`RestorePoint.for_every_rank`), and :func:`resumable_state` gives each
+:func:`load_restore_point` is the I/O around it, on rank 0: it reads the rows,
+decides, and rewrites ``metrics.jsonl`` to the kept rows. Every rank then gets
+:meth:`RestorePoint.for_every_rank`, and :func:`resumable_state` gives each
 data iterator its position.
 """
 
@@ -24,12 +30,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from elastic_train.checkpoint import Checkpoint
 from elastic_train.errors import StorageError
 from elastic_train.storage import CommitManifest, RunStorage
-from elastic_train.storage.checkpoint_store import dir_name, mismatched_files
+from elastic_train.storage.checkpoint_store import dir_name
+from elastic_train.storage.restore_check import choose_intact
 from elastic_train.storage.retention import CheckpointRecord
 from elastic_train.storage.run_state import RestoreRecord
+from elastic_train.worker.control_group import ControlGroup
 
 logger = logging.getLogger(__name__)
 
@@ -113,12 +120,33 @@ def resumable_state(manifest: CommitManifest, rank: int, world_size: int,
     return state and {"epoch": state["epoch"], "batch": 0}
 
 
-def load_restore_point(storage: RunStorage, world_size: int) -> RestorePoint:
-    """Rank 0's restore: clean up, decide, keep the history up to the restore point."""
-    removed = storage.checkpoints.remove_uncommitted()
-    manifests = storage.checkpoints.committed()
+def agree_on_restore_point(storage: RunStorage, group: ControlGroup,
+                           rank: int) -> RestorePoint:
+    """The restore point every rank of ``group`` resumes from (collective).
+
+    Rank 0 sweeps the run directory; all ranks check their share of the newest
+    committed checkpoint and fall back together (see
+    :func:`~elastic_train.storage.restore_check.choose_intact`); rank 0 decides and
+    trims the history past the point, and every rank learns it.
+    """
+    swept = storage.checkpoints.sweep() if rank == 0 else None
+    removed, manifests = group.broadcast(swept)
+    chosen = choose_intact(storage.checkpoints, manifests, rank, group.world_size,
+                           lambda ok: not group.any_rank(not ok)[0])
+    point = load_restore_point(storage, group.world_size, manifests, chosen, removed) \
+        if rank == 0 else None
+    shared = group.broadcast(point.for_every_rank() if point is not None else None)
+    return point if point is not None else shared
+
+
+def load_restore_point(storage: RunStorage, world_size: int,
+                       manifests: Sequence[CommitManifest], chosen: CommitManifest | None,
+                       removed: Sequence[int] = ()) -> RestorePoint:
+    """Rank 0's restore once the ranks chose the checkpoint (``chosen``, one of the
+    committed ``manifests``; None: none is intact): decide, keep the history up to it."""
     rows = storage.read_metrics()
-    point = decide_restore(manifests, rows, lambda m: _intact(storage, m), removed)
+    point = decide_restore(manifests, rows,
+                           lambda m: chosen is not None and m.index == chosen.index, removed)
     if point.manifest and point.manifest.world_size != world_size:
         logger.warning(
             "Resuming from %s, written by %d workers, with %d: your checkpoint files are "
@@ -138,20 +166,3 @@ def load_restore_point(storage: RunStorage, world_size: int) -> RestorePoint:
         except StorageError:  # bookkeeping only: never fail a restart for it
             logger.warning("Could not record the restart in restores.json", exc_info=True)
     return point
-
-
-def _intact(storage: RunStorage, manifest: CommitManifest) -> bool:
-    """Whether every file of the checkpoint matches its manifest (size and CRC-32).
-
-    A remote checkpoint is checked on the node's cached copy, which the ranks of
-    this node then load from.
-    """
-    checkpoint = Checkpoint(storage.checkpoints.path(manifest.index), storage.fs)
-    with checkpoint.as_directory() as local:
-        bad = mismatched_files(local, manifest)
-    if bad:
-        checkpoint.drop_cached_copy()
-        logger.warning("Checkpoint %s is damaged (files not matching its manifest: %s); "
-                       "resuming from an earlier one.", dir_name(manifest.index),
-                       ", ".join(bad[:5]))
-    return not bad

@@ -2,12 +2,13 @@
 ``get_dataset_shard``, ``get_preemption_info``.
 
 One :class:`TrainSession` lives in each worker process while the train
-function runs. Rank 0 decides, once per start, which committed checkpoint the
-group resumes from and tells every rank, so that all ranks restore the same
-state. ``report()`` is collective: the ranks first learn whether any of them
-passes a checkpoint (one small all_reduce); if one does, they agree on the
-file list (each file is uploaded by the lowest rank that has it), upload, and
-rank 0 writes the commit marker last, then applies retention.
+function runs. The ranks agree, once per start, on the committed checkpoint the
+group resumes from (:mod:`.restore`: each checks its share, rank 0 decides), so
+that all ranks restore the same state. ``report()`` is collective: the ranks
+first learn whether any of them passes a checkpoint (one small all_reduce); if
+one does, they agree on the file list (each file is uploaded by the lowest rank
+that has it), upload, and rank 0 writes the commit marker last, then applies
+retention.
 
 Example::
 
@@ -36,15 +37,15 @@ from elastic_train.metric_rows import ReportRows, clean_metrics
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_manager import CheckpointManager
-from elastic_train.storage.checkpoint_store import dir_name, list_directory
-from elastic_train.storage.uploader import CheckpointUploader, UploadJob
+from elastic_train.storage.checkpoint_store import dir_name
+from elastic_train.storage.uploader import CheckpointUploader, UploadJob, listed_files
 from elastic_train.worker import heartbeat, module_report, preemption
 from elastic_train.worker.backend import WorkerResources
 from elastic_train.worker.control_group import ControlGroup
 from elastic_train.worker.dataset import DatasetShard, ResumableIterable
 from elastic_train.worker.fault_injection import maybe_fail_after_report
 from elastic_train.worker.preemption import PreemptionInfo
-from elastic_train.worker.restore import RestorePoint, load_restore_point, resumable_state
+from elastic_train.worker.restore import agree_on_restore_point, resumable_state
 from elastic_train.worker.run_spec import RunSpec
 
 logger = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ class TrainSession:
         if self._joined:
             return
         self.group = ControlGroup(self.env.world_size, self._control_group())
-        point = self._agree_on_restore_point()
+        point = agree_on_restore_point(self.storage, self.group, self.env.rank)
         self.restored = point.manifest
         self._history = list(point.kept_rows)  # rank 0's; stores without append rewrite it
         self.rows = ReportRows(point.training_iteration, point.time_before_restore_s,
@@ -144,13 +145,6 @@ class TrainSession:
     def _control_group(self) -> Any:
         """The process group of the session's collectives (see :mod:`.control_group`)."""
         return self.resources.control_group
-
-    def _agree_on_restore_point(self) -> RestorePoint:
-        """Rank 0 decides (and trims the history past the point); every rank learns it."""
-        point = load_restore_point(self.storage, self.env.world_size) \
-            if self.env.rank == 0 else None
-        shared = self.group.broadcast(point.for_every_rank() if point is not None else None)
-        return point if point is not None else shared
 
     # resumable iterables (dataset shards, prepared data loaders)
     def register_resumable(self, key: str, iterable: ResumableIterable) -> None:
@@ -230,7 +224,8 @@ class TrainSession:
         self.uploader.raise_if_failed()
         heartbeat.beat()
         row = self.rows.next(clean)
-        files = list_directory(checkpoint.path) if checkpoint is not None else None
+        files = (listed_files(checkpoint.path, checkpoint.written)
+                 if checkpoint is not None else None)
         if files is not None and self.env.rank == 0:
             self.checkpoints.check_score(clean)
         notice = preemption.local_notice()
@@ -254,7 +249,7 @@ class TrainSession:
         maybe_fail_after_report(self.rows.iteration, self.env.rank, self.env.world_size,
                                 self.env.restart_count)
 
-    def _persist_checkpoint(self, gathered: list[tuple[list[str] | None, dict]],
+    def _persist_checkpoint(self, gathered: list[tuple[list[str] | str | None, dict]],
                             checkpoint: Checkpoint | None, row: dict[str, Any],
                             mode: CheckpointUploadMode) -> None:
         """Each file goes up from the lowest rank that has it; rank 0 commits after all."""
@@ -268,7 +263,8 @@ class TrainSession:
                 worker_states={str(r): states for r, (_, states) in enumerate(gathered)},
             )
         job = UploadJob.plan(index, [files for files, _ in gathered], self.env.rank, manifest)
-        self.uploader.submit(job, checkpoint.path if checkpoint is not None else None)
+        self.uploader.submit(job, checkpoint.path if checkpoint is not None else None,
+                             checkpoint.written if checkpoint is not None else None)
         if mode is CheckpointUploadMode.SYNC:
             errors = [e for e in self.group.all_gather(self.uploader.wait_for(index)) if e]
             if errors:
@@ -329,7 +325,9 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
     Every rank must call it the same number of times. Rank 0's metrics are
     recorded; the checkpoint files of every rank that passes one are merged
     into one committed checkpoint. See :class:`CheckpointUploadMode` for when
-    the call returns (our default is ASYNC, Ray v2's SYNC).
+    the call returns (our default is ASYNC, Ray v2's SYNC). A checkpoint whose
+    files are still being written (``Checkpoint.from_directory(d, written=future)``,
+    e.g. from ``dcp.async_save``) does not wait for them: they go up once written.
 
     ``checkpoint_dir_name`` is Ray's argument (arguments in Ray's order); any
     name but None is refused: checkpoint directories here are

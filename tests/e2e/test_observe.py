@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -117,6 +118,7 @@ def test_ls_and_show_on_finished_failed_and_interrupted_runs(storage, tmp_path):
     done = subprocess.run([*CLI, "show", f"{storage.url}/done"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60).stdout
     assert "* checkpoint_000000" in done and "  checkpoint_000002" in done
+    assert re.search(r"checkpoint_000002  iteration 3  [\d.]+ KiB from rank 0  ", done)
     assert "deleted: checkpoint_000001" in done and "train:    " in done
     show = subprocess.run([*CLI, "show", f"{storage.url}/broken"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
@@ -183,6 +185,7 @@ def test_show_gives_recovery_times_and_goodput(storage_path, tmp_path):
     # SYNC: epoch 1's checkpoint was committed before the kill in epoch 2: nothing redone.
     assert recovery["recomputed_iterations"] == 0
     assert 0 < data["goodput"] < 1
+    assert data["checkpoints"][-1]["ranks"] == [0] and data["checkpoints"][-1]["size_bytes"] > 0
     text = subprocess.run([*CLI, "show", os.path.join(storage_path, "goodput")], cwd=REPO,
                           capture_output=True, text=True, timeout=60).stdout
     assert "recovery: detected in" in text and "goodput:" in text

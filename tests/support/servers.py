@@ -159,7 +159,8 @@ class TcpProxy:
     """Forwards 127.0.0.1:port to a target; ``cut()`` makes the endpoint refuse
     and drop connections (a storage outage), ``restore()`` brings it back.
     ``upload_bytes_per_s`` caps what all connections together send to the target
-    (a slow link: uploads progress steadily, but take long)."""
+    (a slow link: uploads progress steadily, but take long). ``downloaded_between``
+    counts the bytes it passed from the target to clients."""
 
     def __init__(self, target_port: int, upload_bytes_per_s: float | None = None):
         self.target_port = target_port
@@ -168,6 +169,7 @@ class TcpProxy:
         self._link_free_at = 0.0
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._received: list[tuple[float, int]] = []  # (time, bytes) sent to clients
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self.restore()
@@ -209,8 +211,13 @@ class TcpProxy:
                 continue
             with self._lock:
                 self._conns += [client, upstream]
-            for a, b, paced in ((client, upstream, True), (upstream, client, False)):
-                threading.Thread(target=self._pipe, args=(a, b, paced), daemon=True).start()
+            for a, b, upload in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=self._pipe, args=(a, b, upload), daemon=True).start()
+
+    def downloaded_between(self, start: float, end: float) -> int:
+        """Bytes sent from the target to clients between two ``time.time()`` stamps."""
+        with self._lock:
+            return sum(n for t, n in self._received if start <= t <= end)
 
     def _pace(self, size: int) -> None:
         """Waits until the capped link has carried ``size`` more bytes."""
@@ -220,13 +227,16 @@ class TcpProxy:
             wait = self._link_free_at - now
         time.sleep(wait)
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, paced: bool) -> None:
-        paced = paced and self.upload_bytes_per_s is not None
+    def _pipe(self, src: socket.socket, dst: socket.socket, upload: bool) -> None:
+        paced = upload and self.upload_bytes_per_s is not None
         try:
             while data := src.recv(16384 if paced else 65536):
                 if paced:
                     self._pace(len(data))
                 dst.sendall(data)
+                if not upload:
+                    with self._lock:
+                        self._received.append((time.time(), len(data)))
         except OSError:
             pass
         finally:

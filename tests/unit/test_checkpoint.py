@@ -155,3 +155,36 @@ def test_metrics_that_are_not_json_are_named(metrics, words):
 def test_checkpoint_from_missing_directory_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="no such directory"):
         Checkpoint.from_directory(str(tmp_path / "missing"))
+
+
+def test_commit_info_says_who_wrote_a_checkpoint_and_its_size(tmp_path):
+    from elastic_train.storage import CommitManifest
+    from elastic_train.storage.filesystem import write_json_atomic
+
+    files = {"__0_0.distcp": {"size": 3 << 20, "crc32": "0", "rank": 0},
+             "__1_0.distcp": {"size": 1 << 20, "crc32": "0", "rank": 1},
+             ".metadata": {"size": 0, "crc32": "0", "rank": 0}}
+    write_json_atomic(fsspec.filesystem("file"), str(tmp_path / MARKER),
+                      {"index": 3, "training_iteration": 4, "metrics": {}, "files": files,
+                       "world_size": 2})
+    checkpoint = Checkpoint(str(tmp_path))
+    info = checkpoint.get_commit_info()
+    assert (info.ranks, info.size_bytes) == ([0, 1], 4 << 20)
+    assert info.describe_contents() == "4.0 MiB from ranks 0, 1"
+    assert repr(checkpoint).endswith(", 4.0 MiB from ranks 0, 1)")
+    assert Checkpoint(str(tmp_path / "sub")).get_commit_info() is None
+    old = CommitManifest(0, 1, {}, {"a": {"size": 10, "crc32": "0"}}, 1)  # before ranks
+    assert old.ranks is None and old.describe_contents() == "10 B (ranks not recorded)"
+    four = CommitManifest(0, 1, {}, {str(r): {"size": 1, "crc32": "0", "rank": r}
+                                     for r in range(4)}, 4)
+    assert four.describe_contents() == "4 B from ranks 0-3"
+
+
+def test_from_directory_written_takes_a_future(ckpt_dir):
+    from concurrent.futures import Future
+
+    future = Future()
+    assert Checkpoint.from_directory(ckpt_dir, written=future).written is future
+    assert Checkpoint.from_directory(ckpt_dir).written is None
+    with pytest.raises(ConfigError, match=r"written=.*pass the future of the writes"):
+        Checkpoint.from_directory(ckpt_dir, written="soon")

@@ -5,7 +5,13 @@ import pytest
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage.checkpoint_store import scan_directory
 from elastic_train.storage.retention import CheckpointRecord
-from elastic_train.worker.restore import decide_restore, load_restore_point, resumable_state
+from elastic_train.worker.control_group import ControlGroup
+from elastic_train.worker.restore import (
+    agree_on_restore_point,
+    decide_restore,
+    load_restore_point,
+    resumable_state,
+)
 
 
 def manifest(index, iteration, world_size=2, states=None):
@@ -108,9 +114,28 @@ def test_load_trims_the_stored_history_and_records_the_restart(tmp_path):
         run.checkpoints.upload(index, str(src), ["state.pt"])
     run.checkpoints.commit(CommitManifest(0, 2, {}, scan_directory(str(src)), 2))
     run.write_metrics(rows(3))
-    point = load_restore_point(run, world_size=2)
+    removed, manifests = run.checkpoints.sweep()
+    point = load_restore_point(run, 2, manifests, manifests[0], removed)
     assert point.manifest.index == 0 and point.next_index == 2
     assert run.read_metrics() == rows(2)
     assert not run.fs.exists(run.checkpoints.path(1))
     [entry] = run.read_restores()
     assert entry.recomputed_iterations == 1 and entry.restored_iteration == 2
+
+
+def test_one_rank_agrees_with_itself_and_skips_a_damaged_checkpoint(tmp_path):
+    """The whole agreement with a group of one (no process group): sweep, check, decide."""
+    run = RunStorage.open(str(tmp_path), "run")
+    for index in (0, 1, 2):
+        src = tmp_path / f"src{index}"  # one each: local uploads are hard links
+        src.mkdir()
+        (src / "state.pt").write_bytes(b"state %d" % index)
+        run.checkpoints.upload(index, str(src), ["state.pt"])
+        if index < 2:  # 2 is never committed
+            run.checkpoints.commit(CommitManifest(index, index + 1, {},
+                                                  scan_directory(str(src)), 1))
+    run.write_metrics(rows(3))
+    (tmp_path / "run" / "checkpoint_000001" / "state.pt").write_bytes(b"rotten!")
+    point = agree_on_restore_point(run, ControlGroup(1), rank=0)
+    assert point.manifest.index == 0 and point.next_index == 3
+    assert run.read_metrics() == rows(1)

@@ -187,3 +187,32 @@ def test_the_same_protocol_on_s3(tmp_path, s3_endpoint):
             s3.write_metrics([])
     finally:
         taker.release()
+
+
+def test_a_claim_rewritten_between_listing_and_reading_is_read_on_s3(tmp_path, s3_endpoint,
+                                                                     monkeypatch):
+    """Another node's heartbeat rewrites its claim right after this node listed the lease
+    (moto's S3 server): the claim is read as it is now. s3fs opened it with the listing's
+    ETag and raised FileExpired, which ended a 2-node fit() on S3 (bench figure 10)."""
+    import fsspec
+
+    from elastic_train.storage.lease import LeaseDir
+    from tests.conftest import make_storage
+    from tests.support.servers import s3_options
+
+    s3 = make_storage("s3", tmp_path, s3_endpoint).run("run")
+    s3.ensure_writable()
+    lease_dir = s3.lease_dir()
+    claim = Claim(token=1, claim_id="1" * 16, job="another-job", state=HELD,
+                  owner={"host": "elsewhere", "pid": 4242}, ttl_s=20.0)
+    lease_dir.write(claim)
+    other_node = LeaseDir(fsspec.filesystem("s3", **s3_options(s3_endpoint)), lease_dir.path)
+    listing = LeaseDir._listing
+
+    def listed_then_renewed(self):
+        entries = listing(self)
+        other_node.write(Claim(**{**claim.__dict__, "state": PENDING}))  # another ETag
+        return entries
+
+    monkeypatch.setattr(LeaseDir, "_listing", listed_then_renewed)
+    assert [c.state for c in lease_dir.claims()] == [PENDING]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 
 import pytest
@@ -30,3 +31,18 @@ def test_goodput_is_kept_training_over_wall_clock():
     summary = RunSummary([], None, None, 5, [], train_s=45.0, wall_s=60.0)
     assert summary.goodput == pytest.approx(0.75)
     assert RunSummary([], None, None, 0, []).goodput is None
+
+
+def test_show_gives_each_checkpoint_its_size_and_ranks():
+    from elastic_train.cli import render
+    from elastic_train.storage import CommitManifest
+    from elastic_train.storage.run_state import RunState
+
+    files = {f"__{r}_0.distcp": {"size": 1 << 20, "crc32": "0", "rank": r} for r in range(4)}
+    checkpoint = CommitManifest(7, 3, {"loss": 0.5}, files, world_size=4)
+    summary = RunSummary([checkpoint], checkpoint, None, 3, [])
+    [line] = [x for x in render.checkpoint_lines(summary) if x.startswith("* checkpoint_")]
+    assert "iteration 3  4.0 MiB from ranks 0-3  {'loss': 0.5}" in line
+    state = RunState.from_json({"status": "running"})
+    [shown] = json.loads(render.run_json(state, summary))["checkpoints"]
+    assert (shown["ranks"], shown["size_bytes"]) == ([0, 1, 2, 3], 4 << 20)

@@ -398,3 +398,21 @@ def test_credentials_are_left_out_of_what_is_stored():
     assert loaded.rebound(elsewhere) is loaded
     local = Checkpoint("/tmp/x")
     assert local.without_credentials().filesystem is local.filesystem
+
+
+def test_two_ranks_uploading_one_file_is_refused(run):
+    store = run.checkpoints
+    for rank in (0, 1):
+        store.mark_uploaded(5, rank, {"state.pt": {"size": 1, "crc32": "0", "rank": rank}})
+    with pytest.raises(StorageError, match="ranks 0 and 1 both wrote state.pt"):
+        store.uploaded_files(5, [0, 1])
+
+
+def test_sweep_removes_uncommitted_and_returns_the_committed(run, local_ckpt):
+    store = run.checkpoints
+    commit(store, 0, local_ckpt)
+    store.upload(1, local_ckpt, scan_directory(local_ckpt))
+    commit(store, 2, local_ckpt)
+    removed, manifests = store.sweep()
+    assert removed == [1] and [m.index for m in manifests] == [0, 2]
+    assert [m.index for m in store.committed()] == [0, 2]

@@ -1,0 +1,297 @@
+"""Figures 10 and 11: sharded (FSDP2 + DCP) checkpoints on S3 (moto's server).
+
+The job is :mod:`bench.sharded_job`, run by ``python -m bench.sharded_run`` (one
+driver process per node); every rank saves its shards with DCP and reports them.
+
+Figure 10 -- bytes downloaded per node on restart. A 4-rank job on 2 nodes (two
+driver processes here, 2 workers each) whose drivers reach moto through a TCP
+proxy each, which counts the bytes it passes from the server. First launch:
+rank 1 SIGKILLs itself once checkpoint 0 is committed (the nodes survive), the
+group restarts and loads it, then the run fails on purpose once checkpoint 1 is
+committed. Second launch: two fresh drivers (as replacement nodes: no local
+copies) continue the run from checkpoint 1. Loaders: ``as_directory()`` (every
+node downloads the whole checkpoint) and ``CheckpointReader``.
+
+Figure 11 -- worker SIGKILL -> first step again with a 400 MB sharded checkpoint
+(2 workers, one node), with the checkpoint on local disk, on S3 with the local
+tier, and on S3 downloading (``ELASTIC_TRAIN_LOCAL_TIER=0``); and the time
+``report()`` and the save before it block a rank per checkpoint, ``dcp.save``
+vs ``dcp.async_save``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+
+from bench import procs
+from bench.report import Table
+from bench.sharded_job import MIB
+from bench.stats import Summary, Target, ratio, with_target
+from bench.variants import REPO
+
+TIER_TARGET = Target(1.1, at_least=False)
+BUCKET = "bench-sharded"
+
+
+@dataclass
+class Launch:
+    """One launch of the job on one or more nodes, and what its ranks noted."""
+
+    ok: list[bool]
+    events: list[dict]
+    tails: list[str]
+    others: float | None = None  # mean CPU use of other processes, cores
+
+    def times(self, event: str, rank: int | None = None) -> list[float]:
+        return [e["time"] for e in self.events
+                if e["event"] == event and rank in (None, e["rank"])]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _events(directory: str) -> list[dict]:
+    out = []
+    for name in sorted(os.listdir(directory)):
+        if name.startswith("rank") and name.endswith(".jsonl"):
+            with open(os.path.join(directory, name)) as f:
+                out += [{**json.loads(line), "rank": int(name[4:-6])} for line in f]
+    return out
+
+
+def _launch(nodes: list[dict], events: str, scratch: str, timeout_s: float) -> Launch:
+    """Runs one driver per node config at once; waits for all."""
+    results: list[procs.RunResult | None] = [None] * len(nodes)
+
+    def one(i: int) -> None:
+        cmd = [sys.executable, "-m", "bench.sharded_run", json.dumps(nodes[i])]
+        results[i] = procs.run(cmd, _env(), REPO, timeout_s,
+                               os.path.join(scratch, f"node{i}-{len(os.listdir(scratch))}.log"))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(nodes))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return Launch([r is not None and "RESULT" in r.output_tail for r in results],
+                  _events(events), [r.output_tail if r else "" for r in results],
+                  results[0].foreign_cores if results[0] else None)
+
+
+def _job(size_mb: float, events: str, **train: Any) -> dict:
+    return {"size_mb": size_mb, "layers": 4, "steps": 2, "events": events,
+            "async_save": False, "loader": "reader", **train}
+
+
+# Figure 10 ---------------------------------------------------------------------------
+
+def _shard_reads_once(suite: Any, endpoint: str, loader: str, rep: int, scratch: str
+                      ) -> dict[str, list[float]]:
+    from tests.support.servers import TcpProxy, free_port, s3_options
+
+    proxies = [TcpProxy(int(endpoint.rsplit(":", 1)[1])) for _ in (0, 1)]
+    name = f"reads-{loader}-{rep}"
+    events = tempfile.mkdtemp(dir=scratch)
+    train = _job(suite.profile.shard_reads_mb, events, loader=loader, epochs=3, kill_epoch=1,
+                 kill_rank=1, kill_marker=os.path.join(events, "killed"), fail_epoch=2)
+
+    def nodes(train_config: dict) -> list[dict]:
+        rendezvous = {"endpoint": f"127.0.0.1:{free_port()}", "run_id": f"{name}-{free_port()}"}
+        return [{"storage": f"s3://{BUCKET}/runs", "name": name, "workers": 4, "per_node": 2,
+                 "options": s3_options(f"http://127.0.0.1:{p.port}"), "max_failures": 1,
+                 "rendezvous": rendezvous, "train": train_config} for p in proxies]
+
+    first = _launch(nodes(train), events, scratch, suite.profile.timeout_s)
+    if not first.times("kill") or not first.times("loaded"):
+        raise RuntimeError(f"figure 10, first launch did not restart: {first.tails[0][-800:]}")
+    killed = first.times("kill")[0]
+    restart_end = max(first.times("loaded"))
+    second_start = time.time()
+    second = _launch(nodes({**train, "epochs": 2, "kill_epoch": None, "fail_epoch": None}),
+                     events, scratch, suite.profile.timeout_s)
+    if not all(second.ok):
+        raise RuntimeError(f"figure 10, second launch failed: {second.tails[0][-800:]}")
+    reloaded = max(t for t in second.times("loaded") if t > second_start)
+    fs = fsspec.filesystem("s3", **s3_options(endpoint))
+    checkpoint = f"{BUCKET}/runs/{name}/checkpoint_000001"
+    sizes = {p.rsplit("/", 1)[1]: fs.size(p) for p in fs.find(checkpoint)}
+    for proxy in proxies:
+        proxy.cut()
+    return {
+        "survivors": [p.downloaded_between(killed, restart_end) / MIB for p in proxies],
+        "replacements": [p.downloaded_between(second_start, reloaded) / MIB for p in proxies],
+        "checkpoint": [sum(v for k, v in sizes.items() if k != ".commit.json") / MIB],
+        "metadata": [sizes[".metadata"] / MIB],
+    }
+
+
+Once = Callable[[Any, str, Any, int, str], dict[str, list[float]]]
+
+
+def _measure(suite: Any, figure: str, variants: Sequence[Any], label: Callable[[Any], str],
+             once: Once) -> dict[str, dict[str, list[float]]]:
+    """``once(suite, moto endpoint, variant, repetition, scratch)`` for each repetition
+    and variant, against one moto server; the values of each key, by variant label."""
+    from tests.support.servers import MotoS3Server, s3_options
+
+    scratch = tempfile.mkdtemp(prefix=f"bench_{figure}_")
+    moto = MotoS3Server()
+    rows: dict[str, dict[str, list[float]]] = {}
+    try:
+        fsspec.filesystem("s3", **s3_options(moto.endpoint)).mkdir(BUCKET)
+        for rep in range(suite.profile.repeat):
+            for variant in variants:
+                got = once(suite, moto.endpoint, variant, rep, scratch)
+                for key, values in got.items():
+                    rows.setdefault(label(variant), {}).setdefault(key, []).extend(values)
+                suite.echo(f"  [{figure}] rep {rep + 1}/{suite.profile.repeat} "
+                           f"{label(variant)}: done")
+    finally:
+        moto.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    return rows
+
+
+def shard_reads(suite: Any) -> list[Table]:
+    """Figure 10: MiB downloaded per node when a 4-rank sharded checkpoint is loaded."""
+    rows = _measure(suite, "shard_reads", ("directory", "reader"), str, _shard_reads_once)
+    return [_reads_table(rows, suite.profile.repeat)]
+
+
+_LOADERS = {"directory": "as_directory() + dcp.load(checkpoint_id=dir) (as before)",
+            "reader": "dcp.load(storage_reader=CheckpointReader(checkpoint))"}
+
+
+def _reads_table(rows: dict[str, dict[str, list[float]]], repeat: int) -> Table:
+    table = Table("Figure 10 — MiB downloaded per node when a restart loads a 4-rank sharded "
+                  "checkpoint from S3 (2 nodes × 2 workers; median (min–max) over nodes and "
+                  "repetitions)",
+                  ["restart", "loader", "downloaded per node MiB", "checkpoint MiB",
+                   "a node's share + .metadata MiB", "per node / share"])
+    for scenario, label in (("replacements", "new nodes (no local copies)"),
+                            ("survivors", "worker SIGKILL, nodes survive")):
+        for loader, row in rows.items():
+            got, size = Summary.of(row[scenario]), Summary.of(row["checkpoint"])
+            share = Summary.of([c / 2 + m for c, m in zip(row["checkpoint"], row["metadata"],
+                                                          strict=True)])
+            per_share = ratio(got, share)
+            table.add(label, _LOADERS[loader], got.fmt(1), size.fmt(1), share.fmt(1),
+                      "n/a" if per_share is None else f"{per_share:.2f}")
+    table.notes += [
+        f"{repeat} repetition(s). Each node's driver reaches moto's S3 server through a TCP "
+        "proxy of its own; the count is every byte the server sent to that node (checkpoint "
+        "files, and the small JSON files a start reads).",
+        "New nodes: from the second launch's start until every rank has loaded checkpoint 1 "
+        "(fresh drivers: nothing kept locally). Worker SIGKILL: from the kill until every "
+        "rank of the restarted group has loaded checkpoint 0.",
+        "Before a restart every file is checked against the manifest by the rank that wrote "
+        "it, which also brings it to its node when the node lacks it; with "
+        "CheckpointReader a rank then reads its shards there and fetches other byte ranges "
+        "it needs from S3, while as_directory() fetches every file to every node.",
+    ]
+    return table
+
+
+# Figure 11 ---------------------------------------------------------------------------
+
+_TIER_VARIANTS = (  # (label, on S3, environment, async save)
+    ("local disk", False, {}, True),
+    ("S3, local tier", True, {}, True),
+    ("S3, downloading (ELASTIC_TRAIN_LOCAL_TIER=0)", True, {"ELASTIC_TRAIN_LOCAL_TIER": "0"},
+     True),
+    ("S3, local tier, dcp.save", True, {}, False),
+)
+
+
+def _tier_once(suite: Any, endpoint: str, variant: tuple, rep: int,
+               scratch: str) -> dict[str, list[float]]:
+    from tests.support.servers import s3_options
+
+    label, on_s3, env, use_async = variant
+    events = tempfile.mkdtemp(dir=scratch)
+    node = {"storage": f"s3://{BUCKET}/tier" if on_s3 else os.path.join(scratch, "results"),
+            "options": s3_options(endpoint) if on_s3 else None,
+            "name": f"tier-{_TIER_VARIANTS.index(variant)}-{rep}", "workers": 2,
+            "per_node": 2, "max_failures": 1, "env": env,
+            "train": _job(suite.profile.local_tier_mb, events, async_save=use_async, epochs=3,
+                          kill_epoch=2, kill_rank=1, settle=True,
+                          kill_marker=os.path.join(events, "killed"))}
+    launch = _launch([node], events, scratch, suite.profile.timeout_s)
+    kills = launch.times("kill")
+    if not all(launch.ok) or not kills:
+        raise RuntimeError(f"figure 11 ({label}) failed: {launch.tails[0][-800:]}")
+    again = min(t for t in launch.times("first_step", 0) if t > kills[0])
+    loaded = min(t for t in launch.times("loaded", 0) if t > kills[0])
+    started = min(t for t in launch.times("started", 0) if t > kills[0])
+    saves = [e for e in launch.events if e["event"] == "save" and e["rank"] == 0]
+    return {"restart": [again - kills[0]], "loaded": [loaded - kills[0]],
+            "started": [started - kills[0]], "others": [launch.others],
+            "save": [e["save_s"] for e in saves],
+            "report": [e["report_s"] for e in saves],
+            "blocked": [e["save_s"] + e["report_s"] for e in saves]}
+
+
+def local_tier(suite: Any) -> list[Table]:
+    """Figure 11: worker SIGKILL -> first step again, sharded 400 MB checkpoint."""
+    rows = _measure(suite, "local_tier", _TIER_VARIANTS, lambda v: v[0], _tier_once)
+    return _tier_tables(rows, suite.profile)
+
+
+def _tier_tables(rows: dict[str, dict[str, list[float]]], profile: Any) -> list[Table]:
+    size = profile.local_tier_mb
+    restart = Table(f"Figure 11 — worker SIGKILL → first step again with a {size:g} MB "
+                    "sharded checkpoint (2 workers, s, median (min–max))",
+                    ["checkpoint", "kill → train function (checked)", "kill → state loaded",
+                     "kill → first step again", "ratio to local disk, target",
+                     "others' CPU (cores)"])
+    floor = Summary.of(rows["local disk"]["restart"])
+    for label, row in rows.items():
+        value = Summary.of(row["restart"])
+        cell = "floor" if label == "local disk" else with_target(ratio(value, floor),
+                                                                 TIER_TARGET)
+        restart.add(label, Summary.of(row["started"]).fmt(), Summary.of(row["loaded"]).fmt(),
+                    value.fmt(), cell, Summary.of(row["others"]).fmt(2))
+    restart.notes += [
+        f"{profile.repeat} repetition(s); FSDP2 MLP, AdamW, DCP shards of both ranks "
+        "committed after each epoch (num_to_keep=2); rank 1 SIGKILLs itself once checkpoint "
+        "1 is committed; the group restarts and dcp.load reads through CheckpointReader.",
+        "Local tier: the node kept the files its ranks uploaded and checks them against the "
+        "manifest (CRC-32) before use. Downloading: nothing kept, each rank downloads (and "
+        "checks) its share before the restart.",
+        "Times are rank 0's time.time() stamps after the kill: its train function entered "
+        "(the session is up: restart point chosen, every rank's share checked), the state "
+        "loaded, the first step. S3 is moto's server (in memory) on 127.0.0.1.",
+        "others' CPU: mean CPU use of processes outside the run (/proc/stat), of 2 cores.",
+    ]
+    blocked = Table(f"Figure 11b — time a rank is blocked per checkpoint with a {size:g} MB "
+                    "sharded state (rank 0, s, median (min–max) over every checkpoint)",
+                    ["save", "dcp call", "report()", "total blocked"])
+    for label, save in (("S3, local tier", "dcp.async_save + report(written=...)"),
+                        ("S3, local tier, dcp.save", "dcp.save + report()")):
+        row = rows[label]
+        blocked.add(save, Summary.of(row["save"]).fmt(3), Summary.of(row["report"]).fmt(3),
+                    Summary.of(row["blocked"]).fmt(3))
+    blocked.notes.append("Each save starts once the previous checkpoint is committed "
+                         "(uploads keep up with training): the times are the save's own, "
+                         "without report()'s wait for a slower upload (at most one "
+                         "checkpoint uploads and one waits).")
+    blocked.notes.append("dcp.async_save blocks while it copies the state to host memory "
+                         "(on CPU a copy in memory), then writes in a thread; report() with "
+                         "written= returns without waiting for the files, which are uploaded "
+                         "and committed once written. dcp.save writes the files first; "
+                         "report() then copies them into the staging area.")
+    return [restart, blocked]

@@ -1,0 +1,278 @@
+"""The node's local tier: checkpoint files kept on this machine's disk, so that a
+restart on a node that survived reads them there instead of downloading them.
+
+Each node (the driver of ``fit()``, or an ``elastic-train launch`` agent) has one
+directory, ``ELASTIC_TRAIN_CHECKPOINT_CACHE`` (:data:`elastic_train.env_vars.CHECKPOINT_CACHE`)
+in its scratch space, shared by its workers. For checkpoints on a remote store it holds:
+
+* the files this node's ranks uploaded: once a rank's upload is done, the uploader
+  moves its staged copy in (a rename, nothing copied) instead of deleting it;
+* files downloaded when a rank of the node needs them (the check before a restart,
+  ``Checkpoint.as_directory()``; :class:`~elastic_train.storage.dcp.CheckpointReader`
+  reads only verified files here and fetches byte ranges of the others).
+
+A file is used only once it matches the checkpoint's commit manifest (size and
+CRC-32): a kept file is checked at its first use, a download as it arrives. An
+entry goes when it is superseded -- as soon as a newer checkpoint of the run is
+known to be committed, and at a restart every entry of the run but the
+checkpoint resumed from -- and with the scratch space when the node's run ends.
+So a node holds its ranks' share of the newest committed checkpoint and of the
+few after it that are still being uploaded or committed (``report()`` waits when
+uploads fall behind), and what it downloaded of the checkpoint it resumed from.
+A replacement node starts empty and downloads what it needs.
+``ELASTIC_TRAIN_LOCAL_TIER=0`` (:data:`elastic_train.env_vars.LOCAL_TIER`, in the
+driver's or launch's environment) stops keeping uploads, for nodes short of disk.
+
+One entry per checkpoint directory URL::
+
+    <root>/<hash of the run URL>/checkpoint_000007/         verified files
+    <root>/<hash of the run URL>/checkpoint_000007.kept/    moved in from staging, unchecked
+    <root>/<hash of the run URL>/checkpoint_000007.complete every file is verified
+    <root>/<hash of the run URL>/checkpoint_000007.lock     flock: exclusive to fill or
+                                                            remove, shared while read
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import shutil
+import uuid
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import fsspec
+
+from elastic_train import env_vars
+from elastic_train.errors import StorageError
+from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.checkpoint_store import MARKER, dir_name, file_matches
+from elastic_train.storage.manifest import CommitManifest
+from elastic_train.storage.retry import RetryPolicy
+from elastic_train.storage.stores import adapter_for
+
+logger = logging.getLogger(__name__)
+
+_INDEX_RE = re.compile(r"^checkpoint_(\d{6,})$")
+
+
+@dataclass(frozen=True)
+class TierEntry:
+    """The local paths of one checkpoint directory's entry."""
+
+    base: str
+
+    @property
+    def verified(self) -> str:
+        return self.base
+
+    @property
+    def kept(self) -> str:
+        return self.base + ".kept"
+
+    @property
+    def complete(self) -> str:
+        return self.base + ".complete"
+
+    @property
+    def lockfile(self) -> str:
+        return self.base + ".lock"
+
+    @contextlib.contextmanager
+    def locked(self, mode: int) -> Iterator[IO[str]]:
+        """Holds the entry's flock (``fcntl.LOCK_SH`` or ``LOCK_EX``) for the block."""
+        os.makedirs(os.path.dirname(self.base), exist_ok=True)
+        with open(self.lockfile, "a") as lock:
+            fcntl.flock(lock, mode)
+            yield lock
+
+
+def copy_checked(fs: fsspec.AbstractFileSystem, remote: str, out: IO[bytes] | None,
+                 info: dict[str, Any] | None) -> bool:
+    """Streams ``remote`` into ``out`` (or nowhere) computing its CRC-32 on the way;
+    whether it matches ``info`` (True when there is nothing to match)."""
+    crc = size = 0
+    with fs.open(remote, "rb", block_size=fsutil.CHUNK * 8) as f:
+        while chunk := f.read(fsutil.CHUNK * 8):
+            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+            if out is not None:
+                out.write(chunk)
+    return info is None or (size == info["size"] and f"{crc:08x}" == info["crc32"])
+
+
+class LocalTier:
+    """One node's local tier (see the module docstring).
+
+    Example::
+
+        tier = LocalTier.of_node()           # None outside a worker of fit()/launch
+        with tier.local_copy(fs, path, manifest) as d:
+            state = torch.load(os.path.join(d, "state.pt"))
+    """
+
+    def __init__(self, root: str, retry: RetryPolicy | None = None):
+        self.root = root
+        self.retry = retry or RetryPolicy()
+
+    @classmethod
+    def of_node(cls) -> LocalTier | None:
+        """The tier of this node's run, as its workers see it; None elsewhere."""
+        root = os.environ.get(env_vars.CHECKPOINT_CACHE)
+        return cls(root) if root else None
+
+    @classmethod
+    def for_uploads(cls) -> LocalTier | None:
+        """The tier this node's uploads are kept in: :meth:`of_node`, unless
+        ``ELASTIC_TRAIN_LOCAL_TIER=0`` turns keeping off."""
+        return None if os.environ.get(env_vars.LOCAL_TIER) == "0" else cls.of_node()
+
+    def _retry(self, fs: fsspec.AbstractFileSystem) -> RetryPolicy:
+        """The tier's policy, retrying what ``fs``'s store says passes as well."""
+        return self.retry.for_store(adapter_for(fs))
+
+    def _group(self, fs: fsspec.AbstractFileSystem, parent: str) -> str:
+        url = fs.unstrip_protocol(parent.rstrip("/"))
+        return os.path.join(self.root, hashlib.sha256(url.encode()).hexdigest()[:16])
+
+    def entry(self, fs: fsspec.AbstractFileSystem, path: str) -> TierEntry:
+        parent, _, name = path.rstrip("/").rpartition("/")
+        return TierEntry(os.path.join(self._group(fs, parent), name))
+
+    # the uploader's side
+    def keep(self, fs: fsspec.AbstractFileSystem, path: str, staged_dir: str,
+             relpaths: list[str]) -> None:
+        """Moves a rank's staged files of checkpoint ``path`` into its entry."""
+        kept = self.entry(fs, path).kept
+        for rel in relpaths:
+            target = os.path.join(kept, rel)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.replace(os.path.join(staged_dir, rel), target)
+
+    def prune(self, fs: fsspec.AbstractFileSystem, run_path: str,
+              keep: Callable[[int], bool]) -> None:
+        """Removes the run's entries whose checkpoint index ``keep`` rejects; an entry
+        being read (or filled) right now stays until the next prune."""
+        group = self._group(fs, run_path)
+        for index in self._indices(group):
+            if not keep(index):
+                self._remove(TierEntry(os.path.join(group, dir_name(index))))
+
+    @staticmethod
+    def _indices(group: str) -> set[int]:
+        """The checkpoint indices with an entry (or part of one) in ``group``."""
+        try:
+            names = os.listdir(group)
+        except FileNotFoundError:
+            return set()
+        return {int(m.group(1)) for n in names if (m := _INDEX_RE.match(n.split(".", 1)[0]))}
+
+    @staticmethod
+    def _remove(entry: TierEntry) -> None:
+        with open(entry.lockfile, "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(entry.complete)
+            shutil.rmtree(entry.verified, ignore_errors=True)
+            shutil.rmtree(entry.kept, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):  # another rank's prune got there
+                os.remove(entry.lockfile)
+
+    def supersede(self, fs: fsspec.AbstractFileSystem, run_path: str,
+                  is_committed: Callable[[int], bool]) -> None:
+        """Drops the run's entries older than the newest one that ``is_committed``
+        (asked newest first, so usually once or twice)."""
+        indices = sorted(self._indices(self._group(fs, run_path)), reverse=True)
+        newest = next((i for i in indices if is_committed(i)), None)
+        if newest is not None:
+            logger.debug("Local tier: dropping entries before %s", dir_name(newest))
+            self.prune(fs, run_path, lambda index: index >= newest)
+
+    # the readers' side
+    def local_file(self, entry: TierEntry, rel: str, info: dict[str, Any]) -> str | None:
+        """The verified local copy of ``rel``, verifying a kept one first; None if the
+        node has no good copy (a kept file that does not match is deleted)."""
+        verified = os.path.join(entry.verified, rel)
+        if os.path.isfile(verified):
+            return verified
+        kept = os.path.join(entry.kept, rel)
+        if not os.path.isfile(kept):
+            return None
+        if not file_matches(kept, info):
+            logger.warning("The node's copy of %s does not match its manifest; fetching it "
+                           "again.", rel)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(kept)
+            return None
+        os.makedirs(os.path.dirname(verified), exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):  # another rank of the node moved it
+            os.replace(kept, verified)
+        return verified
+
+    def download(self, fs: fsspec.AbstractFileSystem, path: str, entry: TierEntry, rel: str,
+                 info: dict[str, Any] | None) -> str | None:
+        """Fetches ``rel`` of checkpoint ``path`` into the entry; None (nothing kept) when
+        it does not match ``info``. Transient errors are retried."""
+        target = os.path.join(entry.verified, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        partial = f"{target}.part-{uuid.uuid4().hex[:8]}"
+
+        def fetch() -> bool:
+            with open(partial, "wb") as out:
+                return copy_checked(fs, fsutil.join(path, rel), out, info)
+
+        try:
+            good = self._retry(fs).call(f"downloading {rel}", fsutil.display_path(fs, path),
+                                        fetch)
+            if good:
+                os.replace(partial, target)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(partial)
+        return target if good else None
+
+    @contextlib.contextmanager
+    def local_copy(self, fs: fsspec.AbstractFileSystem, path: str,
+                   manifest: CommitManifest | None) -> Iterator[str]:
+        """The whole checkpoint as a local directory, for the block: what the node
+        holds and has verified, plus what it downloads now. Without a manifest (not
+        a checkpoint committed by elastic-train) every file is downloaded unchecked."""
+        entry = self.entry(fs, path)
+        with entry.locked(fcntl.LOCK_SH) as lock:
+            # The exclusive lock is asked for only while the entry is incomplete, and
+            # held only to fill it: ranks in the block below may be in a collective,
+            # waiting for a rank that waits for this lock.
+            if not os.path.exists(entry.complete):
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not os.path.exists(entry.complete):
+                    self._fill(fs, path, entry, manifest)
+                    open(entry.complete, "w").close()
+                fcntl.flock(lock, fcntl.LOCK_SH)
+            yield entry.verified
+
+    def _fill(self, fs: fsspec.AbstractFileSystem, path: str, entry: TierEntry,
+              manifest: CommitManifest | None) -> None:
+        files = manifest.files if manifest is not None else {}
+        bad = [rel for rel, info in files.items()
+               if self.local_file(entry, rel, info) is None
+               and self.download(fs, path, entry, rel, info) is None]
+        if bad:
+            raise StorageError(f"{fsutil.display_path(fs, path)}: files not matching the "
+                               f"checkpoint's manifest: {', '.join(bad[:5])}")
+        source = path.rstrip("/")
+        found = self._retry(fs).call("listing a checkpoint", fsutil.display_path(fs, path),
+                                     lambda: fs.find(source))
+        for remote in found:  # files written after the commit (metadata), or no manifest
+            rel = remote[len(source):].lstrip("/")
+            if rel != MARKER and rel not in files \
+                    and not os.path.isfile(os.path.join(entry.verified, rel)):
+                self.download(fs, path, entry, rel, None)
+

@@ -1,0 +1,43 @@
+"""examples/fsdp_transformer.py runs as a user would run it: FSDP2 on 2 workers with a
+worker killed and resumed, then continued on 1 worker from the sharded checkpoint."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.support.paths import REPO
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400),
+              pytest.mark.usefixtures("no_leaked_processes")]
+
+QUICK = ["--steps", "20", "--checkpoint-every", "10", "--kill-at-step", "15",
+         "--more-steps", "10"]
+
+
+def run_example(tmp_path, *args):
+    proc = subprocess.run([sys.executable, "examples/fsdp_transformer.py", "--storage-path",
+                           str(tmp_path), *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=360)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_example_resumes_and_reshards(tmp_path):
+    out = run_example(tmp_path, *QUICK)
+    assert "rank 1: killing myself at step 15" in out
+    resumed = re.findall(r"rank (\d): resumed at step (\d+)", out)
+    assert sorted(resumed) == [("0", "10"), ("0", "20"), ("1", "10")]
+    assert re.search(r"run 1: .* on 2 workers; .*from ranks 0, 1\)", out)
+    assert re.search(r"run 2: .* on 1 worker\(s\), resharded from 2; .*from rank 0\)", out)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_example_on_a_gpu(tmp_path):
+    out = run_example(tmp_path, "--use-gpu", "--num-workers", "1", "--kill-at-step", "0",
+                      "--steps", "20", "--checkpoint-every", "10", "--more-steps", "10")
+    assert re.search(r"rank 0: resumed at step 20", out) and "run 2:" in out
