@@ -279,7 +279,11 @@ class TrainSession:
 
     def abandon(self) -> None:
         """Ends a failed attempt's session at once (an in-process restart): uploads not
-        committed yet are dropped, as if the process had died."""
+        committed yet are dropped, as if the process had died. A session that never
+        joined (the attempt failed before its first call that needs the other ranks)
+        has nothing to drop."""
+        if not self._joined:
+            return
         self.checkpoints.cancel()
         self.uploader.abandon()
 

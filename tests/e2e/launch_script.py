@@ -3,6 +3,7 @@
     launch_script.py OUT_DIR EPOCHS [--crash-at EPOCH] [--refused-at EPOCH] [--sleep S]
                      [--slow-below-world N] [--forget-optimizer] [--context-on-rank0-first]
                      [--restartable] [--crash-how raise|exit] [--crash-always]
+                     [--crash-before-checkpoint]
 
 It initialises its own process group (as under torchrun), uses
 elastic_train.get_checkpoint()/report() for resume, and records each start
@@ -45,6 +46,9 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--crash-how", choices=("raise", "exit"), default="raise")
     parser.add_argument("--crash-always", action="store_true",
                         help="crash at --crash-at in every attempt, not only the first")
+    parser.add_argument("--crash-before-checkpoint", action="store_true",
+                        help="every rank calls get_context(), then the last rank raises "
+                             "before get_checkpoint() (its session never joined), once")
     return parser.parse_args()
 
 
@@ -55,6 +59,12 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=20)
                             if args.context_on_rank0_first else None)
     rank, world = dist.get_rank(), dist.get_world_size()
+    if args.crash_before_checkpoint:
+        et.get_context()
+        marker = os.path.join(args.out, "crashed")
+        if rank == world - 1 and not os.path.exists(marker):
+            open(marker, "w").close()
+            raise RuntimeError("crash before get_checkpoint")
     if args.context_on_rank0_first and rank == 0:
         print("CONTEXT", et.get_context().get_experiment_name(), flush=True)
     torch.manual_seed(0)

@@ -194,6 +194,19 @@ def test_launch_wrapper_restarts_in_process(storage_path, tmp_path, how, process
     assert failure["restart"] == "in-process"
 
 
+def test_launch_wrapper_restarts_a_failure_before_any_session_joined(storage_path, tmp_path):
+    """A rank fails after get_context() and before get_checkpoint(), so no session of the
+    attempt joined (the survivor's join breaks on the dead peer): the attempt is let go
+    and the same processes start again."""
+    code, out = _launch_and_wait("--nproc-per-node", 2, "--max-restarts", 1, "--storage-path",
+                                 storage_path, "--name", "early", SCRIPT, tmp_path, 3,
+                                 "--crash-before-checkpoint", "--restartable")
+    assert code == 0, out
+    assert starts(tmp_path) == [(0, 2)]
+    [failure] = run_json(os.path.join(storage_path, "early"))["failures"]
+    assert failure["restart"] == "in-process" and not failure.get("replaced"), failure
+
+
 def test_launch_without_wrapper_keeps_torchrun_restarts(storage_path, tmp_path):
     code, out = _launch_and_wait("--nproc-per-node", 2, "--max-restarts", 1, "--storage-path",
                                  storage_path, "--name", "plain", SCRIPT, tmp_path, 4,
