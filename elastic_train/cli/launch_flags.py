@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from elastic_train.config import DEFAULT_STORAGE_PATH
+from elastic_train.config import DEFAULT_STORAGE_PATH, FailureConfig
 from elastic_train.errors import ConfigError
 
 START_OVER_HELP = ("if the run stored under --name cannot be continued (it finished, or its "
@@ -103,16 +103,21 @@ def add_our_flags(parser: argparse.ArgumentParser) -> None:
     flag(ours, "no-restart-in-process", action="store_true",
          help="restart the processes after a failure, even for a script whose main is "
               "wrapped by @elastic_train.restart_in_process")
-    flag(ours, "unwind-timeout", type=float, default=10.0,
+    defaults = FailureConfig()
+    flag(ours, "unwind-timeout", type=float, default=defaults.unwind_timeout_s,
          help="with in-process restarts, seconds a surviving worker may take to leave the "
-              "failed attempt before it is killed and replaced (default 10)")
-    flag(ours, "max-restarts-without-progress", type=int, default=3,
+              f"failed attempt before it is killed and replaced (default "
+              f"{defaults.unwind_timeout_s:g})")
+    flag(ours, "max-restarts-without-progress", type=int,
+         default=defaults.max_restarts_without_progress,
          help="stop (exit code 3) after this many consecutive restarts without a new "
-              "checkpoint or report (default 3; -1: never)")
+              f"checkpoint or report (default {defaults.max_restarts_without_progress}; "
+              "-1: never)")
     flag(ours, "preemption-grace", type=float, default=None,
          help="on SIGTERM, seconds the workers get to commit a checkpoint before they are "
               "killed (default: --shutdown-timeout, else 25)")
-    flag(ours, "max-preemption-failures", type=int, default=-1,
+    flag(ours, "max-preemption-failures", type=int,
+         default=defaults.max_preemption_failures,
          help="restarts after preemptions, not charged to --max-restarts (default -1: "
               "unlimited)")
     flag(ours, "quiet", action="store_true", help="no live status line")

@@ -38,7 +38,8 @@ from elastic_train.redaction import redact_conf, redacted_options
 from elastic_train.storage.filesystem import options_from_flags
 
 SCRIPT_WORKER = "elastic_train.worker.script_worker"
-DEFAULT_GRACE_S = 25.0
+_FAILURE = FailureConfig()  # the API's defaults, which launch's flags share
+DEFAULT_GRACE_S = _FAILURE.preemption_grace_s
 
 # The setting each config field gets its value from: an error about the field names it.
 _FIELD_SETTINGS = {
@@ -110,10 +111,10 @@ class LaunchSettings:
     virtual_local_rank: bool = False
     hang_timeout: float | None = None
     preemption_grace: float | None = None
-    max_preemption_failures: int = -1
+    max_preemption_failures: int = _FAILURE.max_preemption_failures
     no_restart_in_process: bool = False
-    unwind_timeout: float = 10.0
-    max_restarts_without_progress: int = 3
+    unwind_timeout: float = _FAILURE.unwind_timeout_s
+    max_restarts_without_progress: int = _FAILURE.max_restarts_without_progress
     quiet: bool = False
     verbose: bool = False
     storage_path: str = DEFAULT_STORAGE_PATH
