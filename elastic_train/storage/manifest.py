@@ -3,9 +3,9 @@
 Written last into ``checkpoint_NNNNNN/.commit.json`` by the committing rank (see
 :mod:`.checkpoint_store`): the checkpoint's index and metrics, every file with
 its size, CRC-32 and the rank that uploaded it, the world size that wrote it and
-each rank's resume state. Readers check local copies against it
-(:func:`~.checkpoint_store.mismatched_files`, the node's local tier) and show
-it (``Result.checkpoint``, ``elastic-train show``).
+each rank's resume state. The node's local tier checks its kept copies against
+it (:func:`~.checkpoint_store.file_matches`), and ``Result.checkpoint`` and
+``elastic-train show`` show it.
 """
 
 from __future__ import annotations

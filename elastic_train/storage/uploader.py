@@ -163,10 +163,6 @@ class CheckpointUploader:
         self._queue.put(None)
         self._thread.join()
 
-    @property
-    def abandoned(self) -> bool:
-        return self._abandoned.is_set()
-
     def _run(self) -> None:
         while (job := self._queue.get()) is not None:
             error = None
