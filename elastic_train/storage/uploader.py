@@ -87,6 +87,16 @@ class UploadJob:
                    owner_ranks=sorted(set(owners.values()) | later), manifest=manifest)
 
 
+def _discard(job: UploadJob) -> None:
+    """Removes a finished or dropped job's files: its staged copy, or the directory it
+    was handed that was never taken over (once its writer is done with it)."""
+    if job.staged_dir:
+        shutil.rmtree(job.staged_dir, ignore_errors=True)
+    elif job.source_dir and job.written is not None:
+        source = job.source_dir
+        job.written.add_done_callback(lambda _: shutil.rmtree(source, ignore_errors=True))
+
+
 class CheckpointUploader:
     """Uploads this rank's checkpoint files in the background and (rank 0) commits them.
 
@@ -158,8 +168,8 @@ class CheckpointUploader:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if job is not None and job.staged_dir:
-                shutil.rmtree(job.staged_dir, ignore_errors=True)
+            if job is not None:
+                _discard(job)
         self._queue.put(None)
         self._thread.join()
 
@@ -174,8 +184,7 @@ class CheckpointUploader:
                 error = f"checkpoint {dir_name(job.index)} (rank {self.rank}): {exc}"
                 logger.error("Upload failed: %s", error)
             finally:
-                if job.staged_dir:
-                    shutil.rmtree(job.staged_dir, ignore_errors=True)
+                _discard(job)
             with self._cond:
                 self._done[job.index] = error
                 if error and not self._error:

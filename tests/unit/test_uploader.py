@@ -4,6 +4,7 @@ and close() -- on a local run directory, with threads but no processes."""
 import threading
 import time
 import zlib
+from concurrent.futures import Future
 
 import pytest
 
@@ -39,7 +40,7 @@ def uploader_for(store, tmp_path, rank=0, **kwargs):
 
 
 def job(index, relpaths=("model.pt",), owners=(0,), with_manifest=True):
-    return UploadJob(index, list(relpaths), list(owners),
+    return UploadJob(index, None if relpaths is None else list(relpaths), list(owners),
                      manifest(index) if with_manifest else None)
 
 
@@ -148,3 +149,37 @@ def test_a_commit_error_is_the_jobs_error(run, source, tmp_path):
     assert "marker write failed" in uploader.wait_for(0)
     with pytest.raises(StorageError, match="marker write failed"):
         uploader.close()
+
+
+def _being_written(tmp_path, name):
+    directory = tmp_path / name
+    directory.mkdir()
+    (directory / "shard.pt").write_bytes(b"half")
+    return directory
+
+
+def test_files_still_being_written_go_when_the_uploader_is_abandoned(run, source, tmp_path):
+    """An in-process restart abandons the uploader while a rank's async save still
+    writes: the directory handed over is removed once written, not left behind."""
+    store = HeldStore(run.fs, run.run_path, run.retry)
+    uploader = uploader_for(store, tmp_path)
+    uploader.submit(job(0), str(source))
+    assert store.started.wait(10)  # the thread is busy: job 1 stays queued
+    written = Future()
+    later = _being_written(tmp_path, "async")
+    uploader.submit(job(1, relpaths=None), str(later), written)
+    threading.Timer(0.2, store.release.set).start()
+    uploader.abandon()
+    assert later.exists()  # still being written
+    written.set_result(None)
+    assert not later.exists()
+
+
+def test_files_whose_write_failed_are_removed(run, source, tmp_path):
+    uploader = uploader_for(CheckpointStore(run.fs, run.run_path, run.retry), tmp_path)
+    written = Future()
+    written.set_exception(OSError("disk full"))
+    failed = _being_written(tmp_path, "async")
+    uploader.submit(job(0, relpaths=None), str(failed), written)
+    assert "disk full" in uploader.wait_for(0)
+    assert not failed.exists()
