@@ -126,8 +126,10 @@ class NodeRun:
         # rank 0 checks again as it records the launch, and is the one that starts over.
         RunRecord.check_resumable(plan.storage, plan.spec,
                                   start_over=plan.run_config.start_over, accepted=plan.accepted)
-        # Settings checked, no thread of ours started yet (the lease's heartbeat is the
-        # first): the moment to fork the worker zygote from this process, if it is safe.
+        # Settings checked, and before the lease's heartbeat thread: the moment to fork the
+        # worker zygote from this process, if it is safe. (An fsspec store with an event
+        # loop -- S3, GCS -- has started its IO thread by now, so for those the zygote
+        # starts as a fresh interpreter instead: refusing bad input first comes first.)
         if plan.process.zygote:
             zygote.prestart()
         self.lease = RunLease.acquire(plan.storage, plan.rendezvous, self._description())
