@@ -16,7 +16,8 @@ descriptor but the standard streams pointed at ``/dev/null`` (not closed: a
 stale Python object closing its old descriptor number must not close a new
 file of the worker's), the standard streams on descriptors 0-2, default signal
 handlers, no ``atexit`` handlers, no logging handlers, torch's random generator
-at a fresh process's seed.
+at a fresh process's seed, and none of the user's own modules (each worker imports them
+again, in its own environment).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+
+from elastic_train.worker import module_report
 
 TORCH_DEFAULT_SEED = 67280421310721  # torch's default CPU generator seed in a new process
 
@@ -141,10 +144,22 @@ def _shed_the_driver(keep: set[int]) -> None:
             if callable(signal.getsignal(sig)):
                 signal.signal(sig, signal.SIG_DFL)
     atexit._clear()  # the driver's exit handlers are not the workers'
+    _forget_user_modules()
     for logger in [logging.getLogger(), *[v for v in logging.Logger.manager.loggerDict.values()
                                           if isinstance(v, logging.Logger)]]:
         logger.handlers.clear()
     sys.modules["torch"].manual_seed(TORCH_DEFAULT_SEED)
+
+
+def _forget_user_modules() -> None:
+    """Drops the driver's imports of the user's own code (outside the Python
+    installation): a worker imports them again, in its own environment (``RANK``...),
+    as a fresh process would -- such modules may read it at import."""
+    for name, module in list(sys.modules.items()):
+        if (module is not None and getattr(module, "__file__", None)
+                and name != "__main__" and name.split(".")[0] != "elastic_train"
+                and not module_report.is_installed(module)):
+            del sys.modules[name]
 
 
 def _standard_streams() -> None:

@@ -23,7 +23,8 @@ from elastic_train.storage import filesystem as fsutil
 _done = False
 
 
-def _installed(module: object) -> bool:
+def is_installed(module: object) -> bool:
+    """Whether ``module`` comes from the Python installation (not the user's own code)."""
     path = getattr(module, "__file__", None)
     prefixes = {os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix)}
     return bool(path) and any(os.path.realpath(path).startswith(p) for p in prefixes)
@@ -32,7 +33,7 @@ def _installed(module: object) -> bool:
 def installed_modules() -> list[str]:
     """The imported modules that come from the Python installation, in import order."""
     return [name for name, module in list(sys.modules.items())
-            if module is not None and _installed(module)]
+            if module is not None and is_installed(module)]
 
 
 def note_imports(rank: int, local_rank: int) -> None:

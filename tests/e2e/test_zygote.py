@@ -120,3 +120,17 @@ def test_a_client_gone_before_its_worker_started_leaves_the_zygote_serving(zyg):
     assert again.wait(timeout=60) == 0
     assert zyg.pid == int(pid), "the zygote died"
     assert wait_until(lambda: child_pids(int(pid)) == [], 10), "its worker was left running"
+
+
+@pytest.mark.e2e
+def test_workers_import_the_users_modules_in_their_own_environment(tmp_path):
+    """A zygote forked from the driver holds the modules the driver imported; a user
+    module among them (here the train function's) is imported again by each worker, in
+    its own environment, as a fresh worker process would."""
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "tests.e2e.import_env_driver",
+                           str(tmp_path / "results"), str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {p.name: p.read_text() for p in out.iterdir()} == {"rank-0": "0", "rank-1": "1"}
