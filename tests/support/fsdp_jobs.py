@@ -118,6 +118,9 @@ def train_fsdp(config: dict) -> dict:
     """``epochs`` epochs of ``steps`` steps, a DCP checkpoint after each; faults as in
     :func:`tests.support.jobs.train_mlp`. Returns rank 0's digest of the full final state."""
     enable_reproducibility(config.get("seed", 0))
+    # Module state outlives an in-process restart: a save of the failed attempt (whose
+    # group is gone, so it may have failed) is not this attempt's to wait for.
+    _previous.clear()
     model = build_model(config.get("hidden", 32))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     # async_save's background collectives need a group the training does not use
