@@ -24,6 +24,7 @@ from elastic_train.agent.inprocess import FailedAttempt
 from elastic_train.agent.worker_slots import replace_worker
 from elastic_train.errors import WorkerFailure
 from elastic_train.storage.run_state import FailureKind
+from elastic_train.storage.uploader import discard_staged
 from elastic_train.worker import preemption
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ class InProcessRestart:
         entrypoint, args = (self._worker_command() if self._worker_command is not None
                             else (spec.entrypoint, spec.args))
         args = tuple(macros.substitute(list(args), str(worker.local_rank)))
+        if self._staging_dir is not None:  # what the dead rank staged is stale
+            discard_staged(self._staging_dir, worker.global_rank)
         return replace_worker(self._pcontext, worker, entrypoint, args,
                               {**self._start_env, **env})
 

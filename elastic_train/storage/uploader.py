@@ -22,6 +22,7 @@ never touches the process group the training uses.
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import queue
@@ -85,6 +86,14 @@ class UploadJob:
         mine = None if rank in later else [rel for rel, r in owners.items() if r == rank]
         return cls(index=index, relpaths=mine,
                    owner_ranks=sorted(set(owners.values()) | later), manifest=manifest)
+
+
+def discard_staged(staging_root: str, rank: int) -> None:
+    """Removes what ``rank`` staged under ``staging_root`` (see
+    :meth:`CheckpointUploader._staging_dir`): the uploads of a rank that died, which
+    nobody finishes -- its replacement starts with a new uploader."""
+    for path in glob.glob(os.path.join(glob.escape(staging_root), f"*.r{rank}")):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _discard(job: UploadJob) -> None:

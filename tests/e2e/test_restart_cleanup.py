@@ -77,8 +77,10 @@ def test_a_restart_waits_for_the_forked_workers_and_does_not_wait_longer(storage
         _train_noting_pids,
         train_loop_config={"epochs": 2, "pid_dir": str(pid_dir)},
         scaling_config=et.ScalingConfig(num_workers=2),
+        # the process path: the whole group's workers restart as new processes
         run_config=et.RunConfig(storage_path=storage_path, name="wait-forked",
-                                failure_config=et.FailureConfig(max_failures=1)),
+                                failure_config=et.FailureConfig(max_failures=1,
+                                                                restart_in_process=False)),
         datasets={"train": jobs.make_dataset()},
     ).fit()
     thread.join(10)
@@ -99,7 +101,8 @@ def _train_listing_staging(config):
 def test_a_restart_removes_the_killed_attempts_staged_files(storage_path, tmp_path,
                                                             monkeypatch):
     """Rank 1 is SIGKILLed right after reporting a large checkpoint (its upload still
-    staged), and rank 0 with it while it waits to commit: neither staged copy may remain."""
+    staged), and rank 0 -- restarted in process, or as a new process too -- with it while
+    it waits to commit: neither staged copy may remain."""
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # the driver's scratch goes here
