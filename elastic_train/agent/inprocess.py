@@ -49,6 +49,7 @@ from elastic_train.worker.restart_channel import Go, Stage, WorkerRecord
 logger = logging.getLogger(__name__)
 
 SECONDARY_GRACE_S = 0.5  # how long broken collectives alone wait for the failure behind them
+RAISED_GRACE_S = 0.3  # how long a raised error waits for a local death that may explain it
 PEER_PRIMARY_WAIT_S = 1.0  # how long a node that failed only through peers waits to hear why
 AGENT_BARRIER_EXTRA_S = 5.0  # on top of the unwind timeout, for the other nodes to arrive
 
@@ -131,32 +132,41 @@ class InProcessRestarts:
         if any(lr not in self._capable for lr in exits):
             return False  # a worker that never said it can restart in process (torchrun's)
         found: list[tuple[WorkerFailure, bool]] = []
+        killed: set[int] = set()  # ranks ended by a signal: the likeliest root cause
+        died = False
         for worker in group.workers:
             code, record = exits[worker.local_rank], records[worker.local_rank]
             if code not in (None, 0):
                 found.append((self._failure_of(worker, code), True))  # it died: its own
+                killed |= {worker.global_rank} if code < 0 else set()
+                died = True
             elif code is None and record is not None and self._failed_now(record):
                 found.append(_raised(worker, record))
         remote = attempt_store.announced(group, self.attempt)
-        if not found and remote is None or self._too_early(found, remote):
+        if not found and remote is None or self._too_early(found, remote, died):
             return True
-        found.sort(key=lambda item: (not item[1], item[0].traceback is None,
-                                     item[0].timestamp, item[0].rank))
+        found.sort(key=lambda item: (not item[1], item[0].rank not in killed,
+                                     item[0].traceback is None, item[0].timestamp,
+                                     item[0].rank))
         return FailedAttempt(self.attempt, [f for f, _ in found], any(p for _, p in found),
                              remote)
 
     def _too_early(self, found: list[tuple[WorkerFailure, bool]],
-                   remote: WorkerFailure | None) -> bool:
-        """Whether to wait a moment before acting on failures that are all a peer's doing
-        (broken collectives): the peer's own failure -- a death the zygote reports a few
-        milliseconds later -- is about to show, and it is the root cause to record."""
-        if remote is not None or any(primary for _, primary in found):
+                   remote: WorkerFailure | None, died: bool) -> bool:
+        """Whether to wait a moment for a local death before acting on raised errors: a
+        peer's death -- which the zygote reports a few milliseconds later -- may be what
+        they are about, and it is the root cause to record (gloo reports a dead peer as a
+        plain RuntimeError, out of backward() as much as out of a collective). Broken
+        collectives alone wait longer than errors that look like the worker's own."""
+        if remote is not None or died:
             self._secondary_since = None
             return False
         now = time.monotonic()
         if self._secondary_since is None:
             self._secondary_since = now
-        return now - self._secondary_since < SECONDARY_GRACE_S
+        primary = any(p for _, p in found)
+        return now - self._secondary_since < (RAISED_GRACE_S if primary else
+                                               SECONDARY_GRACE_S)
 
     def _failed_now(self, record: WorkerRecord) -> bool:
         """A record that reports a failure of the current attempt. A worker ``ready`` (or

@@ -148,7 +148,14 @@ class _Server:
             self.drop(conn)
             return None
         if isinstance(request, list):  # preloading, between forks: this process stays
-            conn.send(json.dumps(preload_here(request)).encode())
+            # Workers that end meanwhile are reported at once (their deaths are what the
+            # agent attributes a failure to), not once the probing is over.
+            previous = signal.signal(signal.SIGCHLD, lambda *_: self.reap())
+            try:
+                answer = preload_here(request)
+            finally:
+                signal.signal(signal.SIGCHLD, previous)
+            conn.send(json.dumps(answer).encode())
             return None
         sys.stdout.flush()
         sys.stderr.flush()

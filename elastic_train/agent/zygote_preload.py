@@ -14,7 +14,8 @@ Two sources:
 
 A module is preloaded only if importing it is safe in a process that forks:
 :func:`probe` imports each candidate in a throw-away child of the zygote and
-skips -- and names -- any that starts a thread, initialises CUDA or fails.
+skips -- and names -- any that starts a thread, initialises CUDA or fails --
+for at most :data:`PROBE_BUDGET_S` (the zygote forks no worker meanwhile).
 Modules of the user's own code (outside the Python installation) are not
 candidates: they may read the worker's environment (``RANK``...) at import.
 """
@@ -27,13 +28,17 @@ import importlib
 import json
 import logging
 import os
+import select
+import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
+PROBE_BUDGET_S = 5.0
 FIRST_STEP = ("torch._dynamo", "torch.nn.parallel", "torch.optim", "torch.utils.data",
               "multiprocessing.queues", "multiprocessing.popen_fork")
 
@@ -57,27 +62,32 @@ def _try_import(name: str) -> str:
     return ""
 
 
-def probe(candidates: list[str]) -> tuple[list[str], dict[str, str]]:
+def probe(candidates: list[str], budget_s: float | None = None
+          ) -> tuple[list[str], dict[str, str], list[str]]:
     """Imports ``candidates`` in forked children of this process, in order: returns the
-    safe ones and, for the others, why not. A child that a module taints (a thread, CUDA)
-    stops there; the next child goes on after that module."""
+    safe ones, why the others are not, and those not probed within ``budget_s``
+    (:data:`PROBE_BUDGET_S`: the zygote serves no fork meanwhile, so a restart would
+    wait). A child that a module taints (a thread, CUDA) stops there; the next child
+    goes on after that module."""
+    deadline = time.monotonic() + (PROBE_BUDGET_S if budget_s is None else budget_s)
     remaining = [name for name in candidates if name not in sys.modules]
     safe: list[str] = []
     skipped: dict[str, str] = {}
-    while remaining:
-        verdicts = _probe_in_child(remaining)
-        if not verdicts:  # the child died at the first module
-            verdicts = [(remaining[0], "its import crashed the process")]
+    while remaining and time.monotonic() < deadline:
+        verdicts = _probe_in_child(remaining, deadline)
+        if not verdicts:  # the child died, or ran out of time, at the first module
+            verdicts = [(remaining[0], "its import crashed the process"
+                         if time.monotonic() < deadline else "its import took too long")]
         for name, why in verdicts:
             if why:
                 skipped[name] = why
             else:
                 safe.append(name)
         remaining = remaining[len(verdicts):]
-    return safe, skipped
+    return safe, skipped, remaining
 
 
-def _probe_in_child(names: list[str]) -> list[tuple[str, str]]:
+def _probe_in_child(names: list[str], deadline: float) -> list[tuple[str, str]]:
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -91,22 +101,30 @@ def _probe_in_child(names: list[str]) -> list[tuple[str, str]]:
                     break  # this process is tainted: a fresh child checks the rest
         os._exit(0)
     os.close(write_end)
-    with os.fdopen(read_end) as lines:
-        verdicts = [tuple(json.loads(line)) for line in lines if line.strip()]
-    os.waitpid(pid, 0)
+    verdicts = []
+    with os.fdopen(read_end, "rb", buffering=0) as lines:  # unbuffered: select sees all
+        while select.select([lines], [], [], max(deadline - time.monotonic(), 0))[0]:
+            line = lines.readline()
+            if not line:
+                break
+            verdicts.append(tuple(json.loads(line)))
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)  # out of time (or done: then already gone)
+    with contextlib.suppress(ChildProcessError):  # the zygote's SIGCHLD handler reaped it
+        os.waitpid(pid, 0)
     return verdicts  # type: ignore[return-value]
 
 
 def preload_here(candidates: list[str]) -> dict:
     """In the zygote: imports the safe candidates; returns what was preloaded and skipped."""
-    safe, skipped = probe(candidates)
+    safe, skipped, unprobed = probe(candidates)
     loaded = []
     for name in safe:
         with contextlib.suppress(BaseException):
             importlib.import_module(name)
             loaded.append(name)
     gc.freeze()  # as after the first imports: workers' collections must not touch them
-    return {"preloaded": loaded, "skipped": skipped}
+    return {"preloaded": loaded, "skipped": skipped, "unprobed": len(unprobed)}
 
 
 def ask_to_preload(socket_path: str, modules: list[str]) -> dict | None:
@@ -151,3 +169,6 @@ class ImportWatch:
             logger.warning("The worker zygote does not preload %s; new workers import them "
                            "themselves.", "; ".join(f"{name} ({why})" for name, why in
                                                    sorted(skipped.items())))
+        if unprobed := (self.result or {}).get("unprobed"):
+            logger.info("The worker zygote did not probe %d more modules within %.0f s; new "
+                        "workers import them themselves.", unprobed, PROBE_BUDGET_S)

@@ -75,8 +75,19 @@ def test_broken_collectives_alone_wait_for_the_failure_behind_them(restarts, mon
     assert isinstance(seen, FailedAttempt) and not seen.primary
 
 
-def test_the_last_attempts_failure_is_not_the_next_ones(restarts):
+def test_a_raised_error_waits_briefly_for_a_death_behind_it(restarts):
+    """gloo reports a dead peer as a plain RuntimeError, also out of backward(): the
+    SIGKILLed peer, once its death shows, is the root cause."""
+    record(restarts, 0, 0, Stage.FAILED, note(primary=True))
+    record(restarts, 1, 0, Stage.RUNNING)
+    assert restarts.poll(group(), context({0: None, 1: None})) is True  # within the grace
+    seen = restarts.poll(group(), context({0: None, 1: -9}))
+    assert isinstance(seen, FailedAttempt) and [f.rank for f in seen.failures] == [1, 0]
+
+
+def test_the_last_attempts_failure_is_not_the_next_ones(restarts, monkeypatch):
     """After the go for attempt 1, a worker still 'ready' carries attempt 0's error."""
+    monkeypatch.setattr(inprocess, "RAISED_GRACE_S", 0.0)
     restarts.attempt = 1
     record(restarts, 0, 1, Stage.READY, note(primary=True))
     record(restarts, 1, 1, Stage.RUNNING)
@@ -85,7 +96,8 @@ def test_the_last_attempts_failure_is_not_the_next_ones(restarts):
     assert isinstance(restarts.poll(group(), context({0: None, 1: None})), FailedAttempt)
 
 
-def test_an_unhealthy_device_is_a_failure_of_the_attempt(restarts):
+def test_an_unhealthy_device_is_a_failure_of_the_attempt(restarts, monkeypatch):
+    monkeypatch.setattr(inprocess, "RAISED_GRACE_S", 0.0)
     record(restarts, 0, 1, Stage.UNHEALTHY)
     record(restarts, 1, 0, Stage.RUNNING)
     seen = restarts.poll(group(), context({0: None, 1: None}))
