@@ -88,11 +88,16 @@ class UploadJob:
                    owner_ranks=sorted(set(owners.values()) | later), manifest=manifest)
 
 
+def _rank_suffix(rank: int) -> str:
+    """How a staged checkpoint directory names the rank that staged it."""
+    return f".r{rank}"
+
+
 def discard_staged(staging_root: str, rank: int) -> None:
     """Removes what ``rank`` staged under ``staging_root`` (see
     :meth:`CheckpointUploader._staging_dir`): the uploads of a rank that died, which
     nobody finishes -- its replacement starts with a new uploader."""
-    for path in glob.glob(os.path.join(glob.escape(staging_root), f"*.r{rank}")):
+    for path in glob.glob(os.path.join(glob.escape(staging_root), "*" + _rank_suffix(rank))):
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -201,7 +206,7 @@ class CheckpointUploader:
                 self._cond.notify_all()
 
     def _staging_dir(self, index: int) -> str:
-        return os.path.join(self.staging_root, f"{dir_name(index)}.r{self.rank}")
+        return os.path.join(self.staging_root, dir_name(index) + _rank_suffix(self.rank))
 
     def _take_over(self, job: UploadJob) -> None:
         """Waits for the background writer (raising its error), then moves its
