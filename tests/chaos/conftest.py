@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import sys
 
 from tests.chaos.faults import KINDS
 
 RESULTS: list[dict] = []  # one row per trial, filled by test_chaos.py
 
 
-def table() -> str:
+def save(row: dict) -> None:
+    """Appends a finished trial's row to ``$CHAOS_RESULTS`` (JSON lines), if set, so a
+    long run's rows outlive an interrupted pytest: ``python -m tests.chaos.conftest FILE``
+    prints their table."""
+    path = os.environ.get("CHAOS_RESULTS")
+    if path:
+        with open(path, "a") as out:
+            out.write(json.dumps(row) + "\n")
+
+
+def table(results: list[dict] = RESULTS) -> str:
     """Faults by kind: injected, recovered, data lost, leaked processes, recovery times."""
     lines = ["chaos suite: faults by kind",
              f"{'kind':24} {'injected':>8} {'recovered':>9} {'data lost':>9} "
              f"{'leaked':>6} {'recovery median s':>17} {'max s':>6}"]
     for kind in (*KINDS, "all"):
-        rows = [r for r in RESULTS if kind in ("all", r["kind"])]
+        rows = [r for r in results if kind in ("all", r["kind"])]
         if not rows:
             continue
         times = [r["recovery_s"] for r in rows if r["recovery_s"] is not None]
@@ -31,3 +44,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
     if RESULTS:
         terminalreporter.write_sep("=", "chaos")
         terminalreporter.write_line(table())
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as rows:
+        print(table([json.loads(line) for line in rows if line.strip()]))

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from tests.chaos.conftest import RESULTS
+from tests.chaos.conftest import RESULTS, save
 from tests.chaos.faults import (
     KINDS,
     LAUNCH_KINDS,
@@ -88,8 +88,20 @@ def test_trial(trial: Trial, tmp_path, baseline, request):
         through = StorageUnderTest(storage.url, s3_options(f"http://127.0.0.1:{proxy.port}"),
                                    storage.fs)
     row = {"kind": trial.kind, "recovered": 0, "data_lost": 0, "leaked": 0,
-           "recovery_s": None}
+           "recovery_s": None, "trial": f"seed {SEED}: {trial}"}
     RESULTS.append(row)
+    started = time.monotonic()
+    try:
+        _check(trial, row, storage, tmp_path, through, proxy, before, request)
+    finally:
+        row["trial_s"] = round(time.monotonic() - started, 1)
+        save(row)
+
+
+def _check(trial: Trial, row: dict, storage: StorageUnderTest, tmp_path,
+           through: StorageUnderTest | None, proxy: TcpProxy | None, before: set[int],
+           request) -> None:
+    """Runs the trial and fills ``row`` as its checks go; asserts them."""
     try:
         outcome = run_trial(trial, storage, tmp_path, through, proxy)
     finally:
@@ -98,8 +110,8 @@ def test_trial(trial: Trial, tmp_path, baseline, request):
         row["leaked"] = _reap(before)
     row["recovered"] = 1
     row["recovery_s"] = outcome.recovery_s
-    expected = request.getfixturevalue("launch_baseline") \
-        if trial.kind in LAUNCH_KINDS else baseline.return_value["digest"]
+    expected = request.getfixturevalue("launch_baseline") if trial.kind in LAUNCH_KINDS \
+        else request.getfixturevalue("baseline").return_value["digest"]
     identical = outcome.digest == expected
     row["leaked"] += sum(pid_alive(p) for p in outcome.orphans)
     history = outcome.iterations == list(range(1, len(outcome.iterations) + 1))
