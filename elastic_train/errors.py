@@ -211,6 +211,25 @@ class RendezvousLostError(TrainingFailedError):
         return cls(redact_url(f"This node lost the job's rendezvous: {why} ({cause}) Start "
                               "every node again to resume the run from its latest checkpoint."))
 
+    @classmethod
+    def corrupt_state(cls, backend: str, endpoint: str, run_id: str, cause: BaseException,
+                      etcd_prefix: str = "") -> RendezvousLostError:
+        """The job's rendezvous state cannot be read: every node stops rather than guess
+        (a round number or membership made up by one node could pair its workers with
+        another round's). Nothing of the run is lost; the fix depends on where the state
+        lives: ``etcd_prefix``, the run's keys in etcd, for the etcd backends."""
+        if etcd_prefix:
+            fix = (f"Delete the run's keys (etcdctl --endpoints {endpoint} del --prefix "
+                   f"{etcd_prefix}), or give the job a new --rdzv-id, then start every "
+                   "node again.")
+        else:
+            fix = f"Start every node again: the {backend} rendezvous starts anew with them."
+        return cls(redact_url(
+            f"The job's rendezvous state (rendezvous id {run_id}, {backend} at {endpoint}) "
+            f"is corrupt: {str(cause).rstrip('.')}. Something other than this job's nodes "
+            "wrote it. The job "
+            f"stopped; its checkpoints are intact and a restart resumes from the latest. {fix}"))
+
 
 def exit_code(error: TrainingFailedError) -> int:
     """The exit code of ``elastic-train launch``/``restore`` for a run that failed: 3 when

@@ -17,6 +17,7 @@ import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from torch.distributed import DistNetworkError
 from torch.distributed.elastic.agent.server.api import WorkerSpec
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -24,6 +25,7 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousParameters,
+    RendezvousStateError,
 )
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.numa.binding import AffinityMode, NumaOptions
@@ -197,10 +199,13 @@ def run_agent(spec: AgentSpec, events: AgentEvents | None = None) -> AgentOutcom
         except SignalException as exc:
             # Like torchrun, leave the rendezvous open: other nodes may go on without us.
             raise Interrupted(int(exc.sigval)) from None
-        except (RendezvousClosedError, RendezvousConnectionError) as exc:
+        except RendezvousStateError as exc:
+            raise _corrupt_state(rdzv, exc) from exc
+        except (RendezvousClosedError, RendezvousConnectionError, DistNetworkError) as exc:
             if agent.peer_root is not None:  # the node at fault spent its budget and left
                 return AgentOutcome([agent.peer_root])
-            if isinstance(exc, RendezvousClosedError):
+            if isinstance(exc, RendezvousClosedError) or (
+                    isinstance(exc, DistNetworkError) and rdzv.backend != "c10d"):
                 raise
             raise RendezvousLostError.for_backend(rdzv.backend, rdzv.endpoint, exc) from exc
         rdzv_handler.shutdown()
@@ -211,6 +216,19 @@ def run_agent(spec: AgentSpec, events: AgentEvents | None = None) -> AgentOutcom
         return AgentOutcome([])
     return AgentOutcome(agent.last_failures or failures_of(result),
                         agent.preemption_budget_spent, agent.no_progress)
+
+
+def _corrupt_state(rdzv: RendezvousConfig, exc: RendezvousStateError) -> RendezvousLostError:
+    """The error for a rendezvous state this node cannot read, with the fix for where the
+    state lives (the backends that need the etcd extra keep it in etcd)."""
+    backend = lookup(rdzv.backend, "RendezvousConfig.backend")
+    prefix = ""
+    if backend.extra == "etcd":
+        from elastic_train.agent.rendezvous.etcd_v3 import run_prefix
+
+        prefix = run_prefix(rdzv.run_id)
+    return RendezvousLostError.corrupt_state(backend.name, rdzv.endpoint, rdzv.run_id, exc,
+                                             etcd_prefix=prefix)
 
 
 def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:

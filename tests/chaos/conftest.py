@@ -5,11 +5,27 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
 import sys
 
-from tests.chaos.faults import KINDS
+import pytest
+
+from tests.chaos.faults import KINDS, LAUNCH_SCRIPT, REPO, launch_digest
+from tests.conftest import EPOCHS
 
 RESULTS: list[dict] = []  # one row per trial, filled by test_chaos.py
+
+
+@pytest.fixture(scope="session")
+def launch_baseline(tmp_path_factory) -> str:
+    """The launch script's digest, uninterrupted on one node."""
+    out = tmp_path_factory.mktemp("launch-baseline")
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastic_train.cli", "launch", "--standalone",
+         "--storage-path", str(out / "results"), LAUNCH_SCRIPT, str(out), str(EPOCHS + 3)],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return launch_digest(proc.stdout)
 
 
 def save(row: dict) -> None:

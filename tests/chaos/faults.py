@@ -26,13 +26,14 @@ from tests.support import jobs
 from tests.support.etcd_server import EtcdServer, etcd_binary
 from tests.support.paths import REPO
 from tests.support.process_tree import signal_tree, stop_logged
+from tests.support.rendezvous_state import corrupt_c10d_state, corrupt_etcd_round, delete_run_keys
 from tests.support.servers import TcpProxy, free_port
 
 KINDS = ("worker_sigkill", "worker_raise", "worker_hang", "kill_during_upload",
          "preemption", "storage_outage", "driver_sigkill_restore", "agent_sigkill",
-         "etcd_restart", "node_sigterm",
+         "etcd_restart", "node_sigterm", "corrupt_rdzv_state",
          "second_driver", "stale_lookups")  # the last two: writer_faults.py
-LAUNCH_KINDS = ("agent_sigkill", "etcd_restart", "node_sigterm")
+LAUNCH_KINDS = ("agent_sigkill", "etcd_restart", "node_sigterm", "corrupt_rdzv_state")
 LAUNCH_SCRIPT = "tests/e2e/launch_script.py"  # its digest does not depend on the world size
 BATCHES_PER_EPOCH = 6  # jobs.make_dataset(): 96 rows, 2 ranks, batches of 8
 NUM_TO_KEEP = 2
@@ -278,16 +279,20 @@ def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) 
     node_sigterm sends SIGTERM to every process of that node at once (agent, zygote,
     stand-ins, workers: a scheduler stopping the node), whose workers then take part in
     checkpoints until its grace ends, and the survivor goes on alone, spending the
-    preemption budget."""
+    preemption budget; corrupt_rdzv_state overwrites their rendezvous state (c10d's on
+    rank 0 trials, etcd's round pointer on rank 1 trials, then SIGKILLs the second agent
+    so that the first reads it), whereupon the nodes stop with an error naming the state
+    and the fix, and ``elastic-train restore`` continues the run."""
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     etcd = None
-    flags = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    endpoint = f"127.0.0.1:{free_port()}"
     sleep = "0.3"
-    if trial.kind == "etcd_restart":
+    if trial.kind == "etcd_restart" or (trial.kind == "corrupt_rdzv_state" and trial.rank):
         etcd = EtcdServer(etcd_binary())
         etcd.start()
-        flags = ["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoint]
+        endpoint = etcd.endpoint
+    flags = ["--rdzv-backend", "c10d" if etcd is None else "etcd", "--rdzv-endpoint", endpoint]
     if trial.kind == "node_sigterm":  # epochs longer than the grace: the node goes mid-run
         flags, sleep = [*flags, "--preemption-grace", "2"], "1"
     run_storage = storage.run(name)
@@ -310,8 +315,11 @@ def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) 
             time.sleep(2)  # agent 0 hosts the c10d store
             second = agent(1)
             assert _at_fault_time(trial, storage, name, tmp_path), "no checkpoint yet"
-            node_pids = _inject_launch_fault(trial.kind, second, etcd, tmp_path)
-            assert first.wait(150) == 0, (tmp_path / "agent0.log").read_text()[-3000:]
+            node_pids = _inject_launch_fault(trial.kind, second, etcd, tmp_path, endpoint, name)
+            if trial.kind == "corrupt_rdzv_state":
+                _restore_after_corruption(agents, etcd, storage, name, tmp_path)
+            else:
+                assert first.wait(150) == 0, (tmp_path / "agent0.log").read_text()[-3000:]
         finally:
             stop_logged(agents)
             if etcd is not None:
@@ -320,19 +328,26 @@ def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) 
         kinds = [f.kind.value for f in run_storage.read_run_state().failures]
         assert kinds == ["preemption"], f"the survivor's restart was charged as {kinds}"
     starts = out_dir / "starts"
-    restarted = len(starts.read_text().split("\n")) > 2 and os.path.getmtime(starts)
     fault_at = float((tmp_path / "fault").read_text())
-    outcome = _outcome(launch_digest((tmp_path / "agent0.log").read_text()), run_storage,
-                       watcher, tmp_path, num_to_keep=None)
+    # the last start, if it came after the fault (a second node joining late restarts too)
+    restarted = os.path.getmtime(starts) > fault_at and os.path.getmtime(starts)
+    final = tmp_path / ("restore.log" if trial.kind == "corrupt_rdzv_state" else "agent0.log")
+    outcome = _outcome(launch_digest(final.read_text()), run_storage, watcher, tmp_path,
+                       num_to_keep=None)
     outcome.recovery_s = restarted - fault_at if restarted else None
     outcome.orphans = [int(p.name.split("-")[1]) for p in out_dir.glob("pid-*")] + node_pids
     return outcome
 
 
 def _inject_launch_fault(kind: str, second: subprocess.Popen, etcd: EtcdServer | None,
-                         tmp_path) -> list[int]:
+                         tmp_path, endpoint: str, name: str) -> list[int]:
     """The fault of a launch trial; returns the pids of the faulted node that must be gone."""
-    if kind == "agent_sigkill":
+    if kind == "corrupt_rdzv_state" and etcd is None:
+        corrupt_c10d_state(endpoint, name)  # torch's handler reads it every monitor pass
+        return []
+    if kind == "corrupt_rdzv_state":
+        corrupt_etcd_round(endpoint, name)  # read at the next rendezvous: a node goes
+    if kind in ("agent_sigkill", "corrupt_rdzv_state"):
         second.kill()
         second.wait()
         return []
@@ -346,3 +361,28 @@ def _inject_launch_fault(kind: str, second: subprocess.Popen, etcd: EtcdServer |
     etcd.start()
     assert second.wait(150) == 0, (tmp_path / "agent1.log").read_text()[-3000:]
     return []
+
+
+def _restore_after_corruption(agents: list, etcd: EtcdServer | None, storage: StorageUnderTest,
+                              name: str, tmp_path) -> None:
+    """The nodes of a job whose rendezvous state was overwritten stop with an error naming
+    it and the fix (never "stopped unexpectedly"); done as it says, ``elastic-train
+    restore`` continues the run (its output in restore.log)."""
+    logs = []
+    for i, (proc, _) in enumerate(agents):
+        code = proc.wait(120)
+        logs.append((tmp_path / f"agent{i}.log").read_text())
+        assert code != 0, logs[-1][-3000:]
+    said = "\n".join(logs)
+    assert "rendezvous state" in said and "is corrupt" in said, said[-4000:]
+    assert "stopped unexpectedly" not in said, said[-4000:]
+    state = storage.run(name).read_run_state()
+    assert state.status is RunStatus.RUNNING or "rendezvous" in (state.error or ""), state.error
+    if etcd is not None:
+        assert "etcdctl" in said, said[-4000:]
+        delete_run_keys(etcd.endpoint, name)
+    with open(tmp_path / "restore.log", "w") as log:
+        restored = subprocess.run(
+            [sys.executable, "-m", "elastic_train.cli", "restore", f"{storage.url}/{name}"],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True, timeout=150)
+    assert restored.returncode == 0, (tmp_path / "restore.log").read_text()[-3000:]

@@ -16,8 +16,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -26,14 +24,10 @@ from tests.chaos.conftest import RESULTS, save
 from tests.chaos.faults import (
     KINDS,
     LAUNCH_KINDS,
-    LAUNCH_SCRIPT,
-    REPO,
     Trial,
-    launch_digest,
     run_trial,
 )
 from tests.conftest import (
-    EPOCHS,
     StorageUnderTest,
     child_pids,
     make_storage,
@@ -58,18 +52,6 @@ def _draw() -> list[Trial]:
     else:
         kinds = rng.sample(KINDS, 3)
     return [Trial.draw(n, kind, rng) for n, kind in enumerate(kinds)]
-
-
-@pytest.fixture(scope="session")
-def launch_baseline(tmp_path_factory) -> str:
-    """The launch script's digest, uninterrupted on one node."""
-    out = tmp_path_factory.mktemp("launch-baseline")
-    proc = subprocess.run(
-        [sys.executable, "-m", "elastic_train.cli", "launch", "--standalone",
-         "--storage-path", str(out / "results"), LAUNCH_SCRIPT, str(out), str(EPOCHS + 3)],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return launch_digest(proc.stdout)
 
 
 @pytest.mark.e2e

@@ -16,18 +16,16 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import quote
 
 
 def run_keys(endpoint: str, run_id: str) -> list[bytes]:
     """The keys our rendezvous keeps in the etcd at ``endpoint`` for ``run_id``."""
     import etcd3gw
 
-    from elastic_train.agent.rendezvous.etcd_v3 import KEY_ROOT
+    from elastic_train.agent.rendezvous.etcd_v3 import run_prefix
 
     host, port = endpoint.rsplit(":", 1)
-    found = etcd3gw.Etcd3Client(host=host, port=int(port)).get_prefix(
-        f"{KEY_ROOT}/{quote(run_id, safe='')}/")
+    found = etcd3gw.Etcd3Client(host=host, port=int(port)).get_prefix(run_prefix(run_id))
     return [meta["key"] for _, meta in found]
 
 

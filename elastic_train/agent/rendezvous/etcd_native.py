@@ -67,7 +67,7 @@ from torch.distributed.elastic.utils.distributed import get_free_port
 from elastic_train.agent.rendezvous import etcd_kv as ops
 from elastic_train.agent.rendezvous.etcd_kv import EtcdKV, Watch
 from elastic_train.agent.rendezvous.etcd_lease import NodeLease
-from elastic_train.agent.rendezvous.etcd_rounds import Keys, Seal, Settings
+from elastic_train.agent.rendezvous.etcd_rounds import Keys, Seal, Settings, round_number
 from elastic_train.agent.rendezvous.etcd_v3 import EtcdV3Keyspace, EtcdV3Store, create_client
 
 log = logging.getLogger(__name__)
@@ -272,10 +272,10 @@ class EtcdNativeHandler(RendezvousHandler):
     def _in_current_round(self, r: int, found: list[ops.KeyValue]) -> bool:
         """Whether round ``r``, just joined, is the current one; if not (the round moved on
         meanwhile) the join is undone and the current round noted."""
-        if found and int(found[0].value) == r:
+        if found and round_number(found[0]) == r:
             return True
         self._undo_join(r)
-        self._round_hint = int(found[0].value) if found else 0
+        self._round_hint = round_number(found[0]) if found else 0
         return False
 
     def _undo_join(self, r: int) -> None:
@@ -307,8 +307,8 @@ class EtcdNativeHandler(RendezvousHandler):
             self._kv.txn([ops.absent(self._keys.round)],
                          [ops.put(self._keys.round, b"0", self._run.lease_id)])
             self._round_hint = 0
-        elif int(round_kv[0].value) != r:
-            self._round_hint = int(round_kv[0].value)
+        elif round_number(round_kv[0]) != r:
+            self._round_hint = round_number(round_kv[0])
         elif seal:
             sealed = Seal.decode(seal[0].value, seal[0].mod_revision)
             rank = sealed.rank_of(mine[0].create_revision) if mine else None
@@ -460,7 +460,7 @@ class EtcdNativeHandler(RendezvousHandler):
                     if event.kv.key == keys.closed:
                         self._raise_closed()
                     if event.kv.key == keys.round and not event.deleted:
-                        self._round_hint = int(event.kv.value)
+                        self._round_hint = round_number(event.kv)
                         return
                 if events is None and self._round_moved(r):
                     return
@@ -474,8 +474,8 @@ class EtcdNativeHandler(RendezvousHandler):
 
     def _round_moved(self, r: int) -> bool:
         found = self._kv.read(ops.get(self._keys.round)).ranges[0]
-        if found and int(found[0].value) != r:
-            self._round_hint = int(found[0].value)
+        if found and round_number(found[0]) != r:
+            self._round_hint = round_number(found[0])
             return True
         return False
 

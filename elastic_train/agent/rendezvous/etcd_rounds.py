@@ -11,7 +11,9 @@ import json
 import socket
 from dataclasses import dataclass
 
-from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import RendezvousParameters, RendezvousStateError
+
+from elastic_train.agent.rendezvous.etcd_kv import KeyValue
 
 
 @dataclass(frozen=True)
@@ -119,9 +121,25 @@ class Seal:
 
     @staticmethod
     def decode(data: bytes, revision: int) -> Seal:
-        first, deltas, addr, bootstrap_port = json.loads(data)
-        others, total = [], 0
-        for delta in deltas:
-            total += delta
-            others.append(total)
-        return Seal(first, tuple(others), addr, bootstrap_port, revision)
+        """The seal as :meth:`encode` wrote it; RendezvousStateError for anything else."""
+        try:
+            first, deltas, addr, bootstrap_port = json.loads(data)
+            others, total = [], 0
+            for delta in deltas:
+                total += int(delta)
+                others.append(total)
+            return Seal(int(first), tuple(others), str(addr), int(bootstrap_port), revision)
+        except (ValueError, TypeError) as exc:  # json's errors are ValueErrors
+            raise RendezvousStateError(
+                f"a round's seal holds {data[:60]!r}, not what a sealer writes") from exc
+
+
+def round_number(kv: KeyValue) -> int:
+    """The round number stored in ``kv``; RendezvousStateError if it holds something else
+    (each node would otherwise follow a round of its own making)."""
+    try:
+        return int(kv.value)
+    except ValueError:
+        raise RendezvousStateError(
+            f"etcd key {kv.key.decode(errors='replace')} holds {kv.value[:60]!r}, not a "
+            "round number") from None

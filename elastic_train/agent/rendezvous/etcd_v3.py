@@ -59,6 +59,11 @@ DEFAULT_TIMEOUT = 10.0
 DEFAULT_OUTAGE_S = 30.0
 
 
+def run_prefix(run_id: str) -> str:
+    """Where a run's rendezvous keys live in etcd (``etcdctl del --prefix`` removes them)."""
+    return f"{KEY_ROOT}/{quote(run_id, safe='')}/"
+
+
 @dataclass(frozen=True)
 class EtcdValue:
     """A key's value and the revision that last modified it (the compare-and-set token)."""
@@ -110,7 +115,7 @@ class EtcdV3Keyspace:
         if lease_ttl < 1:
             raise ValueError(f"The lease TTL must be at least 1 second, not {lease_ttl}.")
         self.client = client
-        self.prefix = f"{KEY_ROOT}/{quote(run_id, safe='')}/".encode()
+        self.prefix = run_prefix(run_id).encode()
         # Lease ids are positive int64s that any node of the run can compute.
         lease_id = int.from_bytes(hashlib.sha256(self.prefix).digest()[:8], "big") >> 1
         self._lease = Lease(lease_id or 1, client)

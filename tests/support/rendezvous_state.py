@@ -1,0 +1,43 @@
+"""Writing over a running job's rendezvous state, as a stray client would.
+
+With c10d, torch's handler keeps the whole state in one key of the TCP store on
+the first node; our etcd handler keeps a round pointer (``run/round``) under the
+run's prefix in etcd. Both are overwritten with bytes no handler writes.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+GARBAGE = b"%%% not a rendezvous state %%%"
+
+
+def corrupt_c10d_state(endpoint: str, run_id: str) -> None:
+    """Overwrites torch's rendezvous state in the c10d store at ``endpoint``."""
+    import torch.distributed as dist
+
+    host, port = endpoint.rsplit(":", 1)
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10),
+                          wait_for_workers=False)
+    store.set(f"torch.rendezvous.{run_id}", GARBAGE)
+
+
+def _client(endpoint: str):
+    import etcd3gw
+
+    host, port = endpoint.rsplit(":", 1)
+    return etcd3gw.Etcd3Client(host=host, port=int(port))
+
+
+def corrupt_etcd_round(endpoint: str, run_id: str) -> None:
+    """Overwrites the etcd handler's round pointer (with no lease: it stays)."""
+    from elastic_train.agent.rendezvous.etcd_v3 import run_prefix
+
+    _client(endpoint).put(f"{run_prefix(run_id)}native/run/round", GARBAGE.decode())
+
+
+def delete_run_keys(endpoint: str, run_id: str) -> None:
+    """What the error tells the user to do: ``etcdctl del --prefix <the run's prefix>``."""
+    from elastic_train.agent.rendezvous.etcd_v3 import run_prefix
+
+    _client(endpoint).delete_prefix(run_prefix(run_id))
