@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -44,6 +45,7 @@ from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.manifest import CommitManifest
 from elastic_train.storage.retry import RetryPolicy
 from elastic_train.storage.stores import adapter_for
+from elastic_train.storage.upload_progress import stop_if
 
 if TYPE_CHECKING:
     from elastic_train.storage.lease import LeaseFence
@@ -190,13 +192,15 @@ class CheckpointStore:
         return removed, manifests
 
     def upload(self, index: int, local_dir: str, relpaths: list[str],
-               callback: Callback | None = None) -> None:
+               callback: Callback | None = None,
+               cancelled: threading.Event | None = None) -> None:
         """Copies the named files of ``local_dir`` into checkpoint ``index``.
 
         On local disk the files are hard-linked where the run directory is on
         the same device (no copy at all), so ``local_dir`` must be a private
         copy nobody writes again -- the uploader's staging area is. ``callback``
-        follows the transfers (fsspec's, see :mod:`.upload_progress`).
+        follows the transfers (fsspec's, see :mod:`.upload_progress`); once
+        ``cancelled`` is set, no further batch or retry starts (UploadCancelled).
         """
         self._fenced(f"uploading {dir_name(index)}")
         target = self.path(index)
@@ -212,13 +216,15 @@ class CheckpointStore:
             options["callback"] = callback
         for start in range(0, len(local), UPLOAD_BATCH):
             batch = slice(start, start + UPLOAD_BATCH)
+            stop_if(cancelled)
             # A retry first aborts the multipart uploads the failed attempt left open
             # (s3fs cannot abort them while the endpoint is down); other ranks' go on.
             self.retry.call(
                 f"uploading {dir_name(index)}", self.display_path,
                 lambda b=batch: self.fs.put(local[b], remote[b], **options),
-                before_retry=lambda b=batch: self.adapter.abort_unfinished_uploads(
-                    target, only=remote[b]))
+                before_retry=lambda b=batch: (stop_if(cancelled),
+                                              self.adapter.abort_unfinished_uploads(
+                                                  target, only=remote[b])))
 
     def _upload_mark(self, index: int, rank: int | None = None) -> str:
         name = dir_name(index) + (f".rank{rank}" if rank is not None else "")

@@ -50,35 +50,50 @@ class _Counter:
             self.value += amount
 
 
+class UploadCancelled(Exception):
+    """The upload was called off (the uploader was abandoned: an in-process restart)."""
+
+
+def stop_if(cancelled: threading.Event | None) -> None:
+    """Raises UploadCancelled once ``cancelled`` is set."""
+    if cancelled is not None and cancelled.is_set():
+        raise UploadCancelled("the uploader was abandoned")
+
+
 class _FileBytes(Callback):
     """One file's transfer: every update is bytes the store took."""
 
-    def __init__(self, counter: _Counter):
+    def __init__(self, owner: ByteCount):
         super().__init__()
-        self._counter = counter
+        self._owner = owner
 
     def relative_update(self, inc: int = 1) -> None:
-        self._counter.add(inc)
+        self._owner.counter.add(inc)
+        stop_if(self._owner.cancelled)
 
 
 class ByteCount(Callback):
     """An fsspec callback for ``put``: counts the bytes of every file it transfers
-    (its own updates count files, and are ignored)."""
+    (its own updates count files, and are ignored), and stops the transfer at its next
+    part, raising UploadCancelled, once ``cancelled`` is set."""
 
-    def __init__(self) -> None:
+    def __init__(self, cancelled: threading.Event | None = None) -> None:
         super().__init__()
         self.counter = _Counter()
+        self.cancelled = cancelled
 
     def branched(self, path_1: str, path_2: str, **kwargs: Any) -> Callback:
-        return _FileBytes(self.counter)
+        return _FileBytes(self)
 
 
 class ProgressReporter:
     """While open, writes the byte count of one rank's upload of checkpoint ``index``
-    every ``interval_s`` in which it grew (from a thread of its own, best effort)."""
+    every ``interval_s`` in which it grew (from a thread of its own, best effort);
+    ``cancelled`` calls the transfer off (see :class:`ByteCount`)."""
 
-    def __init__(self, store: CheckpointStore, index: int, rank: int, interval_s: float):
-        self.callback = ByteCount()
+    def __init__(self, store: CheckpointStore, index: int, rank: int, interval_s: float,
+                 cancelled: threading.Event | None = None):
+        self.callback = ByteCount(cancelled)
         self._store, self._index, self._rank = store, index, rank
         self._interval_s = interval_s
         self._stop = threading.Event()

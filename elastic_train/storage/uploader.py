@@ -41,7 +41,11 @@ from elastic_train.storage.checkpoint_store import (
 )
 from elastic_train.storage.local_tier import LocalTier
 from elastic_train.storage.manifest import CommitManifest
-from elastic_train.storage.upload_progress import ProgressReporter, report_interval_s
+from elastic_train.storage.upload_progress import (
+    ProgressReporter,
+    UploadCancelled,
+    report_interval_s,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -173,9 +177,9 @@ class CheckpointUploader:
 
     def abandon(self) -> None:
         """Drops every job not committed yet and stops the thread (an in-process restart:
-        as if the process had died). Returns once the thread is gone; a file being
-        uploaded finishes first. What was uploaded stays uncommitted, and the next
-        attempt's rank 0 removes it."""
+        as if the process had died). Returns once the thread is gone: an upload in
+        flight stops at its next part or batch, a retry before its next attempt. What
+        was uploaded stays uncommitted, and the next attempt's rank 0 removes it."""
         self._abandoned.set()
         while True:
             try:
@@ -194,6 +198,8 @@ class CheckpointUploader:
                 if not self._abandoned.is_set():
                     self._process(job)
                     self._keep(job)
+            except UploadCancelled:
+                pass  # abandoned: what went up stays uncommitted
             except Exception as exc:  # surfaced by the next report() or close()
                 error = f"checkpoint {dir_name(job.index)} (rank {self.rank}): {exc}"
                 logger.error("Upload failed: %s", error)
@@ -225,9 +231,10 @@ class CheckpointUploader:
             files = {rel: {**info, "rank": self.rank}
                      for rel, info in describe_files(job.staged_dir, job.relpaths).items()}
             interval = report_interval_s(self.store.retry.budget_s)
-            with ProgressReporter(self.store, job.index, self.rank, interval) as progress:
+            with ProgressReporter(self.store, job.index, self.rank, interval,
+                                  cancelled=self._abandoned) as progress:
                 self.store.upload(job.index, job.staged_dir, job.relpaths,
-                                  callback=progress.callback)
+                                  callback=progress.callback, cancelled=self._abandoned)
             self.store.mark_uploaded(job.index, self.rank, files)
         if job.manifest is not None and not self._abandoned.is_set():
             self.commit(job.manifest, job.owner_ranks)

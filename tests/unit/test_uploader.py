@@ -13,6 +13,7 @@ from elastic_train.errors import StorageError
 from elastic_train.storage import CheckpointStore, CommitManifest, RunStorage
 from elastic_train.storage.checkpoint_manager import CheckpointManager
 from elastic_train.storage.uploader import CheckpointUploader, UploadJob
+from tests.conftest import wait_until
 
 
 @pytest.fixture
@@ -52,14 +53,14 @@ class HeldStore(CheckpointStore):
         self.started = threading.Event()
         self.release = threading.Event()
 
-    def upload(self, index, local_dir, relpaths, callback=None):
+    def upload(self, index, local_dir, relpaths, callback=None, cancelled=None):
         self.started.set()
         assert self.release.wait(10)
-        super().upload(index, local_dir, relpaths, callback)
+        super().upload(index, local_dir, relpaths, callback, cancelled)
 
 
 class FailingStore(CheckpointStore):
-    def upload(self, index, local_dir, relpaths, callback=None):
+    def upload(self, index, local_dir, relpaths, callback=None, cancelled=None):
         raise PermissionError(f"denied: {relpaths}")
 
 
@@ -183,3 +184,36 @@ def test_files_whose_write_failed_are_removed(run, source, tmp_path):
     uploader.submit(job(0, relpaths=None), str(failed), written)
     assert "disk full" in uploader.wait_for(0)
     assert not failed.exists()
+
+
+def test_abandoning_stops_an_upload_in_flight(tmp_path, monkeypatch):
+    """An in-process restart must not wait for a large upload to finish: the transfer
+    stops at its next part (before: abandon() returned once every file was up)."""
+    monkeypatch.setenv("ELASTIC_TRAIN_LOCAL_TIER", "0")
+    run = RunStorage.open(f"memory://{tmp_path.name}/results", "run")
+    source = tmp_path / "big"
+    source.mkdir()
+    names = [f"shard{i}.pt" for i in range(12)]
+    for name in names:
+        (source / name).write_bytes(b"x" * 4096)
+    parts = []
+
+    def slow_put_file(lpath, rpath, callback=None, **kwargs):
+        with open(lpath, "rb") as local:
+            while chunk := local.read(512):  # 8 parts a file, 0.1 s each: 10 s in all
+                time.sleep(0.1)
+                parts.append(rpath)
+                callback.relative_update(len(chunk))
+        run.fs.pipe_file(rpath, b"x" * 4096)
+
+    monkeypatch.setattr(run.fs, "put_file", slow_put_file)
+    store = CheckpointStore(run.fs, run.run_path, run.retry)
+    uploader = uploader_for(store, tmp_path)
+    uploader.submit(job(0, relpaths=names), str(source))
+    assert wait_until(lambda: parts, 10)
+    started = time.monotonic()
+    uploader.abandon()
+    assert time.monotonic() - started < 1.0
+    assert len(parts) < len(names) * 8  # called off, not finished
+    assert uploader.wait_for(0) is None  # no error: nothing to surface after a restart
+    assert not store.is_committed("checkpoint_000000")
