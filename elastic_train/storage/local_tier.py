@@ -88,9 +88,38 @@ class TierEntry:
     def locked(self, mode: int) -> Iterator[IO[str]]:
         """Holds the entry's flock (``fcntl.LOCK_SH`` or ``LOCK_EX``) for the block."""
         os.makedirs(os.path.dirname(self.base), exist_ok=True)
-        with open(self.lockfile, "a") as lock:
-            fcntl.flock(lock, mode)
+        lock = _open_locked(self.lockfile, mode)
+        assert lock is not None  # a blocking lock is always had
+        with lock:
             yield lock
+
+
+def _open_locked(path: str, mode: int) -> IO[str] | None:
+    """``path`` opened and flock'ed with ``mode``; None if ``LOCK_NB`` and it is held.
+    A lock got on a file that a remover unlinked while we waited locks nothing (the
+    next opener creates a new file), so then it opens the file again."""
+    while True:
+        lock = open(path, "a")  # noqa: SIM115 -- returned open
+        try:
+            fcntl.flock(lock, mode)
+        except BlockingIOError:
+            lock.close()
+            return None
+        except BaseException:
+            lock.close()
+            raise
+        if _is_current(lock, path):
+            return lock
+        lock.close()
+
+
+def _is_current(lock: IO[str], path: str) -> bool:
+    """Whether the open ``lock`` is still the file at ``path`` (not unlinked)."""
+    try:
+        at_path, held = os.stat(path), os.fstat(lock.fileno())
+    except FileNotFoundError:
+        return False
+    return (at_path.st_dev, at_path.st_ino) == (held.st_dev, held.st_ino)
 
 
 def copy_checked(fs: fsspec.AbstractFileSystem, remote: str, out: IO[bytes] | None,
@@ -174,11 +203,10 @@ class LocalTier:
 
     @staticmethod
     def _remove(entry: TierEntry) -> None:
-        with open(entry.lockfile, "a") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return
+        lock = _open_locked(entry.lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if lock is None:  # being read or filled
+            return
+        with lock:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(entry.complete)
             shutil.rmtree(entry.verified, ignore_errors=True)
@@ -246,17 +274,22 @@ class LocalTier:
         holds and has verified, plus what it downloads now. Without a manifest (not
         a checkpoint committed by elastic-train) every file is downloaded unchecked."""
         entry = self.entry(fs, path)
-        with entry.locked(fcntl.LOCK_SH) as lock:
-            # The exclusive lock is asked for only while the entry is incomplete, and
-            # held only to fill it: ranks in the block below may be in a collective,
-            # waiting for a rank that waits for this lock.
-            if not os.path.exists(entry.complete):
-                fcntl.flock(lock, fcntl.LOCK_EX)
+        while True:
+            with entry.locked(fcntl.LOCK_SH) as lock:
+                # The exclusive lock is asked for only while the entry is incomplete, and
+                # held only to fill it: ranks in the block below may be in a collective,
+                # waiting for a rank that waits for this lock. (flock's change of mode
+                # is no atomic upgrade: a prune may remove the entry in between.)
                 if not os.path.exists(entry.complete):
-                    self._fill(fs, path, entry, manifest)
-                    open(entry.complete, "w").close()
-                fcntl.flock(lock, fcntl.LOCK_SH)
-            yield entry.verified
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    if not _is_current(lock, entry.lockfile):
+                        continue
+                    if not os.path.exists(entry.complete):
+                        self._fill(fs, path, entry, manifest)
+                        open(entry.complete, "w").close()
+                    fcntl.flock(lock, fcntl.LOCK_SH)
+                yield entry.verified
+                return
 
     def _fill(self, fs: fsspec.AbstractFileSystem, path: str, entry: TierEntry,
               manifest: CommitManifest | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import threading
 import uuid
 from concurrent.futures import Future
@@ -163,6 +164,39 @@ def test_prune_spares_entries_being_read(store, tier, tmp_path):
     group = os.path.dirname(held.base)
     assert sorted(n for n in os.listdir(group) if n.endswith(".kept")) == \
         [dir_name(3) + ".kept", dir_name(5) + ".kept"]
+
+
+def test_a_reader_that_waited_out_a_removal_is_spared_by_the_next_prune(store, tier, tmp_path):
+    """A reader opens the lock file, waits while a prune removes the entry and unlinks
+    the file, then fills the entry again under its lock on the unlinked file. The next
+    prune, on a new lock file, must still see it reading (before: it took its lock
+    unopposed and deleted the files the reader was restoring from)."""
+    m = committed(store, 0, tmp_path, SHARDS)
+    entry = tier.entry(store.fs, store.path(0))
+    with tier.local_copy(store.fs, store.path(0), m):
+        pass  # the entry is complete
+    reading, done = threading.Event(), threading.Event()
+    remover = open(entry.lockfile, "a")  # noqa: SIM115 -- a prune, stopped midway
+    fcntl.flock(remover, fcntl.LOCK_EX)
+
+    def reader():
+        with tier.local_copy(store.fs, store.path(0), m) as directory:
+            reading.set()
+            assert done.wait(10)
+            assert "__1_0.distcp" in list_directory(directory)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    assert not reading.wait(0.3)  # it has the lock file open, waiting for the prune
+    os.remove(entry.complete)  # the rest of that prune: the entry and its lock file go
+    shutil.rmtree(entry.verified)
+    os.remove(entry.lockfile)
+    remover.close()
+    assert reading.wait(10)
+    tier.prune(store.fs, store.run_path, lambda index: False)
+    assert os.path.isdir(entry.verified)
+    done.set()
+    thread.join(10)
 
 
 def uploader_for(store, tmp_path) -> CheckpointUploader:
