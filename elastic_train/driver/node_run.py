@@ -198,6 +198,7 @@ class NodeRun:
             log_dir=log_dir, agent_logs=plan.run_config.verbose >= 2, local_addr=plan.local_addr,
             process=plan.process, staging_dir=self.staging_dir, private_dir=self.scratch,
             worker_env={env_vars.CHECKPOINT_CACHE: os.path.join(self.scratch, "checkpoint_cache"),
+                        env_vars.STORAGE_RETRY_S: str(plan.run_config.storage_retry_timeout_s),
                         **(self.lease.worker_env() if self.lease else {}), **worker_env})
 
     def _failed(self, outcome: AgentOutcome, supervisor: RunSupervisor) -> TrainingFailedError:

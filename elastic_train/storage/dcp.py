@@ -41,7 +41,7 @@ from torch.futures import Future
 
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.local_tier import LocalTier
-from elastic_train.storage.retry import RetryPolicy
+from elastic_train.storage.retry import run_policy
 from elastic_train.storage.stores import adapter_for
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ class CheckpointReader(StorageReader):
         adapter = adapter_for(self.fs)
         self._is_local = adapter.is_local
         self._tier = None if self._is_local else LocalTier.of_node()
-        self._retry = RetryPolicy().for_store(adapter)
+        self._retry = run_policy().for_store(adapter)
         self._storage_data: dict[Any, Any] = {}
         self._load_id = uuid.uuid4().hex
 

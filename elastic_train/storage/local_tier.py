@@ -54,7 +54,7 @@ from elastic_train.errors import StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import MARKER, dir_name, file_matches
 from elastic_train.storage.manifest import CommitManifest
-from elastic_train.storage.retry import RetryPolicy
+from elastic_train.storage.retry import RetryPolicy, run_policy
 from elastic_train.storage.stores import adapter_for
 
 logger = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ class LocalTier:
     def of_node(cls) -> LocalTier | None:
         """The tier of this node's run, as its workers see it; None elsewhere."""
         root = os.environ.get(env_vars.CHECKPOINT_CACHE)
-        return cls(root) if root else None
+        return cls(root, run_policy()) if root else None
 
     @classmethod
     def for_uploads(cls) -> LocalTier | None:

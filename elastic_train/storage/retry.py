@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar
 
+from elastic_train import env_vars
 from elastic_train.errors import StorageError
 
 if TYPE_CHECKING:
@@ -113,3 +115,11 @@ class RetryPolicy:
                 logger.warning("%s at %s failed (%r); retry %d in %.1fs", what, where, exc,
                                attempt, delay)
                 time.sleep(delay)
+
+
+def run_policy() -> RetryPolicy:
+    """The run's policy in a worker: ``RunConfig.storage_retry_timeout_s``, which the
+    node passes its workers (``ELASTIC_TRAIN_STORAGE_RETRY_S``) for what reads
+    checkpoints outside the session; the default outside a run."""
+    budget = os.environ.get(env_vars.STORAGE_RETRY_S)
+    return RetryPolicy(budget_s=float(budget)) if budget else RetryPolicy()
