@@ -19,6 +19,11 @@ its copies of these sockets at once. Otherwise it holds the connections open
 after the worker dies, and the peers' collectives wait until it notices and
 exits (a DataLoader worker looks for its parent every 5 s): measured here, a
 SIGKILLed rank with a 2-worker DataLoader left its peers blocked for 4.5-5 s.
+A fork *inside* the recording block (a launched script's main is one block:
+its process groups are made wherever the script makes them) cannot know the
+group's sockets yet, so the child closes every TCP socket the block opened so
+far; the worker keeps its own, and :func:`cut` still touches only what the
+block recorded.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import stat
 from collections.abc import Iterator
 
 _recorded: dict[int, int] = {}  # fd -> inode, of the current attempt
+_open_block: dict[int, int] | None = None  # the sockets open when the block began
+_for_child: list[int] = []  # what a child forked now closes
 _fork_hook = False
 
 
@@ -44,6 +51,26 @@ def _sockets() -> dict[int, int]:
     return out
 
 
+def _is_tcp(fd: int) -> bool:
+    with contextlib.suppress(OSError):
+        sock = socket.socket(fileno=fd)
+        try:
+            return sock.family in (socket.AF_INET, socket.AF_INET6) \
+                and sock.type == socket.SOCK_STREAM
+        finally:
+            sock.detach()
+    return False
+
+
+def _before_fork() -> None:
+    """In the worker, about to fork: what the child will close."""
+    _for_child[:] = _still_recorded()
+    if _open_block is not None:
+        _for_child.extend(fd for fd, ino in _sockets().items()
+                          if _open_block.get(fd) != ino and fd not in _recorded
+                          and _is_tcp(fd))
+
+
 def _still_recorded() -> list[int]:
     out = []
     for fd, inode in _recorded.items():
@@ -55,23 +82,28 @@ def _still_recorded() -> list[int]:
 
 def _close_in_child() -> None:
     """In a process just forked from the worker: drop its copies of the connections."""
-    for fd in _still_recorded():
+    global _open_block
+    for fd in _for_child:
         with contextlib.suppress(OSError):
             os.close(fd)
     _recorded.clear()
+    _for_child.clear()
+    _open_block = None
 
 
 @contextlib.contextmanager
 def recording() -> Iterator[None]:
     """Records the sockets opened inside the block as the current attempt's."""
-    global _fork_hook
+    global _fork_hook, _open_block
     if not _fork_hook:
-        os.register_at_fork(after_in_child=_close_in_child)
+        os.register_at_fork(before=_before_fork, after_in_parent=_for_child.clear,
+                           after_in_child=_close_in_child)
         _fork_hook = True
-    before = _sockets()
+    before = _open_block = _sockets()
     try:
         yield
     finally:
+        _open_block = None
         _recorded.update({fd: ino for fd, ino in _sockets().items() if before.get(fd) != ino})
 
 
