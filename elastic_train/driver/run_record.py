@@ -24,6 +24,7 @@ from elastic_train.storage.archive import archive_run
 from elastic_train.storage.run_state import (
     IN_PROCESS,
     NEW_PROCESSES,
+    FailureKind,
     FailureRecord,
     LaunchRecord,
     RunState,
@@ -121,9 +122,14 @@ class RunRecord:
     def record_failure(self, failures: list[WorkerFailure], decision: Decision) -> None:
         """Appends a failed attempt, with the budget it spent and what is left of it."""
         left = {-1: "unlimited", 0: "no"}.get(decision.restarts_left, decision.restarts_left)
+        if decision.no_progress:
+            outlook = f"stopping: {decision.no_progress}"
+        elif decision.kind is FailureKind.PEER:  # its own budget is untouched: say so
+            outlook = f"restarting, not charged to this node ({left} restart(s) of its own left)"
+        else:
+            outlook = f"{left} restart(s) left"
         logger.warning("Worker group failed (%s): %s; %s.", decision.kind.value,
-                       failures[0].describe(), f"stopping: {decision.no_progress}"
-                       if decision.no_progress else f"{left} restart(s) left")
+                       failures[0].describe(), outlook)
         failed_at = min((f.timestamp for f in failures if f.timestamp), default=time.time())
         self.state.failures.append(FailureRecord(
             time=time.time(), failed_at=failed_at, restarts_left=decision.restarts_left,

@@ -142,3 +142,22 @@ def test_incomplete_copy_on_an_object_store_leaves_the_run_in_place(s3_endpoint,
     with pytest.raises(StorageError, match="incomplete set of files"):
         RunRecord.begin(run, "run", FIT, start_over=True)
     assert files_under(storage.fs, run.run_path) == before
+
+
+def test_a_free_restart_after_a_peers_failure_is_not_told_as_no_restarts_left(tmp_path, caplog):
+    """A node with no restarts of its own left still restarts after a peer's failure:
+    the log said "no restart(s) left" just before it re-formed."""
+    from elastic_train.agent.restart_budget import RestartBudget
+    from elastic_train.errors import WorkerFailure
+    from elastic_train.storage.run_state import FailureKind
+
+    record = RunRecord.begin(make_storage("local", tmp_path, None).run("run"), "run", FIT)
+    failure = WorkerFailure(rank=0, local_rank=0, pid=1, exitcode=1, message="peer gone",
+                            traceback=None)
+    budget = RestartBudget(max_failures=0)
+    with caplog.at_level(logging.WARNING):
+        record.record_failure([failure], budget.charge(FailureKind.PEER))
+        record.record_failure([failure], budget.charge(FailureKind.FAILURE))
+    peer, own = (r.getMessage() for r in caplog.records[-2:])
+    assert "restarting, not charged to this node (no restart(s) of its own left)" in peer
+    assert own.endswith("; no restart(s) left.")
