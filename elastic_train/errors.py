@@ -227,8 +227,8 @@ class RendezvousLostError(TrainingFailedError):
         return cls(redact_url(
             f"The job's rendezvous state (rendezvous id {run_id}, {backend} at {endpoint}) "
             f"is corrupt: {str(cause).rstrip('.')}. Something other than this job's nodes "
-            "wrote it. The job "
-            f"stopped; its checkpoints are intact and a restart resumes from the latest. {fix}"))
+            "wrote it. The job stopped; its checkpoints are intact and a restart resumes "
+            f"from the latest. {fix}"))
 
 
 def exit_code(error: TrainingFailedError) -> int:

@@ -138,8 +138,9 @@ class InProcessRestarts:
             code, record = exits[worker.local_rank], records[worker.local_rank]
             if code not in (None, 0):
                 found.append((self._failure_of(worker, code), True))  # it died: its own
-                killed |= {worker.global_rank} if code < 0 else set()
                 died = True
+                if code < 0:
+                    killed.add(worker.global_rank)
             elif code is None and record is not None and self._failed_now(record):
                 found.append(_raised(worker, record))
         remote = attempt_store.announced(group, self.attempt)

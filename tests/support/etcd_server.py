@@ -18,15 +18,19 @@ import urllib.request
 from pathlib import Path
 
 
-def run_keys(endpoint: str, run_id: str) -> list[bytes]:
-    """The keys our rendezvous keeps in the etcd at ``endpoint`` for ``run_id``."""
+def client(endpoint: str):
+    """An etcd3gw client of the etcd at ``endpoint`` (``host:port``)."""
     import etcd3gw
 
+    host, port = endpoint.rsplit(":", 1)
+    return etcd3gw.Etcd3Client(host=host, port=int(port))
+
+
+def run_keys(endpoint: str, run_id: str) -> list[bytes]:
+    """The keys our rendezvous keeps in the etcd at ``endpoint`` for ``run_id``."""
     from elastic_train.agent.rendezvous.etcd_v3 import run_prefix
 
-    host, port = endpoint.rsplit(":", 1)
-    found = etcd3gw.Etcd3Client(host=host, port=int(port)).get_prefix(run_prefix(run_id))
-    return [meta["key"] for _, meta in found]
+    return [meta["key"] for _, meta in client(endpoint).get_prefix(run_prefix(run_id))]
 
 
 def etcd_binaries() -> dict[str, str]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from tests.support.etcd_server import client
+
 GARBAGE = b"%%% not a rendezvous state %%%"
 
 
@@ -22,22 +24,15 @@ def corrupt_c10d_state(endpoint: str, run_id: str) -> None:
     store.set(f"torch.rendezvous.{run_id}", GARBAGE)
 
 
-def _client(endpoint: str):
-    import etcd3gw
-
-    host, port = endpoint.rsplit(":", 1)
-    return etcd3gw.Etcd3Client(host=host, port=int(port))
-
-
 def corrupt_etcd_round(endpoint: str, run_id: str) -> None:
     """Overwrites the etcd handler's round pointer (with no lease: it stays)."""
     from elastic_train.agent.rendezvous.etcd_v3 import run_prefix
 
-    _client(endpoint).put(f"{run_prefix(run_id)}native/run/round", GARBAGE.decode())
+    client(endpoint).put(f"{run_prefix(run_id)}native/run/round", GARBAGE.decode())
 
 
 def delete_run_keys(endpoint: str, run_id: str) -> None:
     """What the error tells the user to do: ``etcdctl del --prefix <the run's prefix>``."""
     from elastic_train.agent.rendezvous.etcd_v3 import run_prefix
 
-    _client(endpoint).delete_prefix(run_prefix(run_id))
+    client(endpoint).delete_prefix(run_prefix(run_id))
