@@ -21,8 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-import cloudpickle
-
+from elastic_train import pickling
 from elastic_train.agent.api import Interrupted
 from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.callbacks import UserCallback
@@ -287,7 +286,7 @@ class DataParallelTrainer:
     @staticmethod
     def _pickle(spec: RunSpec) -> bytes:
         try:
-            return cloudpickle.dumps(spec)
+            return pickling.dumps(spec)
         except Exception as exc:
             raise ConfigError(
                 f"The train function, its config or the datasets cannot be pickled ({exc!r}); "

@@ -16,6 +16,7 @@ import sys
 import cloudpickle
 from fsspec.implementations.local import LocalFileSystem
 
+from elastic_train import pickling
 from elastic_train.context import WorkerEnv
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.worker import group_sockets, inprocess
@@ -68,7 +69,7 @@ def run(spec_path: str, result_dir: str) -> None:
     value = inprocess.run_attempts(attempt, release) if inprocess.enabled() else attempt()
     if WorkerEnv.from_environ().rank == 0:
         fsutil.write_bytes_atomic(LocalFileSystem(), os.path.join(result_dir, RETURN_VALUE_FILE),
-                                  cloudpickle.dumps(value))
+                                  pickling.dumps(value))
     shutdown_session()
     spec.backend.on_worker_shutdown()
 
