@@ -5,8 +5,10 @@ the cold start's critical path, after the driver's own ``import torch``.
 Forking the driver instead costs milliseconds and shares its pages, but only
 a process that is safe to fork can be forked: one thread (a fork keeps only
 the calling thread, and locks other threads hold stay locked for ever), no
-CUDA context (CUDA does not survive a fork) and no OpenMP pool that already ran
-(a child of such a process hangs at its first parallel operation). :func:`reason_not_to_fork` says
+CUDA context (CUDA does not survive a fork), no fork poison (a process that
+only asked for its CUDA devices has none, yet its children cannot use CUDA) and
+no OpenMP pool that already ran (a child of such a process hangs at its first
+parallel operation). :func:`reason_not_to_fork` says
 why not, and :class:`~elastic_train.agent.zygote.Zygote` then starts a new
 interpreter as before.
 
@@ -50,36 +52,75 @@ def reason_not_to_fork() -> str | None:
     torch = sys.modules["torch"]
     if torch.cuda.is_initialized():
         return "this process initialised CUDA"
-    if not _parallel_op_survives_fork():
-        return "this process ran parallel torch operations (OpenMP does not survive a fork)"
-    return None
+    return _fork_trial()
 
 
-def _parallel_op_survives_fork(timeout_s: float = 2.0) -> bool:
-    """Whether a forked child of this process can run a multi-threaded torch operation.
+_POISONED = 3  # a trial child's exit code: torch marked it a bad fork
+_POISON = ("this process asked the CUDA (or XPU) runtime for its devices "
+           "(torch.cuda.is_available(), device_count(), ...): torch poisons its forks")
+_OPENMP = "this process ran parallel torch operations (OpenMP does not survive a fork)"
 
-    Native thread pools decide it: OpenBLAS's idle threads (started by ``import torch``)
-    re-create themselves after a fork, but an OpenMP pool that already ran -- any parallel
-    torch operation in this process -- leaves a child that hangs at its first parallel
-    operation. Tried, rather than guessed from thread counts, in a throw-away child.
+
+def poisoned_fork() -> bool:
+    """In a forked child: whether torch marked this process a bad fork (its parent
+    touched the CUDA or XPU runtime; the first device call here would fail)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    return any(getattr(getattr(torch, kind, None), "_is_in_bad_fork", lambda: False)()
+               for kind in ("cuda", "xpu"))
+
+
+def _fork_trial(timeout_s: float = 2.0) -> str | None:
+    """Why a forked child of this process would not work as the zygote, tried in a
+    throw-away child rather than guessed; None when it would.
+
+    - torch's fork poison: a ``torch.cuda.is_available()`` or ``device_count()`` here
+      leaves ``torch.cuda.is_initialized()`` False, but every process forked from this
+      one -- the zygote and all its workers -- fails its first CUDA call.
+    - Native thread pools: OpenBLAS's idle threads (started by ``import torch``) re-create
+      themselves after a fork, but an OpenMP pool that already ran -- any parallel torch
+      operation in this process -- leaves a child that hangs at its first parallel
+      operation.
     """
+    def trial() -> int:
+        if poisoned_fork():
+            return _POISONED
+        torch = sys.modules["torch"]
+        torch.set_num_threads(2)
+        (torch.ones(1 << 20) * 2).sum()
+        return 0
+
+    code = exit_code_in_fork(trial, timeout_s)
+    return None if code == 0 else _POISON if code == _POISONED else _OPENMP
+
+
+def forks_are_poisoned(timeout_s: float = 10.0) -> bool:
+    """Whether torch poisoned this process's forks (see :func:`poisoned_fork`)."""
+    return exit_code_in_fork(lambda: _POISONED if poisoned_fork() else 0,
+                             timeout_s) == _POISONED
+
+
+def exit_code_in_fork(body: Callable[[], int], timeout_s: float) -> int | None:
+    """Runs ``body`` in a forked child and returns its result as the child's exit code
+    (1 if it raised); None if the child did not end within ``timeout_s`` (it is killed).
+    The caller must not reap children meanwhile (no SIGCHLD handler that waits)."""
     pid = os.fork()
     if pid == 0:
+        code = 1
         try:
-            torch = sys.modules["torch"]
-            torch.set_num_threads(2)
-            (torch.ones(1 << 20) * 2).sum()
+            code = body()
         finally:
-            os._exit(0)
+            os._exit(code)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            return os.waitstatus_to_exitcode(status) == 0
+            return os.waitstatus_to_exitcode(status)
         time.sleep(0.005)
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
-    return False
+    return None
 
 
 class ForkedZygote:

@@ -62,20 +62,42 @@ def _try_import(name: str) -> str:
     return ""
 
 
+POISON_CHECK_EVERY_S = 0.5  # a poison check forks the probing child (~40 ms here)
+POISONS = "its import poisons forks (it asked the CUDA runtime for devices)"
+_CLEAN, _POISONED = "<clean>", "<poisoned>"  # a child's check lines, between verdicts
+
+
 def probe(candidates: list[str], budget_s: float | None = None
           ) -> tuple[list[str], dict[str, str], list[str]]:
     """Imports ``candidates`` in forked children of this process, in order: returns the
     safe ones, why the others are not, and those not probed within ``budget_s``
     (:data:`PROBE_BUDGET_S`: the zygote serves no fork meanwhile, so a restart would
     wait). A child that a module taints (a thread, CUDA) stops there; the next child
-    goes on after that module."""
+    goes on after that module.
+
+    torch's fork poison (a ``torch.cuda.is_available()`` at import) leaves no trace in
+    the importing process; only its forks see it. So a child checks its own forks every
+    :data:`POISON_CHECK_EVERY_S` and at its end, and only verdicts a clean check
+    follows count. When a check finds poison, the modules since the last clean one are
+    probed again, half as many at a time, until the first that poisons is found (none
+    are checked where this process's forks are poisoned already)."""
+    from elastic_train.agent.zygote_fork import forks_are_poisoned
+
+    check_poison = not forks_are_poisoned()
     deadline = time.monotonic() + (PROBE_BUDGET_S if budget_s is None else budget_s)
     remaining = [name for name in candidates if name not in sys.modules]
     safe: list[str] = []
     skipped: dict[str, str] = {}
+    limit = len(remaining)  # how many the next child may import
     while remaining and time.monotonic() < deadline:
-        verdicts = _probe_in_child(remaining, deadline)
-        if not verdicts:  # the child died, or ran out of time, at the first module
+        verdicts, unconfirmed, poisoned = _probe_in_child(remaining[:limit], deadline,
+                                                              check_poison)
+        limit = len(remaining)
+        if poisoned and unconfirmed <= 1:  # found: the one module since a clean check
+            verdicts.append((remaining[len(verdicts)], POISONS))
+        elif poisoned or unconfirmed:  # bisect the poisoned ones; confirm a dead child's
+            limit = len(verdicts) + max(unconfirmed // 2 if poisoned else unconfirmed, 1)
+        elif not verdicts:  # the child died, or ran out of time, at the first module
             verdicts = [(remaining[0], "its import crashed the process"
                          if time.monotonic() < deadline else "its import took too long")]
         for name, why in verdicts:
@@ -84,35 +106,68 @@ def probe(candidates: list[str], budget_s: float | None = None
             else:
                 safe.append(name)
         remaining = remaining[len(verdicts):]
+        limit -= len(verdicts)
     return safe, skipped, remaining
 
 
-def _probe_in_child(names: list[str], deadline: float) -> list[tuple[str, str]]:
+def _probe_in_child(names: list[str], deadline: float, check_poison: bool
+                    ) -> tuple[list[tuple[str, str]], int, bool]:
+    """Probes ``names`` in one forked child: the verdicts a clean poison check confirmed,
+    how many more it gave that no clean check followed, and whether a check found
+    poison (then those are the modules it imported since the last clean check)."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the zygote's handler would reap
         with os.fdopen(write_end, "w") as out:
-            for name in names:
-                why = _try_import(name)
-                out.write(json.dumps([name, why]) + "\n")
-                out.flush()
-                if why and not why.startswith("its import failed"):
-                    break  # this process is tainted: a fresh child checks the rest
+            _probe_here(names, out, check_poison)
         os._exit(0)
     os.close(write_end)
-    verdicts = []
+    confirmed: list[tuple[str, str]] = []
+    pending: list[tuple[str, str]] = []
+    poisoned = False
     with os.fdopen(read_end, "rb", buffering=0) as lines:  # unbuffered: select sees all
-        while select.select([lines], [], [], max(deadline - time.monotonic(), 0))[0]:
+        while not poisoned and select.select([lines], [], [],
+                                             max(deadline - time.monotonic(), 0))[0]:
             line = lines.readline()
             if not line:
                 break
-            verdicts.append(tuple(json.loads(line)))
+            name, why = json.loads(line)
+            poisoned = name == _POISONED
+            if name == _CLEAN:
+                confirmed, pending = confirmed + pending, []
+            elif not poisoned:
+                pending.append((name, why))
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)  # out of time (or done: then already gone)
     with contextlib.suppress(ChildProcessError):  # the zygote's SIGCHLD handler reaped it
         os.waitpid(pid, 0)
-    return verdicts  # type: ignore[return-value]
+    return confirmed, len(pending), poisoned
+
+
+def _probe_here(names: list[str], out, check_poison: bool) -> None:
+    """In the probing child: a verdict line per module, a check line now and then."""
+    from elastic_train.agent.zygote_fork import forks_are_poisoned
+
+    def check() -> bool:
+        poisoned = check_poison and forks_are_poisoned()
+        out.write(json.dumps([_POISONED if poisoned else _CLEAN, ""]) + "\n")
+        out.flush()
+        return not poisoned
+
+    checked = None  # the first verdict is checked at once: a probe cut short keeps it
+    for name in names:
+        why = _try_import(name)
+        out.write(json.dumps([name, why]) + "\n")
+        out.flush()
+        if why and not why.startswith("its import failed"):
+            break  # this process is tainted: a fresh child checks the rest
+        if checked is None or time.monotonic() - checked > POISON_CHECK_EVERY_S:
+            if not check():
+                return
+            checked = time.monotonic()
+    check()
 
 
 def preload_here(candidates: list[str]) -> dict:

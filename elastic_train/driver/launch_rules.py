@@ -17,6 +17,7 @@ import signal
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from elastic_train import devices
 from elastic_train.driver.console import BOTH, ConsoleView
 from elastic_train.errors import ConfigError
 
@@ -56,15 +57,13 @@ def local_world_size(value: str, source: str) -> int:
         else os.cpu_count() or 1
     if value == "cpu":
         return cpus
-    import torch
-
     if value == "auto":
-        return torch.accelerator.device_count() if torch.accelerator.is_available() else cpus
-    module = torch.cuda if value == "gpu" else torch.xpu
-    if not module.is_available():
+        return devices.count("accelerator") or cpus
+    found = devices.count("cuda" if value == "gpu" else "xpu")
+    if not found:
         raise ConfigError(f"{source}={value} needs a {value.upper()}, and this node has "
                           "none: use auto, cpu or a number.")
-    return module.device_count()
+    return found
 
 
 def _std(value: str, source: str) -> dict[int, frozenset[str]] | frozenset[str]:

@@ -18,6 +18,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from elastic_train import devices
 from elastic_train.config import ScalingConfig
 from elastic_train.context import WorkerEnv
 from elastic_train.errors import ConfigError
@@ -79,7 +80,7 @@ class TorchConfig(BackendConfig):
                 f"(resources_per_worker['GPU']={scaling.gpus_per_worker}): NCCL refuses two "
                 "ranks on one device. Use backend='gloo' (or None), or whole GPUs.")
         if scaling.use_gpu:
-            have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            have = devices.count("cuda")  # counted in a child: the driver forks workers
             need = scaling.gpus_needed()
             if have < need:
                 raise ConfigError(

@@ -117,7 +117,7 @@ def device_healthy() -> bool:
     """False when this process's CUDA context is unusable (an error that sticks to the
     context, such as an illegal memory access): only a new process recovers from that."""
     torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    if torch is None or not torch.cuda.is_initialized():  # (is_available() poisons forks)
         return True
     try:
         torch.cuda.synchronize()

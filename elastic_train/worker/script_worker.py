@@ -53,8 +53,10 @@ class _ScriptSession(TrainSession):
 def _script_session() -> TrainSession:
     settings = json.loads(os.environ[env_vars.LAUNCH])
     env = WorkerEnv.from_environ()
+    # is_initialized() only: is_available() would poison the script's own forks
+    # (DataLoader workers) when it has not touched CUDA.
     device = torch.device("cuda", torch.cuda.current_device()) \
-        if torch.cuda.is_available() and torch.cuda.is_initialized() else torch.device("cpu")
+        if torch.cuda.is_initialized() else torch.device("cpu")
     run_config = RunConfig(storage_path=settings["storage_path"], name=settings["name"],
                            storage_options=settings.get("storage_options"),
                            checkpoint_config=CheckpointConfig(**settings["checkpoint_config"]))

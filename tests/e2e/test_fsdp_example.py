@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
+from elastic_train import devices
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400),
@@ -36,7 +36,7 @@ def test_example_resumes_and_reshards(tmp_path):
     assert re.search(r"run 2: .* on 1 worker\(s\), resharded from 2; .*from rank 0\)", out)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.skipif(not devices.count("cuda"), reason="no CUDA device")
 def test_example_on_a_gpu(tmp_path):
     out = run_example(tmp_path, "--use-gpu", "--num-workers", "1", "--kill-at-step", "0",
                       "--steps", "20", "--checkpoint-every", "10", "--more-steps", "10")

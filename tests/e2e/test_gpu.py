@@ -6,11 +6,12 @@ import pytest
 import torch
 
 import elastic_train as et
+from elastic_train import devices
 from elastic_train.torch import TorchTrainer, get_device, prepare_model
 
 pytestmark = [
     pytest.mark.e2e, pytest.mark.timeout(240),
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+    pytest.mark.skipif(not devices.count("cuda"), reason="no CUDA device"),
     pytest.mark.usefixtures("no_leaked_processes"),
 ]
 

@@ -6,10 +6,9 @@ import threading
 
 import fsspec
 import pytest
-import torch
 
 import elastic_train as et
-from elastic_train import ConfigError
+from elastic_train import ConfigError, devices
 from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunState, RunStatus
 from elastic_train.torch import TorchConfig, TorchTrainer
@@ -49,7 +48,7 @@ def file_as_run_dir(storage_path):
         f.write("a regular file")
 
 
-no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+no_gpu = pytest.mark.skipif(devices.count("cuda"), reason="a GPU is visible")
 
 
 def case(id, overrides, words, setup=None, marks=()):
