@@ -144,7 +144,11 @@ class InProcessRestarts:
             elif code is None and record is not None and self._failed_now(record):
                 found.append(_raised(worker, record))
         remote = attempt_store.announced(group, self.attempt)
-        if not found and remote is None or self._too_early(found, remote, died):
+        if not found and remote is None:
+            return True
+        dying = any(exits[lr] is None and record is not None and not _running(record.pid)
+                    for lr, record in records.items())
+        if self._too_early(found, remote, died, dying or attempt_store.several(group)):
             return True
         found.sort(key=lambda item: (not item[1], item[0].rank not in killed,
                                      item[0].traceback is None, item[0].timestamp,
@@ -153,21 +157,24 @@ class InProcessRestarts:
                              remote)
 
     def _too_early(self, found: list[tuple[WorkerFailure, bool]],
-                   remote: WorkerFailure | None, died: bool) -> bool:
-        """Whether to wait a moment for a local death before acting on raised errors: a
-        peer's death -- which the zygote reports a few milliseconds later -- may be what
-        they are about, and it is the root cause to record (gloo reports a dead peer as a
-        plain RuntimeError, out of backward() as much as out of a collective). Broken
-        collectives alone wait longer than errors that look like the worker's own."""
+                   remote: WorkerFailure | None, died: bool, explainable: bool) -> bool:
+        """Whether to wait a moment for a death before acting on raised errors: a peer's
+        death may be what they are about, and it is the root cause to record (gloo reports
+        a dead peer as a plain RuntimeError, out of backward() as much as out of a
+        collective). Broken collectives alone wait longer than errors that look like the
+        worker's own; those wait only while a death could still explain them
+        (``explainable``): a local worker's process has ended but the agent has not seen
+        it yet (the zygote reports it a few milliseconds later), or another node's may
+        have. On one node whose workers all run, a raised error is acted on at once."""
         if remote is not None or died:
             self._secondary_since = None
             return False
         now = time.monotonic()
         if self._secondary_since is None:
             self._secondary_since = now
-        primary = any(p for _, p in found)
-        return now - self._secondary_since < (RAISED_GRACE_S if primary else
-                                               SECONDARY_GRACE_S)
+        if any(p for _, p in found):
+            return explainable and now - self._secondary_since < RAISED_GRACE_S
+        return now - self._secondary_since < SECONDARY_GRACE_S
 
     def _failed_now(self, record: WorkerRecord) -> bool:
         """A record that reports a failure of the current attempt. A worker ``ready`` (or
@@ -263,6 +270,17 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return sock.getsockname()[1]
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie has: its parent, the
+    zygote, has yet to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -3,6 +3,7 @@ restarts (fakes stand in for torch's worker group and process context)."""
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -83,6 +84,23 @@ def test_a_raised_error_waits_briefly_for_a_death_behind_it(restarts):
     assert restarts.poll(group(), context({0: None, 1: None})) is True  # within the grace
     seen = restarts.poll(group(), context({0: None, 1: -9}))
     assert isinstance(seen, FailedAttempt) and [f.rank for f in seen.failures] == [1, 0]
+
+
+def test_a_raised_error_is_acted_on_at_once_when_no_death_can_explain_it(restarts):
+    """One node, every worker's process running: no death is on its way, so the 0.3 s
+    grace is not spent (figure 4's exception row)."""
+    for rank, stage in ((0, Stage.FAILED), (1, Stage.RUNNING)):
+        channel.write_record(restarts.directory, rank, WorkerRecord(
+            0, stage, os.getpid(), note(primary=True) if stage is Stage.FAILED else None))
+    seen = restarts.poll(group(), context({0: None, 1: None}))
+    assert isinstance(seen, FailedAttempt) and [f.rank for f in seen.failures] == [0]
+
+
+def test_a_raised_error_waits_while_a_workers_process_has_ended_unseen(restarts):
+    """The process ended (here: never existed) but its client still runs: wait."""
+    record(restarts, 0, 0, Stage.FAILED, note(primary=True))
+    channel.write_record(restarts.directory, 1, WorkerRecord(0, Stage.RUNNING, 2**22 + 7))
+    assert restarts.poll(group(), context({0: None, 1: None})) is True
 
 
 def test_the_last_attempts_failure_is_not_the_next_ones(restarts, monkeypatch):
