@@ -103,8 +103,8 @@ def forks_are_poisoned(timeout_s: float = 10.0) -> bool:
 
 def exit_code_in_fork(body: Callable[[], int], timeout_s: float) -> int | None:
     """Runs ``body`` in a forked child and returns its result as the child's exit code
-    (1 if it raised); None if the child did not end within ``timeout_s`` (it is killed).
-    The caller must not reap children meanwhile (no SIGCHLD handler that waits)."""
+    (1 if it raised); None if the child did not end within ``timeout_s`` (it is killed),
+    or a SIGCHLD handler of this process reaped it first (its code is lost)."""
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -113,13 +113,16 @@ def exit_code_in_fork(body: Callable[[], int], timeout_s: float) -> int | None:
         finally:
             os._exit(code)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.005)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
+    try:
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            time.sleep(0.005)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ChildProcessError, ProcessLookupError):  # reaped by someone else's handler
+        pass
     return None
 
 

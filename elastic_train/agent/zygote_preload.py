@@ -81,17 +81,13 @@ def probe(candidates: list[str], budget_s: float | None = None
     follows count. When a check finds poison, the modules since the last clean one are
     probed again, half as many at a time, until the first that poisons is found (none
     are checked where this process's forks are poisoned already)."""
-    from elastic_train.agent.zygote_fork import forks_are_poisoned
-
-    check_poison = not forks_are_poisoned()
     deadline = time.monotonic() + (PROBE_BUDGET_S if budget_s is None else budget_s)
     remaining = [name for name in candidates if name not in sys.modules]
     safe: list[str] = []
     skipped: dict[str, str] = {}
     limit = len(remaining)  # how many the next child may import
     while remaining and time.monotonic() < deadline:
-        verdicts, unconfirmed, poisoned = _probe_in_child(remaining[:limit], deadline,
-                                                              check_poison)
+        verdicts, unconfirmed, poisoned = _probe_in_child(remaining[:limit], deadline)
         limit = len(remaining)
         if poisoned and unconfirmed <= 1:  # found: the one module since a clean check
             verdicts.append((remaining[len(verdicts)], POISONS))
@@ -110,7 +106,7 @@ def probe(candidates: list[str], budget_s: float | None = None
     return safe, skipped, remaining
 
 
-def _probe_in_child(names: list[str], deadline: float, check_poison: bool
+def _probe_in_child(names: list[str], deadline: float
                     ) -> tuple[list[tuple[str, str]], int, bool]:
     """Probes ``names`` in one forked child: the verdicts a clean poison check confirmed,
     how many more it gave that no clean check followed, and whether a check found
@@ -121,7 +117,7 @@ def _probe_in_child(names: list[str], deadline: float, check_poison: bool
         os.close(read_end)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the zygote's handler would reap
         with os.fdopen(write_end, "w") as out:
-            _probe_here(names, out, check_poison)
+            _probe_here(names, out)
         os._exit(0)
     os.close(write_end)
     confirmed: list[tuple[str, str]] = []
@@ -146,9 +142,12 @@ def _probe_in_child(names: list[str], deadline: float, check_poison: bool
     return confirmed, len(pending), poisoned
 
 
-def _probe_here(names: list[str], out, check_poison: bool) -> None:
-    """In the probing child: a verdict line per module, a check line now and then."""
+def _probe_here(names: list[str], out) -> None:
+    """In the probing child: a verdict line per module, a check line now and then (none
+    where the forks were poisoned before it imported anything: nothing to find)."""
     from elastic_train.agent.zygote_fork import forks_are_poisoned
+
+    check_poison = not forks_are_poisoned()
 
     def check() -> bool:
         poisoned = check_poison and forks_are_poisoned()
