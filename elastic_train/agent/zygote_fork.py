@@ -17,9 +17,9 @@ workers it forks look like fresh processes: a new session, every inherited
 descriptor but the standard streams pointed at ``/dev/null`` (not closed: a
 stale Python object closing its old descriptor number must not close a new
 file of the worker's), the standard streams on descriptors 0-2, default signal
-handlers, no ``atexit`` handlers, no logging handlers, torch's random generator
-at a fresh process's seed, and none of the user's own modules (each worker imports them
-again, in its own environment).
+handlers, the interpreter's own error hooks, no ``atexit`` handlers, no logging
+handlers, torch's random generator at a fresh process's seed, and none of the
+user's own modules (each worker imports them again, in its own environment).
 """
 
 from __future__ import annotations
@@ -188,6 +188,7 @@ def _shed_the_driver(keep: set[int]) -> None:
             if callable(signal.getsignal(sig)):
                 signal.signal(sig, signal.SIG_DFL)
     atexit._clear()  # the driver's exit handlers are not the workers'
+    _default_hooks()
     _forget_user_modules()
     for logger in [logging.getLogger(), *[v for v in logging.Logger.manager.loggerDict.values()
                                           if isinstance(v, logging.Logger)]]:
@@ -204,6 +205,17 @@ def _forget_user_modules() -> None:
                 and name != "__main__" and name.split(".")[0] != "elastic_train"
                 and not module_report.is_installed(module)):
             del sys.modules[name]
+
+
+def _default_hooks() -> None:
+    """The interpreter's own error hooks, as a new interpreter has them: the driver's (a
+    notebook's, pytest's) would run in every worker, and one that keeps what it is given
+    (pytest collects unraisable exceptions) keeps a failed attempt's frames -- a
+    DataLoader iterator and its worker pipes -- alive across in-process restarts."""
+    sys.excepthook = sys.__excepthook__
+    sys.unraisablehook = sys.__unraisablehook__
+    sys.displayhook = sys.__displayhook__
+    threading.excepthook = threading.__excepthook__
 
 
 def _standard_streams() -> None:
