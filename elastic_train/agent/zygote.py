@@ -378,12 +378,13 @@ class Zygote:
         path = os.path.join(self._dir, "socket")
         error = read_error(path)
         if error is not None:
-            how = "forked from this process" if self._forked else "started as a new interpreter"
-            then = ("the next starts as a new interpreter" if self._forked
-                    else "workers start as new interpreters from now on")
-            logger.warning("The worker zygote (pid %d, %s) failed to start; the workers that "
-                           "asked for it start as new interpreters, and %s. Its error:\n%s",
-                           self._proc.pid, how, then, error)
+            then = ("a zygote started as a new interpreter replaces it" if self._forked else
+                    "later workers of this process start without a zygote too "
+                    "(as with ELASTIC_TRAIN_ZYGOTE=0)")
+            logger.warning("The worker zygote (pid %d, %s) failed to start; workers that "
+                           "asked for it started as new interpreters, and %s. Its error:\n%s",
+                           self._proc.pid, "forked from this process" if self._forked
+                           else "a new interpreter", then, error)
             self._start_errors.append(StartError(time.time(), self._forked, error))
             if self._forked:
                 self._no_fork = True

@@ -145,8 +145,7 @@ def fork(main: Callable[[str], None], path: str,
             except BaseException:
                 from elastic_train.agent.zygote import note_error
 
-                note_error(path)
-                traceback.print_exc()
+                note_error(path)  # the driver shows it (its stderr is this one's)
                 raise
             os.write(ready_w, b"1")
             os.close(ready_w)
