@@ -2,6 +2,7 @@
 
     python layout_driver.py fit STORAGE RUNS
     python layout_driver.py launch ARG...   (``elastic-train launch ARG...``)
+    python layout_driver.py fit-broken-fork STORAGE RUNS   (the forked zygote fails)
 
 ``fit``: RUNS runs of ``fit()`` in this process, each with one rank SIGKILLed once, and
 the worker zygote closed between them, so that every run forks a new one from this
@@ -67,7 +68,12 @@ def fit(storage: str, runs: int) -> None:
 if __name__ == "__main__":
     print("LAYOUT", json.dumps({"torch": torch.__file__, "prefix": sys.prefix,
                                 "base_prefix": sys.base_prefix}), flush=True)
-    if sys.argv[1] == "fit":
+    if sys.argv[1] == "fit-broken-fork":  # a forked zygote that dies as it sheds the driver
+        def broken(*args, **kwargs):
+            raise RuntimeError("injected: the zygote cannot shed the driver")
+
+        zygote_fork._forget_user_modules = broken
+    if sys.argv[1].startswith("fit"):
         fit(sys.argv[2], int(sys.argv[3]))
     else:
         from elastic_train.cli.main import main
