@@ -28,7 +28,10 @@ import elastic_train as et
 from elastic_train.agent import zygote, zygote_fork
 from elastic_train.torch import TorchTrainer
 
-zygote_fork._parallel_op_survives_fork = lambda *args, **kwargs: True
+# The fork trial's name: main's since #23 (None: fork), and before it (True: fork).
+for _trial, _fork in (("_fork_trial", None), ("_parallel_op_survives_fork", True)):
+    if hasattr(zygote_fork, _trial):
+        setattr(zygote_fork, _trial, lambda *args, _fork=_fork, **kwargs: _fork)
 
 
 def train(config):
