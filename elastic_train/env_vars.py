@@ -1,7 +1,7 @@
 """Every ``ELASTIC_TRAIN_*`` environment variable, named once.
 
 Most are the agent's messages to the workers it starts (set in the worker's
-environment, read in the worker); three are switches a user may set. Modules
+environment, read in the worker); a few are switches a user may set. Modules
 import the names from here, so a variable is renamed or documented in one
 place. torch.distributed.elastic's own variables (``RANK``, ``WORLD_SIZE``,
 ``TORCHELASTIC_*``) and torchrun's ``PET_*`` flags are torch's, not listed here.
@@ -18,6 +18,11 @@ User switches:
   or ``elastic-train launch``): a node does not keep the checkpoint files its
   ranks uploaded to a remote store (for nodes short of disk), so every restart
   downloads what it reads (:mod:`elastic_train.storage.local_tier`).
+- ``USER_CODE``: directories (separated by ``:``) whose modules are the user's own
+  code, beside the working directory, the driver's script's directory and the
+  train function's package: a zygote forked from the driver drops the driver's
+  imports of them and never preloads them, so each worker imports them itself, in
+  its own environment (:mod:`elastic_train.worker.user_code`).
 - ``LEASE_TTL_S``: seconds after its last heartbeat (every quarter of it) a
   driver's lease on its run goes stale and another job may take the run over
   (default 20; :mod:`elastic_train.driver.run_lease`).
@@ -47,6 +52,9 @@ Set by the agent or the driver for each worker:
   the worker and its agent agree on attempts (:mod:`elastic_train.worker.restart_channel`).
 - ``ATTEMPT``: the attempt a worker starts in (0, or the attempt a replacement
   worker joins); in-process restarts count it up inside the process.
+- ``USER_ROOTS``: the directories of the user's own code as the driver decided
+  them (:mod:`elastic_train.worker.user_code`), so a worker leaves the same
+  modules out of what it reports for the zygote to preload.
 - ``MODULES_DIR``: where a worker lists the modules it imported, which the
   agent's zygote then preloads for later workers (:mod:`elastic_train.agent.zygote_preload`).
 """
@@ -68,3 +76,5 @@ LEASE_TOKEN = "ELASTIC_TRAIN_LEASE_TOKEN"
 INPROCESS_DIR = "ELASTIC_TRAIN_INPROCESS_DIR"
 ATTEMPT = "ELASTIC_TRAIN_ATTEMPT"
 MODULES_DIR = "ELASTIC_TRAIN_MODULES_DIR"
+USER_CODE = "ELASTIC_TRAIN_USER_CODE"
+USER_ROOTS = "ELASTIC_TRAIN_USER_ROOTS"

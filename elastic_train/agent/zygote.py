@@ -43,6 +43,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+import traceback
 from dataclasses import dataclass
 
 from elastic_train import env_vars
@@ -245,55 +247,158 @@ def _main(path: str) -> None:
     # preemption notice, and the zygote's death would take them along at once.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    for module in PRELOAD:
-        importlib.import_module(module)
-    # Out of the collector's sight: a worker's first collections would otherwise walk
-    # (and so copy, page by page) everything the zygote imported.
-    gc.freeze()
-    request = serve(path)
+    zygote_pid = os.getpid()
+    try:
+        for module in PRELOAD:
+            importlib.import_module(module)
+        # Out of the collector's sight: a worker's first collections would otherwise walk
+        # (and so copy, page by page) everything the zygote imported.
+        gc.freeze()
+        request = serve(path)
+    except BaseException:
+        if os.getpid() == zygote_pid:  # not a worker it forked, failing in its set-up
+            note_error(path)
+        raise
     if request is not None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _become_worker(request)
 
 
+def error_path(path: str) -> str:
+    """Where the zygote whose socket is ``path`` leaves the traceback it died of (the
+    agent and the stand-ins read it: the zygote's stderr is the driver's)."""
+    return os.path.join(os.path.dirname(path), "error")
+
+
+def note_error(path: str) -> None:
+    """In the zygote: records the exception being handled beside its socket ``path``."""
+    text = traceback.format_exc()
+    with contextlib.suppress(OSError):
+        with open(f"{error_path(path)}.tmp", "w") as f:
+            f.write(text)
+        os.replace(f"{error_path(path)}.tmp", error_path(path))
+
+
+def read_error(path: str) -> str | None:
+    """The traceback the zygote whose socket is ``path`` died of, if it left one."""
+    try:
+        with open(error_path(path), errors="replace") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 # --- the agent's side -----------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class StartError:
+    """A zygote that failed to start: when, how it was started, and why (its traceback,
+    or how it ended)."""
+
+    time: float
+    forked: bool
+    error: str
+
+    def to_json(self) -> dict:
+        return {"time": self.time, "forked": self.forked, "error": self.error}
+
+
 class Zygote:
-    """This process's zygote, started on first use and kept for later groups and runs."""
+    """This process's zygote, started on first use and kept for later groups and runs.
+
+    A zygote that fails to start is reported (a warning with its traceback, and
+    :meth:`take_start_errors` for ``run.json``); the workers that asked for it
+    meanwhile start as fresh interpreters (see :mod:`.zygote_client`). After a
+    forked zygote failed, the next one starts as a new interpreter; after such a
+    one failed too, workers start without a zygote in this process.
+    """
+
+    FORK_READY_TIMEOUT_S = 10.0
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: str | None = None
         self._lock = threading.Lock()
+        self._forked = False
+        self._no_fork = False  # a forked zygote failed to start here
+        self._given_up = False  # a zygote started as a new interpreter failed too
+        self._start_errors: list[StartError] = []
 
-    def command(self, module: str, args: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
-        """The entrypoint and arguments that have the zygote run ``module.main(args)``."""
-        path, pid = self._started()
+    def command(self, module: str, args: tuple[str, ...]) -> tuple[str, tuple[str, ...]] | None:
+        """The entrypoint and arguments that have the zygote run ``module.main(args)``;
+        None when workers start without one (every zygote failed to start here)."""
+        started = self._started()
+        if started is None:
+            return None
+        path, pid = started
         return sys.executable, ("-I", "-S", CLIENT, path, str(pid), module, *args)
 
-    def _started(self) -> tuple[str, int]:
+    def _started(self) -> tuple[str, int] | None:
         """The zygote's socket path and pid (it binds the socket once torch is imported)."""
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
+            if self._proc is not None and self._proc.poll() is not None:
+                self._note_end()
+            if self._given_up:
+                return None
+            if self._proc is None:
                 path = self._fresh_dir()
                 self._proc = subprocess.Popen(
                     [sys.executable, "-m", "elastic_train.agent.zygote", path],
                     stdin=subprocess.PIPE, start_new_session=True)
+                self._forked = False
             assert self._dir is not None
             return os.path.join(self._dir, "socket"), self._proc.pid
 
-    def prestart(self) -> None:
+    def prestart(self, user_roots: tuple[str, ...] = ()) -> None:
         """Starts the zygote now by forking this process, when that is safe (see
         :mod:`.zygote_fork`): it then shares the driver's imports instead of importing
-        torch again. Otherwise the zygote starts later, as a new interpreter."""
+        torch again. Otherwise the zygote starts later, as a new interpreter.
+        ``user_roots``: the directories of the user's own code, whose modules the
+        forked zygote drops (see :mod:`elastic_train.worker.user_code`)."""
         with self._lock:
             if self._proc is not None and self._proc.poll() is None:
+                return
+            if self._no_fork or self._given_up:
                 return
             if (why := zygote_fork.reason_not_to_fork()) is not None:
                 logger.debug("The worker zygote will start as a new interpreter: %s.", why)
                 return
-            self._proc = zygote_fork.fork(_main, self._fresh_dir())  # type: ignore[assignment]
+            path = self._fresh_dir()
+            proc = zygote_fork.fork(_main, path, user_roots)
+            self._proc, self._forked = proc, True  # type: ignore[assignment]
+            if not proc.wait_ready(self.FORK_READY_TIMEOUT_S):
+                proc.wait()
+                self._note_end()
+
+    def _note_end(self) -> None:
+        """The zygote has exited: a failure to start (it left its traceback) is reported
+        and kept for :meth:`take_start_errors`; either way a new one starts next time."""
+        assert self._proc is not None and self._dir is not None
+        path = os.path.join(self._dir, "socket")
+        error = read_error(path)
+        if error is not None:
+            then = ("a zygote started as a new interpreter replaces it" if self._forked else
+                    "later workers of this process start without a zygote too "
+                    "(as with ELASTIC_TRAIN_ZYGOTE=0)")
+            logger.warning("The worker zygote (pid %d, %s) failed to start; workers that "
+                           "asked for it started as new interpreters, and %s. Its error:\n%s",
+                           self._proc.pid, "forked from this process" if self._forked
+                           else "a new interpreter", then, error)
+            self._start_errors.append(StartError(time.time(), self._forked, error))
+            if self._forked:
+                self._no_fork = True
+            else:
+                self._given_up = True
+        self._stop()
+
+    def take_start_errors(self) -> list[StartError]:
+        """The start failures noted since the last call."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is not None:
+                self._note_end()
+            errors, self._start_errors = self._start_errors, []
+        return errors
 
     def _fresh_dir(self) -> str:
         """A new private directory for the zygote's socket; returns the socket's path."""
@@ -314,6 +419,11 @@ class Zygote:
         """The running zygote's pid, if there is one."""
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
+
+    @property
+    def forked(self) -> bool:
+        """Whether the running zygote was forked from this process."""
+        return self.pid is not None and self._forked
 
     def close(self) -> None:
         with self._lock:
@@ -343,12 +453,17 @@ def running_pid() -> int | None:
     return _zygote.pid
 
 
-def prestart() -> None:
+def prestart(user_roots: tuple[str, ...] = ()) -> None:
     """Starts this process's zygote now, forked from it if it is safe (see
     :meth:`Zygote.prestart`); called by ``fit()`` and ``launch`` before anything else
     starts threads. Does nothing with ``ELASTIC_TRAIN_ZYGOTE=0``."""
     if enabled():
-        _zygote.prestart()
+        _zygote.prestart(user_roots)
+
+
+def take_start_errors() -> list[StartError]:
+    """See :meth:`Zygote.take_start_errors`."""
+    return _zygote.take_start_errors()
 
 
 def preload(modules: list[str]) -> dict | None:
@@ -362,7 +477,7 @@ def worker_command(entrypoint: str, args: tuple[str, ...]) -> tuple[str, tuple[s
     if not (enabled() and entrypoint == sys.executable and len(args) >= 2
             and args[0] == "-m" and args[1] in WORKER_MODULES):
         return entrypoint, args
-    return _zygote.command(args[1], args[2:])
+    return _zygote.command(args[1], args[2:]) or (entrypoint, args)
 
 
 if __name__ == "__main__":

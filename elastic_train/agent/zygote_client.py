@@ -14,6 +14,12 @@ worker towards the agent:
 - it exits as the worker did: with its exit code, or killed by its signal;
 - when it is SIGKILLed itself (the agent stopping a group), its connection
   closes and the zygote SIGKILLs the worker.
+
+A zygote that died before it listened (it failed to start: its traceback is
+beside its socket) does not fail the worker: the stand-in warns and becomes the
+worker itself, a fresh interpreter (``python -m MODULE ARG...``, as without the
+zygote). A zygote that dies later fails its workers, with its traceback in
+their error.
 """
 
 import ctypes
@@ -31,6 +37,8 @@ _PR_SET_PDEATHSIG = 1
 
 
 PIDS_DIR = "ELASTIC_TRAIN_WORKER_PIDS_DIR"  # elastic_train.env_vars.WORKER_PIDS_DIR
+MAX_ERROR_LINES = 40
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -77,6 +85,17 @@ def connect(path: str, zygote_pid: int) -> socket.socket | None:
             time.sleep(0.02)
 
 
+def zygote_error(path: str) -> str:
+    """The end of the traceback the zygote died of (see elastic_train/agent/zygote.py,
+    error_path) after a colon, to end a message with; '' when it left none."""
+    try:
+        with open(os.path.join(os.path.dirname(path), "error"), errors="replace") as f:
+            lines = f.read().strip().splitlines()
+    except OSError:
+        return ""
+    return ":\n" + "\n".join(lines[-MAX_ERROR_LINES:]) if lines else ""
+
+
 def fail(message: str) -> int:
     """Reports ``message`` as this worker's error (torch.distributed.elastic's error
     file, which the driver shows) and on stderr; returns the exit code."""
@@ -89,6 +108,21 @@ def fail(message: str) -> int:
             json.dump(error, f)
         os.replace(f"{path}.tmp", path)
     return 1
+
+
+def start_alone(path: str, zygote_pid: str, module: str, args: list[str],
+                pending: list[int]) -> None:
+    """The zygote failed to start: this process becomes the worker, a fresh interpreter
+    (same pid, environment, directory and streams). Does not return."""
+    for signum in pending:  # the agent stopped this worker already
+        if signum in STOPS:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+    why = zygote_error(path) or " (it left no error: a signal ended it)"
+    print(f"elastic-train: warning: the worker zygote (pid {zygote_pid}) failed to start; "
+          f"this worker starts as a new interpreter instead. The zygote's error{why}",
+          file=sys.stderr, flush=True)
+    os.execv(sys.executable, [sys.executable, "-m", module, *args])
 
 
 def main(argv: list[str]) -> int:
@@ -106,10 +140,13 @@ def main(argv: list[str]) -> int:
     for sig in FORWARDED:
         signal.signal(sig, forward)
     sock = connect(path, int(zygote_pid))
+    if sock is None and not os.path.exists(path) and not _running(int(zygote_pid)):
+        start_alone(path, zygote_pid, module, args, pending)
     if sock is None:
-        return fail(f"the worker zygote (pid {zygote_pid}) is not running: see its error in "
-                    "the driver's output, or set ELASTIC_TRAIN_ZYGOTE=0 to start workers "
-                    "without it.")
+        error = zygote_error(path) or (" (it left no error: a signal, such as the "
+                                       "out-of-memory killer's, ended it)")
+        return fail(f"the worker zygote (pid {zygote_pid}) is not running{error}\nSet "
+                    "ELASTIC_TRAIN_ZYGOTE=0 to start workers without it.")
     request = {"module": module, "argv": args, "cwd": os.getcwd(), "env": dict(os.environ)}
     socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
     status = None
@@ -117,7 +154,7 @@ def main(argv: list[str]) -> int:
         message = sock.recv(256).decode()
         if not message:
             return fail(f"the worker zygote (pid {zygote_pid}) died, taking this worker "
-                        "with it.")
+                        f"with it{zygote_error(path) or '.'}")
         kind, value = message.split()
         if kind == "pid":
             child = int(value)

@@ -28,6 +28,7 @@ import atexit
 import contextlib
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -36,7 +37,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-from elastic_train.worker import module_report
+from elastic_train.worker import user_code
 
 TORCH_DEFAULT_SEED = 67280421310721  # torch's default CPU generator seed in a new process
 
@@ -128,12 +129,25 @@ def exit_code_in_fork(body: Callable[[], int], timeout_s: float) -> int | None:
 
 class ForkedZygote:
     """The forked zygote, with the part of ``subprocess.Popen``'s interface the agent uses:
-    ``pid``, ``stdin`` (closing it ends the zygote), ``poll``, ``wait``, ``kill``."""
+    ``pid``, ``stdin`` (closing it ends the zygote), ``poll``, ``wait``, ``kill``; and
+    :meth:`wait_ready`."""
 
-    def __init__(self, pid: int, stdin_fd: int):
+    def __init__(self, pid: int, stdin_fd: int, ready_fd: int):
         self.pid = pid
         self.stdin = os.fdopen(stdin_fd, "wb")
         self.returncode: int | None = None
+        self._ready_fd = ready_fd
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Waits until the zygote has shed the driver (milliseconds): False if it failed
+        to (it then exits, its traceback beside its socket), True once it has, or after
+        ``timeout``."""
+        try:
+            if not select.select([self._ready_fd], [], [], timeout)[0]:
+                return True
+            return os.read(self._ready_fd, 1) == b"1"
+        finally:
+            os.close(self._ready_fd)
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -156,23 +170,38 @@ class ForkedZygote:
             os.kill(self.pid, signal.SIGKILL)
 
 
-def fork(main: Callable[[str], None], path: str) -> ForkedZygote:
-    """Forks a zygote that runs ``main(path)`` (see :func:`elastic_train.agent.zygote._main`)."""
+def fork(main: Callable[[str], None], path: str,
+         user_roots: tuple[str, ...] = ()) -> ForkedZygote:
+    """Forks a zygote that runs ``main(path)`` (see :func:`elastic_train.agent.zygote._main`).
+    ``user_roots``: the directories of the user's own code (see :func:`_forget_user_modules`).
+    A zygote that fails to shed the driver leaves its traceback beside ``path`` (see
+    :func:`elastic_train.agent.zygote.note_error`) and exits; see
+    :meth:`ForkedZygote.wait_ready`."""
     read_end, write_end = os.pipe()
+    ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the zygote, and later each worker it forks, ends here
         code = 1
         try:
-            os.dup2(read_end, 0)
-            _shed_the_driver(keep={0, 1, 2})
+            try:
+                os.dup2(read_end, 0)
+                _shed_the_driver(keep={0, 1, 2, ready_w}, user_roots=user_roots)
+            except BaseException:
+                from elastic_train.agent.zygote import note_error
+
+                note_error(path)  # the driver shows it (its stderr is this one's)
+                raise
+            os.write(ready_w, b"1")
+            os.close(ready_w)
             code = _run(main, path)
         finally:
             os._exit(code)
     os.close(read_end)
-    return ForkedZygote(pid, write_end)
+    os.close(ready_w)
+    return ForkedZygote(pid, write_end, ready_r)
 
 
-def _shed_the_driver(keep: set[int]) -> None:
+def _shed_the_driver(keep: set[int], user_roots: tuple[str, ...] = ()) -> None:
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDWR)
     for name in os.listdir("/proc/self/fd"):
@@ -189,21 +218,23 @@ def _shed_the_driver(keep: set[int]) -> None:
                 signal.signal(sig, signal.SIG_DFL)
     atexit._clear()  # the driver's exit handlers are not the workers'
     _default_hooks()
-    _forget_user_modules()
+    _forget_user_modules(user_roots)
     for logger in [logging.getLogger(), *[v for v in logging.Logger.manager.loggerDict.values()
                                           if isinstance(v, logging.Logger)]]:
         logger.handlers.clear()
     sys.modules["torch"].manual_seed(TORCH_DEFAULT_SEED)
 
 
-def _forget_user_modules() -> None:
-    """Drops the driver's imports of the user's own code (outside the Python
-    installation): a worker imports them again, in its own environment (``RANK``...),
-    as a fresh process would -- such modules may read it at import."""
+def _forget_user_modules(user_roots: tuple[str, ...] = ()) -> None:
+    """Drops the driver's imports of the user's own code: a worker imports them again, in
+    its own environment (``RANK``...), as a fresh process would -- such modules may read
+    it at import. What is the user's code, and what installed (kept, wherever it is
+    installed: torch on ``PYTHONPATH`` too), :mod:`elastic_train.worker.user_code` decides,
+    with ``user_roots`` added to this process's roots."""
+    roots = user_code.user_roots(user_roots)
     for name, module in list(sys.modules.items()):
-        if (module is not None and getattr(module, "__file__", None)
-                and name != "__main__" and name.split(".")[0] != "elastic_train"
-                and not module_report.is_installed(module)):
+        if (module is not None and name not in ("__main__", "__mp_main__")
+                and user_code.is_user_code(module, roots)):
             del sys.modules[name]
 
 

@@ -16,7 +16,7 @@ A module is preloaded only if importing it is safe in a process that forks:
 :func:`probe` imports each candidate in a throw-away child of the zygote and
 skips -- and names -- any that starts a thread, initialises CUDA or fails --
 for at most :data:`PROBE_BUDGET_S` (the zygote forks no worker meanwhile).
-Modules of the user's own code (outside the Python installation) are not
+Modules of the user's own code (:mod:`elastic_train.worker.user_code`) are not
 candidates: they may read the worker's environment (``RANK``...) at import.
 """
 

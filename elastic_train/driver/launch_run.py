@@ -112,7 +112,9 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
                            retry="pass --max-restarts N (or -1 for unlimited)",
                            no_guard="pass --max-restarts-without-progress -1"),
         view=settings.view, process=settings.process, log_dir=settings.log_dir,
-        monitor_interval=settings.monitor_interval, local_addr=settings.local_addr)
+        monitor_interval=settings.monitor_interval, local_addr=settings.local_addr,
+        user_code=(os.path.dirname(os.path.abspath(settings.target)),)
+        if settings.mode == "script" else ())
     if lookup(settings.rendezvous.backend, "--rdzv-backend").reuses_store:
         # Scripts join their process group through env://; torch's dynamic handler
         # hands every round the same store, which serves stale addresses to a

@@ -45,6 +45,7 @@ from elastic_train.driver.supervisor import RunSupervisor
 from elastic_train.errors import NoProgressError, PreemptionError, TrainingFailedError
 from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunStatus
+from elastic_train.worker import user_code
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,9 @@ class NodePlan:
             storage, uploaded there at the end from scratch on remote storage).
         monitor_interval: Seconds between the agent's looks at its workers.
         local_addr: This node's address for the rendezvous (None: its hostname).
+        user_code: Directories of the user's own code beyond the working directory
+            and the driver's script's (the train function's package, the launched
+            script's directory): see :mod:`elastic_train.worker.user_code`.
     """
 
     storage: RunStorage
@@ -103,6 +107,7 @@ class NodePlan:
     log_dir: str | None = None
     monitor_interval: float = 0.1
     local_addr: str | None = None
+    user_code: tuple[str, ...] = ()
 
 
 class NodeRun:
@@ -118,6 +123,7 @@ class NodeRun:
         self.plan = plan
         self.scratch = ""
         self.lease: RunLease | None = None
+        self.user_roots: tuple[str, ...] = ()
 
     def __enter__(self) -> NodeRun:
         plan = self.plan
@@ -130,8 +136,9 @@ class NodeRun:
         # worker zygote from this process, if it is safe. (An fsspec store with an event
         # loop -- S3, GCS -- has started its IO thread by now, so for those the zygote
         # starts as a fresh interpreter instead: refusing bad input first comes first.)
+        self.user_roots = user_code.user_roots(plan.user_code)
         if plan.process.zygote:
-            zygote.prestart()
+            zygote.prestart(self.user_roots)
         self.lease = RunLease.acquire(plan.storage, plan.rendezvous, self._description())
         plan.storage.use_fence(self.lease.token)
         self.scratch = tempfile.mkdtemp(prefix="elastic_train_")
@@ -199,6 +206,7 @@ class NodeRun:
             process=plan.process, staging_dir=self.staging_dir, private_dir=self.scratch,
             worker_env={env_vars.CHECKPOINT_CACHE: os.path.join(self.scratch, "checkpoint_cache"),
                         env_vars.STORAGE_RETRY_S: str(plan.run_config.storage_retry_timeout_s),
+                        env_vars.USER_ROOTS: os.pathsep.join(self.user_roots),
                         **(self.lease.worker_env() if self.lease else {}), **worker_env})
 
     def _failed(self, outcome: AgentOutcome, supervisor: RunSupervisor) -> TrainingFailedError:

@@ -154,6 +154,12 @@ class RunRecord:
             failures[-1].restart, failures[-1].replaced = IN_PROCESS, dict(replaced)
             self._write(required=False)
 
+    def note_zygote_errors(self, errors: list[dict[str, Any]]) -> None:
+        """Appends worker zygotes that failed to start (see ``RunState.zygote_errors``)."""
+        if errors:
+            self.state.zygote_errors.extend(errors)
+            self._write(required=False)
+
     def set_status(self, status: RunStatus, error: str | None = None,
                    no_progress: str | None = None) -> None:
         now = time.time()

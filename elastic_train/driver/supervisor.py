@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from elastic_train.agent import zygote
 from elastic_train.agent.api import AgentEvents, AgentOutcome, AgentSpec, Interrupted, run_agent
 from elastic_train.agent.inprocess import Recovery
 from elastic_train.agent.progress_guard import Progress
@@ -65,8 +66,10 @@ class RunSupervisor:
                 self.record = self.begin_record()
             elif self.record is not None:
                 self.record.note_rendezvous()
+            self._note_zygote_errors()
 
         def on_failure(failures: list[WorkerFailure], decision: Decision) -> None:
+            self._note_zygote_errors()
             monitor.note_failure(failures, restarting=decision.restart)
             if self.record is not None:
                 self.record.record_failure(failures, decision)
@@ -91,9 +94,16 @@ class RunSupervisor:
             self._set_status(RunStatus.FAILED, error="The driver stopped unexpectedly.")
             raise
         finally:
+            self._note_zygote_errors()
             monitor.stop()
             self._upload_logs(spec.log_dir)
         return outcome
+
+    def _note_zygote_errors(self) -> None:
+        """Records in ``run.json`` the worker zygotes that failed to start since the last
+        look (on the node that records the run; the others log them only)."""
+        if self.record is not None:
+            self.record.note_zygote_errors([e.to_json() for e in zygote.take_start_errors()])
 
     def _set_status(self, status: RunStatus, error: str | None = None) -> None:
         if self.record is not None:

@@ -36,6 +36,7 @@ from elastic_train.errors import (
 from elastic_train.result import Result
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.worker import user_code
 from elastic_train.worker.backend import BackendConfig
 from elastic_train.worker.fit_worker import FIT_WORKER, read_return_value
 from elastic_train.worker.run_spec import RunSpec, check_train_function
@@ -51,6 +52,12 @@ def _expect(value: Any, kind: type, name: str) -> Any:
 
 def _function_name(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _function_root(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """The directory of the train function's package (or module): the user's own code."""
+    root = user_code.module_root(sys.modules.get(getattr(fn, "__module__", None) or ""))
+    return (root,) if root else ()
 
 
 def _signature(fn: Callable[..., Any]) -> str:
@@ -250,7 +257,8 @@ class DataParallelTrainer:
             spec=self._describe(run_config), hints=FailureHints.for_fit(),
             accepted=TRAIN_FUNCTION_CHANGES if self._replaces_function else frozenset(),
             trainable=self._trainable(spec, run_config),
-            train_loop_config=self.train_loop_config)
+            train_loop_config=self.train_loop_config,
+            user_code=_function_root(self.train_loop_per_worker))
         with NodeRun(plan) as node:
             return_value = self._run_node(node, pickled)
         return Result.from_storage(plan.storage, return_value=return_value)

@@ -124,6 +124,9 @@ class RunState:
     function, configs; ``launch``: the command, flags), compared on resume by
     :mod:`elastic_train.driver.resume_rules`. ``no_progress``: the one-line reason
     when the run stopped because its restarts brought no progress.
+    ``zygote_errors``: each worker zygote that failed to start (``time``, ``forked``:
+    from the driver or as a new interpreter, ``error``: its traceback); its workers
+    started as new interpreters instead (see :mod:`elastic_train.agent.zygote`).
     """
 
     name: str = ""
@@ -136,6 +139,7 @@ class RunState:
     failures: list[FailureRecord] = field(default_factory=list)
     error: str | None = None
     no_progress: str | None = None
+    zygote_errors: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def is_finished(self) -> bool:
@@ -149,7 +153,8 @@ class RunState:
                    versions=dict(data.get("versions", {})),
                    launches=[LaunchRecord.from_json(x) for x in data.get("launches", [])],
                    failures=[FailureRecord.from_json(x) for x in data.get("failures", [])],
-                   error=data.get("error"), no_progress=data.get("no_progress"))
+                   error=data.get("error"), no_progress=data.get("no_progress"),
+                   zygote_errors=list(data.get("zygote_errors", [])))
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -161,6 +166,8 @@ class RunState:
             data["error"] = self.error
         if self.no_progress is not None:
             data["no_progress"] = self.no_progress
+        if self.zygote_errors:
+            data["zygote_errors"] = self.zygote_errors
         return data
 
 

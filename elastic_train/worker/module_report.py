@@ -2,10 +2,11 @@
 
 At its first ``report()`` -- by then the train function has built its model,
 optimizer and data loaders, so what torch and the user's libraries import
-lazily has been imported -- local rank 0 writes the names of the modules that
-come from the Python installation (the standard library and site-packages;
-the user's own modules are left out: they may read the worker's environment at
-import) to ``<ELASTIC_TRAIN_MODULES_DIR>/rank<R>.json``. See
+lazily has been imported -- local rank 0 writes the names of the installed
+modules it imported (the standard library and libraries, wherever they are
+installed; the user's own modules are left out: they may read the worker's
+environment at import, see :mod:`elastic_train.worker.user_code`) to
+``<ELASTIC_TRAIN_MODULES_DIR>/rank<R>.json``. See
 :mod:`elastic_train.agent.zygote_preload`.
 """
 
@@ -19,21 +20,19 @@ from fsspec.implementations.local import LocalFileSystem
 
 from elastic_train import env_vars
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.worker import user_code
 
 _done = False
 
 
-def is_installed(module: object) -> bool:
-    """Whether ``module`` comes from the Python installation (not the user's own code)."""
-    path = getattr(module, "__file__", None)
-    prefixes = {os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix)}
-    return bool(path) and any(os.path.realpath(path).startswith(p) for p in prefixes)
-
-
-def installed_modules() -> list[str]:
-    """The imported modules that come from the Python installation, in import order."""
+def installed_modules(roots: tuple[str, ...] | None = None) -> list[str]:
+    """The imported modules that are not the user's own code (``roots``: the user's,
+    :func:`~elastic_train.worker.user_code.user_roots` by default), in import order."""
+    roots = user_code.user_roots() if roots is None else roots
     return [name for name, module in list(sys.modules.items())
-            if module is not None and is_installed(module)]
+            if module is not None and name not in ("__main__", "__mp_main__")
+            and getattr(module, "__file__", None)
+            and not user_code.is_user_code(module, roots)]
 
 
 def note_imports(rank: int, local_rank: int) -> None:

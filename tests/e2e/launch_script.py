@@ -2,7 +2,7 @@
 
     launch_script.py OUT_DIR EPOCHS [--crash-at EPOCH] [--refused-at EPOCH] [--sleep S]
                      [--slow-below-world N] [--forget-optimizer] [--context-on-rank0-first]
-                     [--restartable] [--crash-how raise|exit] [--crash-always]
+                     [--restartable] [--crash-how raise|exit|sigkill] [--crash-always]
                      [--crash-before-checkpoint]
 
 It initialises its own process group (as under torchrun), uses
@@ -14,6 +14,7 @@ With --restartable its main function is wrapped by @elastic_train.restart_in_pro
 import argparse
 import hashlib
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -43,7 +44,7 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--context-on-rank0-first", action="store_true",
                         help="rank 0 alone calls get_context() before any other session call")
     parser.add_argument("--restartable", action="store_true")
-    parser.add_argument("--crash-how", choices=("raise", "exit"), default="raise")
+    parser.add_argument("--crash-how", choices=("raise", "exit", "sigkill"), default="raise")
     parser.add_argument("--crash-always", action="store_true",
                         help="crash at --crash-at in every attempt, not only the first")
     parser.add_argument("--crash-before-checkpoint", action="store_true",
@@ -97,6 +98,8 @@ def main() -> None:
             open(marker, "w").close()
             if args.crash_how == "exit":
                 os._exit(3)
+            if args.crash_how == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"crash at epoch {epoch}")
         if epoch == args.refused_at and rank == 0:
             raise ConnectionRefusedError(111, "Connection refused")

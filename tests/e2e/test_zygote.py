@@ -134,3 +134,22 @@ def test_workers_import_the_users_modules_in_their_own_environment(tmp_path):
                           capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert {p.name: p.read_text() for p in out.iterdir()} == {"rank-0": "0", "rank-1": "1"}
+
+
+@pytest.mark.e2e
+def test_a_forked_zygote_that_fails_to_start_is_reported_and_replaced(tmp_path):
+    """The zygote forked from the driver dies as it starts: fit() warns with its traceback,
+    records it in run.json, and runs on a zygote started as a new interpreter -- the
+    injected SIGKILL is the only failure, in both runs (the second does not fork again)."""
+    proc = subprocess.run([sys.executable, "tests/e2e/layout_driver.py", "fit-broken-fork",
+                           str(tmp_path / "results"), "2"], cwd=REPO, capture_output=True,
+                          text=True, timeout=200)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    runs = [json.loads(line[len("ZYGOTE "):]) for line in proc.stdout.splitlines()
+            if line.startswith("ZYGOTE ")]
+    assert [(r["forked"], r["failures"]) for r in runs] == [(False, 1), (False, 1)], out
+    [error] = runs[0]["zygote_errors"]
+    assert error["forked"] and "injected: the zygote cannot shed the driver" in error["error"]
+    assert runs[1]["zygote_errors"] == []
+    assert "failed to start" in out and "RuntimeError: injected" in out

@@ -23,3 +23,7 @@ def main(argv: list[str]) -> None:
     if action == "sleep":
         print("ready", flush=True)
         time.sleep(60)
+
+
+if __name__ == "__main__":  # a worker started without the zygote
+    main(sys.argv[1:])
