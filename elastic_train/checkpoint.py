@@ -26,8 +26,8 @@ import fsspec
 
 from elastic_train.errors import ConfigError
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.checkpoint_store import MARKER
-from elastic_train.storage.local_tier import LocalTier
+from elastic_train.storage.checkpoint_store import MARKER, parse_marker
+from elastic_train.storage.local_tier import LocalTier, confined
 from elastic_train.storage.manifest import CommitManifest
 
 METADATA_FILE = ".metadata.json"
@@ -98,7 +98,7 @@ class Checkpoint:
             rel = remote[len(source):].lstrip("/")
             if rel == MARKER:
                 continue
-            local = os.path.join(target, rel)
+            local = confined(target, rel)  # a name in shared storage never writes outside
             os.makedirs(os.path.dirname(local), exist_ok=True)
             if self._is_local:
                 shutil.copyfile(remote, local)
@@ -140,13 +140,16 @@ class Checkpoint:
 
             info = result.checkpoint.get_commit_info()
             print(info.describe_contents())      # e.g. "400.0 MiB from ranks 0-3"
+
+        A marker elastic-train did not write (malformed, or naming files outside the
+        checkpoint) raises :class:`~elastic_train.errors.CorruptManifestError`.
         """
         if self._commit is None:
             try:
-                self._commit = CommitManifest.from_json(
-                    fsutil.read_json(self.filesystem, fsutil.join(self.path, MARKER)))
+                raw = self.filesystem.cat_file(fsutil.join(self.path, MARKER))
             except FileNotFoundError:
                 return None
+            self._commit = parse_marker(raw, self.path)
         return self._commit
 
     def without_credentials(self) -> Checkpoint:

@@ -44,6 +44,8 @@ Set by the agent or the driver for each worker:
   kept after upload or downloaded (:mod:`elastic_train.storage.local_tier`).
 - ``STORAGE_RETRY_S``: ``RunConfig.storage_retry_timeout_s``, for what reads
   checkpoints in a worker outside its session (the local tier, DCP's reader).
+- ``STORAGE_URL``: under ``fit()``, the storage URL as given when it holds a
+  password (``https://user:pw@host/...``), which the scratch spec holds redacted.
 - ``LAUNCH``: under ``elastic-train launch``, the run's storage, name and
   checkpoint settings as JSON, from which a script's session is built.
 - ``LEASE_TOKEN``: the job's lease token on the run; a worker's commits and
@@ -70,6 +72,7 @@ PREEMPTION_GRACE_S = "ELASTIC_TRAIN_PREEMPTION_GRACE_S"
 WORKER_PIDS_DIR = "ELASTIC_TRAIN_WORKER_PIDS_DIR"
 CHECKPOINT_CACHE = "ELASTIC_TRAIN_CHECKPOINT_CACHE"
 STORAGE_RETRY_S = "ELASTIC_TRAIN_STORAGE_RETRY_S"
+STORAGE_URL = "ELASTIC_TRAIN_STORAGE_URL"
 LAUNCH = "ELASTIC_TRAIN_LAUNCH"
 LEASE_TTL_S = "ELASTIC_TRAIN_LEASE_TTL_S"
 LEASE_TOKEN = "ELASTIC_TRAIN_LEASE_TOKEN"

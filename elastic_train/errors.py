@@ -21,6 +21,12 @@ class StorageError(RuntimeError):
     """The run's storage could not be read or written."""
 
 
+class CorruptManifestError(ValueError):
+    """A checkpoint's commit marker is not one elastic-train wrote: malformed, or naming a
+    file outside the checkpoint. Readers treat the checkpoint as damaged (an older one is
+    resumed from) and write nothing it names."""
+
+
 class RunInUseError(ConfigError):
     """Another job is writing the run directory: refused before any process starts.
 

@@ -16,6 +16,7 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch.distributed import DistNetworkError
 from torch.distributed.elastic.agent.server.api import WorkerSpec
@@ -193,7 +194,7 @@ def run_agent(spec: AgentSpec, events: AgentEvents | None = None) -> AgentOutcom
     agent = _train_agent(spec, events or AgentEvents())
     rdzv_handler, rdzv = agent.get_worker_group().spec.rdzv_handler, spec.rendezvous
     quiet = contextlib.nullcontext() if spec.agent_logs else _quiet_torch_agent_logs()
-    with _handling_signals(spec.process.signals_to_handle), quiet:
+    with _handling_signals(spec.process.signals_to_handle), quiet, _released(rdzv_handler):
         try:
             result = agent.run()
         except SignalException as exc:
@@ -216,6 +217,24 @@ def run_agent(spec: AgentSpec, events: AgentEvents | None = None) -> AgentOutcom
         return AgentOutcome([])
     return AgentOutcome(agent.last_failures or failures_of(result),
                         agent.preemption_budget_spent, agent.no_progress)
+
+
+@contextlib.contextmanager
+def _released(rdzv_handler: Any) -> Iterator[None]:
+    """However the block ends, the handler's background work (the etcd backends' lease
+    refresh, heartbeats) stops: its ``release()``, for handlers that have one, stops it
+    without closing the rendezvous. Otherwise a failed or interrupted agent in a notebook
+    or a sweep keeps the node's etcd keys alive for good."""
+    try:
+        yield
+    finally:
+        release = getattr(rdzv_handler, "release", None)
+        if release is not None:
+            try:
+                release()
+            except Exception:  # the keys expire with their lease anyway
+                logger.warning("Could not stop the rendezvous handler's lease refresh",
+                               exc_info=True)
 
 
 def _corrupt_state(rdzv: RendezvousConfig, exc: RendezvousStateError) -> RendezvousLostError:

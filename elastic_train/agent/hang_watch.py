@@ -12,6 +12,7 @@ repeat, which points at a deterministic deadlock rather than a passing stall.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -45,13 +46,15 @@ class HangWatch:
         self._previous: dict[int, str] = {}
 
     def reset(self, ranks: list[int]) -> None:
-        """Before a worker group starts: forget the previous group's progress."""
+        """Before a worker group starts: forget the previous group's progress. A stack file
+        is emptied in place, not removed: after an in-process restart the worker still
+        has it open (for appending) and writes its next dump there."""
         os.makedirs(self.progress_dir, exist_ok=True)
         for rank in ranks:
-            for path in (progress_file(self.progress_dir, rank),
-                         stack_file(self.progress_dir, rank)):
-                if os.path.exists(path):
-                    os.remove(path)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(progress_file(self.progress_dir, rank))
+            with contextlib.suppress(FileNotFoundError):
+                os.truncate(stack_file(self.progress_dir, rank), 0)
         self._started = time.time()
 
     def _idle(self, rank: int, now: float) -> float:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from elastic_train import pickling
+from elastic_train import env_vars, pickling
 from elastic_train.agent.api import Interrupted
 from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.callbacks import UserCallback
@@ -33,6 +33,7 @@ from elastic_train.errors import (
     ConfigError,
     StorageError,
 )
+from elastic_train.redaction import redact_url
 from elastic_train.result import Result
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
@@ -241,11 +242,15 @@ class DataParallelTrainer:
         if start is not None and not start.filesystem.exists(start.path):
             raise ConfigError(f"resume_from_checkpoint={start!r} does not exist: pass the "
                               "directory of a saved checkpoint, e.g. result.checkpoint.")
+        # What is written (run.json, trainable.pkl, the scratch spec.pkl) holds the storage
+        # URL without its password; the workers get the URL as given in their environment.
+        stored_config = dataclasses.replace(run_config,
+                                            storage_path=redact_url(run_config.storage_path))
         spec = RunSpec(
             train_loop_per_worker=self.train_loop_per_worker,
             train_loop_config=self.train_loop_config, backend=self.backend_config,
             scaling_config=self.scaling_config,
-            run_config=dataclasses.replace(run_config, callbacks=[]),  # driver-side only
+            run_config=dataclasses.replace(stored_config, callbacks=[]),  # driver-side only
             experiment_name=name, datasets=self.datasets,
             resume_from_checkpoint=start, metadata=self.metadata,
         )
@@ -254,9 +259,9 @@ class DataParallelTrainer:
             storage=RunStorage.for_run(run_config, name), run_config=run_config,
             scaling=self.scaling_config,
             rendezvous=self.scaling_config.rendezvous or RendezvousConfig.single_node(name),
-            spec=self._describe(run_config), hints=FailureHints.for_fit(),
+            spec=self._describe(stored_config), hints=FailureHints.for_fit(),
             accepted=TRAIN_FUNCTION_CHANGES if self._replaces_function else frozenset(),
-            trainable=self._trainable(spec, run_config),
+            trainable=self._trainable(spec, stored_config),
             train_loop_config=self.train_loop_config,
             user_code=_function_root(self.train_loop_per_worker))
         with NodeRun(plan) as node:
@@ -270,9 +275,12 @@ class DataParallelTrainer:
         with open(spec_path, "wb") as f:
             f.write(pickled_spec)
         scaling = self.scaling_config
+        env = {"OMP_NUM_THREADS": str(scaling.threads_per_worker(scaling.workers_per_node))}
+        storage_path = node.plan.run_config.storage_path
+        if redact_url(storage_path) != storage_path:  # the spec holds it redacted
+            env[env_vars.STORAGE_URL] = storage_path
         try:
-            node.run(sys.executable, ("-m", FIT_WORKER, spec_path, node.scratch),
-                     {"OMP_NUM_THREADS": str(scaling.threads_per_worker(scaling.workers_per_node))})
+            node.run(sys.executable, ("-m", FIT_WORKER, spec_path, node.scratch), env)
         except Interrupted as exc:
             logger.warning("Run interrupted by %s; it can be resumed by running fit() again "
                            "with RunConfig(name=%r).", signal.Signals(exc.signum).name,

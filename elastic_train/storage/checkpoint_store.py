@@ -28,6 +28,7 @@ marker read again if it is there. Writes that could harm another job's checkpoin
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import logging
 import os
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import fsspec
 from fsspec.callbacks import Callback
 
-from elastic_train.errors import StorageError
+from elastic_train.errors import CorruptManifestError, StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.manifest import CommitManifest
 from elastic_train.storage.retry import RetryPolicy
@@ -61,6 +62,15 @@ UPLOADS_DIR = ".upload-marks"
 _DIR_RE = re.compile(r"^checkpoint_(\d{6,})$")
 # Files per batch sent at once: bounds the memory s3fs uses for concurrent multipart uploads.
 UPLOAD_BATCH = 4
+
+
+class Damaged(enum.Enum):
+    """What a checkpoint directory with a corrupt commit marker holds, for readers."""
+
+    DAMAGED = "damaged"
+
+
+DAMAGED = Damaged.DAMAGED
 
 
 def dir_name(index: int) -> str:
@@ -99,6 +109,20 @@ def mismatched_files(local_dir: str, manifest: CommitManifest) -> list[str]:
     """Files of a local copy whose size or CRC-32 differs from the manifest."""
     return [rel for rel, info in manifest.files.items()
             if not file_matches(os.path.join(local_dir, rel), info)]
+
+
+def parse_marker(raw: bytes, path: str) -> CommitManifest:
+    """The manifest in the marker ``raw`` of checkpoint directory ``path``;
+    :class:`CorruptManifestError` unless it is one, of this directory's index."""
+    try:
+        manifest = CommitManifest.from_json(json.loads(raw))
+    except ValueError as exc:  # not JSON, not UTF-8, or CorruptManifestError
+        raise CorruptManifestError(f"{path}/{MARKER}: {exc}") from None
+    match = _DIR_RE.match(path.rstrip("/").rsplit("/", 1)[-1])
+    if match and manifest.index != int(match.group(1)):
+        raise CorruptManifestError(f"{path}/{MARKER}: commit marker index={manifest.index} "
+                                   f"in {match.group(0)}")
+    return manifest
 
 
 class CheckpointStore:
@@ -150,26 +174,38 @@ class CheckpointStore:
                 dirs[int(match.group(1))] = entry.rstrip("/")
         return dirs
 
-    def _read_manifest(self, path: str) -> CommitManifest | None:
+    def _read_manifest(self, index: int, path: str) -> CommitManifest | None:
         """The marker of the checkpoint directory ``path``; None only when a fresh listing
-        of the directory confirms there is none."""
-        data = self._retry("reading a commit marker", lambda: fsutil.read_unless_missing(
-            self.fs, fsutil.join(path, MARKER), lambda p: fsutil.read_json(self.fs, p)))
-        return None if data is None else CommitManifest.from_json(data)
+        of the directory confirms there is none. A marker that is no manifest of checkpoint
+        ``index`` raises :class:`CorruptManifestError`."""
+        raw = self._retry("reading a commit marker", lambda: fsutil.read_unless_missing(
+            self.fs, fsutil.join(path, MARKER), self.fs.cat_file))
+        return None if raw is None else parse_marker(raw, path)
+
+    def _manifest_or_damaged(self, index: int, path: str) -> CommitManifest | None | Damaged:
+        """:meth:`_read_manifest`, with a corrupt marker logged and given as ``DAMAGED``."""
+        try:
+            return self._read_manifest(index, path)
+        except CorruptManifestError as exc:
+            logger.warning("Checkpoint %s is damaged and is skipped: %s", dir_name(index), exc)
+            return DAMAGED
 
     def committed(self) -> list[CommitManifest]:
-        """Every committed checkpoint, oldest first."""
-        manifests = [self._read_manifest(p) for _, p in sorted(self._checkpoint_dirs().items())]
-        return [m for m in manifests if m is not None]
+        """Every committed checkpoint, oldest first (one with a corrupt marker left out)."""
+        manifests = [self._manifest_or_damaged(i, p)
+                     for i, p in sorted(self._checkpoint_dirs().items())]
+        return [m for m in manifests if isinstance(m, CommitManifest)]
 
     def remove_uncommitted(self) -> list[int]:
         """Deletes leftovers of interrupted uploads (directories without a marker, and
-        unfinished multipart uploads on object stores); returns the directories' indices."""
+        unfinished multipart uploads on object stores); returns the directories' indices
+        (and those of directories with a corrupt marker, which stay: see :meth:`sweep`)."""
         return self.sweep()[0]
 
     def sweep(self) -> tuple[list[int], list[CommitManifest]]:
         """:meth:`remove_uncommitted` and :meth:`committed` in one pass over the run
-        directory (a start needs both; each marker is read once)."""
+        directory (a start needs both; each marker is read once). The indices returned
+        also name the directories with a corrupt marker, which stay (no number is reused)."""
         self._fenced("removing unfinished uploads")
         aborted = self._retry("aborting unfinished multipart uploads",
                               lambda: self.adapter.abort_unfinished_uploads(self.run_path))
@@ -178,9 +214,12 @@ class CheckpointStore:
                         self.display_path)
         removed, manifests = [], []
         for index, path in sorted(self._checkpoint_dirs().items()):
-            manifest = self._read_manifest(path)
-            if manifest is not None:
+            manifest = self._manifest_or_damaged(index, path)
+            if isinstance(manifest, CommitManifest):
                 manifests.append(manifest)
+                continue
+            if manifest is DAMAGED:  # left for a person to look at; its number not reused
+                removed.append(index)
                 continue
             logger.info("Removing uncommitted checkpoint directory %s", path)
             self._retry("removing an uncommitted checkpoint",

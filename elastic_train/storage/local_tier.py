@@ -50,10 +50,10 @@ from typing import IO, Any
 import fsspec
 
 from elastic_train import env_vars
-from elastic_train.errors import StorageError
+from elastic_train.errors import CorruptManifestError, StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import MARKER, dir_name, file_matches
-from elastic_train.storage.manifest import CommitManifest
+from elastic_train.storage.manifest import CommitManifest, check_relpath
 from elastic_train.storage.retry import RetryPolicy, run_policy
 from elastic_train.storage.stores import adapter_for
 
@@ -122,6 +122,18 @@ def _is_current(lock: IO[str], path: str) -> bool:
     return (at_path.st_dev, at_path.st_ino) == (held.st_dev, held.st_ino)
 
 
+def confined(base: str, rel: str) -> str:
+    """``base/rel``, where ``rel`` comes from a manifest or a listing of shared storage:
+    :class:`CorruptManifestError` unless it is a relative path with no ``..``
+    (:func:`~.manifest.check_relpath`) that resolves, symbolic links followed, inside
+    ``base``. Nothing a marker or a store's listing says is written outside ``base``."""
+    target = os.path.join(base, check_relpath(rel))
+    real_base = os.path.realpath(base)
+    if os.path.commonpath([real_base, os.path.realpath(target)]) != real_base:
+        raise CorruptManifestError(f"{rel!r} resolves outside {base}")
+    return target
+
+
 def copy_checked(fs: fsspec.AbstractFileSystem, remote: str, out: IO[bytes] | None,
                  info: dict[str, Any] | None) -> bool:
     """Streams ``remote`` into ``out`` (or nowhere) computing its CRC-32 on the way;
@@ -179,7 +191,7 @@ class LocalTier:
         """Moves a rank's staged files of checkpoint ``path`` into its entry."""
         kept = self.entry(fs, path).kept
         for rel in relpaths:
-            target = os.path.join(kept, rel)
+            target = confined(kept, rel)
             os.makedirs(os.path.dirname(target), exist_ok=True)
             os.replace(os.path.join(staged_dir, rel), target)
 
@@ -228,10 +240,10 @@ class LocalTier:
     def local_file(self, entry: TierEntry, rel: str, info: dict[str, Any]) -> str | None:
         """The verified local copy of ``rel``, verifying a kept one first; None if the
         node has no good copy (a kept file that does not match is deleted)."""
-        verified = os.path.join(entry.verified, rel)
+        verified = confined(entry.verified, rel)
         if os.path.isfile(verified):
             return verified
-        kept = os.path.join(entry.kept, rel)
+        kept = confined(entry.kept, rel)
         if not os.path.isfile(kept):
             return None
         if not file_matches(kept, info):
@@ -249,7 +261,7 @@ class LocalTier:
                  info: dict[str, Any] | None) -> str | None:
         """Fetches ``rel`` of checkpoint ``path`` into the entry; None (nothing kept) when
         it does not match ``info``. Transient errors are retried."""
-        target = os.path.join(entry.verified, rel)
+        target = confined(entry.verified, rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         partial = f"{target}.part-{uuid.uuid4().hex[:8]}"
 
@@ -305,7 +317,14 @@ class LocalTier:
                                      lambda: fs.find(source))
         for remote in found:  # files written after the commit (metadata), or no manifest
             rel = remote[len(source):].lstrip("/")
-            if rel != MARKER and rel not in files \
-                    and not os.path.isfile(os.path.join(entry.verified, rel)):
+            if rel == MARKER or rel in files:
+                continue
+            try:
+                local = confined(entry.verified, rel)
+            except CorruptManifestError as exc:
+                logger.warning("Not fetching %s of %s: %s", rel, fsutil.display_path(fs, path),
+                               exc)
+                continue
+            if not os.path.isfile(local):
                 self.download(fs, path, entry, rel, None)
 

@@ -6,6 +6,12 @@ its size, CRC-32 and the rank that uploaded it, the world size that wrote it and
 each rank's resume state. The node's local tier checks its kept copies against
 it (:func:`~.checkpoint_store.file_matches`), and ``Result.checkpoint`` and
 ``elastic-train show`` show it.
+
+A marker comes from shared storage, which others can write: :meth:`CommitManifest.from_json`
+takes nothing on trust. A marker that is not the shape written here, or that names
+a file outside its checkpoint (an absolute path, a ``..``), raises
+:class:`~elastic_train.errors.CorruptManifestError`, and readers treat the checkpoint as
+damaged.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from elastic_train.errors import CorruptManifestError
 
 
 @dataclass
@@ -28,8 +36,28 @@ class CommitManifest:
     created: float = field(default_factory=time.time)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CommitManifest:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+    def from_json(cls, data: Any) -> CommitManifest:
+        """The manifest a marker holds; :class:`CorruptManifestError` unless it is one."""
+        _expect(isinstance(data, dict), "is not a JSON object")
+        missing = {"index", "training_iteration", "metrics", "files", "world_size"} - set(data)
+        _expect(not missing, f"lacks {sorted(missing)}")
+        manifest = cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        for name in ("index", "training_iteration"):
+            _expect(_is_int(getattr(manifest, name), 0), f"{name}={getattr(manifest, name)!r}")
+        _expect(_is_int(manifest.world_size, 1), f"world_size={manifest.world_size!r}")
+        _expect(isinstance(manifest.metrics, dict), "metrics is not an object")
+        _expect(isinstance(manifest.created, (int, float)) and not isinstance(
+            manifest.created, bool), f"created={manifest.created!r}")
+        _expect(isinstance(manifest.worker_states, dict) and all(
+            isinstance(v, dict) for v in manifest.worker_states.values()),
+            "worker_states is not an object of objects")
+        _expect(isinstance(manifest.files, dict), "files is not an object")
+        for rel, info in manifest.files.items():
+            check_relpath(rel)
+            _expect(isinstance(info, dict) and _is_int(info.get("size"), 0)
+                    and isinstance(info.get("crc32"), str)
+                    and _is_int(info.get("rank", 0), 0), f"files[{rel!r}]={info!r}")
+        return manifest
 
     @property
     def size_bytes(self) -> int:
@@ -53,6 +81,25 @@ class CommitManifest:
         else:
             who = f"from rank{'s' * (len(ranks) != 1)} {', '.join(map(str, ranks))}"
         return f"{format_size(self.size_bytes)} {who}"
+
+
+def check_relpath(rel: Any) -> str:
+    """``rel`` if it names a file inside a checkpoint directory (``/``-separated, relative,
+    no ``.`` or ``..`` or empty part, no NUL or backslash); else :class:`CorruptManifestError`."""
+    if not (isinstance(rel, str) and rel != "" and "\0" not in rel and "\\" not in rel
+            and not rel.startswith("/")
+            and all(part not in ("", ".", "..") for part in rel.split("/"))):
+        raise CorruptManifestError(f"{rel!r} names no file inside a checkpoint")
+    return rel
+
+
+def _is_int(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _expect(ok: bool, what: str) -> None:
+    if not ok:
+        raise CorruptManifestError(f"commit marker {what}")
 
 
 def format_size(size: float) -> str:

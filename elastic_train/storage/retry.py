@@ -1,9 +1,12 @@
 """Retries of storage operations: exponential backoff with full jitter, within a time budget.
 
 Only transient errors are retried -- refused or reset connections, timeouts,
-HTTP 5xx and throttling; a missing file or a permission error fails at once.
+HTTP 5xx and throttling; a missing file, a permission error, a full or read-only
+disk fail at once. An error is judged by what it carries -- its type, errno, HTTP
+status, a store's error code -- never by its message, which holds paths and run
+names (``checkpoint_000500``, a run called ``bs500``).
 The signs every store shares are here (:func:`is_transient`); a store's own
-(e.g. botocore's HTTP status) come from its adapter
+(e.g. botocore's error code and HTTP status) come from its adapter
 (:meth:`~elastic_train.storage.stores.StoreAdapter.transient`), which the
 run's storage binds to its policy (:meth:`RetryPolicy.for_store`).
 When the budget is spent, :class:`~elastic_train.errors.StorageError` names the
@@ -16,6 +19,7 @@ import errno
 import logging
 import os
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -33,9 +37,8 @@ T = TypeVar("T")
 
 _TRANSIENT_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE,
                      errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EAGAIN}
-_TRANSIENT_WORDS = ("connect", "timeout", "timed out", "throttl", "slowdown", "slow down",
-                    "service unavailable", "internal error", "internalerror", "503", "500",
-                    "502", "504", "reset by peer", "broken pipe", "temporarily")
+# HTTP statuses that pass: a timeout, throttling, the server's errors.
+_TRANSIENT_STATUSES = {408, 429}
 
 
 def _no_sign(exc: BaseException) -> bool:
@@ -56,13 +59,35 @@ def is_transient(exc: BaseException,
             return True
         if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
             return True
-        if store_sign(exc):
+        if store_sign(exc) or _is_transient_status(http_status(exc)):
             return True
-        text = f"{type(exc).__name__} {exc}".lower()
-        if any(word in text for word in _TRANSIENT_WORDS):
+        if _is_http_client_fault(exc):
             return True
         exc = exc.__cause__ or exc.__context__
     return False
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status an HTTP client's error carries: aiohttp's ``status``, requests'
+    ``response.status_code``, urllib's ``status``; None for other errors."""
+    response = getattr(exc, "response", None)
+    for value in (getattr(exc, "status", None), getattr(response, "status_code", None),
+                  getattr(response, "status", None)):
+        if isinstance(value, int) and not isinstance(value, bool) and 100 <= value < 600:
+            return value
+    return None
+
+
+def _is_transient_status(status: int | None) -> bool:
+    return status is not None and (status >= 500 or status in _TRANSIENT_STATUSES)
+
+
+def _is_http_client_fault(exc: BaseException) -> bool:
+    """aiohttp's lost connections and server timeouts (fsspec's HTTP store), which are no
+    ``ConnectionError``; aiohttp is asked only if something imported it already."""
+    aiohttp = sys.modules.get("aiohttp")
+    return aiohttp is not None and isinstance(
+        exc, (aiohttp.ClientConnectionError, aiohttp.ServerTimeoutError))
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,8 @@ def arm() -> None:
     if not directory:
         return
     os.makedirs(directory, exist_ok=True)
-    _stack_file = open(stack_file(directory, _rank()), "w")  # noqa: SIM115 -- for the process
+    # Appending: when the agent empties the file (a restart), the next dump starts at 0.
+    _stack_file = open(stack_file(directory, _rank()), "a")  # noqa: SIM115 -- for the process
     faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True)
 
 

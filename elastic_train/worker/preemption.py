@@ -73,7 +73,14 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 def install() -> None:
-    """Turns SIGTERM into a preemption notice in this (worker) process."""
+    """Turns SIGTERM into a preemption notice in this (worker) process; called by each
+    attempt's session. A notice whose grace is over is forgotten: after an in-process
+    restart it would be announced at every report again (every checkpoint synchronous,
+    every failure charged to preemption) and a new SIGTERM taken for a second one (a
+    kill). One still within its grace stays: the node is still going."""
+    global _noticed_at
+    if _noticed_at is not None and time.time() >= _noticed_at + grace_s():
+        _noticed_at = None
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 
+from elastic_train import env_vars
 from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.worker.heartbeat import progress_file
 from tests.conftest import pid_alive, wait_until
@@ -47,3 +49,41 @@ def test_reset_forgets_the_previous_groups_progress(tmp_path):
     watch.reset([0])
     assert not os.path.exists(path)
     assert watch.check({0: (2**22 + 7, str(tmp_path / "e"))}) == []
+
+
+WORKER = """
+import os, sys, time
+from elastic_train.worker import heartbeat
+heartbeat.arm()
+open(sys.argv[1], "w").close()
+def stuck_in_collective():
+    while True:
+        time.sleep(0.05)
+stuck_in_collective()
+"""
+
+
+def test_a_worker_that_survives_a_restart_still_gives_its_stack(tmp_path):
+    """#24, item 6: an in-process restart resets the watch while the worker lives on with
+    the stack file it opened at start; its next hang still reports where it is stuck, and
+    a repeat at the same place is still seen."""
+    watch = HangWatch(str(tmp_path / "progress"), timeout_s=5)
+    watch.reset([0])
+    ready = tmp_path / "ready"
+    env = {**os.environ, env_vars.PROGRESS_DIR: watch.progress_dir, "RANK": "0"}
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, str(ready)], env=env)
+    try:
+        assert wait_until(ready.exists, 60)
+        watch.reset([0])  # the in-process restart: the worker keeps its stack file open
+        stale = progress_file(watch.progress_dir, 0)
+        open(stale, "w").close()
+        os.utime(stale, (time.time() - 60, time.time() - 60))
+        error = str(tmp_path / "error.json")
+        assert watch.check({0: (worker.pid, error)}) == [0]
+        with open(error) as f:
+            info = json.load(f)["message"]
+        assert "stuck_in_collective" in info["extraInfo"]["py_callstack"]
+        assert "stuck at " in info["message"]
+    finally:
+        worker.kill()
+        worker.wait()

@@ -111,3 +111,29 @@ def test_surviving_reports_live_workers_and_ignores_dead_ones():
     assert surviving([proc.pid], wait_s=2) == {}  # a zombie until reaped: gone
     proc.wait()
     assert surviving([proc.pid, 2**22 + 7], wait_s=0) == {}
+
+
+def test_a_notice_is_forgotten_by_the_next_attempt_once_its_grace_is_over(monkeypatch):
+    """#24, item 9: after an in-process restart an expired notice is not announced again
+    (every checkpoint SYNC, every failure charged to preemption), and a new SIGTERM is a
+    new notice, not a kill."""
+    now = [1000.0]
+    killed = []
+    monkeypatch.setenv(env_vars.PREEMPTION_GRACE_S, "30")
+    monkeypatch.setattr(preemption, "_noticed_at", None)
+    monkeypatch.setattr(preemption.time, "time", lambda: now[0])
+    monkeypatch.setattr(preemption.os, "kill", lambda pid, sig: killed.append(sig))
+    saved = signal.getsignal(signal.SIGTERM)
+    try:
+        preemption.install()  # attempt 0
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+        now[0] += 10
+        preemption.install()  # attempt 1 within the grace: the node is still going
+        assert preemption.local_notice()[2] == 1000.0
+        now[0] += 60
+        preemption.install()  # attempt 2, the grace long over
+        assert preemption.local_notice() is None
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # a new notice
+        assert killed == [] and preemption.local_notice()[2] == 1070.0
+    finally:
+        signal.signal(signal.SIGTERM, saved)

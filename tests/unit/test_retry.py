@@ -131,6 +131,18 @@ def test_before_retry_runs_before_every_retry_and_not_the_first_attempt(clock):
     assert cleared == [1, 2] and fn.calls == 3
 
 
+class HTTPError(Exception):
+    """An HTTP client's error carrying the status: aiohttp's ``.status``, or requests'
+    ``.response.status_code``."""
+
+    def __init__(self, status, where="status"):
+        super().__init__("Service Unavailable" if status >= 500 else "Forbidden")
+        if where == "status":
+            self.status = status
+        else:
+            self.response = type("Response", (), {"status_code": status})()
+
+
 def chained(outer, inner, how="cause"):
     setattr(outer, f"__{how}__", inner)
     return outer
@@ -142,9 +154,11 @@ def chained(outer, inner, how="cause"):
     (OSError(errno.ETIMEDOUT, "x"), True),
     (OSError(errno.EHOSTUNREACH, "x"), True),
     (OSError(errno.ENOSPC, "No space left on device"), False),
-    (RuntimeError("503 Service Unavailable"), True),
-    (RuntimeError("SlowDown: please reduce your request rate"), True),
-    (RuntimeError("Connection reset by peer"), True),
+    (HTTPError(503), True),
+    (HTTPError(429), True),
+    (HTTPError(500, "response"), True),
+    (HTTPError(403), False),
+    (HTTPError(400, "response"), False),
     (ValueError("not a number"), False),
     (chained(RuntimeError("wrapped"), ConnectionError()), True),
     (chained(RuntimeError("wrapped"), TimeoutError(), how="context"), True),
@@ -154,6 +168,53 @@ def chained(outer, inner, how="cause"):
 ])
 def test_transient_or_permanent(exc, expected):
     assert is_transient(exc) is expected
+
+
+# The message text is never a sign: it holds paths and names the user chose (#24, item 7).
+@pytest.mark.parametrize("exc", [
+    OSError(errno.ENOSPC, "No space left on device", "/runs/bs500/checkpoint_000500/model.pt"),
+    OSError(errno.EROFS, "Read-only file system", "/runs/timeout-sweep/checkpoint_000503"),
+    OSError(errno.EDQUOT, "Disk quota exceeded", "/runs/connect-4/checkpoint_000502"),
+    RuntimeError("cannot write /runs/slowdown-temporarily/checkpoint_000500: 504 rows"),
+    ValueError("Expecting value: line 1 column 500 (char 499)"),
+])
+def test_a_message_that_looks_transient_is_not_retried(exc):
+    assert is_transient(exc) is False
+
+
+def test_a_disk_full_on_a_path_with_500_in_it_fails_at_once(clock):
+    fn = Flaky(OSError(errno.ENOSPC, "No space left on device", "/runs/bs500/checkpoint_000500"))
+    with pytest.raises(OSError):
+        RetryPolicy(budget_s=300).call("w", "x", fn)
+    assert fn.calls == 1 and clock.sleeps == []
+
+
+class ClientError(Exception):
+    """botocore's ClientError as s3fs sees it: the code and status in ``response``."""
+
+    def __init__(self, code, status):
+        super().__init__(f"An error occurred ({code})")
+        self.response = {"Error": {"Code": code, "Message": "m"},
+                         "ResponseMetadata": {"HTTPStatusCode": status}}
+
+
+@pytest.mark.parametrize("exc,expected", [
+    (ClientError("SlowDown", 503), True),
+    (ClientError("Throttling", 400), True),  # throttled with a 400: the code says it
+    (ClientError("RequestTimeout", 400), True),
+    (ClientError("InternalError", 500), True),
+    (ClientError("AccessDenied", 403), False),
+    (ClientError("NoSuchBucket", 404), False),
+    # s3fs's translation: an OSError whose cause is the ClientError
+    (chained(OSError(errno.EBUSY, "Please reduce your request rate."),
+             ClientError("SlowDown", 503)), True),
+    (chained(OSError(errno.EIO, "timeout 500 internal"), ClientError("InvalidRange", 416)),
+     False),
+])
+def test_s3_errors_are_judged_by_their_code_and_status(exc, expected):
+    from elastic_train.storage.stores.s3 import S3Store
+
+    assert is_transient(exc, S3Store(fsspec.filesystem("memory")).transient) is expected
 
 
 def test_a_cycle_of_causes_ends():

@@ -33,7 +33,8 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> RendezvousHandler:
     """torch's DynamicRendezvousHandler over an etcd v3 backend and store.
 
     torch never tells a backend that its handler shut down, so the handler's
-    ``shutdown`` is wrapped to also stop the backend's lease refresh afterwards,
+    ``shutdown`` is wrapped to also stop the backend's lease refresh afterwards
+    (``release()``, which the agent calls however it ends, stops it without closing),
     and to delete the run's keys once the job is over: each node of the last
     round counts itself out in that round's store after closing the rendezvous,
     and the node that completes the count deletes every key of the run. A job
@@ -61,8 +62,17 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> RendezvousHandler:
         finally:
             backend.close()
 
+    def release() -> None:
+        """Stops this node's heartbeats and lease refresh, leaving the rendezvous open
+        (the agent failed or was interrupted: the other nodes may go on without it)."""
+        stop_heartbeats = getattr(handler, "_stop_heartbeats", None)  # torch's, private
+        if stop_heartbeats is not None:
+            stop_heartbeats()
+        backend.close()
+
     handler.next_rendezvous = next_rendezvous_noted  # type: ignore[method-assign]
     handler.shutdown = shutdown_and_close  # type: ignore[method-assign]
+    handler.release = release  # type: ignore[attr-defined]
     return handler
 
 

@@ -226,6 +226,15 @@ class EtcdNativeHandler(RendezvousHandler):
         self._last = None
         return closed
 
+    def release(self) -> None:
+        """Stops this node's lease refresh and watches, leaving the rendezvous open: the
+        agent failed or was interrupted, and the other nodes may go on without it. Its
+        keys expire with its lease (idempotent; after :meth:`shutdown`, nothing to do)."""
+        if self._last is not None:
+            self._stop_waiting(self._last)
+        self._lease.stop(revoke=False)
+        self._run.close()
+
     # --- joining a round --------------------------------------------------------------------
 
     def _join(self, deadline: float, leaving: _Membership | None = None) -> _Membership | None:

@@ -10,6 +10,7 @@ through ``call_s3``.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Collection
 from typing import Any
 
@@ -18,6 +19,13 @@ from elastic_train.storage.stores.base import StoreAdapter
 # s3fs's multipart settings for checkpoint files: its defaults (50 MiB parts, 10 at
 # once) hold up to 500 MiB of one file in memory; these hold 64 MiB, and files from
 # 32 MiB up go in parts, so an interrupted large upload resends parts, not the file.
+# botocore error codes of a passing fault (throttling, timeouts, the service's own errors).
+TRANSIENT_CODES = frozenset({
+    "SlowDown", "Throttling", "ThrottlingException", "ThrottledException",
+    "RequestThrottled", "RequestThrottledException", "TooManyRequestsException",
+    "RequestLimitExceeded", "BandwidthLimitExceeded", "RequestTimeout",
+    "RequestTimeoutException", "InternalError", "ServiceUnavailable", "ServiceUnavailableException",
+    "PriorRequestNotComplete", "EC2ThrottledException"})
 PART_SIZE = 16 << 20
 PARTS_AT_ONCE = 4
 
@@ -52,12 +60,21 @@ class S3Store(StoreAdapter):
             "endpoint_url")
 
     def transient(self, exc: BaseException) -> bool:
-        """botocore's errors carry the HTTP status: 5xx and 429 (throttling) pass."""
+        """botocore's errors: a ``ClientError`` whose error code or HTTP status passes
+        (5xx, 429, throttling and timeout codes), or a lost connection or timeout of
+        botocore's HTTP client (no ``ConnectionError`` of Python's)."""
+        exceptions = sys.modules.get("botocore.exceptions")
+        if exceptions is not None and isinstance(
+                exc, (exceptions.ConnectionError, exceptions.HTTPClientError)):
+            return True
         response = getattr(exc, "response", None)
         if not isinstance(response, dict):
             return False
-        code = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        return code >= 500 or code == 429
+        error, meta = response.get("Error"), response.get("ResponseMetadata")
+        code = error.get("Code") if isinstance(error, dict) else None
+        status = meta.get("HTTPStatusCode") if isinstance(meta, dict) else None
+        return code in TRANSIENT_CODES or (isinstance(status, int)
+                                           and (status >= 500 or status == 429))
 
     def put_options(self) -> dict[str, Any]:
         """Bounds the memory one file's upload holds (see PART_SIZE)."""
