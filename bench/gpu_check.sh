@@ -83,9 +83,8 @@ if [ "$ONLY" != tests ]; then
     code=$?
     echo "== bench exit code $code" | tee -a "$OUT/bench.log"
     [ "$code" -eq 0 ] || status=1
-    for log in /tmp/bench-failed-*.log; do
-        [ -e "$log" ] && cp "$log" "$OUT/"
-    done
+    find /tmp -maxdepth 1 -name 'bench-failed-*.log' -newer "$OUT/env.log" \
+        -exec cp {} "$OUT/" \;  # this run's failed bench runs
 fi
 echo "== done in $(($(date +%s) - START)) s, status $status"
 exit $status

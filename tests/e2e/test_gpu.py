@@ -108,8 +108,9 @@ def test_restart_on_gpu_resumes_bit_identical(storage_path, tmp_path, gpu_baseli
         assert failed[0]["pid"] == failed[1]["pid"], probes
     else:  # a new process, forked from the warm zygote: its CUDA must start
         assert failed[0]["pid"] != failed[1]["pid"], probes
-    for p in probes:
-        if p["attempt"] == 1:  # survivors (and the raising rank) hold none of the ballast
+    for p in probes:  # survivors (and the raising rank) hold none of the ballast
+        assert not p["previous_ballast_alive"], probes
+        if p["attempt"] == 1:
             assert p["allocated_mb"] < BALLAST_MB / 2, probes
 
 

@@ -4,19 +4,22 @@ process sees of its device.
 :func:`train_mlp_on_gpu` appends one JSON line per attempt to ``config['probe_file']``
 before training: the rank, the attempt (``TORCHELASTIC_RESTART_COUNT``), the pid,
 whether torch marked the process a bad fork, whether a small CUDA computation works
-on the worker's device, and ``torch.cuda.memory_allocated()`` at that moment (what
-the process still holds of a failed attempt). It then holds ``config['ballast_mb']``
-MiB on the device for the whole attempt -- a survivor of an in-process restart must
-have freed it before its next attempt starts -- and trains
-:func:`tests.support.jobs.train_mlp`.
+on the worker's device, ``torch.cuda.memory_allocated()`` at that moment (what the
+process still holds of a failed attempt) and whether the previous attempt's ballast in
+this process is still alive. It then holds ``config['ballast_mb']`` MiB on the device
+for the whole attempt -- a survivor of an in-process restart must have freed it before
+its next attempt starts -- and trains :func:`tests.support.jobs.train_mlp`.
 
-Works on CPU too (``use_gpu=False``): the memory is then None and the check a CPU one.
+Works on CPU too (``use_gpu=False``): the memory is then None, the ballast check holds.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
+import types
+import weakref
 
 import torch
 
@@ -25,6 +28,13 @@ from elastic_train.torch import get_device
 from tests.support import jobs
 
 MIB = 2**20
+
+
+def _process_state() -> dict:
+    """A namespace that lives as long as this process: this module is pickled by value, so
+    its own globals may be new in each attempt."""
+    name = "_tests_gpu_jobs_state"
+    return sys.modules.setdefault(name, types.ModuleType(name)).__dict__
 
 
 def probe() -> dict:
@@ -37,12 +47,14 @@ def probe() -> dict:
         error = ""
     except RuntimeError as exc:  # e.g. "Cannot re-initialize CUDA in forked subprocess"
         works, error = False, str(exc)[:300]
+    previous = _process_state().get("ballast")
     return {"rank": et.get_context().get_world_rank(),
             "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
             "pid": os.getpid(), "device": str(device),
             "name": torch.cuda.get_device_name(device) if cuda and works else "",
             "bad_fork": bool(torch.cuda._is_in_bad_fork()), "works": works, "error": error,
-            "allocated_mb": allocated}
+            "allocated_mb": allocated,
+            "previous_ballast_alive": previous is not None and previous() is not None}
 
 
 def train_mlp_on_gpu(config: dict) -> dict:
@@ -51,6 +63,7 @@ def train_mlp_on_gpu(config: dict) -> dict:
         f.write(json.dumps(record) + "\n")
     ballast = torch.empty(config.get("ballast_mb", 0) * MIB, dtype=torch.uint8,
                           device=get_device())
+    _process_state()["ballast"] = weakref.ref(ballast)
     result = jobs.train_mlp(config)
     del ballast  # held until here: a failed attempt leaves it in its frame
     return result
