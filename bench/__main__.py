@@ -5,7 +5,7 @@
     python -m bench --only steps       one figure (cold_start, steps, checkpoint, recovery,
                                        memory, scaling, storage, rendezvous,
                                        rendezvous_scale, shard_reads, local_tier,
-                                       overhead, nodes, soak); repeatable
+                                       overhead, nodes, soak, gpu); repeatable
     python -m bench --smoke            tiny and quick (CI); writes a file only with --output
     python -m bench --output FILE      write the markdown there instead
 
@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
     def echo(line: str) -> None:
         print(f"[{time.monotonic() - t0:6.1f}s] {line}", flush=True)
 
-    for line in machine_lines():
+    for line in machine_lines("gpu" in figures):
         echo(line.lstrip("- "))
     suite = Suite(profile, echo)
     if not suite.launch_available:
@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
     if output:
         text = document(command, profile.name, started, runtime,
                         (load_at_start, os.getloadavg()[0]), method_lines(profile, figures),
-                        tables)
+                        tables, gpu="gpu" in figures)
         with open(output, "w") as f:
             f.write(text)
         echo(f"wrote {output}")

@@ -21,7 +21,7 @@ from bench import workload
 from bench.et_hooks import ReportHooks
 from bench.events import EventLog, restart_count, write_pid_file
 from bench.train_api import train, train_torch
-from bench.workload import WorkloadConfig, build_model
+from bench.workload import WorkloadConfig, attempt_started, build_model, use_device
 
 
 def train_func(config: dict[str, Any]) -> float:
@@ -32,6 +32,8 @@ def train_func(config: dict[str, Any]) -> float:
     log = EventLog(cfg.events_dir, rank, restart)
     log.process_started()
     log.emit("train_start")
+    use_device(cfg)
+    attempt_started(cfg, log)
     model = train_torch.prepare_model(build_model(cfg))
     return workload.train(cfg, model, rank, ReportHooks(cfg, rank, log), log)
 
@@ -49,6 +51,7 @@ def main(argv: list[str]) -> None:
         train_func,
         train_loop_config={"workload": config_json},
         scaling_config=train.ScalingConfig(num_workers=int(workers),
+                                           use_gpu=cfg.device == "cuda",
                                            resources_per_worker={"CPU": cfg.threads}),
         run_config=train.RunConfig(
             name="bench", storage_path=storage,

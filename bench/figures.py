@@ -5,7 +5,8 @@ Figure 7 (storage) lives in :mod:`bench.storage_figure`, figure 8 (rendezvous) i
 :mod:`bench.rendezvous_scale_figure`, figures 10 and 11 (sharded checkpoints) in
 :mod:`bench.sharded_figure`, figure 12 (overhead per step) in
 :mod:`bench.overhead_figure`, figure 13 (a failure on one of three nodes) in
-:mod:`bench.nodes_figure`, figure 14 (the soak) in :mod:`bench.soak_figure`; each
+:mod:`bench.nodes_figure`, figure 14 (the soak) in :mod:`bench.soak_figure`, figure 15
+(GPU: restarts on nccl) in :mod:`bench.gpu_figure`; each
 runs processes of its own.
 
 :class:`Suite` runs the variants (repetitions interleaved -- a, b, c, a, b,
@@ -19,6 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
+from bench.gpu_figure import gpu
 from bench.measure import FaultPlan, Sample, measure, phase_order
 from bench.nodes_figure import nodes
 from bench.overhead_figure import overhead
@@ -344,7 +346,7 @@ FIGURE_FUNCTIONS: dict[str, Callable[[Suite], list[Table]]] = {
     "recovery": recovery, "memory": memory, "scaling": scaling, "storage": storage,
     "rendezvous": rendezvous, "rendezvous_scale": rendezvous_scale,
     "shard_reads": shard_reads, "local_tier": local_tier, "overhead": overhead,
-    "nodes": nodes, "soak": soak,
+    "nodes": nodes, "soak": soak, "gpu": gpu,
 }
 
 

@@ -53,6 +53,10 @@ class Sample:
     recovery_phases: dict[str, float] = field(default_factory=dict)
     processes_started: int | None = None  # distinct worker processes (pids) over the run
     foreign_cores: float | None = None  # CPU other processes used during the run
+    # The GPU figure (WorkloadConfig.probe): each attempt's start (device, memory) per rank,
+    # and rank 0's final weights digest.
+    attempts: list[dict] = field(default_factory=list)
+    final_digest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,9 @@ def _fill(sample: Sample, result: procs.RunResult, ev: Events, cfg: WorkloadConf
     sample.step_us = _step_costs(ev.select("steady", rank=None))
     sizes = [e["bytes"] for e in ev.select("save") if "bytes" in e]
     sample.checkpoint_mb = sizes[0] / 2**20 if sizes else None
+    sample.attempts = ev.select("attempt", rank=None, restart=None)
+    final = ev.first("final", restart=None)
+    sample.final_digest = final["digest"] if final else None
     fault = ev.time_of("fault", rank=None)
     back = every_rank_back(ev, sample.workers, fault) if fault is not None else None
     if fault is not None and back is not None:

@@ -65,7 +65,7 @@ def _command(variant: Variant, endpoint: str, run_id: str, storage: str,
              "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts", "1"]
     if variant is FLOOR:
         return [sys.executable, "-m", "torch.distributed.run", *flags, WORKER_SCRIPT, config]
-    return [ELASTIC_TRAIN_CLI, "launch", *flags, "--storage-path", storage, "--name", run_id,
+    return [*ELASTIC_TRAIN_CLI, "launch", *flags, "--storage-path", storage, "--name", run_id,
             WORKER_SCRIPT, config]
 
 

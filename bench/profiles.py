@@ -17,7 +17,7 @@ from bench.workload import WorkloadConfig
 
 FIGURES = ("cold_start", "steps", "checkpoint", "recovery", "memory", "scaling", "storage",
            "rendezvous", "rendezvous_scale", "shard_reads", "local_tier", "overhead", "nodes",
-           "soak")
+           "soak", "gpu")
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,12 @@ class Profile:
                                                recover_within_s=30.0))
     faults: tuple[str, ...] = ("exception", "exit", "sigkill")  # figure 4's rows
     soak_faults: int = 50  # figure 14
+    # Figure 15 (skipped without CUDA): full, the issue's reference workload -- a 13.7 M
+    # parameter MLP (512 -> 2048 x 4 -> 10) with Adam; smoke, the tiny one with Adam.
+    gpu: WorkloadConfig = WorkloadConfig(input_dim=512, hidden=2048, layers=4, batch=256,
+                                         steps_per_epoch=40, epochs=3, optimizer="adam",
+                                         lr=1e-3)
+    gpu_faults: tuple[str, ...] = ("exception", "sigkill", "exit")
 
 
 _FULL_MODEL = WorkloadConfig(input_dim=512, hidden=1024, layers=2, batch=128)
@@ -82,14 +88,16 @@ SMOKE = Profile(
     scaling=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2),
     scaling_workers=(1, 2),
     storage_sizes_mb=(1,), shard_reads_mb=2, local_tier_mb=2,
+    # gpu: one line without CUDA (its device count is all it costs here)
     figures=("cold_start", "steps", "checkpoint", "memory", "storage", "rendezvous",
-             "rendezvous_scale", "overhead"),
+             "rendezvous_scale", "overhead", "gpu"),
     rendezvous_agents=(2,), rendezvous_launchers=("c10d",), rendezvous_recovery=False,
     fault=FaultPlan(how="sigkill", epoch=1, step=2, rank=1, recover_within_s=30.0),
     faults=("exit",),
     soak_faults=3,
     scale_nodes=(4,), scale_backends=("etcd",), scale_timeout_s=30.0,
     overhead=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2), overhead_pairs=2,
+    gpu=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2, optimizer="adam", lr=1e-3),
 )
 
 PROFILES = {p.name: p for p in (FULL, SMOKE)}

@@ -26,7 +26,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bench.events import EventLog, write_pid_file
 from bench.hooks import NoHooks, TorchSaveHooks
-from bench.workload import Hooks, WorkloadConfig, build_model, train
+from bench.workload import (
+    Hooks,
+    WorkloadConfig,
+    attempt_started,
+    build_model,
+    train,
+    use_device,
+)
 
 
 def make_hooks(cfg: WorkloadConfig, rank: int, log: EventLog) -> Hooks:
@@ -39,7 +46,7 @@ def make_hooks(cfg: WorkloadConfig, rank: int, log: EventLog) -> Hooks:
     return TorchSaveHooks(cfg.ckpt_dir, rank, log)
 
 
-def init_process_group(namespaced: bool, rank: int, restart: int) -> None:
+def init_process_group(backend: str, namespaced: bool, rank: int, restart: int) -> None:
     """``env://`` as torchrun users write it, or -- with ``namespaced`` -- the agent's
     store under a per-restart prefix.
 
@@ -49,12 +56,12 @@ def init_process_group(namespaced: bool, rank: int, restart: int) -> None:
     elastic-train's generation ids do.
     """
     if not namespaced:
-        dist.init_process_group("gloo")
+        dist.init_process_group(backend)
         return
     world_size = int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                           world_size=world_size, is_master=False)
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"bench/restart{restart}/", store),
+    dist.init_process_group(backend, store=dist.PrefixStore(f"bench/restart{restart}/", store),
                             rank=rank, world_size=world_size)
 
 
@@ -67,11 +74,16 @@ def main(config_json: str) -> None:
     log.process_started()
     log.emit("imported")
     torch.set_num_threads(cfg.threads)
-    init_process_group(cfg.namespaced_store, rank, restart)
+    use_device(cfg)
+    init_process_group("nccl" if cfg.device == "cuda" else "gloo", cfg.namespaced_store, rank,
+                       restart)
     log.emit("train_start")
+    attempt_started(cfg, log)
     model = build_model(cfg)
+    if cfg.device == "cuda":
+        model = model.to(torch.device("cuda", torch.cuda.current_device()))
     if dist.get_world_size() > 1:
-        model = DistributedDataParallel(model)
+        model = DistributedDataParallel(model)  # on its device: DDP takes it from the model
     train(cfg, model, rank, make_hooks(cfg, rank, log), log)
     dist.destroy_process_group()
 

@@ -29,7 +29,11 @@ from bench.workload import WorkloadConfig
 from tests.support.paths import REPO
 
 WORKER_SCRIPT = os.path.join(REPO, "bench", "torchrun_worker.py")
-ELASTIC_TRAIN_CLI = os.path.join(os.path.dirname(sys.executable), "elastic-train")
+_CONSOLE_SCRIPT = os.path.join(os.path.dirname(sys.executable), "elastic-train")
+# The installed console script; where the project is only on PYTHONPATH (not installed, as
+# on a GPU machine with a system-wide torch), the same CLI as a module.
+ELASTIC_TRAIN_CLI = [_CONSOLE_SCRIPT] if os.path.exists(_CONSOLE_SCRIPT) \
+    else [sys.executable, "-m", "elastic_train.cli"]
 
 
 class Harness(str, enum.Enum):
@@ -91,7 +95,7 @@ MAIN = (FLOOR, TORCH_SAVE, ET_EPOCH, ET_STEP, ET_LAUNCH, RAY)  # figures 1, 2 an
 def launch_help() -> str | None:
     """The help text of ``elastic-train launch``, or None if the command does not exist."""
     try:
-        proc = subprocess.run([ELASTIC_TRAIN_CLI, "launch", "--help"], capture_output=True,
+        proc = subprocess.run([*ELASTIC_TRAIN_CLI, "launch", "--help"], capture_output=True,
                               text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -126,6 +130,6 @@ def command(variant: Variant, cfg: WorkloadConfig, workers: int, storage_dir: st
     if variant.harness in (Harness.ET_API, Harness.RAY):
         return [py, "-m", "bench.et_driver", cfg.to_json(), str(workers), storage_dir,
                 str(max_restarts)]
-    return [ELASTIC_TRAIN_CLI, "launch", "--standalone", "--nproc-per-node", str(workers),
+    return [*ELASTIC_TRAIN_CLI, "launch", "--standalone", "--nproc-per-node", str(workers),
             "--max-restarts", str(max_restarts), "--storage-path", storage_dir,
             "--name", "bench", WORKER_SCRIPT, cfg.to_json()]

@@ -10,6 +10,8 @@ random "teacher" so the loss actually goes down.
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import json
 import os
 import signal
@@ -42,6 +44,10 @@ class WorkloadConfig:
     train function raises, its process exits with code 1, or it SIGKILLs itself, right
     after a ``fault`` event. ``in_process`` wraps the torchrun-style worker's main in
     ``elastic_train.restart_in_process`` (variant d').
+    ``device`` is ``"cpu"`` (gloo) or ``"cuda"`` (nccl, one GPU per worker: the GPU
+    figure); ``optimizer`` is ``"sgd"`` (with momentum) or ``"adam"``. ``probe`` adds the
+    GPU figure's events: the device and torch version, the device memory at the start
+    of every attempt and the final weights' digest (:func:`attempt_started`).
     """
 
     input_dim: int = 512
@@ -66,6 +72,9 @@ class WorkloadConfig:
     fault_step: int = 5
     in_process: bool = False
     restart_in_process: bool = True
+    device: str = "cpu"
+    optimizer: str = "sgd"
+    probe: bool = False
     events_dir: str = ""
     ckpt_dir: str = ""
 
@@ -105,7 +114,51 @@ def build_model(cfg: WorkloadConfig) -> nn.Module:
 
 
 def make_optimizer(cfg: WorkloadConfig, model: nn.Module) -> torch.optim.Optimizer:
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=cfg.lr)
     return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+
+
+def parameter_count(cfg: WorkloadConfig) -> int:
+    dims = [cfg.input_dim] + [cfg.hidden] * cfg.layers + [cfg.classes]
+    return sum(d_in * d_out + d_out for d_in, d_out in zip(dims[:-1], dims[1:], strict=True))
+
+
+def use_device(cfg: WorkloadConfig) -> None:
+    """Before the process group: the GPU of this rank (``LOCAL_RANK``), deterministic
+    cuBLAS and kernels, so that a resumed run can end bit-identical. Nothing on CPU."""
+    if cfg.device != "cuda":
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def attempt_started(cfg: WorkloadConfig, log: EventLog) -> None:
+    """With ``probe``: this attempt's ``attempt`` event -- the device (name, torch, CUDA,
+    whether torch marked the process a bad fork) and the device memory the process holds
+    before the attempt builds anything: allocated, the peak so far, reserved (None on
+    CPU)."""
+    if not cfg.probe:
+        return
+    cuda = cfg.device == "cuda"
+    memory = {name: getattr(torch.cuda, name)() / 2**20 if cuda else None
+              for name in ("memory_allocated", "max_memory_allocated", "memory_reserved")}
+    log.emit("attempt", device=torch.cuda.get_device_name() if cuda else "cpu",
+             torch=torch.__version__, cuda=torch.version.cuda,
+             bad_fork=bool(getattr(torch.cuda, "_is_in_bad_fork", lambda: False)()),
+             **{f"{name}_mb": value for name, value in memory.items()})
+
+
+def weights_digest(model: nn.Module) -> str:
+    """SHA-256 over every tensor's name and bytes: equal only if bit-identical."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(unwrap(model).state_dict().items()):
+        data = tensor.detach().cpu().contiguous()
+        digest.update(name.encode())
+        if data.numel():  # no numpy needed: the bytes straight from the tensor's memory
+            digest.update(ctypes.string_at(data.data_ptr(), data.numel() * data.element_size()))
+    return digest.hexdigest()
 
 
 def make_shard(cfg: WorkloadConfig, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,6 +222,9 @@ def train(cfg: WorkloadConfig, model: nn.Module, rank: int, hooks: Hooks, log: E
     start = hooks.restore(model, optimizer)
     log.emit("restored", epoch=start)
     x, y = make_shard(cfg, rank)
+    if cfg.device != "cpu":
+        device = next(model.parameters()).device
+        x, y = x.to(device), y.to(device)
     payload = make_payload(cfg)
     loss_fn = nn.CrossEntropyLoss()
     loss_value = float("nan")
@@ -194,6 +250,8 @@ def train(cfg: WorkloadConfig, model: nn.Module, rank: int, hooks: Hooks, log: E
         log.emit("epoch_end", epoch=epoch, loss=loss_value)
     if steady.steps:
         log.emit("steady", **steady.totals())
+    if cfg.probe and rank == 0:
+        log.emit("final", digest=weights_digest(model))
     log.emit("done")
     return loss_value
 

@@ -1,5 +1,6 @@
 """examples/fsdp_transformer.py runs as a user would run it: FSDP2 on 2 workers with a
-worker killed and resumed, then continued on 1 worker from the sharded checkpoint."""
+worker killed and resumed, then continued on 1 worker from the sharded checkpoint.
+Its GPU case (nccl) is in tests/e2e/test_gpu.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import sys
 
 import pytest
 
-from elastic_train import devices
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400),
@@ -35,9 +35,3 @@ def test_example_resumes_and_reshards(tmp_path):
     assert re.search(r"run 1: .* on 2 workers; .*from ranks 0, 1\)", out)
     assert re.search(r"run 2: .* on 1 worker\(s\), resharded from 2; .*from rank 0\)", out)
 
-
-@pytest.mark.skipif(not devices.count("cuda"), reason="no CUDA device")
-def test_example_on_a_gpu(tmp_path):
-    out = run_example(tmp_path, "--use-gpu", "--num-workers", "1", "--kill-at-step", "0",
-                      "--steps", "20", "--checkpoint-every", "10", "--more-steps", "10")
-    assert re.search(r"rank 0: resumed at step 20", out) and "run 2:" in out

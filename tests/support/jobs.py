@@ -35,8 +35,10 @@ def state_digest(state: dict[str, torch.Tensor]) -> str:
     """SHA-256 over every parameter's name and bytes: equal only if bit-identical."""
     digest = hashlib.sha256()
     for name, tensor in sorted(state.items()):
+        data = tensor.detach().cpu().contiguous()
         digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        if data.numel():  # the tensor's bytes, read without numpy (a GPU box may lack it)
+            digest.update(ctypes.string_at(data.data_ptr(), data.numel() * data.element_size()))
     return digest.hexdigest()
 
 
