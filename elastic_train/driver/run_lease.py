@@ -40,7 +40,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
@@ -51,7 +50,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, replace
 
-from elastic_train import env_vars
+from elastic_train import env_vars, process_identity
 from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.errors import LeaseLostError, RunInUseError
 from elastic_train.storage import RunStorage
@@ -74,20 +73,6 @@ def job_id(rendezvous: RendezvousConfig) -> str:
     return hashlib.sha256(f"{rendezvous.backend}|{rendezvous.run_id}".encode()).hexdigest()[:16]
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def _start_ticks(pid: int) -> str:
-    """The process's start time (clock ticks since boot): tells a pid from its reuse."""
-    stat = _read(f"/proc/{pid}/stat")
-    return stat.rsplit(")", 1)[1].split()[19] if ")" in stat else ""
-
-
 @dataclass(frozen=True)
 class Owner:
     """This driver process, as its claim names it."""
@@ -102,13 +87,10 @@ class Owner:
 
     @classmethod
     def this_process(cls, description: str) -> Owner:
-        pidns = ""
-        with contextlib.suppress(OSError):
-            pidns = os.readlink("/proc/self/ns/pid")
         return cls(description=description, host=platform.node(), pid=os.getpid(),
-                   start_ticks=_start_ticks(os.getpid()),
-                   boot_id=_read("/proc/sys/kernel/random/boot_id"), pid_namespace=pidns,
-                   started=time.time())
+                   start_ticks=process_identity.start_ticks(os.getpid()),
+                   boot_id=process_identity.boot_id(),
+                   pid_namespace=process_identity.pid_namespace(), started=time.time())
 
     def can_see(self, owner: dict) -> bool:
         """Whether ``owner``'s pid means the same process here (same host, boot and pid
@@ -119,8 +101,7 @@ class Owner:
 
 
 def _alive(owner: dict) -> bool:
-    ticks = owner.get("start_ticks")
-    return bool(ticks) and _start_ticks(int(owner.get("pid", 0))) == ticks
+    return process_identity.is_running(int(owner.get("pid", 0)), owner.get("start_ticks") or "")
 
 
 def is_live(claim: Claim, me: Owner, now: float) -> bool:
