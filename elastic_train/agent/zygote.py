@@ -41,13 +41,12 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
 from dataclasses import dataclass
 
-from elastic_train import env_vars
+from elastic_train import env_vars, scratch
 from elastic_train.agent import zygote_fork
 from elastic_train.agent.zygote_preload import FIRST_STEP, ask_to_preload, preload_here
 
@@ -403,7 +402,7 @@ class Zygote:
     def _fresh_dir(self) -> str:
         """A new private directory for the zygote's socket; returns the socket's path."""
         self._stop()
-        self._dir = tempfile.mkdtemp(prefix="et-zygote-")  # mode 0700: ours only
+        self._dir = scratch.make(scratch.ZYGOTE_PREFIX)  # mode 0700: ours only
         return os.path.join(self._dir, "socket")
 
     def preload(self, modules: list[str]) -> dict | None:

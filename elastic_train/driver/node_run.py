@@ -27,12 +27,11 @@ import logging
 import os
 import shutil
 import socket
-import tempfile
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from elastic_train import env_vars
+from elastic_train import env_vars, scratch
 from elastic_train.agent import zygote
 from elastic_train.agent.api import AgentOutcome, AgentSpec, ProcessOptions
 from elastic_train.agent.rendezvous.config import RendezvousConfig
@@ -137,11 +136,12 @@ class NodeRun:
         # loop -- S3, GCS -- has started its IO thread by now, so for those the zygote
         # starts as a fresh interpreter instead: refusing bad input first comes first.)
         self.user_roots = user_code.user_roots(plan.user_code)
+        scratch.sweep()  # what drivers killed on this node left (before ours are made)
         if plan.process.zygote:
             zygote.prestart(self.user_roots)
         self.lease = RunLease.acquire(plan.storage, plan.rendezvous, self._description())
         plan.storage.use_fence(self.lease.token)
-        self.scratch = tempfile.mkdtemp(prefix="elastic_train_")
+        self.scratch = scratch.make(scratch.NODE_PREFIX)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,

@@ -18,7 +18,11 @@ Acquiring without compare-and-swap: a driver writes a *pending* claim, then
 lists the claims. If it sees a live claim of another job, it withdraws (and is
 refused when that claim is held, or retries after a random pause when it is
 pending too). Of two drivers that write at the same time, at least the later
-lister sees the other's claim, so two jobs never both hold the run. A pending
+lister sees the other's claim. A claim listed but gone when read is a rival
+replacing its pending claim by its held one: the driver lists again, and backs off
+if the claims keep changing (skipping it let two jobs take one token). Once it has
+written its held claim, it lists once more and withdraws if another job holds the
+run with its token or a newer one. So two jobs never both hold the run. A pending
 claim carries token 0, so that it fences nobody: with a token of its own it would
 look like a newer job to the heartbeats and fences of the nodes running the run
 for as long as it stands, whether it is another node of theirs joining or a
@@ -36,7 +40,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
@@ -47,7 +50,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, replace
 
-from elastic_train import env_vars
+from elastic_train import env_vars, process_identity
 from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.errors import LeaseLostError, RunInUseError
 from elastic_train.storage import RunStorage
@@ -70,20 +73,6 @@ def job_id(rendezvous: RendezvousConfig) -> str:
     return hashlib.sha256(f"{rendezvous.backend}|{rendezvous.run_id}".encode()).hexdigest()[:16]
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def _start_ticks(pid: int) -> str:
-    """The process's start time (clock ticks since boot): tells a pid from its reuse."""
-    stat = _read(f"/proc/{pid}/stat")
-    return stat.rsplit(")", 1)[1].split()[19] if ")" in stat else ""
-
-
 @dataclass(frozen=True)
 class Owner:
     """This driver process, as its claim names it."""
@@ -98,13 +87,10 @@ class Owner:
 
     @classmethod
     def this_process(cls, description: str) -> Owner:
-        pidns = ""
-        with contextlib.suppress(OSError):
-            pidns = os.readlink("/proc/self/ns/pid")
         return cls(description=description, host=platform.node(), pid=os.getpid(),
-                   start_ticks=_start_ticks(os.getpid()),
-                   boot_id=_read("/proc/sys/kernel/random/boot_id"), pid_namespace=pidns,
-                   started=time.time())
+                   start_ticks=process_identity.start_ticks(os.getpid()),
+                   boot_id=process_identity.boot_id(),
+                   pid_namespace=process_identity.pid_namespace(), started=time.time())
 
     def can_see(self, owner: dict) -> bool:
         """Whether ``owner``'s pid means the same process here (same host, boot and pid
@@ -115,8 +101,7 @@ class Owner:
 
 
 def _alive(owner: dict) -> bool:
-    ticks = owner.get("start_ticks")
-    return bool(ticks) and _start_ticks(int(owner.get("pid", 0))) == ticks
+    return process_identity.is_running(int(owner.get("pid", 0)), owner.get("start_ticks") or "")
 
 
 def is_live(claim: Claim, me: Owner, now: float) -> bool:
@@ -200,7 +185,10 @@ class RunLease:
         pending = Claim(token=PENDING_TOKEN, claim_id=uuid.uuid4().hex[:16], job=job,
                         state=PENDING, owner=asdict(me), ttl_s=ttl_s)
         lease_dir.write(pending)
-        claims = lease_dir.claims()
+        claims = lease_dir.settled_claims()
+        if claims is None:  # claims come and go: another driver is acquiring right now
+            lease_dir.remove(pending)
+            return None
         now = _store_now(claims, pending)
         others = [c for c in claims if c.claim_id != pending.claim_id]
         live = [c for c in others if is_live(c, me, now)]
@@ -216,12 +204,28 @@ class RunLease:
                         beat_at=time.time())
         lease_dir.write(claim)
         lease_dir.remove(pending)
+        if RunLease._rivalled(lease_dir, claim, me):
+            lease_dir.remove(claim)
+            return None
         for dead in (c for c in others if c not in live):  # ours carries the highest token
             lease_dir.remove(dead)
         if any(c.state != RELEASED and c not in live for c in others):
             logger.warning("Took over the run %s: the lease of its previous job was stale.",
                            storage.display_path)
         return claim
+
+    @staticmethod
+    def _rivalled(lease_dir: LeaseDir, claim: Claim, me: Owner) -> bool:
+        """Whether, after ``claim`` was written held, another job holds the run with its
+        token or a newer one (a listing that missed the rival's claim), or the claims
+        cannot be told: then this job withdraws. Of two jobs that wrote "held" with one
+        token, the later to look sees the other, so at most one keeps it."""
+        claims = lease_dir.settled_claims()
+        if claims is None:
+            return True
+        now = _store_now(claims, claim)
+        return any(c.job != claim.job and c.state == HELD and c.token >= claim.token
+                   and is_live(c, me, now) for c in claims)
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.claim.ttl_s / 4):

@@ -9,11 +9,13 @@ marker first, so a reader never sees half a checkpoint.
 
 The protocol is the same on every fsspec store: files are written into their
 final place (no directory rename, which object stores cannot do atomically)
-and the marker is one small atomic write. Ranks announce a finished upload
-with a marker under ``.upload-marks/`` (their files' sizes and CRC-32s,
-computed off the training thread) that the committing rank waits for and
-merges into the manifest. Every
-operation is retried on transient errors (see :mod:`.retry`).
+and the marker is one small atomic write. On local disk the files and their
+directories are fsynced before the marker is written, and the marker's rename is
+synced too, so a power cut never leaves a marker over files it lost. Ranks
+announce a finished upload with a marker under ``.upload-marks/`` (their files'
+sizes and CRC-32s, computed off the training thread) that the committing rank
+waits for and merges into the manifest. Every operation is retried on transient
+errors (see :mod:`.retry`).
 
 "No marker" is never taken from one lookup: an NFS client caches "not found" for
 up to ``acdirmin`` (30 s), so a node may not see a marker another node wrote
@@ -248,8 +250,15 @@ class CheckpointStore:
         for directory in sorted({r.rsplit("/", 1)[0] for r in remote}):
             self._retry("creating a checkpoint directory",
                         lambda d=directory: self.fs.makedirs(d, exist_ok=True))
-        if self.adapter.link_files(local, remote):
-            return
+        if not self.adapter.link_files(local, remote):
+            self._put(index, local, remote, callback, cancelled)
+        # Durable before rank 0 may commit: the marker must never outlive the files.
+        self._retry(f"syncing {dir_name(index)}",
+                    lambda: self.adapter.make_durable(remote, self.run_path))
+
+    def _put(self, index: int, local: list[str], remote: list[str],
+             callback: Callback | None, cancelled: threading.Event | None) -> None:
+        target = self.path(index)
         options = self.adapter.put_options()
         if callback is not None:
             options["callback"] = callback
@@ -351,4 +360,6 @@ class CheckpointStore:
         self._fenced(f"deleting {dir_name(index)}")
         path = self.path(index)
         self._retry(f"deleting {dir_name(index)}", lambda: self.fs.rm(fsutil.join(path, MARKER)))
+        # The marker's removal reaches the disk before the files' (no marker over holes).
+        self._retry(f"deleting {dir_name(index)}", lambda: self.adapter.make_durable([path], path))
         self._retry(f"deleting {dir_name(index)}", lambda: self.adapter.remove_tree(path))

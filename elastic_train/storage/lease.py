@@ -135,18 +135,36 @@ class LeaseDir:
         return [int(_NAME_RE.match(e["name"].rsplit("/", 1)[-1]).group(1))
                 for e in self._listing()]
 
-    def claims(self) -> list[Claim]:
-        """Every claim, with the store's modification time; a claim that vanished or is
-        mid-write while being read is left out."""
-        claims = []
+    def _read(self) -> tuple[list[Claim], bool]:
+        """The claims of one listing, and whether one of them vanished before it was read
+        (a claim that cannot be parsed is left out)."""
+        claims, vanished = [], False
         for entry in self._listing():
             try:
                 data = self._retry("reading a lease claim",
                                    lambda e=entry: fsutil.read_json(self.fs, e["name"]))
                 claims.append(Claim.from_json(data, self.adapter.modified(entry)))
-            except (FileNotFoundError, ValueError, KeyError, TypeError):
+            except FileNotFoundError:
+                vanished = True
+            except (ValueError, KeyError, TypeError):
                 continue
-        return claims
+        return claims, vanished
+
+    def claims(self) -> list[Claim]:
+        """Every claim, with the store's modification time; a claim that vanished or is
+        mid-write while being read is left out."""
+        return self._read()[0]
+
+    def settled_claims(self, listings: int = 3) -> list[Claim] | None:
+        """Every claim, from a listing none of whose claims vanished before it was read;
+        None when they kept vanishing. A claim that vanishes is a driver acquiring or
+        leaving the run (a pending claim replaced by its held one): whoever decides who
+        holds the run must not decide without it, so it lists again (or backs off)."""
+        for _ in range(listings):
+            claims, vanished = self._read()
+            if not vanished:
+                return claims
+        return None
 
     def write(self, claim: Claim) -> None:
         path = fsutil.join(self.path, claim.file_name)

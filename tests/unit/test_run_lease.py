@@ -4,6 +4,7 @@ holder, contention, fencing of every write that could harm a newer job."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -216,3 +217,92 @@ def test_a_claim_rewritten_between_listing_and_reading_is_read_on_s3(tmp_path, s
 
     monkeypatch.setattr(LeaseDir, "_listing", listed_then_renewed)
     assert [c.state for c in lease_dir.claims()] == [PENDING]
+
+
+def _in_thread(name: str, fn) -> tuple[threading.Thread, dict]:
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["lease"] = fn()
+        except BaseException as exc:  # noqa: BLE001 -- carried to the test thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread, result
+
+
+@pytest.mark.timeout(60)
+def test_a_claim_that_vanishes_while_read_is_an_acquisition_under_way(storage, monkeypatch):
+    """#24 item 1, forced: job B lists the claims while job A is between its listing and
+    its held claim; A writes "held" and removes its pending claim before B reads it. B
+    must not take the run too (before: both jobs held token 1, fencing neither)."""
+    monkeypatch.setattr(run_lease.random, "uniform", lambda a, b: 0.0)
+    a_listed, b_listed, a_acquired = threading.Event(), threading.Event(), threading.Event()
+    write, remove, listing = LeaseDir.write, LeaseDir.remove, LeaseDir._listing
+
+    def paced_write(self, claim):
+        if threading.current_thread().name == "job-a" and claim.state == HELD:
+            assert b_listed.wait(10), "job B never listed"
+        write(self, claim)
+
+    def paced_remove(self, claim):
+        remove(self, claim)
+        if threading.current_thread().name == "job-a" and claim.state == PENDING:
+            a_acquired.set()
+
+    def paced_listing(self):
+        entries = listing(self)
+        if threading.current_thread().name == "job-a":
+            a_listed.set()
+        if threading.current_thread().name == "job-b" and not b_listed.is_set():
+            b_listed.set()
+            assert a_acquired.wait(10), "job A never held the run"
+        return entries
+
+    monkeypatch.setattr(LeaseDir, "write", paced_write)
+    monkeypatch.setattr(LeaseDir, "remove", paced_remove)
+    monkeypatch.setattr(LeaseDir, "_listing", paced_listing)
+    thread_a, a = _in_thread("job-a", lambda: RunLease.acquire(storage, rendezvous("a"), "A"))
+    assert a_listed.wait(10)  # A's pending claim is written and A has looked: B starts
+    thread_b, b = _in_thread("job-b", lambda: RunLease.acquire(storage, rendezvous("b"), "B"))
+    thread_a.join(30)
+    thread_b.join(30)
+    try:
+        assert "error" not in a, a.get("error")
+        assert a["lease"].token == 1
+        held = [(c.owner["description"], c.token) for c in storage.lease_dir().claims()
+                if c.state == HELD]
+        assert held == [("A", 1)], f"two jobs hold the run: {held}"
+        assert isinstance(b.get("error"), RunInUseError), b
+    finally:
+        for result in (a, b):
+            if "lease" in result:
+                result["lease"].release()
+
+
+@pytest.mark.timeout(60)
+def test_a_job_that_finds_another_holding_its_token_withdraws(storage, monkeypatch):
+    """#24 item 1: a listing that missed a rival's claim (a stale listing, say) lets two
+    jobs write "held" with one token; the later one sees the other on its check after
+    writing and withdraws, so one job holds the run."""
+    monkeypatch.setattr(run_lease.random, "uniform", lambda a, b: 0.0)
+    first = RunLease.acquire(storage, rendezvous("a"), "A")
+    listing, blind = LeaseDir._listing, [True]
+
+    def stale_once(self):  # the first listing of B's acquisition misses A's claim
+        entries = listing(self)
+        if blind:
+            blind.clear()
+            return [e for e in entries if first.claim.file_name not in e["name"]]
+        return entries
+
+    monkeypatch.setattr(LeaseDir, "_listing", stale_once)
+    try:
+        with pytest.raises(RunInUseError, match="in use by A"):
+            RunLease.acquire(storage, rendezvous("b"), "B")
+        held = [(c.owner["description"], c.token) for c in storage.lease_dir().claims()]
+        assert held == [("A", 1)]
+    finally:
+        first.release()

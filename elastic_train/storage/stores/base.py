@@ -85,6 +85,11 @@ class StoreAdapter:
         can (nothing is left behind when it cannot); False: the caller uploads them."""
         return False
 
+    def make_durable(self, paths: list[str], up_to: str) -> None:
+        """Makes the files (or directories) ``paths``, and their names in every directory
+        up to ``up_to``, survive a power cut. A completed PUT is durable on an object
+        store: nothing to do."""
+
     def rename_tree(self, source: str, target: str) -> bool:
         """Moves a directory tree in one atomic step where the store can; False where it
         cannot (the caller copies, checks the copy, then deletes)."""

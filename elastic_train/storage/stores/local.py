@@ -1,11 +1,45 @@
-"""Local disk and NFS mounts: atomic renames, appends and hard links exist here."""
+"""Local disk and NFS mounts: atomic renames, appends and hard links exist here.
+
+What is written here survives a power cut only once it is fsynced: a file's bytes by
+an fsync of the file, a name made, renamed or removed in a directory by an fsync of
+the directory. Every write that must outlast the process (a checkpoint's files, a
+commit marker, ``run.json``) is synced both ways before anything depends on it.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
 import uuid
 
 from elastic_train.storage.stores.base import StoreAdapter
+
+# A file system that cannot fsync a directory (some FUSE and network ones) says so thus.
+_NO_DIR_SYNC = (errno.EINVAL, errno.ENOTSUP, errno.EBADF, errno.EACCES, errno.EPERM)
+
+
+def fsync_path(path: str) -> None:
+    """fsyncs the file or directory ``path`` (a directory: the names in it); a file
+    system that cannot fsync directories is let be."""
+    is_dir = os.path.isdir(path)
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if is_dir else 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if not (is_dir and exc.errno in _NO_DIR_SYNC):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _parents(path: str, up_to: str) -> list[str]:
+    """The directories from ``path``'s own up to and including ``up_to``, deepest first."""
+    top = os.path.normpath(up_to)
+    parents, directory = [], os.path.dirname(os.path.normpath(path))
+    while directory.startswith(top + os.sep):
+        parents.append(directory)
+        directory = os.path.dirname(directory)
+    return [*parents, top] if directory == top else parents
 
 
 class LocalStore(StoreAdapter):
@@ -23,6 +57,7 @@ class LocalStore(StoreAdapter):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_path(os.path.dirname(path))  # the rename itself
 
     def append(self, path: str, data: bytes) -> bool:
         with open(path, "ab") as f:
@@ -45,6 +80,19 @@ class LocalStore(StoreAdapter):
             return False
         return True
 
+    def make_durable(self, paths: list[str], up_to: str) -> None:
+        """fsyncs ``paths``, then every directory from theirs up to ``up_to``: their
+        bytes and their names survive a power cut (without, a committed marker could
+        stand over empty files once the journal had the names and not the data)."""
+        directories: dict[str, None] = {}
+        for path in paths:
+            fsync_path(path)
+            directories.update(dict.fromkeys(_parents(path, up_to)))
+        for directory in sorted(directories, key=len, reverse=True):
+            fsync_path(directory)
+
     def rename_tree(self, source: str, target: str) -> bool:
         os.rename(source, target)
+        for directory in dict.fromkeys((os.path.dirname(target), os.path.dirname(source))):
+            fsync_path(directory)
         return True
