@@ -12,6 +12,7 @@ with the worker group's). See docs/TORCH_INTERNALS.md.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import signal
 import time
@@ -20,17 +21,33 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import Worker
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
+# A torch without NUMA binding (before 2.9) has no such parameter; 2.14 requires it.
+_TAKES_NUMA_OPTIONS = "numa_options" in inspect.signature(SubprocessHandler.__init__).parameters
+
 
 class _AppendingHandler(SubprocessHandler):
     """torch's handler, with the log files opened for appending: the replaced worker's
-    output stays above the new one's (torch's truncates, for a fresh group)."""
+    output stays above the new one's (torch's truncates, for a fresh group).
+
+    torch's own ``__init__`` builds the command, so what it adds to it is kept:
+    under ``--numa-binding`` the ``numactl`` binding of the slot's device (torch
+    2.14 wraps with ``torch.numa.binding._maybe_wrap_command_args_with_numa_binding``;
+    2.9 to 2.13 with helpers of other names and arguments, called from the same
+    place). Only the opening of the log files is ours, in :meth:`_popen`.
+    """
 
     def __init__(self, args: tuple[str, ...], env: dict[str, str], stdout: str | None,
-                 stderr: str | None, local_rank: int):
+                 stderr: str | None, local_rank: int, numa_options: Any = None):
+        self._append_to = (stdout, stderr)
+        numa = {"numa_options": numa_options} if _TAKES_NUMA_OPTIONS else {}
+        super().__init__(entrypoint=args[0], args=args[1:], env=env, stdout=None,
+                         stderr=None, local_rank_id=local_rank, **numa)
+
+    def _popen(self, args: tuple, env: dict[str, str]) -> Any:
+        stdout, stderr = self._append_to
         self._stdout = open(stdout, "a") if stdout else None  # noqa: SIM115 -- owned by handler
         self._stderr = open(stderr, "a") if stderr else None  # noqa: SIM115
-        self.local_rank_id = local_rank
-        self.proc = self._popen(args, {**os.environ, **env})
+        return super()._popen(args, env)
 
 
 def surviving(pids: list[int], wait_s: float = 1.0) -> dict[int, str]:
@@ -81,7 +98,7 @@ def replace_worker(pcontext: Any, worker: Worker, entrypoint: str, args: tuple[s
     handler = _AppendingHandler((entrypoint, *map(str, args)),
                                 {**pcontext.envs[local_rank], **env},
                                 pcontext.stdouts[local_rank], pcontext.stderrs[local_rank],
-                                local_rank)
+                                local_rank, getattr(pcontext, "_numa_options", None))
     pcontext.subprocess_handlers[local_rank] = handler
     pcontext._running_local_ranks.add(local_rank)
     worker.id = handler.proc.pid
