@@ -3,14 +3,20 @@
 Each node's agent charges its restart budget only for failures of its own
 workers; a restart caused by a peer is free. An agent sees its own workers
 only, so after a failed attempt each one tells the others, through the
-rendezvous store, how its workers ended (:mod:`.failures`) and when, and the
-node at fault is:
+rendezvous store, how its workers ended (:mod:`.failures`) and in which order,
+and the node at fault is:
 
 1. a node whose worker ended by itself (a signal, an exit without an
    exception) -- each such node charges itself;
 2. otherwise, once every node has told, the node whose worker raised first
-   (ties: the lowest group rank); a worker whose collective broke (torch's
-   ``DistError``) counts as never first;
+   in the group's order of failures -- a counter in the group's store that
+   each worker takes as it fails, before its peers can see it gone (see
+   :func:`~elastic_train.worker.lifecycle.failure_sequence`); never by the
+   nodes' clocks, which may be further apart than a failure and the error it
+   causes on another node. A worker whose collective broke (torch's
+   ``DistError``), or that could not take its place, counts as never first;
+   ties go to the node that told first (a counter in the round's store), then
+   to the lowest group rank;
 3. otherwise nobody: a node that does not tell within ``wait_s`` left the job
    (a membership change, not a failure) or is slow to see its failure; it
    settles its own case when it does.
@@ -21,13 +27,15 @@ node's budget, whatever its message says.
 
 Example::
 
-    mine = NodeReport.of(group_rank=0, observed=observe(result))
-    others = FailureExchange(store, generation).share(mine, nodes=2)
+    exchange = FailureExchange(store, generation)
+    mine = exchange.announce(NodeReport.of(group_rank=0, observed=observe(result)))
+    others = exchange.share(mine, nodes=2)
     at_fault = charged(mine, others, nodes=2)    # None: nobody
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -46,34 +54,39 @@ logger = logging.getLogger(__name__)
 class NodeReport:
     """What one node tells the others about its failed attempt.
 
-    ``own``: one of its workers ended by itself. ``first``: when its earliest
-    worker raised (``inf``: none did, only collectives broke). ``root``: its root
-    cause, shown by the other nodes if the job ends because of it.
+    ``own``: one of its workers ended by itself. ``first``: the place of its
+    earliest raise in the group's order of failures (``inf``: none did, only
+    collectives broke, or unknown). ``root``: its root cause, shown by the other
+    nodes if the job ends because of it. ``announced``: its place in the order in
+    which the nodes told (``inf``: not told yet).
     """
 
     group_rank: int
     own: bool
     first: float
     root: WorkerFailure
+    announced: float = math.inf
 
     @classmethod
     def of(cls, group_rank: int, observed: Sequence[Observed]) -> NodeReport:
-        raised = [o.at for o in observed if o.cause is Cause.RAISED]
+        raised = [o.seq for o in observed if o.cause is Cause.RAISED]
         return cls(group_rank, any(o.cause is Cause.OWN for o in observed),
                    min(raised, default=math.inf), observed[0].failure)
 
     def to_json(self) -> str:
         return json.dumps({"group_rank": self.group_rank, "own": self.own,
                            "first": None if math.isinf(self.first) else self.first,
-                           "root": self.root.to_json()})
+                           "root": self.root.to_json(),
+                           "announced": None if math.isinf(self.announced) else self.announced})
 
     @classmethod
     def from_json(cls, text: str | bytes) -> NodeReport:
         data: dict[str, Any] = json.loads(text)
-        first = data["first"]
+        first, announced = data["first"], data.get("announced")
         return cls(int(data["group_rank"]), bool(data["own"]),
                    math.inf if first is None else float(first),
-                   WorkerFailure.from_json(data["root"]))
+                   WorkerFailure.from_json(data["root"]),
+                   math.inf if announced is None else float(announced))
 
 
 def charged(mine: NodeReport, others: Sequence[NodeReport], nodes: int) -> NodeReport | None:
@@ -85,7 +98,7 @@ def charged(mine: NodeReport, others: Sequence[NodeReport], nodes: int) -> NodeR
         return min(culprits, key=lambda o: o.group_rank)
     if len(others) < nodes - 1:
         return None
-    return min([mine, *others], key=lambda o: (o.first, o.group_rank))
+    return min([mine, *others], key=lambda o: (o.first, o.announced, o.group_rank))
 
 
 class FailureExchange:
@@ -97,10 +110,21 @@ class FailureExchange:
         self.wait_s = wait_s
         self.poll_s = poll_s
 
+    def announce(self, mine: NodeReport) -> NodeReport:
+        """``mine`` with its place in the order in which the nodes tell (unchanged if
+        the store is unreachable)."""
+        try:
+            return dataclasses.replace(mine, announced=float(self.store.add(
+                f"{self.prefix}announced", 1)))
+        except Exception as exc:  # noqa: BLE001 -- the rendezvous will tell what is wrong
+            logger.debug("Failure order unavailable (%r).", exc)
+            return mine
+
     def share(self, mine: NodeReport, nodes: int) -> list[NodeReport]:
-        """Tells ``mine``; returns the other nodes' reports, waiting for them (up to
-        ``wait_s``) unless ``mine`` settles the case alone. An unreachable store
-        (its host is gone) yields what was read so far."""
+        """Tells ``mine`` (announce it first: see :meth:`announce`); returns the other
+        nodes' reports, waiting for them (up to ``wait_s``) unless ``mine`` settles
+        the case alone. An unreachable store (its host is gone) yields what was read
+        so far."""
         others: dict[int, NodeReport] = {}
         try:
             self.store.set(f"{self.prefix}{mine.group_rank}", mine.to_json())

@@ -6,10 +6,11 @@ How a worker ended is read from facts, never from the words of its message:
 - ``OWN``: killed by a signal (the OOM killer, a segfault, a kill from outside)
   or exited without recording an exception (``os._exit``, a dead zygote): the
   process ended here, by itself.
-- ``RAISED``: an exception (recorded by the worker with the time it was
-  raised). Its own error -- unless a worker elsewhere failed before it: gloo
-  reports a dead peer as a plain ``RuntimeError``, so which came first is
-  settled across nodes by :mod:`.attribution`.
+- ``RAISED``: an exception (recorded by the worker with its place in the
+  group's order of failures, a counter in the group's store). Its own error --
+  unless a worker elsewhere failed before it: gloo reports a dead peer as a
+  plain ``RuntimeError``, so which came first is settled across nodes by
+  :mod:`.attribution`.
 - ``BROKEN``: the exception torch raises for a collective whose peer is gone
   (``torch.distributed.DistError``: NCCL's ``DistBackendError``,
   ``DistNetworkError``, ``DistStoreError``), or NCCL's watchdog abort
@@ -31,7 +32,7 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult
 
 from elastic_train.errors import WorkerFailure
-from elastic_train.worker.lifecycle import EXCEPTION_TYPES, FAILED_AT
+from elastic_train.worker.lifecycle import EXCEPTION_TYPES, FAILED_AT, FAILED_SEQ
 
 _BROKEN_COLLECTIVE = "torch.distributed.DistError"
 
@@ -44,11 +45,13 @@ class Cause(enum.Enum):
 
 @dataclass(frozen=True)
 class Observed:
-    """One failed worker: its record, how it ended, and when (``inf``: unknown)."""
+    """One failed worker: its record, how it ended, and its place in the group's order
+    of failures (``seq``; ``inf``: unknown; see
+    :func:`~elastic_train.worker.lifecycle.failure_sequence`)."""
 
     failure: WorkerFailure
     cause: Cause
-    at: float
+    seq: float
 
 
 def _cause(exitcode: int, extra: dict[str, Any]) -> Cause:
@@ -72,15 +75,15 @@ def observe(result: RunResult) -> list[Observed]:
         data = data if isinstance(data, dict) else {}
         extra = data.get("extraInfo", {})
         cause = _cause(failure.exitcode, extra)
-        at = float(extra.get(FAILED_AT, failure.timestamp)) if cause is not Cause.BROKEN \
-            else math.inf
+        seq = extra.get(FAILED_SEQ)
+        seq = float(seq) if cause is Cause.RAISED and isinstance(seq, int) else math.inf
         out.append(Observed(WorkerFailure(
             rank=rank, local_rank=failure.local_rank, pid=failure.pid,
             exitcode=failure.exitcode,
             message=data.get("message", "") if data else str(failure.message),
             traceback=extra.get("py_callstack"), hostname=socket.gethostname(),
             timestamp=float(extra.get(FAILED_AT, failure.timestamp)),
-        ), cause, at))
+        ), cause, seq))
     order = list(Cause)
     return sorted(out, key=lambda o: (order.index(o.cause), o.failure.traceback is None,
                                       o.failure.timestamp, o.failure.rank))

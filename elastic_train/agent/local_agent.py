@@ -259,8 +259,9 @@ class TrainAgent(InProcessRestart, LocalElasticAgent):
         nodes = worker_group.group_world_size or 1
         if nodes == 1:
             return FailureKind.FAILURE
-        mine = NodeReport.of(worker_group.group_rank, observe(result))
-        others = FailureExchange(worker_group.store, self._generation).share(mine, nodes)
+        exchange = FailureExchange(worker_group.store, self._generation)
+        mine = exchange.announce(NodeReport.of(worker_group.group_rank, observe(result)))
+        others = exchange.share(mine, nodes)
         at_fault = charged(mine, others, nodes)
         if at_fault is mine:
             return FailureKind.FAILURE

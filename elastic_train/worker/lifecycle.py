@@ -8,6 +8,7 @@ worker's own traceback.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import json
@@ -17,7 +18,9 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from datetime import timedelta
 from types import TracebackType
+from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
 
@@ -27,8 +30,10 @@ from elastic_train.worker import heartbeat
 
 _PR_SET_PDEATHSIG = 1
 # Ours in the error file's extraInfo, read by the agent (elastic_train.agent.failures):
-FAILED_AT = "failed_at"  # time.time() when the exception ended the worker
+FAILED_AT = "failed_at"  # time.time() when the exception ended the worker (for people)
+FAILED_SEQ = "failed_seq"  # its place among the group's failures (see failure_sequence)
 EXCEPTION_TYPES = "exception_types"  # its classes, most derived first ("module.QualName")
+_SEQUENCE_TIMEOUT_S = 5.0
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -47,6 +52,35 @@ def die_with_agent() -> None:
         os._exit(1)  # the agent died before the request took effect
 
 
+def _group_store() -> Any:
+    """The store of this worker's process group, or None (none initialised)."""
+    dist = sys.modules.get("torch.distributed")  # not imported: no process group
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.distributed_c10d._get_default_store()
+
+
+def failure_sequence() -> int | None:
+    """This failure's place among the failures of the worker group, or None (no process
+    group, or its store is gone).
+
+    A counter in the group's store, taken before this process exits -- so before a
+    peer on another node can see it gone and fail in turn. Which node failed first is
+    settled by it (:mod:`elastic_train.agent.attribution`), never by the nodes' clocks,
+    which may be further apart than the failures.
+    """
+    try:
+        store = _group_store()
+        if store is None:
+            return None
+        with contextlib.suppress(Exception):  # a store of the dying group may hang
+            store.set_timeout(timedelta(seconds=_SEQUENCE_TIMEOUT_S))
+        generation = os.environ.get(env_vars.GENERATION, "")
+        return int(store.add(f"elastic_train/failed_seq/{generation}", 1))
+    except Exception:  # noqa: BLE001 -- the error file must be written regardless
+        return None
+
+
 def write_error_file(exc: BaseException) -> None:
     """Writes the error for the agent in torch.distributed.elastic's error-file format.
 
@@ -60,6 +94,7 @@ def write_error_file(exc: BaseException) -> None:
         "message": f"{type(exc).__name__}: {exc}",
         "extraInfo": {"py_callstack": "".join(traceback.format_exception(exc)),
                       "timestamp": str(int(time.time())), FAILED_AT: time.time(),
+                      FAILED_SEQ: failure_sequence(),
                       EXCEPTION_TYPES: [f"{c.__module__}.{c.__qualname__}"
                                         for c in type(exc).__mro__]},
     }}

@@ -53,7 +53,16 @@ def _args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def _skew_clock() -> None:
+    """ET_TEST_CLOCK_SKEW_S: this node's clock runs so many seconds ahead (time.time)."""
+    skew = float(os.environ.get("ET_TEST_CLOCK_SKEW_S", "0"))
+    if skew:
+        real = time.time
+        time.time = lambda: real() + skew
+
+
 def main() -> None:
+    _skew_clock()
     args = _args()
     # With --context-on-rank0-first a short timeout: a collective that only rank 0 enters
     # then fails the test within seconds instead of hanging it for the default 30 minutes.

@@ -19,10 +19,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300),
               pytest.mark.usefixtures("no_leaked_processes")]
 
 
-def test_a_node_failing_the_same_way_every_attempt_ends_the_job(storage_path, tmp_path):
+@pytest.mark.parametrize("skew_s", [0.0, 2.0], ids=["same-clock", "node0-clock-ahead"])
+def test_a_node_failing_the_same_way_every_attempt_ends_the_job(storage_path, tmp_path,
+                                                                skew_s):
     """Rank 0 raises ConnectionRefusedError in every attempt (as a storage outage that
     outlasts the restarts ends): its node spends its budget (--max-restarts 1), so the
-    job ends after two attempts with that error -- on the other node too."""
+    job ends after two attempts with that error -- on the other node too. Also when
+    node 0's clock runs ahead, so that the error it causes on node 1 bears an earlier
+    time than its own: the group's order of failures decides, not the clocks."""
     endpoint = f"127.0.0.1:{free_port()}"
     procs, logs = [], []
     try:
@@ -35,7 +39,8 @@ def test_a_node_failing_the_same_way_every_attempt_ends_the_job(storage_path, tm
                  "--max-restarts", "1", "--storage-path", storage_path,
                  "tests/e2e/launch_script.py", str(tmp_path), "6", "--refused-at", "2",
                  "--sleep", "0.2"], cwd=REPO, stdout=logs[-1], stderr=subprocess.STDOUT,
-                text=True))
+                text=True, env={**os.environ,
+                                "ET_TEST_CLOCK_SKEW_S": str(skew_s if i == 0 else 0.0)}))
             if i == 0:
                 time.sleep(2)  # node 0 hosts the c10d store (and is group rank 0)
         codes = [proc.wait(200) for proc in procs]

@@ -3,14 +3,24 @@ exchange of the nodes' reports through a real torch store)."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 import threading
+import time
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from torch.distributed import HashStore
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from elastic_train import WorkerFailure
 from elastic_train.agent.attribution import FailureExchange, NodeReport, charged
+from elastic_train.agent.failures import observe
+from elastic_train.worker import lifecycle
 
 
 def report(group_rank: int, own: bool = False, first: float = math.inf) -> NodeReport:
@@ -95,3 +105,73 @@ def test_an_unreachable_store_leaves_the_node_to_decide_alone():
             raise RuntimeError("Connection reset by peer")
 
     assert FailureExchange(Gone(), "g").share(report(0, first=1.0), nodes=2) == []
+
+
+def _worker_fails(tmp_path, monkeypatch, name: str, exc: BaseException, store,
+                  clock_offset_s: float) -> Any:
+    """A worker of one node raises ``exc`` and records it as our workers do, on a node
+    whose clock is ``clock_offset_s`` off; returns the failure as its agent reads it."""
+    real = time.time
+    path = str(tmp_path / f"{name}.json")
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", path)
+    monkeypatch.setenv("ELASTIC_TRAIN_GENERATION", "gen1")
+    monkeypatch.setattr(lifecycle, "_group_store", lambda: store, raising=False)
+    with monkeypatch.context() as m:
+        m.setattr(lifecycle.time, "time", lambda: real() + clock_offset_s)
+        lifecycle.write_error_file(exc)
+    return ProcessFailure(local_rank=0, pid=4242, exitcode=1, error_file=path)
+
+
+def test_the_node_that_failed_first_is_charged_whatever_its_clock(tmp_path, monkeypatch):
+    """Node 0's worker raises; node 1's, whose peer is gone, raises gloo's plain error
+    milliseconds later -- but node 0's clock runs 50 ms ahead. The group's store orders
+    the failures, not the nodes' clocks: node 0 is at fault, on both nodes."""
+    store = HashStore()
+    real = _worker_fails(tmp_path, monkeypatch, "node0", ConnectionRefusedError(
+        111, "Connection refused"), store, clock_offset_s=0.050)
+    time.sleep(0.005)
+    caused = _worker_fails(tmp_path, monkeypatch, "node1", RuntimeError(
+        "[gloo/transport/tcp/pair.cc:534] Connection closed by peer"), store, 0.0)
+    reports = [NodeReport.of(rank, observe(SimpleNamespace(failures={rank: failure})))
+               for rank, failure in enumerate((real, caused))]
+    seen = _share_all(reports, store)
+    for mine in reports:
+        at_fault = charged(mine, seen[mine.group_rank], nodes=2)
+        assert at_fault is not None and at_fault.group_rank == 0, at_fault
+        assert "ConnectionRefusedError" in at_fault.root.message
+
+
+def test_failures_without_a_group_store_are_ordered_by_announcement():
+    """Workers that could not take their place in the group's order (no process group
+    yet, store gone): the node that told first is at fault, not the earlier clock."""
+    store = HashStore()
+    late_clock = report(1)
+    early = FailureExchange(store, "g").announce(report(0))
+    later = FailureExchange(store, "g").announce(late_clock)
+    for mine, other in ((early, later), (later, early)):
+        assert charged(mine, [other], nodes=2).group_rank == 0
+
+
+_WORKER = """
+import json, os, sys
+import torch.distributed as dist
+from elastic_train.worker import lifecycle
+lifecycle.write_error_file(ValueError("before the group"))
+first = json.load(open(os.environ["TORCHELASTIC_ERROR_FILE"]))
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+seqs = []
+for _ in range(2):
+    lifecycle.write_error_file(ValueError("boom"))
+    seqs.append(json.load(open(os.environ["TORCHELASTIC_ERROR_FILE"])))
+print(json.dumps([d["message"]["extraInfo"][lifecycle.FAILED_SEQ] for d in [first, *seqs]]))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_takes_its_place_from_its_process_groups_store(tmp_path):
+    """Before its process group exists a worker has no place (None); then 1, 2, ..."""
+    out = subprocess.run([sys.executable, "-c", _WORKER], capture_output=True, text=True,
+                         timeout=100, check=True, env={
+                             **os.environ, "TORCHELASTIC_ERROR_FILE": str(tmp_path / "e.json"),
+                             "ELASTIC_TRAIN_GENERATION": "g1"})
+    assert json.loads(out.stdout.splitlines()[-1]) == [None, 1, 2]

@@ -6,7 +6,7 @@ import pytest
 
 from elastic_train import TrainingFailedError, WorkerFailure
 from elastic_train.agent.failures import Cause, failures_of, observe
-from elastic_train.worker.lifecycle import EXCEPTION_TYPES, FAILED_AT
+from elastic_train.worker.lifecycle import EXCEPTION_TYPES, FAILED_AT, FAILED_SEQ
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "train.py", line 3\nValueError: boom\n'
 
@@ -58,8 +58,8 @@ def test_training_failed_message_without_traceback_shows_message():
 
 
 def process_failure(local_rank, exitcode=1, message="", timestamp=0, traceback=None,
-                    error_message=None, failed_at=None, types=None):
-    """torch's ProcessFailure as the agent reads it; ``failed_at``/``types`` as our
+                    error_message=None, failed_at=None, types=None, seq=None):
+    """torch's ProcessFailure as the agent reads it; ``failed_at``/``types``/``seq`` as our
     workers record them (elastic_train.worker.lifecycle)."""
     data = {}
     if traceback is not None or error_message is not None:
@@ -69,6 +69,8 @@ def process_failure(local_rank, exitcode=1, message="", timestamp=0, traceback=N
         if failed_at is not None:
             extra[FAILED_AT] = failed_at
             extra[EXCEPTION_TYPES] = types or ["builtins.RuntimeError", "builtins.Exception"]
+        if seq is not None:
+            extra[FAILED_SEQ] = seq
         data = {"message": {"message": error_message or "", "extraInfo": extra}}
     return SimpleNamespace(local_rank=local_rank, pid=1000 + local_rank, exitcode=exitcode,
                            message=message, timestamp=timestamp, error_file_data=data)
@@ -95,12 +97,12 @@ def test_broken_collective_ranks_after_root_cause():
 def test_words_of_a_message_do_not_make_a_failure_secondary(words):
     """The first to raise is the root cause, whatever its message says."""
     first = process_failure(0, traceback=TRACEBACK, error_message=f"RuntimeError: {words}",
-                            failed_at=1.0)
+                            failed_at=1.0, seq=1)
     later = process_failure(1, traceback=TRACEBACK, error_message="ValueError: boom",
-                            failed_at=1.5)
+                            failed_at=1.5, seq=2)
     assert ranks([first, later]) == [0, 1]
     [observed, _] = observe(SimpleNamespace(failures={0: first, 1: later}))
-    assert observed.cause is Cause.RAISED and observed.at == 1.0
+    assert observed.cause is Cause.RAISED and observed.seq == 1.0
 
 
 def test_a_worker_that_ended_by_itself_ranks_before_one_that_raised():
@@ -115,7 +117,7 @@ def test_a_worker_that_ended_by_itself_ranks_before_one_that_raised():
 def test_nccl_watchdog_abort_is_a_broken_collective():
     aborted = process_failure(0, exitcode=-6, timestamp=1, message="Signal 6 (SIGABRT)")
     [observed] = observe(SimpleNamespace(failures={0: aborted}))
-    assert observed.cause is Cause.BROKEN and observed.at == float("inf")
+    assert observed.cause is Cause.BROKEN and observed.seq == float("inf")
 
 
 def test_traceback_ranks_before_no_traceback():
