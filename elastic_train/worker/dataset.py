@@ -127,6 +127,15 @@ class DatasetShard(ResumableIterable):
             for epoch in range(epochs):
                 for x, y in shard.iter_torch_batches(batch_size=64):
                     ...
+
+        Resuming from a checkpoint reported inside the loop continues the
+        epoch at the next batch; one reported after the epoch's last batch
+        (a just-in-time checkpoint, or every k batches) resumes into the empty
+        rest of that epoch: the first pass yields nothing and the next one is
+        the next epoch, in step with a loop that resumes in the checkpoint's
+        epoch. Code after the inner loop must then not need a batch of this
+        attempt (e.g. a ``loss`` set only in the loop: save it with the
+        checkpoint).
         """
         if prefetch_batches < 0 or (local_shuffle_buffer_size or 0) < 0:
             raise ValueError(

@@ -11,7 +11,8 @@ fall back to the previous one together; rank 0 then decides and tells every rank
 directory holds: the newest committed checkpoint that is intact (asked newest
 first, so older ones are never checked), the metric rows up to its
 iteration (rows of a failed attempt after it are redone, so each
-``training_iteration`` appears once), the next free checkpoint index (past
+``training_iteration`` appears once; the checkpoint's own row is taken from its
+manifest if its report failed before recording it), the next free checkpoint index (past
 every index ever used, also by uncommitted leftovers), the training time the
 kept history accounts for, and what the restart costs (recomputed iterations
 and seconds, for goodput in ``elastic-train show``).
@@ -93,6 +94,13 @@ def decide_restore(manifests: Sequence[CommitManifest], rows: Sequence[dict[str,
     restored = next((m for m in reversed(manifests) if intact(m)), None)
     last_iteration = restored.training_iteration if restored else 0
     kept = [r for r in rows if r.get("training_iteration", 0) <= last_iteration]
+    dropped = len(rows) - len(kept)
+    if restored is not None and restored.metrics.get("training_iteration") == last_iteration \
+            and not any(r.get("training_iteration") == last_iteration for r in kept):
+        # Its report committed the checkpoint, then failed before rank 0 recorded the row
+        # (a SYNC commit's ranks agreeing on the upload when a peer died): the manifest
+        # holds the row, so the history keeps each iteration once.
+        kept.append(dict(restored.metrics))
     time_before = float(kept[-1].get("time_total_s", 0.0)) if kept else 0.0
     lost = float(rows[-1].get("time_total_s", 0.0)) - time_before if rows else 0.0
     return RestorePoint(
@@ -101,7 +109,7 @@ def decide_restore(manifests: Sequence[CommitManifest], rows: Sequence[dict[str,
         time_before_restore_s=time_before,
         kept_rows=kept,
         committed=tuple(CheckpointRecord(m.index, m.metrics) for m in manifests),
-        recomputed_iterations=len(rows) - len(kept),
+        recomputed_iterations=dropped,
         recomputed_s=max(lost, 0.0),
         is_restart=bool(rows) or restored is not None,
     )

@@ -7,6 +7,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -14,6 +15,7 @@ from tests.chaos.faults import KINDS, LAUNCH_SCRIPT, REPO, launch_digest
 from tests.conftest import EPOCHS
 
 RESULTS: list[dict] = []  # one row per trial, filled by test_chaos.py
+SEED = int(os.environ.get("CHAOS_SEED", str(int(time.time()) % 100_000)))  # of the draw
 
 
 @pytest.fixture(scope="session")
@@ -39,9 +41,10 @@ def save(row: dict) -> None:
 
 
 def table(results: list[dict] = RESULTS) -> str:
-    """Faults by kind: injected, recovered, data lost, leaked processes, recovery times."""
+    """Faults by kind: injected, passed (every check held), recovered, data lost, leaked
+    processes, recovery times; then the replay command of each failed trial."""
     lines = ["chaos suite: faults by kind",
-             f"{'kind':24} {'injected':>8} {'recovered':>9} {'data lost':>9} "
+             f"{'kind':24} {'injected':>8} {'passed':>6} {'recovered':>9} {'data lost':>9} "
              f"{'leaked':>6} {'recovery median s':>17} {'max s':>6}"]
     for kind in (*KINDS, "all"):
         rows = [r for r in results if kind in ("all", r["kind"])]
@@ -50,15 +53,29 @@ def table(results: list[dict] = RESULTS) -> str:
         times = [r["recovery_s"] for r in rows if r["recovery_s"] is not None]
         median = f"{statistics.median(times):.2f}" if times else "-"
         worst = f"{max(times):.2f}" if times else "-"
-        lines.append(f"{kind:24} {len(rows):>8} {sum(r['recovered'] for r in rows):>9} "
+        passed = sum(_passed(r) for r in rows)
+        lines.append(f"{kind:24} {len(rows):>8} {passed:>6} "
+                     f"{sum(r['recovered'] for r in rows):>9} "
                      f"{sum(r['data_lost'] for r in rows):>9} {sum(r['leaked'] for r in rows):>6} "
                      f"{median:>17} {worst:>6}")
+    failed = [r for r in results if not _passed(r)]
+    if failed:
+        lines.append(f"failed trials ({len(failed)}), each replayed alone by its command:")
+        lines += [f"  {r['trial']}\n    {r.get('replay', '')}" for r in failed]
     return "\n".join(lines)
+
+
+def _passed(row: dict) -> bool:
+    """Every check of the trial held (rows saved before "passed" existed: no loss, no leak,
+    recovered)."""
+    if "passed" in row:
+        return row["passed"]
+    return bool(row["recovered"]) and not row["data_lost"] and not row["leaked"]
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
     if RESULTS:
-        terminalreporter.write_sep("=", "chaos")
+        terminalreporter.write_sep("=", f"chaos (seed {SEED})")
         terminalreporter.write_line(table())
 
 

@@ -144,16 +144,24 @@ def _reclaim_after_jit(tmp_path) -> None:
         os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
-def _at_fault_time(trial: Trial, storage: StorageUnderTest, name: str, tmp_path) -> bool:
+def _at_fault_time(trial: Trial, storage: StorageUnderTest, name: str, tmp_path,
+                   world_size: int | None = None) -> bool:
     """Waits until checkpoint ``trial.epoch - 1`` is committed, then ``trial.batch`` tenths
-    of a second more, and stamps the fault's time; False if no commit came in time."""
+    of a second more, and stamps the fault's time; False if no commit came in time.
+    With ``world_size``, until a checkpoint from ``trial.epoch - 1`` on is committed by a
+    job of that many workers (launch trials: a node that missed the first round joins
+    the job later, and a fault before that would hit a node outside it)."""
     marker = f"{storage.url}/{name}/checkpoint_{trial.epoch - 1:06d}/{MARKER}"
+    run = storage.run(name)
 
     def committed() -> bool:
         storage.fs.invalidate_cache()
-        return storage.fs.exists(marker)
+        if world_size is None:
+            return storage.fs.exists(marker)
+        return any(m.index >= trial.epoch - 1 and m.world_size == world_size
+                   for m in run.checkpoints.committed())
 
-    if not wait_until(committed, 120):
+    if not wait_until(committed, 120, interval=0.1):
         return False
     time.sleep(0.1 * trial.batch)
     (tmp_path / "fault").write_text(str(time.time()))
@@ -305,7 +313,8 @@ def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) 
             [sys.executable, "-m", "elastic_train.cli", "launch", "--nnodes", "1:2",
              "--nproc-per-node", "1", *flags, "--rdzv-id", name,
              "--storage-path", storage.url, LAUNCH_SCRIPT, str(out_dir), str(EPOCHS + 3),
-             "--sleep", sleep], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+             "--sleep", sleep, "--slow-until-world", "2"],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
         agents.append((proc, log))
         return proc
 
@@ -314,7 +323,8 @@ def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) 
             first = agent(0)
             time.sleep(2)  # agent 0 hosts the c10d store
             second = agent(1)
-            assert _at_fault_time(trial, storage, name, tmp_path), "no checkpoint yet"
+            assert _at_fault_time(trial, storage, name, tmp_path, world_size=2), \
+                "no checkpoint of the two-node job"
             node_pids = _inject_launch_fault(trial.kind, second, etcd, tmp_path, endpoint, name)
             if trial.kind == "corrupt_rdzv_state":
                 _restore_after_corruption(agents, etcd, storage, name, tmp_path)

@@ -7,8 +7,15 @@ process was left behind. The table of all trials is printed at the end.
 
     python -m pytest tests/chaos                      # short profile (CI): 3 kinds, drawn
     CHAOS_PROFILE=all python -m pytest tests/chaos    # each kind once
+    CHAOS_PROFILE=all CHAOS_ROUNDS=20 ...             # each kind 20 times (round by round)
     CHAOS_PROFILE=long CHAOS_TRIALS=40 python -m pytest tests/chaos   # by hand
-    CHAOS_SEED=1234 ...                               # replay a draw
+    CHAOS_KINDS=agent_sigkill,corrupt_rdzv_state ...  # draw from these kinds only
+    CHAOS_SEED=1234 CHAOS_ONLY=#2 ...                 # replay trial #2 of seed 1234's draw
+
+The draw is a function of the seed and of ``CHAOS_PROFILE``, ``CHAOS_KINDS``,
+``CHAOS_TRIALS`` and ``CHAOS_ROUNDS``; ``CHAOS_ONLY`` keeps one trial of it. A
+failed trial's message and the summary at the end print the command that replays
+it (``CHAOS_SEED=... CHAOS_ONLY=#N`` with the other variables as they were).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import time
 
 import pytest
 
-from tests.chaos.conftest import RESULTS, save
+from tests.chaos.conftest import RESULTS, SEED, save
 from tests.chaos.faults import (
     KINDS,
     LAUNCH_KINDS,
@@ -37,7 +44,16 @@ from tests.conftest import (
 from tests.support.etcd_server import etcd_binary
 from tests.support.servers import SERVER_PIDS, TcpProxy, s3_options
 
-SEED = int(os.environ.get("CHAOS_SEED", str(int(time.time()) % 100_000)))
+SHAPING = ("CHAOS_PROFILE", "CHAOS_KINDS", "CHAOS_TRIALS", "CHAOS_ROUNDS")  # shape the draw
+
+
+def _kinds() -> tuple[str, ...]:
+    """``CHAOS_KINDS`` (comma-separated), else every kind."""
+    asked = [k.strip() for k in os.environ.get("CHAOS_KINDS", "").split(",") if k.strip()]
+    unknown = [k for k in asked if k not in KINDS]
+    if unknown:
+        raise pytest.UsageError(f"CHAOS_KINDS: unknown kind(s) {unknown}; kinds: {KINDS}")
+    return tuple(asked) or KINDS
 
 
 def _draw() -> list[Trial]:
@@ -45,20 +61,42 @@ def _draw() -> list[Trial]:
     so successive runs cover them all; each kind also has its own end-to-end test."""
     rng = random.Random(SEED)
     profile = os.environ.get("CHAOS_PROFILE", "short")
+    kinds = _kinds()
     if profile == "long":
-        kinds = [rng.choice(KINDS) for _ in range(int(os.environ.get("CHAOS_TRIALS", "28")))]
+        kinds = [rng.choice(kinds) for _ in range(int(os.environ.get("CHAOS_TRIALS", "28")))]
     elif profile == "all":
-        kinds = list(KINDS)
+        kinds = list(kinds) * int(os.environ.get("CHAOS_ROUNDS", "1"))
     else:
-        kinds = rng.sample(KINDS, 3)
+        kinds = rng.sample(kinds, min(3, len(kinds)))
     return [Trial.draw(n, kind, rng) for n, kind in enumerate(kinds)]
+
+
+def replay_command(trial: Trial) -> str:
+    """The command that runs ``trial`` again, alone: same seed and draw, ``CHAOS_ONLY``."""
+    env = [f"{name}={os.environ[name]}" for name in SHAPING if os.environ.get(name)]
+    return " ".join([f"CHAOS_SEED={SEED}", *env, f"CHAOS_ONLY=#{trial.number}",
+                     "python -m pytest -q tests/chaos/test_chaos.py"])
+
+
+def _selected() -> list[Trial]:
+    """The draw, or only its trial ``CHAOS_ONLY`` (``#N`` or ``N``)."""
+    trials = _draw()
+    only = os.environ.get("CHAOS_ONLY", "").strip().lstrip("#")
+    if not only:
+        return trials
+    picked = [t for t in trials if str(t.number) == only]
+    if not picked:
+        raise pytest.UsageError(f"CHAOS_ONLY=#{only}: seed {SEED}'s draw has trials "
+                                f"#0 to #{len(trials) - 1}")
+    return picked
 
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("trial", _draw(), ids=str)
+@pytest.mark.parametrize("trial", _selected(), ids=str)
 def test_trial(trial: Trial, tmp_path, baseline, request):
-    print(f"chaos seed {SEED}: {trial}")
+    replay = replay_command(trial)
+    print(f"chaos seed {SEED}: {trial}\nreplay: {replay}")
     if trial.kind == "etcd_restart" and etcd_binary() is None:
         pytest.skip("the etcd binary is not installed (apt-get install etcd-server)")
     before = set(child_pids(os.getpid()))
@@ -70,11 +108,16 @@ def test_trial(trial: Trial, tmp_path, baseline, request):
         through = StorageUnderTest(storage.url, s3_options(f"http://127.0.0.1:{proxy.port}"),
                                    storage.fs)
     row = {"kind": trial.kind, "recovered": 0, "data_lost": 0, "leaked": 0,
-           "recovery_s": None, "trial": f"seed {SEED}: {trial}"}
+           "recovery_s": None, "trial": f"seed {SEED}: {trial}", "passed": False,
+           "replay": replay}
     RESULTS.append(row)
     started = time.monotonic()
     try:
         _check(trial, row, storage, tmp_path, through, proxy, before, request)
+        row["passed"] = True
+    except BaseException as failure:  # pytest's Failed too; the note names the replay
+        failure.add_note(f"chaos seed {SEED}, trial {trial}; replay: {replay}")
+        raise
     finally:
         row["trial_s"] = round(time.monotonic() - started, 1)
         save(row)

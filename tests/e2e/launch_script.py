@@ -1,7 +1,8 @@
 """A torchrun-style training script for ``elastic-train launch`` tests.
 
     launch_script.py OUT_DIR EPOCHS [--crash-at EPOCH] [--refused-at EPOCH] [--sleep S]
-                     [--slow-below-world N] [--forget-optimizer] [--context-on-rank0-first]
+                     [--slow-below-world N] [--slow-until-world N] [--forget-optimizer]
+                     [--context-on-rank0-first]
                      [--restartable] [--crash-how raise|exit|sigkill] [--crash-always]
                      [--crash-before-checkpoint]
 
@@ -36,6 +37,10 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--slow-below-world", type=int, default=0,
                         help="epochs take 1 s longer while the world is smaller than this "
                              "(a shrunk job stays running until a returning node joins)")
+    parser.add_argument("--slow-until-world", type=int, default=0,
+                        help="epochs take 1 s longer until the job has started once with "
+                             "this many workers (a node that missed the first round, on a "
+                             "loaded machine, joins before the job ends)")
     parser.add_argument("--forget-optimizer", action="store_true",
                         help="a resume bug on purpose: do not restore the optimizer state")
     parser.add_argument("--refused-at", type=int, default=-1,
@@ -89,9 +94,12 @@ def main() -> None:
         if not args.forget_optimizer:
             optimizer.load_state_dict(state["optimizer"])
         start = state["epoch"] + 1
+    full = os.path.join(args.out, "full-world")
     if rank == 0:
         with open(os.path.join(args.out, "starts"), "a") as f:
             f.write(f"{start} {world}\n")
+        if args.slow_until_world and world >= args.slow_until_world:
+            open(full, "w").close()
     with open(os.path.join(args.out, f"pid-{os.getpid()}"), "w") as f:
         f.write(str(os.getpid()))
     for epoch in range(start, args.epochs):
@@ -112,7 +120,9 @@ def main() -> None:
             raise RuntimeError(f"crash at epoch {epoch}")
         if epoch == args.refused_at and rank == 0:
             raise ConnectionRefusedError(111, "Connection refused")
-        time.sleep(args.sleep + (1.0 if world < args.slow_below_world else 0.0))
+        slow = world < args.slow_below_world or (
+            world < args.slow_until_world and not os.path.exists(full))
+        time.sleep(args.sleep + (1.0 if slow else 0.0))
         with tempfile.TemporaryDirectory() as d:
             ckpt = None
             if rank == 0:

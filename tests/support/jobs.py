@@ -104,6 +104,11 @@ def train_mlp(config: dict) -> dict:
     model = prepare_model(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     start_epoch = 0
+    # The loss each report carries: the last one computed. A checkpoint saved after an
+    # epoch's last batch (e.g. a just-in-time one) resumes into the empty rest of that
+    # epoch, whose end-of-epoch report then carries the loss saved with the checkpoint,
+    # as an uninterrupted run's would.
+    loss = None
     checkpoint = et.get_checkpoint()
     if checkpoint:
         with checkpoint.as_directory() as d:
@@ -112,6 +117,7 @@ def train_mlp(config: dict) -> dict:
         optimizer.load_state_dict(state["optimizer"])
         # A mid-epoch checkpoint resumes in its epoch; the shard continues at its batch.
         start_epoch = state["epoch"] + (1 if state.get("epoch_done", True) else 0)
+        loss = state.get("loss")
     if ctx.get_world_rank() == 0 and config.get("starts_file"):
         with open(config["starts_file"], "a") as f:
             f.write(f"{start_epoch}\n")
@@ -153,8 +159,10 @@ def train_mlp(config: dict) -> dict:
 
 def _report(config: dict, model, optimizer, epoch: int, loss, epoch_done: bool,
             jit: int = 0) -> None:
-    """Reports metrics with a checkpoint from rank 0 (and optional ballast from others)."""
-    metrics = {"loss": loss.item(), "epoch": epoch, "jit": jit,
+    """Reports metrics with a checkpoint from rank 0 (and optional ballast from others);
+    ``loss`` is a tensor, or the float a resumed checkpoint saved."""
+    loss = float(loss)
+    metrics = {"loss": loss, "epoch": epoch, "jit": jit,
                "score": config.get("scores", {}).get(str(epoch), float(epoch)),
                **{name: float(epoch) for name in config.get("extra_metrics", ())}}
     with tempfile.TemporaryDirectory() as d:
@@ -162,7 +170,8 @@ def _report(config: dict, model, optimizer, epoch: int, loss, epoch_done: bool,
         if et.get_context().get_world_rank() == 0:
             torch.save({"model": getattr(model, "module", model).state_dict(),
                         "optimizer": optimizer.state_dict(),
-                        "epoch": epoch, "epoch_done": epoch_done}, os.path.join(d, "state.pt"))
+                        "epoch": epoch, "epoch_done": epoch_done, "loss": loss},
+                       os.path.join(d, "state.pt"))
             checkpoint = et.Checkpoint.from_directory(d)
         elif config.get("ballast_mb"):  # large files from another rank: slow uploads
             files = config.get("ballast_files", 1)

@@ -2,8 +2,9 @@
 
 import pytest
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from elastic_train.torch.train_loop_utils import _PreparedDataLoader
 from elastic_train.worker.dataset import DatasetShard
 
 CPU = torch.device("cpu")
@@ -121,6 +122,28 @@ def test_state_dict_resumes_at_batch_k(k):
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert resumed.state_dict() == {"epoch": 2, "batch": 0}
     assert rows(resumed) == rows(reference)  # the next epoch matches too
+
+
+def test_prepared_loader_resumed_after_its_last_batch_has_an_empty_rest():
+    """A checkpoint saved after an epoch's last batch (e.g. just in time) resumes into the
+    empty rest of that epoch, so the loop's epoch and the loader's stay in step: a loop
+    that reports after its epoch must not rely on a batch having run in it."""
+    def loader():
+        return _PreparedDataLoader(DataLoader(dataset(12), batch_size=4), None)
+
+    reference = loader()
+    epochs = [[b[0].tolist() for b in reference] for _ in range(3)]
+    interrupted = loader()
+    list(interrupted)
+    it = iter(interrupted)
+    assert [next(it)[0].tolist() for _ in range(3)] == epochs[1]  # the loop's last step
+    state = interrupted.state_dict()
+    assert state == {"epoch": 1, "batch": 3}  # the pass has not ended: its last batch ran
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert list(resumed) == []
+    assert resumed.state_dict() == {"epoch": 2, "batch": 0}
+    assert [b[0].tolist() for b in resumed] == epochs[2]
 
 
 def test_abandoned_iteration_starts_next_epoch():

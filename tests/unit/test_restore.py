@@ -61,6 +61,21 @@ def test_a_damaged_checkpoint_falls_back_and_older_ones_are_not_checked():
     assert (point.recomputed_iterations, point.recomputed_s) == (2, 4.0)
 
 
+def test_a_committed_checkpoint_whose_row_was_never_recorded_brings_it_back():
+    """A SYNC report commits, then fails before rank 0 appends its row (a peer died while
+    the ranks agreed on the upload): the manifest's row fills the history's hole."""
+    row = {"training_iteration": 5, "time_total_s": 10.0, "checkpoint_dir_name": "c4"}
+    newest = CommitManifest(index=4, training_iteration=5, metrics=row, files={},
+                            world_size=2)
+    point = decide_restore([manifest(3, 4), newest], rows(4), always)
+    assert [r["training_iteration"] for r in point.kept_rows] == [1, 2, 3, 4, 5]
+    assert point.kept_rows[-1] == row and point.kept_rows[-1] is not row
+    assert (point.time_before_restore_s, point.recomputed_iterations) == (10.0, 0)
+    # recorded already: kept once
+    recorded = decide_restore([manifest(3, 4), newest], [*rows(4), row], always)
+    assert [r["training_iteration"] for r in recorded.kept_rows] == [1, 2, 3, 4, 5]
+
+
 def test_no_intact_checkpoint_drops_every_row():
     point = decide_restore([manifest(0, 2)], rows(3), lambda m: False)
     assert point.manifest is None and point.kept_rows == [] and point.is_restart
