@@ -230,12 +230,15 @@ def _become_worker(request: Request) -> None:
 def _fresh_process_state() -> None:
     """What differs between a forked child and a new interpreter, made equal:
     the thread count (libgomp read OMP_NUM_THREADS when the zygote imported torch)
-    and numpy's global random state (seeded once, in the zygote)."""
+    and the global random states of torch and numpy (seeded once, in the zygote;
+    a new process seeds both at random, torch since 2.9 at least). Python's
+    ``random`` reseeds itself after a fork."""
     import torch
 
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
+    torch.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
 

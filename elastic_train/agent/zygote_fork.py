@@ -18,8 +18,8 @@ descriptor but the standard streams pointed at ``/dev/null`` (not closed: a
 stale Python object closing its old descriptor number must not close a new
 file of the worker's), the standard streams on descriptors 0-2, default signal
 handlers, the interpreter's own error hooks, no ``atexit`` handlers, no logging
-handlers, torch's random generator at a fresh process's seed, and none of the
-user's own modules (each worker imports them again, in its own environment).
+handlers, and none of the user's own modules (each worker imports them again, in its
+own environment; each worker reseeds torch's generator as a new process does).
 """
 
 from __future__ import annotations
@@ -38,8 +38,6 @@ import traceback
 from collections.abc import Callable
 
 from elastic_train.worker import user_code
-
-TORCH_DEFAULT_SEED = 67280421310721  # torch's default CPU generator seed in a new process
 
 
 def reason_not_to_fork() -> str | None:
@@ -222,7 +220,6 @@ def _shed_the_driver(keep: set[int], user_roots: tuple[str, ...] = ()) -> None:
     for logger in [logging.getLogger(), *[v for v in logging.Logger.manager.loggerDict.values()
                                           if isinstance(v, logging.Logger)]]:
         logger.handlers.clear()
-    sys.modules["torch"].manual_seed(TORCH_DEFAULT_SEED)
 
 
 def _forget_user_modules(user_roots: tuple[str, ...] = ()) -> None:

@@ -54,6 +54,15 @@ def test_thread_count_follows_the_clients_environment(zyg):
     assert "threads 1" in out
 
 
+def test_each_worker_gets_its_own_random_seed_as_a_new_process_does(zyg):
+    """torch 2.9+ seeds a new process at random; forked workers must not share a seed."""
+    seeds = []
+    for _ in range(2):
+        out, _ = start(zyg, "seed").communicate(timeout=60)
+        seeds.append(next(line for line in out.splitlines() if line.startswith("seed ")))
+    assert seeds[0] != seeds[1]
+
+
 def test_signals_are_passed_on(zyg):
     proc = start(zyg, "wait-for-term")
     worker_pid(proc)

@@ -16,6 +16,10 @@ def main(argv: list[str]) -> None:
         import torch
 
         print(f"threads {torch.get_num_threads()}", flush=True)
+    if action == "seed":
+        import torch
+
+        print(f"seed {torch.initial_seed()}", flush=True)
     if action == "wait-for-term":
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
         print("ready", flush=True)
