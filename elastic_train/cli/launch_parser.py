@@ -8,9 +8,9 @@ default but ``--master-port``'s (unset on every version, as from torch 2.12 on).
 Each value is then resolved as torchrun resolves it -- the flag, else
 ``PET_<FLAG>``, else the default -- with one step added before the default: what
 the platform implies (:mod:`elastic_train.platforms`: Slurm, Kubeflow). Unlike
-torchrun, we keep
-where each value came from, so that a bad value is reported with its source
-(``PET_NPROC_PER_NODE='x' is invalid ...``) and ``--dry-run`` can show it.
+torchrun, we keep where each value came from, so that a bad value is reported
+with its source (``PET_NPROC_PER_NODE='x' is invalid ...``) and ``--dry-run``
+can show it.
 
 Example::
 
