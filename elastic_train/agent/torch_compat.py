@@ -47,7 +47,7 @@ def check_version(version: str) -> None:
     minor = _minor(version)
     if minor is None or not OLDEST <= minor <= NEWEST:
         raise UnsupportedTorchError(
-            f"elastic-train supports {supported_range()}, and this is torch {version}: "
+            f"torch {version} is not supported: elastic-train supports {supported_range()}; "
             f"install one in that range (pip install 'torch>={OLDEST[0]}.{OLDEST[1]},"
             f"<{NEWEST[0]}.{NEWEST[1] + 1}').")
 

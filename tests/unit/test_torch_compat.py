@@ -102,8 +102,9 @@ def test_an_old_torch_is_refused_when_the_trainer_is_imported():
     proc = _run("from elastic_train.torch import TorchTrainer")
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("elastic_train.agent.torch_compat.UnsupportedTorchError: "
-                           "elastic-train supports torch 2.9 to 2.14, and this is torch 2.8.0")
+    assert last == ("elastic_train.agent.torch_compat.UnsupportedTorchError: torch 2.8.0 is "
+                    "not supported: elastic-train supports torch 2.9 to 2.14; install one in "
+                    "that range (pip install 'torch>=2.9,<2.15').")
 
 
 @pytest.mark.timeout(150)
@@ -113,6 +114,6 @@ def test_an_old_torch_is_refused_by_launch_in_one_line(tmp_path):
     proc = _run(f"from elastic_train.cli import main; raise SystemExit(main(['launch', "
                 f"'--dry-run', {str(script)!r}]))")
     assert proc.returncode == 2 and not proc.stdout
-    assert proc.stderr.startswith("elastic-train: elastic-train supports torch 2.9 to 2.14, "
-                                  "and this is torch 2.8.0: install one in that range")
+    assert proc.stderr.startswith("elastic-train: torch 2.8.0 is not supported: elastic-train "
+                                  "supports torch 2.9 to 2.14; install one in that range")
     assert proc.stderr.count("\n") == 1
