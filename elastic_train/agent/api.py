@@ -29,9 +29,8 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousStateError,
 )
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
-from torch.numa.binding import AffinityMode, NumaOptions
 
-from elastic_train.agent import zygote
+from elastic_train.agent import torch_compat, zygote
 from elastic_train.agent.failures import failures_of
 from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.agent.inprocess import InProcessSettings, Recovery
@@ -273,8 +272,7 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
         args=args, rdzv_handler=rdzv_handler, max_restarts=spec.failure.max_restarts,
         monitor_interval=spec.monitor_interval, local_addr=spec.local_addr,
         event_log_handler=process.event_log_handler,
-        numa_options=NumaOptions(affinity_mode=AffinityMode(process.numa_binding))
-        if process.numa_binding else None, virtual_local_rank=process.virtual_local_rank,
+        **torch_compat.worker_spec_options(process.numa_binding, process.virtual_local_rank),
     )
     logs = DefaultLogsSpecs(log_dir=spec.log_dir, redirects=Std.ALL, tee=Std.NONE)
     failure = spec.failure

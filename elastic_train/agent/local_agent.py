@@ -63,7 +63,7 @@ from torch.distributed.elastic.agent.server.api import (
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from elastic_train import env_vars
-from elastic_train.agent import forked_workers
+from elastic_train.agent import forked_workers, torch_compat
 from elastic_train.agent.attribution import FailureExchange, NodeReport, charged
 from elastic_train.agent.failures import failures_of, observe
 from elastic_train.agent.hang_watch import HangWatch
@@ -113,9 +113,10 @@ class TrainAgent(InProcessRestart, LocalElasticAgent):
                  in_process: InProcessSettings | None = None,
                  on_recovered: RecoveryCallback | None = None,
                  progress: Callable[[], Progress | None] | None = None,
-                 import_watch: ImportWatch | None = None,
+                 import_watch: ImportWatch | None = None, shutdown_timeout: int = 30,
                  **kwargs: Any):
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **torch_compat.agent_options(shutdown_timeout), **kwargs)
+        self._stop_timeout = shutdown_timeout
         self._import_watch = import_watch
         self._in_process = InProcessRestarts(
             in_process.directory, in_process.unwind_timeout_s, self._replace_worker,
@@ -272,10 +273,12 @@ class TrainAgent(InProcessRestart, LocalElasticAgent):
         return self._notice_dir is not None and preemption.marked(self._notice_dir)
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
-        self._shutdown(signal.SIGKILL)
+        self._shutdown(signal.SIGKILL, timeout=30)
 
-    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
-        """torch's shutdown (``death_sig``, then SIGKILL after ``timeout``), then the
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM,
+                  timeout: int | None = None) -> None:
+        """torch's shutdown (``death_sig``, then SIGKILL after ``timeout``; by default the
+        agent's ``shutdown_timeout``, which torch before 2.12 does not pass), then the
         workers a zygote forked behind those processes are killed as well, and every one
         is waited for (up to ``timeout``): a worker that survives even SIGKILL (stuck in
         uninterruptible I/O, state D) is reported with its pid and state instead of
@@ -283,7 +286,8 @@ class TrainAgent(InProcessRestart, LocalElasticAgent):
         pids = list(self._pcontext.pids().values()) if self._pcontext else []
         forked = forked_workers.behind(self._worker_pids_dir, pids) \
             if self._worker_pids_dir is not None else {}
-        super()._shutdown(death_sig, timeout)
+        timeout = self._stop_timeout if timeout is None else timeout
+        torch_compat.shutdown(super()._shutdown, self._pcontext, death_sig, timeout)
         forked_workers.kill(forked)
         self.unkillable = surviving([*pids, *forked], wait_s=max(1.0, timeout))
         for pid, state in self.unkillable.items():

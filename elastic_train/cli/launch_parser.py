@@ -1,13 +1,16 @@
 """``elastic-train launch``'s command line: torch's own torchrun parser, with our flags added.
 
 The parser is ``torch.distributed.run.get_args_parser()`` (imported here only,
-when ``launch`` runs, so ``ls`` and ``show`` never import torch), so every
-torchrun flag, spelling and default is torch's. Each value is then resolved
-as torchrun resolves it -- the flag, else ``PET_<FLAG>``, else the default --
-with one step added before the default: what the platform implies
-(:mod:`elastic_train.platforms`: Slurm, Kubeflow). Unlike torchrun, we keep
-where each value came from, so that a bad value is reported with its source
-(``PET_NPROC_PER_NODE='x' is invalid ...``) and ``--dry-run`` can show it.
+when ``launch`` runs, so ``ls`` and ``show`` never import torch; through
+:func:`~elastic_train.agent.torch_compat.torchrun_parser`, which refuses a torch
+we do not support), so every torchrun flag and spelling is torch's, and so is every
+default but ``--master-port``'s (unset on every version, as from torch 2.12 on).
+Each value is then resolved as torchrun resolves it -- the flag, else
+``PET_<FLAG>``, else the default -- with one step added before the default: what
+the platform implies (:mod:`elastic_train.platforms`: Slurm, Kubeflow). Unlike
+torchrun, we keep where each value came from, so that a bad value is reported
+with its source (``PET_NPROC_PER_NODE='x' is invalid ...``) and ``--dry-run``
+can show it.
 
 Example::
 
@@ -64,9 +67,9 @@ def _one_line_error(message: str) -> NoReturn:
 def build_parser() -> argparse.ArgumentParser:
     """torchrun's parser, renamed, with our flags; usage errors raise ConfigError."""
     with _without_pet_variables():
-        from torch.distributed.run import get_args_parser
+        from elastic_train.agent.torch_compat import torchrun_parser
 
-        parser = get_args_parser()
+        parser = torchrun_parser()
     parser.error = _one_line_error  # type: ignore[method-assign]
     describe(parser)
     refuse_print_completion(parser)

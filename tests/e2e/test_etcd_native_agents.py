@@ -47,6 +47,7 @@ def starts(out: Path) -> list[tuple[int, int, int]]:
     return [tuple(map(int, line.split())) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.compat
 @pytest.mark.timeout(180)
 def test_a_node_not_needed_by_a_full_job_exits_cleanly(etcd_endpoint: str, tmp_path) -> None:
     """``--nnodes 2`` with 3 agents: the third waits as a spare (torch's redundancy list);

@@ -230,6 +230,7 @@ def test_store_compare_set(backend_and_store) -> None:
     assert prefixed.add("count", 2) == 2 and prefixed.check(["count"])
 
 
+@pytest.mark.compat
 @pytest.mark.timeout(60)
 def test_two_handlers_rendezvous_through_torchs_registry(etcd_endpoint: str) -> None:
     register()
@@ -335,6 +336,7 @@ def test_username_and_password(etcd_server: EtcdServer) -> None:
         server.stop()
 
 
+@pytest.mark.compat
 @pytest.mark.timeout(120)
 def test_plain_torchrun_finds_the_backend_through_its_entry_point(etcd_endpoint: str) -> None:
     """The installed package's ``torchrun.handlers`` entry point: torchrun itself, not

@@ -99,6 +99,7 @@ def test_killed_zygote_is_replaced_at_the_restart(storage_path, tmp_path, baseli
     assert any("worker zygote" in w["message"] and "died" in w["message"] for w in workers)
 
 
+@pytest.mark.compat
 def test_worker_sigkilled_from_outside_mid_epoch(storage_path, tmp_path, baseline):
     pid_file = tmp_path / "pid"
     starts = tmp_path / "starts"

@@ -52,6 +52,8 @@ def straight(tmp_path_factory):
     return fit(str(tmp_path_factory.mktemp("fsdp-straight")), "straight", {})
 
 
+@pytest.mark.parametrize("storage", [pytest.param("local", marks=pytest.mark.compat), "s3"],
+                         indirect=True)
 def test_sigkill_resumes_bit_identically_from_the_shards(storage, tmp_path, straight):
     fault = {"rank": 1, "epoch": 1, "batch": 1, "how": "sigkill", "marker": str(tmp_path / "m")}
     result = fit(storage, "killed", {"fault": fault, "notes": str(tmp_path),

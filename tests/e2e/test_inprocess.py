@@ -62,6 +62,7 @@ def fault(tmp_path, rank, how, epoch=2, batch=1):
             "marker": str(tmp_path / f"marker-{rank}-{how}")}
 
 
+@pytest.mark.compat
 def test_exception_restarts_the_same_processes(storage_path, tmp_path, baseline):
     result = fit_mlp(storage_path, "raise", tmp_path, [fault(tmp_path, 1, "raise")])
     assert result.return_value["digest"] == baseline.return_value["digest"]
@@ -174,7 +175,8 @@ def _launch_and_wait(*args, timeout=150):
     return proc.returncode, out
 
 
-@pytest.mark.parametrize("how,processes", [("raise", 2), ("exit", 3)])
+@pytest.mark.parametrize("how,processes", [pytest.param("raise", 2, marks=pytest.mark.compat),
+                                           ("exit", 3)])
 def test_launch_wrapper_restarts_in_process(storage_path, tmp_path, how, processes):
     straight_dir, faulty_dir = tmp_path / "straight", tmp_path / "faulty"
     straight_dir.mkdir()

@@ -38,6 +38,7 @@ def failure(capsys, argv, env=None):
     return err
 
 
+@pytest.mark.compat  # torch before 2.12 defaults --master-port to 29500
 def test_nothing_given_is_torchruns_single_node_static_job(capsys):
     got = dry_run(capsys, [SCRIPT])
     assert got["nnodes"] == (1, "default") and got["nproc_per_node"] == (1, "default")
