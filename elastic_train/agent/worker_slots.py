@@ -12,7 +12,6 @@ with the worker group's). See docs/TORCH_INTERNALS.md.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import signal
 import time
@@ -21,8 +20,7 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import Worker
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
-# A torch without NUMA binding (before 2.9) has no such parameter; 2.14 requires it.
-_TAKES_NUMA_OPTIONS = "numa_options" in inspect.signature(SubprocessHandler.__init__).parameters
+from elastic_train.agent import torch_compat
 
 
 class _AppendingHandler(SubprocessHandler):
@@ -39,9 +37,9 @@ class _AppendingHandler(SubprocessHandler):
     def __init__(self, args: tuple[str, ...], env: dict[str, str], stdout: str | None,
                  stderr: str | None, local_rank: int, numa_options: Any = None):
         self._append_to = (stdout, stderr)
-        numa = {"numa_options": numa_options} if _TAKES_NUMA_OPTIONS else {}
         super().__init__(entrypoint=args[0], args=args[1:], env=env, stdout=None,
-                         stderr=None, local_rank_id=local_rank, **numa)
+                         stderr=None, local_rank_id=local_rank,
+                         **torch_compat.handler_options(numa_options))
 
     def _popen(self, args: tuple, env: dict[str, str]) -> Any:
         stdout, stderr = self._append_to

@@ -122,6 +122,7 @@ def test_worker_sigkilled_from_outside_mid_epoch(storage_path, tmp_path, baselin
     assert failure["rank"] == 0 and failure["signal"] == "SIGKILL"
 
 
+@pytest.mark.compat  # also on the older cloudpickle (.ci/run's COMPAT_PINS)
 def test_budget_exhausted_raises_with_rank_and_traceback(storage_path, tmp_path):
     fault = {"rank": 1, "epoch": 1, "how": "raise", "marker": str(tmp_path / "m")}
     with pytest.raises(et.TrainingFailedError) as info:

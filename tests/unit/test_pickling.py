@@ -8,8 +8,12 @@ import sys
 import textwrap
 
 import cloudpickle
+import pytest
 
 from elastic_train import pickling
+
+# CI runs these on cloudpickle 3.1.3 (the main suite) and 3.1.2 (.ci/compat's COMPAT_PINS).
+pytestmark = pytest.mark.compat
 
 
 def _outer():
