@@ -217,6 +217,22 @@ def test_s3_errors_are_judged_by_their_code_and_status(exc, expected):
     assert is_transient(exc, S3Store(fsspec.filesystem("memory")).transient) is expected
 
 
+def test_a_rejected_certificate_is_not_retried_a_cut_tls_connection_is():
+    import ssl
+
+    from botocore.exceptions import SSLError
+
+    from elastic_train.storage.stores.s3 import S3Store
+
+    transient = S3Store(fsspec.filesystem("memory")).transient
+    rejected = SSLError(endpoint_url="https://s3.example", error=ssl.SSLCertVerificationError(
+        1, "certificate verify failed"))
+    cut = SSLError(endpoint_url="https://s3.example", error=ssl.SSLEOFError(8, "EOF"))
+    assert is_transient(rejected, transient) is False
+    assert is_transient(chained(OSError(errno.EIO, "x"), rejected), transient) is False
+    assert is_transient(cut, transient) is True
+
+
 def test_a_cycle_of_causes_ends():
     a, b = RuntimeError("a"), RuntimeError("b")
     a.__cause__, b.__cause__ = b, a

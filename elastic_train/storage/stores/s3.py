@@ -10,6 +10,7 @@ through ``call_s3``.
 
 from __future__ import annotations
 
+import ssl
 import sys
 from collections.abc import Collection
 from typing import Any
@@ -62,8 +63,12 @@ class S3Store(StoreAdapter):
     def transient(self, exc: BaseException) -> bool:
         """botocore's errors: a ``ClientError`` whose error code or HTTP status passes
         (5xx, 429, throttling and timeout codes), or a lost connection or timeout of
-        botocore's HTTP client (no ``ConnectionError`` of Python's)."""
+        botocore's HTTP client (no ``ConnectionError`` of Python's) -- but not a TLS
+        certificate the client rejected (botocore's ``SSLError`` is a ``ConnectionError``
+        too; a bad certificate stays bad for the whole retry budget)."""
         exceptions = sys.modules.get("botocore.exceptions")
+        if exceptions is not None and isinstance(exc, exceptions.SSLError):
+            return not _certificate_rejected(exc)  # a TLS connection cut: try again
         if exceptions is not None and isinstance(
                 exc, (exceptions.ConnectionError, exceptions.HTTPClientError)):
             return True
@@ -116,3 +121,18 @@ class S3Store(StoreAdapter):
             self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"],
                             UploadId=upload["UploadId"])
         return len(uploads)
+
+
+def _certificate_rejected(exc: BaseException) -> bool:
+    """Whether botocore's ``SSLError`` comes from a certificate that failed verification
+    (the ssl error it wraps, in its ``error`` argument or its causes)."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        wrapped = getattr(current, "kwargs", {}).get("error")
+        if isinstance(wrapped, ssl.SSLCertVerificationError) \
+                or isinstance(current, ssl.SSLCertVerificationError):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
