@@ -167,26 +167,32 @@ class RunStorage:
             self.fs, self._path(name), read))
 
     def read_run_state(self) -> RunState | None:
+        """The run's record, or None when there is no ``run.json``. Whatever else the
+        file holds (it comes from shared storage) is a :class:`StorageError` naming it."""
         try:
-            state = self._read_unless_missing(RUN_FILE, "reading run.json",
-                                              lambda p: fsutil.read_json(self.fs, p))
+            found = self._read_unless_missing(RUN_FILE, "reading run.json",
+                                              lambda p: (fsutil.read_json(self.fs, p),))
         except ValueError as exc:
             raise StorageError(f"{self.display_path}/{RUN_FILE} is not valid JSON ({exc}): it "
                                "was cut short or edited; restore it from a copy, or move the "
                                "run directory aside") from exc
         except OSError as exc:
             raise StorageError(f"Cannot read {self._path(RUN_FILE)}: {exc!r}") from exc
-        if state is None:
+        if found is None:
             return None
-        version = state.get("format_version", 0)
-        if version > RUN_FORMAT_VERSION:
+        state = found[0]
+        version = state.get("format_version", 0) if isinstance(state, dict) else 0
+        if isinstance(version, int) and version > RUN_FORMAT_VERSION:
             raise StorageError(
                 f"{self.display_path}/{RUN_FILE} has format_version {version}, newer than this "
                 f"elastic-train understands ({RUN_FORMAT_VERSION}): upgrade elastic-train."
             )
         try:
+            if not isinstance(state, dict) or not isinstance(version, int):
+                raise TypeError(f"a JSON object with an integer format_version expected, "
+                                f"not {type(state).__name__}")
             return RunState.from_json(state)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StorageError(f"{self.display_path}/{RUN_FILE} is not a run record this "
                                f"elastic-train can read: {exc!r}") from exc
 
