@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Callable
@@ -92,9 +93,27 @@ class Claim:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], modified: float | None) -> Claim:
-        fields = {k: data[k] for k in ("token", "claim_id", "job", "state", "owner", "ttl_s")}
-        return cls(**fields, beat_at=float(data.get("beat_at", 0.0)), modified=modified)
+    def from_json(cls, data: Any, modified: float | None, file_name: str | None = None
+                  ) -> Claim:
+        """A claim as stored; ``ValueError`` for anything else -- claims come from shared
+        storage: a field of the wrong type, an unknown state, or (with ``file_name``) a
+        token or id that its file's name does not carry."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a lease claim must be a JSON object, not {type(data).__name__}")
+        claim = cls(token=data.get("token"), claim_id=data.get("claim_id"),
+                    job=data.get("job"), state=data.get("state"), owner=data.get("owner"),
+                    ttl_s=data.get("ttl_s"), beat_at=data.get("beat_at", 0.0),
+                    modified=modified)
+        numbers = (claim.ttl_s, claim.beat_at)
+        if not (type(claim.token) is int and claim.token >= 0
+                and all(isinstance(v, str) for v in (claim.claim_id, claim.job))
+                and claim.state in (PENDING, HELD, RELEASED) and isinstance(claim.owner, dict)
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                        and math.isfinite(v) for v in numbers)):
+            raise ValueError(f"a lease claim with fields of the wrong kind: {data!r:.200}")
+        if file_name is not None and file_name != claim.file_name:
+            raise ValueError(f"a lease claim named {file_name} holds {claim.file_name}'s")
+        return claim
 
     def age_s(self, now: float) -> float:
         """Seconds since the last heartbeat at ``now`` (the store's clock where it has one)."""
@@ -143,7 +162,8 @@ class LeaseDir:
             try:
                 data = self._retry("reading a lease claim",
                                    lambda e=entry: fsutil.read_json(self.fs, e["name"]))
-                claims.append(Claim.from_json(data, self.adapter.modified(entry)))
+                claims.append(Claim.from_json(data, self.adapter.modified(entry),
+                                              entry["name"].rstrip("/").rsplit("/", 1)[-1]))
             except FileNotFoundError:
                 vanished = True
             except (ValueError, KeyError, TypeError):
