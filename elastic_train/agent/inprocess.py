@@ -19,7 +19,9 @@ One attempt ends in four steps:
    forked from the zygote. With several nodes the agents then wait for each
    other; a node that gives up (its budget is spent), a node waiting to join,
    or a node that never arrives makes every agent fall back to a restart of
-   its processes (torch's own path).
+   its processes (torch's own path). When the budget is spent instead, the
+   workers are told so and finish their checkpoint uploads in flight
+   (:meth:`~InProcessRestarts.give_up`) before the group stops.
 4. **Go**: ``go.json`` lets attempt N+1 start; the workers form a new process
    group (keys namespaced by the attempt) and call the train function again.
 
@@ -44,7 +46,7 @@ from elastic_train.agent import attempt_store
 from elastic_train.agent.worker_slots import kill
 from elastic_train.errors import WorkerFailure
 from elastic_train.worker import restart_channel as channel
-from elastic_train.worker.restart_channel import Go, Stage, WorkerRecord
+from elastic_train.worker.restart_channel import Go, Stage, Verdict, WorkerRecord
 
 logger = logging.getLogger(__name__)
 
@@ -202,15 +204,35 @@ class InProcessRestarts:
         return not attempt_store.failed_by_itself_elsewhere(group, self.attempt,
                                                             PEER_PRIMARY_WAIT_S)
 
-    def give_up(self, group: WorkerGroup) -> None:
-        """This node stops (its budget is spent): the other nodes must not wait for it."""
+    def give_up(self, group: WorkerGroup, pcontext: Any) -> None:
+        """This node stops (its budget is spent): the other nodes must not wait for it.
+        Its workers learn it from the verdict; a worker with a checkpoint upload in
+        flight finishes it (see :mod:`elastic_train.worker.restart_channel`), and this
+        waits up to ``unwind_timeout_s`` for every worker to have left the attempt."""
         attempt_store.give_up(group, self.attempt)
+        channel.write_verdict(self.directory, Verdict(self.attempt, restart=False))
+        deadline = time.monotonic() + self.unwind_timeout_s
+        while time.monotonic() < deadline and not all(
+                self._left(worker, pcontext) for worker in group.workers):
+            time.sleep(0.005)
+
+    def _left(self, worker: Worker, pcontext: Any) -> bool:
+        """Whether ``worker`` is out of the current attempt: dead, done with it (uploads
+        finished), or waiting for the next one."""
+        if pcontext.subprocess_handlers[worker.local_rank].proc.poll() is not None:
+            return True
+        record = channel.read_record(self.directory, worker.global_rank)
+        return record is not None and (
+            (record.stage is Stage.STOPPED and record.attempt == self.attempt)
+            or (record.stage in (Stage.READY, Stage.UNHEALTHY)
+                and record.attempt > self.attempt))
 
     # 3. recover, 4. go
     def recover(self, group: WorkerGroup, pcontext: Any,
                 others_joining: Callable[[], bool]) -> Recovery | None:
         """Brings every local worker to the next attempt; None when the group must fall
         back to new processes (another node gave up, left or is joining)."""
+        channel.write_verdict(self.directory, Verdict(self.attempt, restart=True))
         target = self.attempt + 1
         recovery = Recovery(target, self._unwind(group, pcontext, target))
         restart_count = self._base_restarts + target

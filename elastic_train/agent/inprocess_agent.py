@@ -61,7 +61,7 @@ class InProcessRestart:
         self.peer_root = None if own else failed.remote_root
         decision = self._decide(worker_group, failures, kind)
         if not decision.restart:
-            self._in_process.give_up(worker_group)
+            self._in_process.give_up(worker_group, self._pcontext)
             return RunResult(state=WorkerState.FAILED)
         recovery = self._in_process.recover(worker_group, self._pcontext, lambda: (
             worker_group.spec.rdzv_handler.num_nodes_waiting() > 0))

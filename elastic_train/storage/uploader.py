@@ -134,6 +134,7 @@ class CheckpointUploader:
         self.tier = None if store.adapter.is_local else tier or LocalTier.for_uploads()
         self._queue: queue.Queue[UploadJob | None] = queue.Queue(maxsize=max_pending)
         self._done: dict[int, str | None] = {}
+        self._queued = 0  # jobs submitted and not done yet
         self._cond = threading.Condition()
         self._error: str | None = None
         self._abandoned = threading.Event()
@@ -157,7 +158,14 @@ class CheckpointUploader:
                 target = os.path.join(job.staged_dir, rel)
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 shutil.copyfile(os.path.join(source_dir, rel), target)
+        with self._cond:
+            self._queued += 1
         self._queue.put(job)
+
+    def in_flight(self) -> bool:
+        """Whether a submitted job is not done yet (queued, uploading or committing)."""
+        with self._cond:
+            return self._queued > 0
 
     def wait_for(self, index: int) -> str | None:
         """Waits until job ``index`` is done here; returns its error, if any."""
@@ -188,6 +196,8 @@ class CheckpointUploader:
                 break
             if job is not None:
                 _discard(job)
+                with self._cond:
+                    self._queued -= 1
         self._queue.put(None)
         self._thread.join()
 
@@ -207,6 +217,7 @@ class CheckpointUploader:
                 _discard(job)
             with self._cond:
                 self._done[job.index] = error
+                self._queued -= 1
                 if error and not self._error:
                     self._error = error
                 self._cond.notify_all()

@@ -63,10 +63,10 @@ def run(spec_path: str, result_dir: str) -> None:
         session.finish()
         return value
 
-    def release() -> None:
+    def release(finish_uploads: bool) -> None:
         session = current_session()
         if session is not None:
-            session.abandon()
+            session.end_failed_attempt(finish_uploads)
         shutdown_session()
         spec.backend.on_worker_shutdown()
 

@@ -20,7 +20,9 @@ for ``launch`` scripts whose main function is wrapped by
    session and its uploads (a checkpoint not yet committed is dropped, as if the
    process had died), and, through a garbage collection, the train function's
    objects (a DataLoader's worker processes stop when its iterator goes) --
-   checks its device, and waits as ``ready`` for the next attempt.
+   checks its device, and waits as ``ready`` for the next attempt. A worker with a
+   checkpoint upload in flight first waits for the agent's verdict: when no
+   restart is left, it finishes the upload instead and reports ``stopped``.
 
 The agent kills and replaces a worker that does not become ready within
 ``FailureConfig.unwind_timeout_s`` (a hang with the GIL held, a wedged C++
@@ -38,6 +40,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from types import TracebackType
 from typing import TypeVar
 
@@ -45,6 +48,7 @@ from elastic_train import env_vars
 from elastic_train.worker import group_sockets
 from elastic_train.worker import restart_channel as channel
 from elastic_train.worker.restart_channel import FailureNote, Stage, WorkerRecord
+from elastic_train.worker.session import uploads_in_flight
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -168,11 +172,13 @@ def _enter(directory: str, rank: int, attempt: int) -> None:
     channel.write_record(directory, rank, WorkerRecord(attempt, Stage.RUNNING, os.getpid()))
 
 
-def run_attempts(attempt: Callable[[], T], release: Callable[[], None]) -> T:
+def run_attempts(attempt: Callable[[], T], release: Callable[[bool], None]) -> T:
     """Runs ``attempt`` until it succeeds on every rank; returns its value here.
 
-    ``release`` drops what an attempt left behind besides its process groups (the
-    session, its uploads); it runs after every failed attempt.
+    ``release(finish_uploads)`` ends what an attempt left behind besides its process
+    groups (the session, its uploads); it runs after every failed attempt, with
+    ``finish_uploads`` True only when the run stops after it (see
+    :meth:`~elastic_train.worker.session.TrainSession.end_failed_attempt`).
     """
     directory = os.environ[env_vars.INPROCESS_DIR]
     rank = int(os.environ["RANK"])
@@ -190,7 +196,12 @@ def run_attempts(attempt: Callable[[], T], release: Callable[[], None]) -> T:
         if failure is not None:
             channel.write_record(directory, rank, record)
             sys.stderr.write(failure.traceback)
-        release()
+        if uploads_in_flight() and not channel.wait_for_verdict(directory, number):
+            release(True)
+            channel.write_record(directory, rank, replace(record, stage=Stage.STOPPED))
+            while True:
+                signal.pause()  # the agent stops this worker with the others
+        release(False)
         _release_objects()
         number += 1
         healthy = device_healthy()

@@ -1,8 +1,8 @@
 """How a node's agent and its workers agree on in-process restarts: small files, one writer each.
 
 The agent gives every worker a directory (``ELASTIC_TRAIN_INPROCESS_DIR``).
-Each worker writes its own ``rank<R>.json``; the agent writes ``go.json``.
-Both are replaced atomically, so a reader never sees half a record.
+Each worker writes its own ``rank<R>.json``; the agent writes ``verdict.json``
+and ``go.json``. All are replaced atomically, so a reader never sees half a record.
 
 A worker's record says where it stands in which attempt:
 
@@ -17,6 +17,15 @@ A worker's record says where it stands in which attempt:
   attempt held; it waits for ``go.json`` to name ``attempt``.
 - ``unhealthy``: it left the attempt but cannot run another in this process
   (a CUDA error that sticks to the context); the agent replaces it.
+- ``stopped``: the run ends with attempt ``attempt`` (no restart is left); the
+  worker finished the checkpoint uploads it had in flight and waits to be stopped.
+
+Once it has charged a failed attempt, the agent writes its *verdict* for it
+(:class:`Verdict`: another attempt follows, or the run stops). A worker that
+left the attempt with a checkpoint upload in flight waits for the verdict: on
+a restart it drops the upload (the next attempt resumes from what is
+committed), on a stop it finishes it -- the last checkpoint the run reported
+is not lost because another rank failed after reporting it.
 
 The agent interrupts a running worker with :data:`ABORT_SIGNAL`, which the
 worker turns into :class:`~elastic_train.worker.inprocess.RestartAttempt`.
@@ -37,6 +46,7 @@ from elastic_train.storage import filesystem as fsutil
 
 ABORT_SIGNAL = signal.SIGUSR2  # the agent's "leave this attempt" (relayed by the zygote client)
 GO_FILE = "go.json"
+VERDICT_FILE = "verdict.json"
 
 
 class Stage(str, enum.Enum):
@@ -46,6 +56,7 @@ class Stage(str, enum.Enum):
     FAILED = "failed"
     READY = "ready"
     UNHEALTHY = "unhealthy"
+    STOPPED = "stopped"
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,14 @@ class Go:
     master_port: int | None = None
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """The agent's ``verdict.json``: what follows failed attempt ``attempt``."""
+
+    attempt: int
+    restart: bool
+
+
 def _record_path(directory: str, rank: int) -> str:
     return os.path.join(directory, f"rank{rank}.json")
 
@@ -125,6 +144,21 @@ def write_go(directory: str, go: Go) -> None:
 def read_go(directory: str) -> Go | None:
     data = _read(os.path.join(directory, GO_FILE))
     return Go(**data) if data else None
+
+
+def write_verdict(directory: str, verdict: Verdict) -> None:
+    _write(os.path.join(directory, VERDICT_FILE), asdict(verdict))
+
+
+def wait_for_verdict(directory: str, attempt: int, poll_s: float = 0.005) -> bool:
+    """Blocks until the agent decided what follows failed ``attempt``; True: a restart.
+    Like :func:`wait_for_go`, no timeout: a worker the agent does not answer is
+    stopped by it."""
+    while True:
+        data = _read(os.path.join(directory, VERDICT_FILE))
+        if data is not None and data["attempt"] >= attempt:
+            return data["attempt"] > attempt or bool(data["restart"])
+        time.sleep(poll_s)
 
 
 def wait_for_go(directory: str, attempt: int, poll_s: float = 0.005) -> Go:

@@ -62,7 +62,9 @@ class CheckpointUploadMode(str, enum.Enum):
     checkpoint uploading and one queued (a further report waits). Training does not stall on the
     network, and nothing is lost: a checkpoint becomes visible only when
     committed, a crash before that resumes from the previous one, and the run
-    ends only after every pending upload is committed.
+    ends only after every pending upload is committed -- also when it ends
+    in a failure with no restart left, while the failed rank's process lives
+    (in-process restarts; within ``FailureConfig.unwind_timeout_s``).
     ``SYNC``: after the checkpoint is committed on every rank (Ray v2's default).
 
     ``NO_UPLOAD`` (Ray's: the user already wrote the files into storage) is
@@ -277,15 +279,36 @@ class TrainSession:
         if self._joined:
             self.uploader.close()
 
-    def abandon(self) -> None:
-        """Ends a failed attempt's session at once (an in-process restart): uploads not
-        committed yet are dropped, as if the process had died. A session that never
-        joined (the attempt failed before its first call that needs the other ranks)
-        has nothing to drop."""
+    def uploads_in_flight(self) -> bool:
+        """Whether a reported checkpoint of this rank is not uploaded (and, on rank 0,
+        committed) yet."""
+        return self._joined and self.uploader.in_flight()
+
+    def end_failed_attempt(self, finish_uploads: bool) -> None:
+        """Ends a failed attempt's session (in-process restarts). Before another attempt
+        (``finish_uploads`` False) it ends at once: uploads not committed yet are
+        dropped, as if the process had died. When the run stops after this attempt,
+        the uploads in flight are finished and committed first: a checkpoint every
+        rank reported is kept although a rank failed after reporting it (an upload
+        error is logged: the run has failed already). A session that never joined (the
+        attempt failed before its first call that needs the other ranks) has nothing
+        to drop or finish."""
         if not self._joined:
             return
-        self.checkpoints.cancel()
-        self.uploader.abandon()
+        if not finish_uploads:
+            self.checkpoints.cancel()
+            self.uploader.abandon()
+            return
+        try:
+            self.uploader.close()
+        except StorageError as exc:
+            logger.error("The checkpoint in flight when the run failed was not stored: %s",
+                         exc)
+
+
+def uploads_in_flight() -> bool:
+    """Whether this worker's session has a checkpoint upload not finished yet."""
+    return _session is not None and _session.uploads_in_flight()
 
 
 def init_session(session: TrainSession) -> None:

@@ -138,6 +138,21 @@ def test_budget_exhausted_raises_with_rank_and_traceback(storage_path, tmp_path)
     assert result.checkpoint.path.endswith("checkpoint_000000")
 
 
+def test_a_checkpoint_in_flight_when_the_run_fails_is_kept(storage_path):
+    """The last checkpoint a run reported is stored although a rank failed while it was
+    still uploading and no restart was left (it was dropped, as if rank 0 had died)."""
+    trainer = TorchTrainer(
+        jobs.report_then_a_peer_fails, train_loop_config={"write_s": 2.0},
+        scaling_config=et.ScalingConfig(num_workers=2),
+        run_config=et.RunConfig(storage_path=storage_path, name="in-flight"))
+    with pytest.raises(et.TrainingFailedError, match="rank 1 fails right after the report"):
+        trainer.fit()
+    result = et.Result.from_path(os.path.join(storage_path, "in-flight"))
+    assert result.checkpoint is not None, "the reported checkpoint was lost"
+    with result.checkpoint.as_directory() as d, open(os.path.join(d, "state.txt")) as f:
+        assert f.read() == "reported before rank 1 failed"
+
+
 def _crash_every_attempt(config):
     """Fails the first ``crashes`` attempts right after a collective, alternating ranks."""
     import torch

@@ -93,6 +93,30 @@ def _inject_one(fault: dict, epoch: int, batch: int) -> None:
         time.sleep(120)
 
 
+def report_then_a_peer_fails(config: dict) -> None:
+    """Rank 0 reports a checkpoint whose file lands ``write_s`` later (as with
+    ``dcp.async_save``), so its upload is still in flight when rank 1 raises right
+    after the same report."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rank = et.get_context().get_world_rank()
+    checkpoint = None
+    if rank == 0:
+        directory = tempfile.mkdtemp()
+
+        def write() -> None:
+            time.sleep(config["write_s"])
+            with open(os.path.join(directory, "state.txt"), "w") as f:
+                f.write("reported before rank 1 failed")
+
+        written = ThreadPoolExecutor(1).submit(write)
+        checkpoint = et.Checkpoint.from_directory(directory, written=written)
+    et.report({"step": 1}, checkpoint=checkpoint)
+    if rank == 1:
+        raise RuntimeError("rank 1 fails right after the report")
+    time.sleep(120)  # until the agent ends the attempt
+
+
 def train_mlp(config: dict) -> dict:
     """A small deterministic MLP on a dataset shard, checkpointing every epoch.
 
