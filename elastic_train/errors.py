@@ -205,8 +205,10 @@ class RendezvousLostError(TrainingFailedError):
     """
 
     @classmethod
-    def for_backend(cls, backend: str, endpoint: str, cause: BaseException) -> RendezvousLostError:
-        if backend == "c10d":
+    def for_backend(cls, backend: str, endpoint: str, cause: BaseException,
+                    node_store: bool) -> RendezvousLostError:
+        """``node_store``: the endpoint is a TCP store a node of the job hosted (c10d)."""
+        if node_store:
             why = (f"the c10d store at {endpoint} is unreachable: the node hosting it (the "
                    "first to bind the endpoint) is gone, and with c10d no other node can take "
                    "its place. For jobs that must survive the loss of any node, use etcd "

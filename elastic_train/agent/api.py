@@ -36,7 +36,7 @@ from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.agent.inprocess import InProcessSettings, Recovery
 from elastic_train.agent.local_agent import TrainAgent
 from elastic_train.agent.progress_guard import NoProgressGuard, Progress
-from elastic_train.agent.rendezvous.backends import lookup, register
+from elastic_train.agent.rendezvous.backends import StateHome, lookup, register
 from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.agent.restart_budget import Decision, RestartBudget
 from elastic_train.agent.zygote_preload import ImportWatch
@@ -204,10 +204,12 @@ def run_agent(spec: AgentSpec, events: AgentEvents | None = None) -> AgentOutcom
         except (RendezvousClosedError, RendezvousConnectionError, DistNetworkError) as exc:
             if agent.peer_root is not None:  # the node at fault spent its budget and left
                 return AgentOutcome([agent.peer_root])
+            backend = lookup(rdzv.backend, "RendezvousConfig.backend")
             if isinstance(exc, RendezvousClosedError) or (
-                    isinstance(exc, DistNetworkError) and rdzv.backend != "c10d"):
+                    isinstance(exc, DistNetworkError) and not backend.endpoint_is_node_store):
                 raise
-            raise RendezvousLostError.for_backend(rdzv.backend, rdzv.endpoint, exc) from exc
+            raise RendezvousLostError.for_backend(backend.name, rdzv.endpoint, exc,
+                                                  backend.endpoint_is_node_store) from exc
         rdzv_handler.shutdown()
     if result is None:  # torch's agent: the rendezvous closed while this node was a spare
         logger.info("The job finished without needing this node (it waited as a spare).")
@@ -238,10 +240,10 @@ def _released(rdzv_handler: Any) -> Iterator[None]:
 
 def _corrupt_state(rdzv: RendezvousConfig, exc: RendezvousStateError) -> RendezvousLostError:
     """The error for a rendezvous state this node cannot read, with the fix for where the
-    state lives (the backends that need the etcd extra keep it in etcd)."""
+    state lives."""
     backend = lookup(rdzv.backend, "RendezvousConfig.backend")
     prefix = ""
-    if backend.extra == "etcd":
+    if backend.state is StateHome.ETCD:
         from elastic_train.agent.rendezvous.etcd_v3 import run_prefix
 
         prefix = run_prefix(rdzv.run_id)

@@ -70,6 +70,7 @@ from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.agent.inprocess import InProcessRestarts, InProcessSettings, Recovery
 from elastic_train.agent.inprocess_agent import InProcessRestart
 from elastic_train.agent.progress_guard import Progress, signature
+from elastic_train.agent.rendezvous.backends import lookup
 from elastic_train.agent.restart_budget import Decision, RestartBudget
 from elastic_train.agent.worker_slots import surviving
 from elastic_train.agent.zygote_preload import ImportWatch
@@ -157,12 +158,13 @@ class TrainAgent(InProcessRestart, LocalElasticAgent):
             self._on_rendezvous(worker_group.group_rank, worker_group.group_world_size)
 
     def _agree_on_generation(self, worker_group: WorkerGroup) -> str:
-        # Dynamic rendezvous hands out a store prefixed by its round, so one key
-        # per round suffices (restart counts differ between nodes: free restarts,
-        # late joiners). The static store is shared by every round, and there
-        # every node re-rendezvouses at each restart, so they count alike.
-        static = worker_group.spec.rdzv_handler.get_backend() == "static"
-        key = f"elastic_train/generation/{self._rendezvous_count if static else 0}"
+        # A store prefixed by its round (dynamic rendezvous) needs one key per round
+        # (restart counts differ between nodes: free restarts, late joiners). The
+        # static store is shared by every round, and there every node re-rendezvouses
+        # at each restart, so they count alike.
+        backend = lookup(worker_group.spec.rdzv_handler.get_backend(), "rdzv_handler")
+        key = ("elastic_train/generation/0" if backend.store_per_round
+               else f"elastic_train/generation/{self._rendezvous_count}")
         store = worker_group.store
         if worker_group.group_rank == 0:
             store.set(key, uuid.uuid4().hex)

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 
 from elastic_train.agent.api import DEFAULT_SIGNALS, ProcessOptions
-from elastic_train.agent.rendezvous.backends import lookup
+from elastic_train.agent.rendezvous.backends import TORCHRUN_DEFAULT, lookup
 from elastic_train.agent.rendezvous.config import RendezvousConfig, parse_rdzv_conf
 from elastic_train.config import (
     DEFAULT_STORAGE_PATH,
@@ -80,7 +80,7 @@ class LaunchSettings:
     target_args: list[str] = field(default_factory=list)
     nnodes: str = "1:1"
     nproc_per_node: str = "1"
-    rdzv_backend: str = "static"
+    rdzv_backend: str = TORCHRUN_DEFAULT
     rdzv_endpoint: str = ""
     rdzv_id: str = "none"
     rdzv_conf: str = ""
@@ -192,9 +192,9 @@ class LaunchSettings:
                 and self.master_port is None:
             return RendezvousConfig.single_node("launch")  # torchrun: a local c10d store
         if backend.elastic:
-            # The platform's endpoint is a c10d store of its own; etcd needs one given.
-            given = "" if self._from_platform("rdzv_endpoint") and backend.name != "c10d" \
-                else self.rdzv_endpoint
+            # The platform's endpoint is a node's store; etcd needs one given.
+            given = "" if self._from_platform("rdzv_endpoint") \
+                and not backend.endpoint_is_node_store else self.rdzv_endpoint
             endpoint = given or ("127.0.0.1:0" if self.max_nodes == 1 else "")
             self._check_elastic_job(backend.name, endpoint)
             source = self.named("rdzv_endpoint")

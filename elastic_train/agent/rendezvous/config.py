@@ -12,7 +12,7 @@ import os
 import uuid
 from dataclasses import dataclass
 
-from elastic_train.agent.rendezvous.backends import lookup
+from elastic_train.agent.rendezvous.backends import DEFAULT, lookup
 from elastic_train.errors import ConfigError
 from elastic_train.platforms import derived_settings
 from elastic_train.redaction import public_options
@@ -119,9 +119,9 @@ class RendezvousConfig:
         def read(variable: str, key: str) -> str | None:
             return env.get(variable) or (platform[key].value if key in platform else None)
 
-        self.backend = self.backend or read("PET_RDZV_BACKEND", "rdzv_backend") or "c10d"
-        # The platform's endpoint is a c10d store of its own; another backend needs one given.
-        platform_store = lookup(self.backend, "RendezvousConfig.backend").name == "c10d"
+        self.backend = self.backend or read("PET_RDZV_BACKEND", "rdzv_backend") or DEFAULT
+        # The platform's endpoint is a node's store; another backend needs one given.
+        platform_store = lookup(self.backend, "RendezvousConfig.backend").endpoint_is_node_store
         self.endpoint = self.endpoint or (read("PET_RDZV_ENDPOINT", "rdzv_endpoint")
                                           if platform_store else env.get("PET_RDZV_ENDPOINT"))
         self.run_id = self.run_id or read("PET_RDZV_ID", "rdzv_id")
@@ -132,7 +132,7 @@ class RendezvousConfig:
     def single_node(cls, name: str) -> RendezvousConfig:
         """A job on this node alone: a c10d store of its own on a free local port, under a
         fresh run id (``PET_RDZV_*`` are not read: they describe a multi-node job)."""
-        return cls(backend="c10d", endpoint="127.0.0.1:0",
+        return cls(backend=DEFAULT, endpoint="127.0.0.1:0",
                    run_id=f"{name}-{uuid.uuid4().hex[:8]}", conf={})
 
     @property
