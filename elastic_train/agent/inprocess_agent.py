@@ -23,7 +23,7 @@ from elastic_train.agent.failures import failures_of
 from elastic_train.agent.inprocess import FailedAttempt
 from elastic_train.agent.worker_slots import replace_worker
 from elastic_train.errors import WorkerFailure
-from elastic_train.storage.run_state import FailureKind
+from elastic_train.failure_kinds import FailureKind
 from elastic_train.storage.uploader import discard_staged
 from elastic_train.worker import preemption
 

@@ -75,7 +75,7 @@ from elastic_train.agent.restart_budget import Decision, RestartBudget
 from elastic_train.agent.worker_slots import surviving
 from elastic_train.agent.zygote_preload import ImportWatch
 from elastic_train.errors import WorkerFailure
-from elastic_train.storage.run_state import FailureKind
+from elastic_train.failure_kinds import FailureKind
 from elastic_train.worker import preemption
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from elastic_train.agent.progress_guard import NoProgressGuard, Progress
-from elastic_train.storage.run_state import FailureKind
+from elastic_train.failure_kinds import FailureKind
 
 UNLIMITED = -1
 

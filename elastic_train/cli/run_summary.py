@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 
 from elastic_train.config import CheckpointConfig
 from elastic_train.errors import ConfigError
+from elastic_train.failure_kinds import FailureKind
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage.checkpoint_store import dir_name
 from elastic_train.storage.retention import CheckpointRecord, ranked
-from elastic_train.storage.run_state import FailureKind, FailureRecord, RestoreRecord, RunState
+from elastic_train.storage.run_state import FailureRecord, RestoreRecord, RunState
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from elastic_train.errors import WorkerFailure
+from elastic_train.failure_kinds import FailureKind
 
 
 class RunStatus(str, enum.Enum):
@@ -30,14 +31,6 @@ class RunStatus(str, enum.Enum):
     FAILED = "failed"
     INTERRUPTED = "interrupted"
     UNKNOWN = "unknown"  # a run.json without a status (never written by us)
-
-
-class FailureKind(str, enum.Enum):
-    """The budget a failed attempt spent (see :mod:`elastic_train.agent.restart_budget`)."""
-
-    FAILURE = "failure"        # a worker of this node failed: FailureConfig.max_failures
-    PEER = "peer"              # only because a peer on another node failed: free here
-    PREEMPTION = "preemption"  # after a preemption notice: max_preemption_failures
 
 
 @dataclass

@@ -14,7 +14,7 @@ import elastic_train as et
 from elastic_train import env_vars
 from elastic_train.agent.local_agent import TrainAgent
 from elastic_train.agent.restart_budget import RestartBudget
-from elastic_train.storage.run_state import FailureKind
+from elastic_train.failure_kinds import FailureKind
 from elastic_train.worker import preemption
 
 

@@ -8,7 +8,7 @@ import pytest
 from elastic_train.agent.progress_guard import NoProgressGuard, Progress, signature
 from elastic_train.agent.restart_budget import UNLIMITED, RestartBudget
 from elastic_train.errors import WorkerFailure
-from elastic_train.storage.run_state import FailureKind
+from elastic_train.failure_kinds import FailureKind
 
 NAN = "rank 1: ValueError: loss is nan"
 

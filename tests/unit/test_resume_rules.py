@@ -149,7 +149,7 @@ def test_a_free_restart_after_a_peers_failure_is_not_told_as_no_restarts_left(tm
     the log said "no restart(s) left" just before it re-formed."""
     from elastic_train.agent.restart_budget import RestartBudget
     from elastic_train.errors import WorkerFailure
-    from elastic_train.storage.run_state import FailureKind
+    from elastic_train.failure_kinds import FailureKind
 
     record = RunRecord.begin(make_storage("local", tmp_path, None).run("run"), "run", FIT)
     failure = WorkerFailure(rank=0, local_rank=0, pid=1, exitcode=1, message="peer gone",
