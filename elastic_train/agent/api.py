@@ -35,7 +35,7 @@ from elastic_train.agent.failures import failures_of
 from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.agent.inprocess import InProcessSettings, Recovery
 from elastic_train.agent.local_agent import TrainAgent
-from elastic_train.agent.progress_guard import NoProgressGuard, Progress
+from elastic_train.agent.no_progress_guard import NoProgressGuard, Progress
 from elastic_train.agent.rendezvous.backends import StateHome, lookup, register
 from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.agent.restart_budget import Decision, RestartBudget

@@ -69,7 +69,7 @@ from elastic_train.agent.failures import failures_of, observe
 from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.agent.inprocess import InProcessRestarts, InProcessSettings, Recovery
 from elastic_train.agent.inprocess_agent import InProcessRestart
-from elastic_train.agent.progress_guard import Progress, signature
+from elastic_train.agent.no_progress_guard import Progress, signature
 from elastic_train.agent.rendezvous.backends import lookup
 from elastic_train.agent.restart_budget import Decision, RestartBudget
 from elastic_train.agent.worker_slots import surviving

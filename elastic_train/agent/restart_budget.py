@@ -12,7 +12,7 @@ without a process (torch's agent only carries the decision out):
   ``max_failures``.
 
 Whatever is left of the budget, a failure or peer failure after too many
-restarts without progress stops the run (the :mod:`.progress_guard`).
+restarts without progress stops the run (the :mod:`.no_progress_guard`).
 
 Example::
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elastic_train.agent.progress_guard import NoProgressGuard, Progress
+from elastic_train.agent.no_progress_guard import NoProgressGuard, Progress
 from elastic_train.failure_kinds import FailureKind
 
 UNLIMITED = -1
@@ -38,7 +38,7 @@ class Decision:
     ``restarts_left``: restarts of the budget it was charged to that remain
     after this one (-1: unlimited). ``preemption_budget_spent``: the run stops
     because of preemptions, not failures. ``no_progress``: the run stops because
-    restarts bring no progress (see :mod:`.progress_guard`), with the reason.
+    restarts bring no progress (see :mod:`.no_progress_guard`), with the reason.
     """
 
     kind: FailureKind
@@ -71,7 +71,7 @@ class RestartBudget:
         """Spends one attempt of ``kind``'s budget; the decision for the group.
 
         ``progress`` (how far the run is now) and ``failure`` (the root failure's
-        :func:`~.progress_guard.signature`) feed the no-progress guard, if any.
+        :func:`~.no_progress_guard.signature`) feed the no-progress guard, if any.
         """
         if kind is FailureKind.PREEMPTION:
             self.preemptions += 1

@@ -2,7 +2,7 @@
 
 :class:`RunSupervisor` wires the agent's events to the run's record
 (``run.json``: failures, final status) and to the live view and callbacks
-(:class:`~elastic_train.driver.progress.RunMonitor`), and uploads the workers' logs
+(:class:`~elastic_train.driver.run_monitor.RunMonitor`), and uploads the workers' logs
 to remote storage when the run ends.
 """
 
@@ -14,11 +14,11 @@ from collections.abc import Callable
 from elastic_train.agent import zygote
 from elastic_train.agent.api import AgentEvents, AgentOutcome, AgentSpec, Interrupted, run_agent
 from elastic_train.agent.inprocess import Recovery
-from elastic_train.agent.progress_guard import Progress
+from elastic_train.agent.no_progress_guard import Progress
 from elastic_train.agent.restart_budget import Decision
 from elastic_train.callbacks import RunContext, UserCallback
 from elastic_train.driver.console import ConsoleView
-from elastic_train.driver.progress import RunMonitor
+from elastic_train.driver.run_monitor import RunMonitor
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.errors import RendezvousLostError, WorkerFailure
 from elastic_train.storage import RunStorage

@@ -54,7 +54,7 @@ def test_rank_and_stream_filters(tmp_path):
 
 def test_status_line_counts_checkpoints_still_uploading(tmp_path):
     from elastic_train.callbacks import RunContext
-    from elastic_train.driver.progress import RunMonitor
+    from elastic_train.driver.run_monitor import RunMonitor
     from elastic_train.storage import RunStorage
     from elastic_train.storage.checkpoint_store import MARKER
 

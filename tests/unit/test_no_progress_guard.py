@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_train.agent.progress_guard import NoProgressGuard, Progress, signature
+from elastic_train.agent.no_progress_guard import NoProgressGuard, Progress, signature
 from elastic_train.agent.restart_budget import UNLIMITED, RestartBudget
 from elastic_train.errors import WorkerFailure
 from elastic_train.failure_kinds import FailureKind
