@@ -48,9 +48,11 @@ def _is_count(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 1
 
 
-def _require(condition: bool, message: str) -> None:
+def _require(field: str, condition: bool, message: str) -> None:
+    """Raises a ConfigError about ``field`` (``"FailureConfig.max_failures"``) unless
+    ``condition`` holds."""
     if not condition:
-        raise ConfigError(message)
+        raise ConfigError(message, field=field)
 
 
 @refuse_ray_arguments(SCALING_CONFIG)
@@ -107,12 +109,14 @@ class ScalingConfig:
             self.num_workers = tuple(self.num_workers)
         bounds = self.num_workers if isinstance(self.num_workers, tuple) else (self.num_workers,)
         _require(
+            "ScalingConfig.num_workers",
             len(bounds) in (1, 2) and all(_is_count(b) for b in bounds) and bounds[0] <= bounds[-1],
             f"ScalingConfig.num_workers={self.num_workers!r} is invalid: it must be an integer "
             ">= 1, or (min, max) with 1 <= min <= max, e.g. ScalingConfig(num_workers=2).",
         )
         self._check_nodes()
         _require(
+            "ScalingConfig.resources_per_worker",
             self.resources_per_worker is None or isinstance(self.resources_per_worker, dict),
             f"ScalingConfig.resources_per_worker={self.resources_per_worker!r} must be a dict "
             "such as {'CPU': 2, 'GPU': 0.5}.",
@@ -120,11 +124,13 @@ class ScalingConfig:
         resources = dict(self.resources_per_worker or {})
         for key, value in resources.items():
             _require(
+                "ScalingConfig.resources_per_worker",
                 key in ("CPU", "GPU"),
                 f"ScalingConfig.resources_per_worker has unknown resource {key!r}: "
                 "only 'CPU' and 'GPU' are understood.",
             )
             _require(
+                "ScalingConfig.resources_per_worker",
                 isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
                 f"ScalingConfig.resources_per_worker[{key!r}]={value!r} is invalid: "
                 "it must be a number >= 0.",
@@ -132,10 +138,12 @@ class ScalingConfig:
         gpus = resources.get("GPU")
         if gpus:
             _require(
+                "ScalingConfig.resources_per_worker",
                 self.use_gpu,
                 f"ScalingConfig.resources_per_worker['GPU']={gpus!r} needs use_gpu=True.",
             )
             _require(
+                "ScalingConfig.resources_per_worker",
                 _is_whole(1 / gpus if gpus < 1 else gpus),
                 f"ScalingConfig.resources_per_worker['GPU']={gpus!r} cannot be packed on whole "
                 "devices: use a whole number, or a fraction 1/n such as 0.5 or 0.25.",
@@ -143,6 +151,7 @@ class ScalingConfig:
         cpus = resources.get("CPU")
         if cpus is not None:
             _require(
+                "ScalingConfig.resources_per_worker",
                 float(cpus).is_integer() and cpus >= 1,
                 f"ScalingConfig.resources_per_worker['CPU']={cpus!r} is invalid: "
                 "it sets torch's thread count, so use a whole number >= 1.",
@@ -150,12 +159,14 @@ class ScalingConfig:
 
     def _check_nodes(self) -> None:
         _require(
+            "ScalingConfig.rendezvous",
             self.rendezvous is None or isinstance(self.rendezvous, RendezvousConfig),
             f"ScalingConfig.rendezvous={self.rendezvous!r} must be a RendezvousConfig.",
         )
         per_node = self.num_workers_per_node
         if per_node is None:
             _require(
+                "ScalingConfig.num_workers_per_node",
                 not isinstance(self.num_workers, tuple),
                 f"ScalingConfig(num_workers={self.num_workers!r}) is elastic across nodes: "
                 "say how many workers each node runs, e.g. num_workers_per_node=2 "
@@ -163,11 +174,13 @@ class ScalingConfig:
             )
             return
         _require(
+            "ScalingConfig.num_workers_per_node",
             _is_count(per_node),
             f"ScalingConfig.num_workers_per_node={per_node!r} is invalid: use an integer >= 1 "
             "(torchrun's --nproc-per-node), or None for a single node.",
         )
         _require(
+            "ScalingConfig.num_workers_per_node",
             self.min_workers % per_node == 0 and self.max_workers % per_node == 0,
             f"ScalingConfig(num_workers={self.num_workers!r}, num_workers_per_node={per_node}): "
             "num_workers must be a multiple of num_workers_per_node (whole nodes), e.g. "
@@ -287,18 +300,21 @@ class FailureConfig:
 
     def __post_init__(self) -> None:
         _require(
+            "FailureConfig.hang_timeout_s",
             self.hang_timeout_s is None
             or (isinstance(self.hang_timeout_s, (int, float)) and self.hang_timeout_s > 0),
             f"FailureConfig.hang_timeout_s={self.hang_timeout_s!r} is invalid: use None (off) "
             "or a number of seconds > 0, longer than your slowest step.",
         )
         _require(
+            "FailureConfig.max_failures",
             isinstance(self.max_failures, int) and not isinstance(self.max_failures, bool)
             and self.max_failures >= -1,
             f"FailureConfig.max_failures={self.max_failures!r} is invalid: use 0 for no "
             "retries, a positive number of retries, or -1 for unlimited retries.",
         )
         _require(
+            "FailureConfig.max_preemption_failures",
             isinstance(self.max_preemption_failures, int)
             and not isinstance(self.max_preemption_failures, bool)
             and self.max_preemption_failures >= -1,
@@ -306,23 +322,27 @@ class FailureConfig:
             "use -1 (unlimited, the default), 0 or a positive number of restarts.",
         )
         _require(
+            "FailureConfig.preemption_grace_s",
             isinstance(self.preemption_grace_s, (int, float))
             and not isinstance(self.preemption_grace_s, bool) and self.preemption_grace_s >= 0,
             f"FailureConfig.preemption_grace_s={self.preemption_grace_s!r} is invalid: use a "
             "number of seconds >= 0, shorter than your scheduler's own grace period.",
         )
         _require(
+            "FailureConfig.restart_in_process",
             isinstance(self.restart_in_process, bool),
             f"FailureConfig.restart_in_process={self.restart_in_process!r} is invalid: use True "
             "(restart the train function in the surviving processes) or False (new processes).",
         )
         _require(
+            "FailureConfig.unwind_timeout_s",
             isinstance(self.unwind_timeout_s, (int, float))
             and not isinstance(self.unwind_timeout_s, bool) and self.unwind_timeout_s > 0,
             f"FailureConfig.unwind_timeout_s={self.unwind_timeout_s!r} is invalid: use a number "
             "of seconds > 0, e.g. 10.",
         )
         _require(
+            "FailureConfig.max_restarts_without_progress",
             isinstance(self.max_restarts_without_progress, int)
             and not isinstance(self.max_restarts_without_progress, bool)
             and (self.max_restarts_without_progress >= 1
@@ -357,6 +377,7 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         _require(
+            "CheckpointConfig.num_to_keep",
             self.num_to_keep is None
             or (isinstance(self.num_to_keep, int) and not isinstance(self.num_to_keep, bool)
                 and self.num_to_keep >= 1),
@@ -364,11 +385,13 @@ class CheckpointConfig:
             "every checkpoint or an integer >= 1.",
         )
         _require(
+            "CheckpointConfig.checkpoint_score_order",
             self.checkpoint_score_order in ("max", "min"),
             f"CheckpointConfig.checkpoint_score_order={self.checkpoint_score_order!r} is "
             "invalid: use 'max' or 'min'.",
         )
         _require(
+            "CheckpointConfig.checkpoint_score_attribute",
             self.checkpoint_score_attribute is None
             or (isinstance(self.checkpoint_score_attribute, str)
                 and self.checkpoint_score_attribute),
@@ -433,34 +456,40 @@ class RunConfig:
         if self.storage_path is None:
             self.storage_path = DEFAULT_STORAGE_PATH
         _require(
+            "RunConfig.failure_config",
             isinstance(self.failure_config, FailureConfig),
             f"RunConfig.failure_config={self.failure_config!r} must be a FailureConfig.",
         )
         _require(
+            "RunConfig.checkpoint_config",
             isinstance(self.checkpoint_config, CheckpointConfig),
             f"RunConfig.checkpoint_config={self.checkpoint_config!r} must be a CheckpointConfig.",
         )
         _require(
+            "RunConfig.storage_path",
             isinstance(self.storage_path, (str, os.PathLike)),
             f"RunConfig.storage_path={self.storage_path!r} must be a path or URL string.",
         )
         self.storage_path = os.fspath(self.storage_path)
         self.callbacks = list(self.callbacks or [])
-        _require(self.verbose in (0, 1, 2),
+        _require("RunConfig.verbose", self.verbose in (0, 1, 2),
                  f"RunConfig.verbose={self.verbose!r} is invalid: use 0, 1 or 2.")
         _require(
+            "RunConfig.storage_options",
             self.storage_options is None or isinstance(self.storage_options, dict),
             "RunConfig.storage_options must be a dict of fsspec filesystem arguments.",
         )
         _require(
+            "RunConfig.storage_retry_timeout_s",
             isinstance(self.storage_retry_timeout_s, (int, float))
             and self.storage_retry_timeout_s >= 0,
             f"RunConfig.storage_retry_timeout_s={self.storage_retry_timeout_s!r} is invalid: "
             "use a number of seconds >= 0.",
         )
-        _require(isinstance(self.start_over, bool),
+        _require("RunConfig.start_over", isinstance(self.start_over, bool),
                  f"RunConfig.start_over={self.start_over!r} is invalid: use True or False.")
         _require(
+            "RunConfig.name",
             self.name is None or (isinstance(self.name, str) and self.name.strip("./") != ""
                                   and "/" not in self.name),
             f"RunConfig.name={self.name!r} is invalid: use a non-empty name without '/', "

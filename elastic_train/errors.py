@@ -14,7 +14,15 @@ from elastic_train.redaction import redact_url
 
 
 class ConfigError(ValueError):
-    """A setting or input is invalid; raised in the driver before any process starts."""
+    """A setting or input is invalid; raised in the driver before any process starts.
+
+    ``field``: the config field at fault (``"FailureConfig.max_failures"``), when one
+    is; a front-end names it its own way (``launch``: the flag or variable it came from).
+    """
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class StorageError(RuntimeError):

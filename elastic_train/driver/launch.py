@@ -166,11 +166,10 @@ class LaunchSettings:
         try:
             yield
         except ConfigError as exc:
-            text = str(exc)
             settings = {**_FIELD_SETTINGS, "FailureConfig.preemption_grace_s": self._grace()[1]}
-            for name, setting in settings.items():
-                if text.startswith(name + "=") or text.startswith(name + " "):
-                    raise ConfigError(f"{self.named(setting)}: {text}") from None
+            if exc.field in settings:
+                raise ConfigError(f"{self.named(settings[exc.field])}: {exc}",
+                                  field=exc.field) from None
             raise
 
     def _grace(self) -> tuple[float, str]:

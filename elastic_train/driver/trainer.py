@@ -197,7 +197,8 @@ class DataParallelTrainer:
         for callback in self.run_config.callbacks:
             if not isinstance(callback, UserCallback):
                 raise ConfigError(f"RunConfig.callbacks has {callback!r}, which is not a "
-                                  "UserCallback: subclass elastic_train.UserCallback.")
+                                  "UserCallback: subclass elastic_train.UserCallback.",
+                                  field="RunConfig.callbacks")
         for name, dataset in self.datasets.items():
             if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
                 raise ConfigError(f"datasets[{name!r}]={dataset!r} is not a map-style dataset: "

@@ -34,14 +34,14 @@ def score_of(record: CheckpointRecord, config: CheckpointConfig) -> float:
         raise ConfigError(
             f"CheckpointConfig.checkpoint_score_attribute={attr!r} is not among the metrics "
             f"reported with checkpoint {record.index} ({sorted(record.metrics)}): report it "
-            "with every checkpoint, or choose another attribute."
-        )
+            "with every checkpoint, or choose another attribute.",
+            field="CheckpointConfig.checkpoint_score_attribute")
     value = record.metrics[attr]
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise ConfigError(
             f"CheckpointConfig.checkpoint_score_attribute={attr!r} must name a number, "
-            f"but checkpoint {record.index} reported {value!r}."
-        )
+            f"but checkpoint {record.index} reported {value!r}.",
+            field="CheckpointConfig.checkpoint_score_attribute")
     return float(value)
 
 

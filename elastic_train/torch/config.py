@@ -65,20 +65,23 @@ class TorchConfig(BackendConfig):
         backend = self.backend_for(scaling)
         if backend not in BACKENDS:
             raise ConfigError(f"TorchConfig.backend={self.backend!r} is not supported: "
-                              f"use one of {BACKENDS} or None.")
+                              f"use one of {BACKENDS} or None.", field="TorchConfig.backend")
         if self.init_method not in INIT_METHODS:
             raise ConfigError(f"TorchConfig.init_method={self.init_method!r} is invalid: "
-                              f"use one of {INIT_METHODS}.")
+                              f"use one of {INIT_METHODS}.", field="TorchConfig.init_method")
         if not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
-            raise ConfigError(f"TorchConfig.timeout_s={self.timeout_s!r} must be a number > 0.")
+            raise ConfigError(f"TorchConfig.timeout_s={self.timeout_s!r} must be a number > 0.",
+                              field="TorchConfig.timeout_s")
         if backend == "nccl" and not scaling.use_gpu:
             raise ConfigError("TorchConfig.backend='nccl' needs GPUs: set "
-                              "ScalingConfig(use_gpu=True) or use backend='gloo'.")
+                              "ScalingConfig(use_gpu=True) or use backend='gloo'.",
+                              field="TorchConfig.backend")
         if backend == "nccl" and 0 < scaling.gpus_per_worker < 1:
             raise ConfigError(
                 f"TorchConfig.backend='nccl' cannot share a GPU between workers "
                 f"(resources_per_worker['GPU']={scaling.gpus_per_worker}): NCCL refuses two "
-                "ranks on one device. Use backend='gloo' (or None), or whole GPUs.")
+                "ranks on one device. Use backend='gloo' (or None), or whole GPUs.",
+                field="TorchConfig.backend")
         if scaling.use_gpu:
             have = devices.count("cuda")  # counted in a child: the driver forks workers
             need = scaling.gpus_needed()

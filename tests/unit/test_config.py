@@ -78,6 +78,16 @@ def test_invalid_values_raise_config_error_naming_field_and_value(make, words):
         assert word in str(info.value)
 
 
+@pytest.mark.parametrize("make, words", BAD)
+def test_the_error_carries_the_field_its_message_names(make, words):
+    """Front-ends name a field their own way (launch: the flag) from ``field``, never by
+    reading the message."""
+    with pytest.raises(ConfigError) as info:
+        make()
+    field = info.value.field
+    assert field is not None and field.split(".")[-1] in str(info.value)
+
+
 def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)
 

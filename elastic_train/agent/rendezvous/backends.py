@@ -110,7 +110,7 @@ def lookup(name: str, source: str) -> Backend:
         if name in backend.names:
             return backend
     choices = "; ".join(b.summary for b in BACKENDS)
-    raise ConfigError(f"{source}={name!r} is not supported: use {choices}.")
+    raise ConfigError(f"{source}={name!r} is not supported: use {choices}.", field=source)
 
 
 def register(backend: Backend) -> None:

@@ -45,7 +45,7 @@ def check_endpoint(endpoint: str, source: str) -> None:
     host, port = endpoint.split(":")
     if not host or not port.isdigit() or int(port) > 65535:
         raise ConfigError(f"{source}={endpoint!r} is invalid: use HOST:PORT with a port from "
-                          "0 to 65535, e.g. node0:29400.")
+                          "0 to 65535, e.g. node0:29400.", field=source)
 
 
 @dataclass
@@ -98,7 +98,7 @@ class RendezvousConfig:
         self.backend = backend.name
         if not isinstance(self.conf, dict):
             raise ConfigError(f"RendezvousConfig.conf={self.conf!r} must be a dict such as "
-                              "{'last_call_timeout': 5}.")
+                              "{'last_call_timeout': 5}.", field="RendezvousConfig.conf")
         if self.endpoint:
             check_endpoint(self.endpoint, "RendezvousConfig.endpoint")
         self.conf = {**backend.defaults, **self.conf}
@@ -106,7 +106,8 @@ class RendezvousConfig:
             raise ConfigError(
                 f"RendezvousConfig(backend={self.backend!r}) needs this node's rank: pass "
                 "conf={'rank': N} (elastic-train launch's --node-rank), or use an elastic "
-                "backend, 'c10d' or 'etcd', which ranks the nodes itself.")
+                "backend, 'c10d' or 'etcd', which ranks the nodes itself.",
+                field="RendezvousConfig.conf")
 
     def _from_environment(self) -> None:
         """Fields left None: torchrun's ``PET_RDZV_*``, then what the platform implies
@@ -161,4 +162,5 @@ class RendezvousConfig:
             raise ConfigError(
                 f"{nodes} spans more than one node, so every node's driver must join one "
                 f"rendezvous: set RendezvousConfig({name}={example}) (torchrun's {flag}, "
-                f"env PET_{flag[2:].replace('-', '_').upper()}), the same on every node.")
+                f"env PET_{flag[2:].replace('-', '_').upper()}), the same on every node.",
+                field=f"RendezvousConfig.{name}")
