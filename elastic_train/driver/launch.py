@@ -33,6 +33,7 @@ from elastic_train.config import (
     ScalingConfig,
 )
 from elastic_train.driver import launch_rules as rules
+from elastic_train.driver.console import ConsoleView
 from elastic_train.errors import ConfigError
 from elastic_train.redaction import redact_conf, redacted_options
 from elastic_train.storage.filesystem import options_from_flags
@@ -70,10 +71,11 @@ class LaunchSettings:
     ``"PET_NNODES"``, ``"SLURM_JOB_NUM_NODES"``, ``"default"``).
 
     ``__post_init__`` applies torchrun's rules and turns the values into the
-    Python API's configs: :attr:`scaling`, :attr:`rendezvous`,
-    :attr:`run_config` (and :attr:`view`, :attr:`process` for the console and
-    the worker processes). ``notes`` are one-line messages about flags that are
-    not honoured or values that were chosen for the user.
+    Python API's configs, the fields after ``sources`` (not arguments):
+    :attr:`scaling`, :attr:`rendezvous`, :attr:`run_config` (and :attr:`view`,
+    :attr:`process` for the console and the worker processes). ``notes`` are
+    one-line messages about flags that are not honoured or values that were
+    chosen for the user.
     """
 
     target: str
@@ -125,6 +127,18 @@ class LaunchSettings:
     checkpoint_score_order: str = "max"
     start_over: bool = False
     sources: dict[str, str] = field(default_factory=dict)
+    # Resolved by __post_init__:
+    notes: list[str] = field(init=False, repr=False)
+    min_nodes: int = field(init=False)
+    max_nodes: int = field(init=False)
+    workers_per_node: int = field(init=False)
+    view: ConsoleView = field(init=False, repr=False)
+    process: ProcessOptions = field(init=False, repr=False)
+    rendezvous: RendezvousConfig = field(init=False, repr=False)
+    scaling: ScalingConfig = field(init=False, repr=False)
+    checkpoint: CheckpointConfig = field(init=False, repr=False)
+    run_config: RunConfig = field(init=False, repr=False)
+    name_source: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.notes = rules.unsupported(self)
@@ -276,7 +290,7 @@ class LaunchSettings:
         worker counts as resolved (``auto``, ``1``), as a resume compares them; secrets
         redacted (the program and its arguments are the user's, recorded as given)."""
         recorded = {f.name: getattr(self, f.name) for f in fields(self)
-                    if f.name not in _NOT_RECORDED}
+                    if f.init and f.name not in _NOT_RECORDED}
         nodes = f"{self.min_nodes}:{self.max_nodes}" if self.min_nodes < self.max_nodes \
             else str(self.min_nodes)
         recorded = {**recorded, "nnodes": nodes, "nproc_per_node": self.workers_per_node}
