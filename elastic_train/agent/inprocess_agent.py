@@ -5,7 +5,7 @@ watches the workers before torch's monitoring does (which would stop them all
 at the first death), and carries out an in-process restart with the agent's
 own budget decision, hang watch and preemption notices; the steps themselves
 are :class:`~.inprocess.InProcessRestarts`'. It uses the agent's attributes
-(``_in_process``, ``_pcontext``, ``_worker_group``, ``_worker_command``,
+(``_in_process``, ``_pcontext``, ``_worker_command``,
 ``_start_env``, ``_hang_watch``, ``_notice_dir``, ``_on_recovered``) and
 methods (``_decide``, ``_check_hangs``, ``_preempted``).
 """
@@ -80,7 +80,7 @@ class InProcessRestart:
     def _replace_worker(self, worker: Worker, env: dict[str, str]) -> int:
         """A new process in ``worker``'s slot (an in-process restart's dead or killed rank)."""
         assert self._pcontext is not None
-        spec = self._worker_group.spec
+        spec = self.get_worker_group().spec
         entrypoint, args = (self._worker_command() if self._worker_command is not None
                             else (spec.entrypoint, spec.args))
         args = tuple(macros.substitute(list(args), str(worker.local_rank)))

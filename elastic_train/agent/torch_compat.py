@@ -67,16 +67,6 @@ SHUTDOWN_TAKES_TIMEOUT = _takes(LocalElasticAgent._shutdown, "timeout")
 VIRTUAL_LOCAL_RANK = "virtual_local_rank" in inspect.signature(WorkerSpec).parameters
 
 
-def handler_options(numa_options: Any) -> dict[str, Any]:
-    """``SubprocessHandler``'s keyword argument for the NUMA binding of a worker started
-    again in its slot: 2.14 requires ``numa_options``; where the handler has no such
-    parameter, torch binds elsewhere and there is nothing to pass."""
-    from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
-
-    return {"numa_options": numa_options} \
-        if _takes(SubprocessHandler.__init__, "numa_options") else {}
-
-
 def agent_options(shutdown_timeout: int) -> dict[str, Any]:
     """``LocalElasticAgent``'s keyword arguments for the stop timeout (none before 2.12:
     :func:`shutdown` applies it there)."""

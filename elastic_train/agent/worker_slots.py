@@ -20,8 +20,6 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import Worker
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
-from elastic_train.agent import torch_compat
-
 
 class _AppendingHandler(SubprocessHandler):
     """torch's handler, with the log files opened for appending: the replaced worker's
@@ -38,8 +36,7 @@ class _AppendingHandler(SubprocessHandler):
                  stderr: str | None, local_rank: int, numa_options: Any = None):
         self._append_to = (stdout, stderr)
         super().__init__(entrypoint=args[0], args=args[1:], env=env, stdout=None,
-                         stderr=None, local_rank_id=local_rank,
-                         **torch_compat.handler_options(numa_options))
+                         stderr=None, local_rank_id=local_rank, numa_options=numa_options)
 
     def _popen(self, args: tuple, env: dict[str, str]) -> Any:
         stdout, stderr = self._append_to
