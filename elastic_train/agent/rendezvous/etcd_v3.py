@@ -270,6 +270,11 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
         """The registry name; torch checks it equals ``RendezvousParameters.backend``."""
         return self._name
 
+    @property
+    def state_key(self) -> bytes:
+        """The etcd key holding the state."""
+        return self._key
+
     def get_state(self) -> tuple[bytes, Token] | None:
         """See base class."""
         value = self._keyspace.get(self._key)
