@@ -24,8 +24,10 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 from torch.distributed.elastic.rendezvous import (
+    RendezvousInfo,
     RendezvousParameters,
     RendezvousStateError,
+    RendezvousStoreInfo,
     c10d_rendezvous_backend,
 )
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
@@ -38,8 +40,13 @@ from elastic_train.agent.api import _corrupt_state
 from elastic_train.agent.rendezvous import etcd_v3
 from elastic_train.agent.rendezvous.backends import lookup, register
 from elastic_train.agent.rendezvous.config import RendezvousConfig
-from elastic_train.agent.rendezvous.etcd_handler import create_etcd_v3_handler
-from elastic_train.agent.rendezvous.etcd_v3 import EtcdV3RendezvousBackend, EtcdValue, _seal_state
+from elastic_train.agent.rendezvous.etcd_handler import _leave, create_etcd_v3_handler
+from elastic_train.agent.rendezvous.etcd_v3 import (
+    EtcdV3RendezvousBackend,
+    EtcdV3Store,
+    EtcdValue,
+    _seal_state,
+)
 from elastic_train.agent.rendezvous.torch_state import check_state
 
 FUZZ = settings(max_examples=200, deadline=None, database=None,
@@ -273,3 +280,34 @@ def test_any_etcd_v3_state_is_read_or_a_state_error(data, framed):
     else:
         event("read")
         assert isinstance(waiting, int) and isinstance(closed, bool)
+
+
+# --- etcd-v3: the count of nodes that left, in the run's store -------------------------
+
+@FUZZ
+@given(data=st.binary(max_size=24) | st.integers().map(lambda i: b"%d" % i))
+@example(data=b"not a count")
+def test_a_count_in_the_etcd_store_adds_up_or_is_a_store_error(data):
+    """EtcdV3Store.add (the nodes counting themselves out of the last round) on whatever
+    the key holds: a sum, or DistStoreError naming the key (a TCPStore fails too)."""
+    keyspace = MemoryKeyspace(data)
+    try:
+        total = EtcdV3Store(keyspace).add("elastic_train/nodes_left", 1)
+    except dist.DistStoreError as exc:
+        event("a store error")
+        assert "/elastic_train/rdzv/fuzz/store/elastic_train/nodes_left holds" in str(exc)
+    else:
+        event("added")
+        assert total == int(data) + 1 and keyspace.value.data == b"%d" % total
+
+
+def test_a_node_counting_itself_out_of_an_etcd_v3_job_logs_a_count_nobody_wrote(caplog):
+    """What the handler's shutdown does after the job (etcd_handler._leave): it raised a
+    ValueError there, after the job had succeeded."""
+    keyspace = MemoryKeyspace(b"%%% garbage")
+    backend = EtcdV3RendezvousBackend(keyspace, "etcd-v3")
+    etcd_store = EtcdV3Store(keyspace)  # kept: the PrefixStore does not keep it alive
+    store = dist.PrefixStore("torch.rendezvous.fuzz.0", etcd_store)
+    _leave(RendezvousInfo(store, 0, 1, RendezvousStoreInfo("127.0.0.1", 29500)), backend)
+    assert "Could not delete the run's etcd keys" in caplog.text
+    assert "holds b'%%% garbage'" in caplog.text

@@ -337,11 +337,17 @@ class EtcdV3Store(Store):
         return all(self._keyspace.get(self._key(key)) is not None for key in keys)
 
     def add(self, key: str, amount: int) -> int:
-        """Atomically adds ``amount`` to the key's decimal value (absent: 0); returns the sum."""
+        """Atomically adds ``amount`` to the key's decimal value (absent: 0); returns the sum.
+        DistStoreError if the key holds no number (a TCPStore fails too)."""
         etcd_key = self._key(key)
         current = self._keyspace.get(etcd_key)
         while True:
-            total = amount + (int(current.data) if current else 0)
+            try:
+                total = amount + (int(current.data) if current else 0)
+            except ValueError:
+                raise DistStoreError(
+                    f"etcd key {etcd_key.decode(errors='replace')} holds {current.data[:60]!r}, "
+                    f"not a number to add {amount} to") from None
             revision = current.mod_revision if current else 0
             current, done = self._keyspace.put(etcd_key, str(total).encode(), revision)
             if done:
