@@ -223,7 +223,8 @@ class RendezvousLostError(TrainingFailedError):
                    "(--rdzv-backend etcd, or RendezvousConfig(backend='etcd')).")
         else:
             why = (f"the {backend} rendezvous at {endpoint} stayed unreachable for longer "
-                   "than its outage_timeout (--rdzv-conf outage_timeout=SECONDS).")
+                   "than its outage_timeout (--rdzv-conf outage_timeout=SECONDS), or what "
+                   "answers there is no etcd v3 server.")
         return cls(redact_url(f"This node lost the job's rendezvous: {why} ({cause}) Start "
                               "every node again to resume the run from its latest checkpoint."))
 

@@ -16,10 +16,25 @@ def test_a_seal_reads_back_what_its_sealer_wrote():
     assert Seal.decode(seal.encode(), 3) == Seal(7, (9, 12, 40), "10.0.0.1", 29500, 3)
 
 
-@pytest.mark.parametrize("data", [b"%%%", b"[1, 2]", b"7", b'[1, ["x"], "h", 1]', b""])
+@pytest.mark.parametrize("data", [
+    b"%%%", b"[1, 2]", b"7", b'[1, ["x"], "h", 1]', b"",
+    b'[1e999, [], "h", 1]',  # was an OverflowError
+    b"[" * 5000,  # was a RecursionError
+    b'"1234"',  # was read as Seal(1, (2,), "3", 4)
+    b'[5, [0], "h", 29500]', b'[5, [2, 0], "h", 29500]',  # two members of one revision
+    b'[5, [-1], "h", 29500]', b'[0, [], "h", 29500]',
+    b'[5, [], "h", 70000]', b'[5, [], "h", 0]', b'[5, [], "", 29500]', b'[5, [], 7, 29500]',
+    b'[true, [], "h", 1]', b'[5, [1.5], "h", 29500]', b'[5, [], "h", "29500"]',
+])
 def test_a_seal_nobody_wrote_is_a_state_error(data):
-    with pytest.raises(RendezvousStateError, match="seal holds"):
+    with pytest.raises(RendezvousStateError, match="holds .*, not a seal as a round's sealer"):
         Seal.decode(data, 1)
+
+
+def test_a_seal_read_from_etcd_names_its_key():
+    kv = KeyValue(b"/elastic_train/rdzv/job/native/r/3/c/seal", b"[]", 1, 2, 0)
+    with pytest.raises(RendezvousStateError, match=r"etcd key .*/r/3/c/seal holds b'\[\]'"):
+        Seal.of(kv)
 
 
 def test_a_round_pointer_that_is_not_a_number_is_a_state_error():
@@ -27,6 +42,14 @@ def test_a_round_pointer_that_is_not_a_number_is_a_state_error():
     assert round_number(KeyValue(kv.key, b"12", 1, 2, 0)) == 12
     with pytest.raises(RendezvousStateError, match=r"run/round holds b'garbage'"):
         round_number(kv)
+
+
+@pytest.mark.parametrize("value", [b"-3", b"+3", b"007", b" 7", b"7\n", b"1_0", b"", b"9" * 30])
+def test_a_round_pointer_only_reads_as_the_handler_writes_it(value):
+    """Read as numbers before: a round below 0, or one the handler's own comparisons (made
+    with b"%d" % round) never match, so that the round can never move on."""
+    with pytest.raises(RendezvousStateError, match="not a round number"):
+        round_number(KeyValue(b"run/round", value, 1, 2, 0))
 
 
 def test_the_error_for_a_corrupt_state_says_where_it_lives_and_what_to_do():

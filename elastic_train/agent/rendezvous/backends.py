@@ -49,7 +49,9 @@ class Backend:
         aliases: Other names users may give for it.
         factory: ``"module:function"`` creating its ``RendezvousHandler`` from
             torch's ``RendezvousParameters``, registered by :func:`register`;
-            ``None`` for torch's own backends.
+            ``None`` for torch's own backends. ``c10d`` is torch's handler and
+            store, with its state checked before torch unpickles it
+            (:mod:`.torch_state`).
         elastic: Whether nodes may come and go; ``static`` is a fixed set of
             nodes ranked by the user.
         defaults: Settings filled in where ``conf`` gives none.
@@ -86,6 +88,7 @@ class Backend:
 
 BACKENDS: tuple[Backend, ...] = (
     Backend("c10d", defaults=FAST_DEFAULTS, reuses_store=True, endpoint_is_node_store=True,
+            factory="elastic_train.agent.rendezvous.torch_state:create_c10d_handler",
             summary="c10d (default; torch's TCP store on the first node)"),
     Backend("etcd", extra="etcd", defaults=NATIVE_DEFAULTS, state=StateHome.ETCD,
             factory="elastic_train.agent.rendezvous.etcd_native:create_handler",

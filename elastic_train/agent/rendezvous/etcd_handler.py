@@ -21,6 +21,8 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
+from elastic_train.agent.rendezvous.torch_state import CheckedBackend
+
 if TYPE_CHECKING:
     from elastic_train.agent.rendezvous.etcd_v3 import EtcdV3RendezvousBackend
 
@@ -39,12 +41,14 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> RendezvousHandler:
     round counts itself out in that round's store after closing the rendezvous,
     and the node that completes the count deletes every key of the run. A job
     that ends otherwise (a node killed, a failure) leaves its keys to the lease,
-    which expires ``lease_ttl`` seconds after the last node stopped.
+    which expires ``lease_ttl`` seconds after the last node stopped. torch's handler
+    unpickles the state it reads: it reads it through :class:`~.torch_state.CheckedBackend`.
     """
     from elastic_train.agent.rendezvous.etcd_v3 import create_backend
 
     backend, store = create_backend(params)
-    handler = create_handler(store, backend, params)
+    where = f"etcd key {backend.state_key.decode(errors='replace')}"
+    handler = create_handler(store, CheckedBackend(backend, where), params)
     next_rendezvous, shutdown = handler.next_rendezvous, handler.shutdown
     last_round: list[RendezvousInfo] = []
 

@@ -40,6 +40,20 @@ def connection_errors() -> Iterator[None]:
         raise RendezvousConnectionError(f"The etcd request failed: {detail}") from exc
 
 
+@contextmanager
+def etcd_answer(what: str, answer: object = None) -> Iterator[None]:
+    """Reading etcd's ``answer`` to ``what``: one not shaped as etcd v3's gateway answers
+    (a KeyError, TypeError, ... while reading it) is a RendezvousConnectionError naming it,
+    as for a server that cannot be reached -- whatever listens there is no etcd v3."""
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        shown = "" if answer is None else f" with {str(answer)[:200]}"
+        raise RendezvousConnectionError(
+            f"etcd answered {what}{shown}, not as etcd v3's gateway does ({type(exc).__name__}: "
+            f"{exc}); is the rendezvous endpoint an etcd v3 server?") from None
+
+
 def b64(data: bytes) -> str:
     """Base64, as etcd's JSON gateway wants keys and values."""
     return base64.b64encode(data).decode()
@@ -62,7 +76,8 @@ class KeyValue:
 
     @staticmethod
     def of(kv: dict[str, Any]) -> KeyValue:
-        return KeyValue(base64.b64decode(kv["key"]), base64.b64decode(kv.get("value", "")),
+        return KeyValue(base64.b64decode(kv["key"], validate=True),
+                        base64.b64decode(kv.get("value", ""), validate=True),
                         int(kv.get("create_revision", 0)), int(kv.get("mod_revision", 0)),
                         int(kv.get("lease", 0)))
 
@@ -148,16 +163,17 @@ class EtcdKV:
         """Runs one transaction: ``success`` if every comparison holds, else ``failure``."""
         result = self._post("txn", {"compare": compare, "success": success,
                                     "failure": failure or []})
-        ranges, counts, nested = [], [], []
-        for response in result.get("responses", []):
-            found = response.get("response_range")
-            if found is not None:
-                ranges.append([KeyValue.of(kv) for kv in found.get("kvs", [])])
-                counts.append(int(found.get("count", 0)))
-            if "response_txn" in response:
-                nested.append(bool(response["response_txn"].get("succeeded")))
-        return TxnResult(bool(result.get("succeeded")), int(result["header"]["revision"]),
-                         ranges, counts, nested)
+        with etcd_answer("a transaction", result):
+            ranges, counts, nested = [], [], []
+            for response in result.get("responses", []):
+                found = response.get("response_range")
+                if found is not None:
+                    ranges.append([KeyValue.of(kv) for kv in found.get("kvs", [])])
+                    counts.append(int(found.get("count", 0)))
+                if "response_txn" in response:
+                    nested.append(bool(response["response_txn"].get("succeeded")))
+            return TxnResult(bool(result.get("succeeded")), int(result["header"]["revision"]),
+                             ranges, counts, nested)
 
     def read(self, *ops: dict[str, Any]) -> TxnResult:
         """Several ranges read at one revision (a transaction without comparisons)."""
@@ -166,7 +182,8 @@ class EtcdKV:
     def grant(self, ttl: int) -> tuple[int, int]:
         """A new lease of ``ttl`` seconds (etcd may raise it to its minimum): (id, ttl)."""
         result = self._post("grant", {"TTL": ttl, "ID": 0})
-        return int(result["ID"]), int(result["TTL"])
+        with etcd_answer("a lease grant", result):
+            return int(result["ID"]), int(result["TTL"])
 
     def keep_alive(self, leases: list[int]) -> dict[int, int]:
         """Refreshes the leases in one call; returns each one's TTL (0: it has expired).
@@ -183,10 +200,11 @@ class EtcdKV:
                 headers={"Content-Type": "application/json"})
             response.raise_for_status()
         ttls = {}
-        for line in response.text.splitlines():
-            result = json.loads(line).get("result", {}) if line.strip() else {}
-            if "ID" in result:
-                ttls[int(result["ID"])] = int(result.get("TTL", 0))
+        with etcd_answer("a lease keep-alive", response.text):
+            for line in response.text.splitlines():
+                result = json.loads(line).get("result", {}) if line.strip() else {}
+                if "ID" in result:
+                    ttls[int(result["ID"])] = int(result.get("TTL", 0))
         return ttls
 
     def revoke(self, lease: int) -> None:
@@ -292,11 +310,14 @@ class Watch:
             for line in response.iter_lines():
                 if not line.strip():
                     continue
-                result = json.loads(line).get("result", {})
-                if result.get("canceled"):  # e.g. compacted past our revision
+                with etcd_answer("a watch", line):
+                    result = json.loads(line).get("result", {})
+                    canceled = result.get("canceled")
+                    events = [] if canceled else [
+                        Event(e.get("type") == "DELETE", KeyValue.of(e["kv"]))
+                        for e in result.get("events", [])]
+                if canceled:  # e.g. compacted past our revision
                     raise requests.ConnectionError(f"etcd cancelled the watch: {result}")
-                events = [Event(e.get("type") == "DELETE", KeyValue.of(e["kv"]))
-                          for e in result.get("events", [])]
                 if events:
                     yield events
             raise requests.ConnectionError("etcd closed the watch stream")

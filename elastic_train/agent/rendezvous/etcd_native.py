@@ -319,7 +319,7 @@ class EtcdNativeHandler(RendezvousHandler):
         elif round_number(round_kv[0]) != r:
             self._round_hint = round_number(round_kv[0])
         elif seal:
-            sealed = Seal.decode(seal[0].value, seal[0].mod_revision)
+            sealed = Seal.of(seal[0])
             rank = sealed.rank_of(mine[0].create_revision) if mine else None
             if rank is None:
                 raise _Late(sealed, result.revision)
@@ -347,7 +347,7 @@ class EtcdNativeHandler(RendezvousHandler):
                 for event in events or []:
                     key = event.kv.key
                     if key == keys.seal(r) and not event.deleted:
-                        return Seal.decode(event.kv.value, event.kv.mod_revision)
+                        return Seal.of(event.kv)
                     if key == keys.closed_in(r):
                         self._raise_closed()
                     if key == keys.sealer(r) and event.deleted and self._claim_sealer(r):
@@ -418,7 +418,7 @@ class EtcdNativeHandler(RendezvousHandler):
         elif key == keys.closed_in(r):
             self._raise_closed()
         elif key == keys.seal(r) and not event.deleted:
-            return Seal.decode(event.kv.value, event.kv.mod_revision)
+            return Seal.of(event.kv)
         return None
 
     def _publish(self, r: int, joined: dict[bytes, int]) -> Seal | None:
@@ -441,7 +441,7 @@ class EtcdNativeHandler(RendezvousHandler):
             self._hosted = server
             return Seal(**{**seal.__dict__, "revision": result.revision})
         found = result.ranges[0]
-        return Seal.decode(found[0].value, found[0].mod_revision) if found else None
+        return Seal.of(found[0]) if found else None
 
     # --- between rounds ---------------------------------------------------------------------
 

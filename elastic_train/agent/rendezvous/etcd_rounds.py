@@ -7,6 +7,7 @@ parameters with torch's defaults. See :mod:`.etcd_native` for the protocol.
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 from dataclasses import dataclass
@@ -120,26 +121,52 @@ class Seal:
                           separators=(",", ":")).encode()
 
     @staticmethod
-    def decode(data: bytes, revision: int) -> Seal:
-        """The seal as :meth:`encode` wrote it; RendezvousStateError for anything else."""
+    def of(kv: KeyValue) -> Seal:
+        """The seal held by ``kv`` (see :meth:`decode`)."""
+        return Seal.decode(kv.value, kv.mod_revision, kv.key)
+
+    @staticmethod
+    def decode(data: bytes, revision: int, key: bytes = b"") -> Seal:
+        """The seal as :meth:`encode` wrote it; RendezvousStateError, naming ``key`` (where
+        it was read), for anything else: a seal not quite right pairs nodes wrongly (two
+        members of one revision share a rank, and the round waits for its missing one)."""
         try:
-            first, deltas, addr, bootstrap_port = json.loads(data)
-            others, total = [], 0
-            for delta in deltas:
-                total += int(delta)
-                others.append(total)
-            return Seal(int(first), tuple(others), str(addr), int(bootstrap_port), revision)
-        except (ValueError, TypeError) as exc:  # json's errors are ValueErrors
-            raise RendezvousStateError(
-                f"a round's seal holds {data[:60]!r}, not what a sealer writes") from exc
+            found = json.loads(data)
+        except (ValueError, RecursionError) as exc:  # json's errors are ValueErrors
+            raise _bad_seal(data, key, f"not JSON ({exc})") from None
+        if not (isinstance(found, list) and len(found) == 4):
+            raise _bad_seal(data, key, "not a list of 4 items")
+        first, deltas, addr, bootstrap_port = found
+        if not (_is_int(first) and first > 0 and isinstance(deltas, list)
+                and all(_is_int(d) and d > 0 for d in deltas)):
+            raise _bad_seal(data, key, "its revisions are not increasing positive integers")
+        if not (isinstance(addr, str) and addr and _is_int(bootstrap_port)
+                and 0 < bootstrap_port < 65536):
+            raise _bad_seal(data, key, "not a host and a port from 1 to 65535")
+        others = tuple(itertools.accumulate(deltas))
+        if first in others:
+            raise _bad_seal(data, key, "two members have one revision")
+        return Seal(first, others, addr, bootstrap_port, revision)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _bad_seal(data: bytes, key: bytes, why: str) -> RendezvousStateError:
+    where = f"etcd key {key.decode(errors='replace')}" if key else "a round's seal"
+    return RendezvousStateError(f"{where} holds {data[:60]!r}, not a seal as a round's sealer "
+                                f"writes it: {why}")
 
 
 def round_number(kv: KeyValue) -> int:
-    """The round number stored in ``kv``; RendezvousStateError if it holds something else
-    (each node would otherwise follow a round of its own making)."""
-    try:
-        return int(kv.value)
-    except ValueError:
-        raise RendezvousStateError(
-            f"etcd key {kv.key.decode(errors='replace')} holds {kv.value[:60]!r}, not a "
-            "round number") from None
+    """The round number stored in ``kv``, as the handler writes it (decimal digits, no
+    sign, space or leading zero); RendezvousStateError for anything else (each node would
+    otherwise follow a round of its own making, or one the handler's own comparisons,
+    made with the number as it writes it, never match)."""
+    value = kv.value
+    if value.isdigit() and len(value) < 20 and value == b"%d" % int(value):
+        return int(value)
+    raise RendezvousStateError(
+        f"etcd key {kv.key.decode(errors='replace')} holds {value[:60]!r}, not a round "
+        "number")

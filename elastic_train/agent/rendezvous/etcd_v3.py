@@ -41,6 +41,7 @@ from etcd3gw.lease import Lease
 from requests.adapters import HTTPAdapter
 from torch.distributed import DistStoreError, Store
 from torch.distributed.elastic.rendezvous import (
+    RendezvousConnectionError,
     RendezvousParameters,
     RendezvousStateError,
 )
@@ -49,7 +50,7 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from urllib3.util.retry import Retry
 
 from elastic_train.agent.rendezvous import etcd_kv as ops
-from elastic_train.agent.rendezvous.etcd_kv import EtcdKV, connection_errors
+from elastic_train.agent.rendezvous.etcd_kv import EtcdKV, connection_errors, etcd_answer
 
 log = logging.getLogger(__name__)
 
@@ -135,16 +136,20 @@ class EtcdV3Keyspace:
 
     def _ensure_lease(self) -> int:
         """Refreshes the run's lease, granting it first if no node holds it; returns its TTL."""
-        ttl = self._lease.refresh()
+        with etcd_answer("a lease keep-alive"):
+            ttl = self._lease.refresh()
         if ttl > 0:
             return ttl
         try:
             grant = {"ID": self._lease.id, "TTL": self._lease_ttl}
-            return int(self.client.post(self.client.get_url("/lease/grant"), json=grant)["TTL"])
+            answer = self.client.post(self.client.get_url("/lease/grant"), json=grant)
+            with etcd_answer("a lease grant", answer):
+                return int(answer["TTL"])
         except Etcd3Exception as exc:
             if "lease already exists" not in etcd_error(exc):
                 raise
-            return self._lease.refresh()  # another node of the run granted it meanwhile
+            with etcd_answer("a lease keep-alive"):
+                return self._lease.refresh()  # another node of the run granted it meanwhile
 
     def _keep_alive(self) -> None:
         """The lease thread's loop."""
@@ -155,18 +160,19 @@ class EtcdV3Keyspace:
         """Refreshes (or grants again) the run's lease; a failure is logged, not raised."""
         try:
             self._ensure_lease()
-        except (Etcd3Exception, requests.RequestException, ValueError) as exc:
+        except (Etcd3Exception, requests.RequestException, RendezvousConnectionError,
+                ValueError) as exc:
             detail = getattr(exc, "detail_text", None) or exc
             log.warning("Refreshing the etcd lease of %s failed: %s", self.prefix, detail)
 
     def get(self, key: bytes) -> EtcdValue | None:
         """The key's value, or None if it is absent."""
-        with connection_errors():
+        with connection_errors(), etcd_answer(f"a read of {key!r}"):
             found = self.client.get(key, metadata=True)
-        if not found:
-            return None
-        data, meta = found[0]
-        return EtcdValue(data, int(meta["mod_revision"]))
+            if not found:
+                return None
+            data, meta = found[0]
+            return EtcdValue(data, int(meta["mod_revision"]))
 
     def put(
         self, key: bytes, data: bytes, mod_revision: int | None = None
@@ -198,17 +204,19 @@ class EtcdV3Keyspace:
                 # Every node was silent for a whole TTL; the lease (and its keys) expired.
                 self._ensure_lease()
                 result = self.client.transaction(txn)
-        if result.get("succeeded"):
-            return EtcdValue(data, int(result["header"]["revision"])), True
-        kvs = result["responses"][0]["response_range"].get("kvs")
-        if not kvs:
-            return None, False
-        kv = kvs[0]
-        return EtcdValue(base64.b64decode(kv.get("value", "")), int(kv["mod_revision"])), False
+        with etcd_answer("a transaction", result):
+            if result.get("succeeded"):
+                return EtcdValue(data, int(result["header"]["revision"])), True
+            kvs = result["responses"][0]["response_range"].get("kvs")
+            if not kvs:
+                return None, False
+            kv = kvs[0]
+            return EtcdValue(base64.b64decode(kv.get("value", ""), validate=True),
+                             int(kv["mod_revision"])), False
 
     def delete(self, key: bytes) -> bool:
         """Deletes the key; returns whether it existed."""
-        with connection_errors():
+        with connection_errors(), etcd_answer(f"a deletion of {key!r}"):
             return self.client.delete(key)
 
     def delete_all(self) -> None:
@@ -269,6 +277,11 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
     def name(self) -> str:
         """The registry name; torch checks it equals ``RendezvousParameters.backend``."""
         return self._name
+
+    @property
+    def state_key(self) -> bytes:
+        """The etcd key holding the state."""
+        return self._key
 
     def get_state(self) -> tuple[bytes, Token] | None:
         """See base class."""
@@ -332,11 +345,17 @@ class EtcdV3Store(Store):
         return all(self._keyspace.get(self._key(key)) is not None for key in keys)
 
     def add(self, key: str, amount: int) -> int:
-        """Atomically adds ``amount`` to the key's decimal value (absent: 0); returns the sum."""
+        """Atomically adds ``amount`` to the key's decimal value (absent: 0); returns the sum.
+        DistStoreError if the key holds no number (a TCPStore fails too)."""
         etcd_key = self._key(key)
         current = self._keyspace.get(etcd_key)
         while True:
-            total = amount + (int(current.data) if current else 0)
+            try:
+                total = amount + (int(current.data) if current else 0)
+            except ValueError:
+                raise DistStoreError(
+                    f"etcd key {etcd_key.decode(errors='replace')} holds {current.data[:60]!r}, "
+                    f"not a number to add {amount} to") from None
             revision = current.mod_revision if current else 0
             current, done = self._keyspace.put(etcd_key, str(total).encode(), revision)
             if done:

@@ -1,0 +1,162 @@
+"""What etcd's HTTP gateway answers comes from the network: whatever shape an answer has,
+our etcd calls read it or raise RendezvousConnectionError naming it (as for a server that
+cannot be reached), never a KeyError, TypeError, ... (#24: fuzz what comes from the
+network). The answers read: a transaction's (every read and write of both etcd handlers),
+a lease grant, a lease keep-alive (lines of JSON), a watch (a stream of lines), and
+etcd3gw's reads, deletions and lease refreshes for the run's keyspace.
+
+A fake etcd3gw client answers with the fuzzed value; no server.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from types import SimpleNamespace
+
+import etcd3gw
+import requests
+from hypothesis import HealthCheck, Phase, event, example, given, settings
+from hypothesis import strategies as st
+from torch.distributed.elastic.rendezvous import RendezvousConnectionError
+
+from elastic_train.agent.rendezvous.etcd_kv import EtcdKV, Event, KeyValue, TxnResult, Watch
+from elastic_train.agent.rendezvous.etcd_v3 import EtcdV3Keyspace, EtcdValue
+
+FUZZ = settings(max_examples=300, deadline=None, database=None,
+                phases=[Phase.explicit, Phase.generate],
+                suppress_health_check=[HealthCheck.too_slow])
+
+scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                           max_leaves=10)
+numbers = st.integers(0, 99).map(str) | scalars
+b64s = st.binary(max_size=8).map(lambda b: base64.b64encode(b).decode()) | scalars
+kvs = st.fixed_dictionaries({}, optional={"key": b64s, "value": b64s,
+                                          "create_revision": numbers,
+                                          "mod_revision": numbers, "lease": numbers})
+responses = st.fixed_dictionaries({}, optional={
+    "response_range": st.fixed_dictionaries({}, optional={
+        "kvs": st.lists(kvs, max_size=2) | json_values, "count": numbers}) | json_values,
+    "response_txn": st.fixed_dictionaries({}, optional={"succeeded": scalars}) | json_values})
+# Answers shaped almost as etcd's, and anything.
+txn_answers = st.fixed_dictionaries({}, optional={
+    "header": st.fixed_dictionaries({}, optional={"revision": numbers}) | json_values,
+    "succeeded": scalars, "responses": st.lists(responses, max_size=3) | json_values}) \
+    | json_values
+grant_answers = st.fixed_dictionaries({}, optional={"ID": numbers, "TTL": numbers}) \
+    | json_values
+lines = st.lists(st.fixed_dictionaries({}, optional={
+    "result": st.fixed_dictionaries({}, optional={
+        "ID": numbers, "TTL": numbers, "canceled": scalars,
+        "events": st.lists(st.fixed_dictionaries({}, optional={
+            "type": st.sampled_from(["PUT", "DELETE"]) | scalars, "kv": kvs | json_values}),
+            max_size=2) | json_values}) | json_values}) | json_values, max_size=3).map(
+    lambda items: "\n".join(json.dumps(i) for i in items)) | st.text(max_size=30)
+
+
+class Answering:
+    """A requests session for etcd3gw's client whose every request answers ``answer`` (as
+    JSON) or ``text`` (the lines of a keep-alive or a watch)."""
+
+    def __init__(self, answer: object = None, text: str = "") -> None:
+        self.answer, self.text = answer, text
+
+    def post(self, url: str, *args, **kwargs) -> SimpleNamespace:
+        return SimpleNamespace(status_code=200, reason="OK", text=self.text,
+                               json=lambda: self.answer, raise_for_status=lambda: None,
+                               iter_lines=lambda: iter(self.text.encode().splitlines()),
+                               close=lambda: None)
+
+
+def client(session: Answering) -> etcd3gw.Etcd3Client:
+    return etcd3gw.Etcd3Client(host="etcd0", port=2379, session=session, api_path="/v3/",
+                               timeout=1)
+
+
+def _named(exc: RendezvousConnectionError, what: str) -> None:
+    event("a connection error")
+    assert f"etcd answered {what}" in str(exc) and "etcd v3" in str(exc), exc
+
+
+@FUZZ
+@given(answer=txn_answers)
+@example(answer={})  # was KeyError: 'header'
+@example(answer=[])  # was AttributeError
+@example(answer={"header": {"revision": "7"}, "responses": [
+    {"response_range": {"kvs": [{"key": "!!"}]}}]})  # was read as the key b""
+def test_any_transaction_answer_reads_or_is_a_connection_error(answer):
+    try:
+        result = EtcdKV(client(Answering(answer))).txn([], [])
+    except RendezvousConnectionError as exc:
+        _named(exc, "a transaction")
+    else:
+        event("read")
+        assert isinstance(result, TxnResult) and isinstance(result.revision, int)
+        assert all(isinstance(kv, KeyValue) for found in result.ranges for kv in found)
+
+
+@FUZZ
+@given(answer=grant_answers)
+@example(answer={"ID": "x", "TTL": 5})  # was ValueError
+def test_any_lease_grant_answer_reads_or_is_a_connection_error(answer):
+    try:
+        lease, ttl = EtcdKV(client(Answering(answer))).grant(5)
+    except RendezvousConnectionError as exc:
+        _named(exc, "a lease grant")
+    else:
+        event("read")
+        assert isinstance(lease, int) and isinstance(ttl, int)
+
+
+@FUZZ
+@given(text=lines)
+@example(text='{"result": 5}')  # was TypeError
+@example(text="not json")  # was a JSONDecodeError
+def test_any_keep_alive_answer_reads_or_is_a_connection_error(text):
+    try:
+        ttls = EtcdKV(client(Answering(text=text))).keep_alive([1, 2])
+    except RendezvousConnectionError as exc:
+        _named(exc, "a lease keep-alive")
+    else:
+        event("read")
+        assert all(isinstance(k, int) and isinstance(v, int) for k, v in ttls.items())
+
+
+@FUZZ
+@given(text=lines)
+@example(text='{"result": {"events": [{}]}}')  # was KeyError: 'kv'
+def test_any_watch_stream_reads_or_is_a_connection_error(text):
+    try:
+        for events in Watch._stream(Answering(text=text).post("/v3/watch")):
+            assert all(isinstance(e, Event) and isinstance(e.kv, KeyValue) for e in events)
+    except RendezvousConnectionError as exc:
+        _named(exc, "a watch")
+    except requests.ConnectionError:  # the stream ended (or etcd cancelled it): reopened
+        event("read to its end")
+
+
+@FUZZ
+@given(answer=json_values | st.fixed_dictionaries({}, optional={
+    "succeeded": scalars, "header": st.fixed_dictionaries({"revision": numbers}),
+    "kvs": st.lists(kvs, max_size=2), "deleted": scalars,
+    "responses": st.lists(responses, max_size=2), "result": json_values}))
+@example(answer={"result": {"TTL": "x"}})
+def test_the_run_keyspace_reads_any_answer_or_raises_a_connection_error(answer):
+    """EtcdV3Keyspace (both handlers' run keys, etcd-v3's state): its lease refresh, reads,
+    writes and deletions, through etcd3gw's client."""
+    session = Answering({"result": {"TTL": 5}})
+    keyspace = EtcdV3Keyspace(client(session), "fuzz", refresh_thread=False)
+    session.answer = answer
+    keyspace.refresh()  # logs what it cannot read, never raises: it runs in a thread
+    for call, what in ((lambda: keyspace.get(b"k"), "a read of"),
+                       (lambda: keyspace.put(b"k", b"v", 3), "a transaction"),
+                       (lambda: keyspace.delete(b"k"), "a deletion of")):
+        try:
+            result = call()
+        except RendezvousConnectionError as exc:
+            _named(exc, what)
+        else:
+            event("read")
+            assert result is None or isinstance(result, (bool, EtcdValue, tuple))
