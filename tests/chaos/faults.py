@@ -33,6 +33,7 @@ from tests.support.servers import TcpProxy, free_port
 KINDS = ("worker_sigkill", "worker_raise", "worker_hang", "kill_during_upload",
          "preemption", "storage_outage", "driver_sigkill_restore", "agent_sigkill",
          "etcd_restart", "node_sigterm", "corrupt_rdzv_state", "clock_skew",
+         "sigterm_then_restart",
          "second_driver", "stale_lookups")  # the last two: writer_faults.py
 LAUNCH_KINDS = ("agent_sigkill", "etcd_restart", "node_sigterm", "corrupt_rdzv_state",
                 "clock_skew")
@@ -41,6 +42,7 @@ BATCHES_PER_EPOCH = 6  # jobs.make_dataset(): 96 rows, 2 ranks, batches of 8
 NUM_TO_KEEP = 2
 SKEW_RANGE_S = (0.05, 30.0)  # clock_skew: how far one node's clock is off, either way
 SKEWED_CLOCK = os.path.join(REPO, "tests", "support", "skewed_clock")  # its sitecustomize
+NOTICE_GRACE_S = 0.2  # sigterm_then_restart: over before the raise 6 steps (0.3 s) later
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,9 @@ class Trial:
 
     ``clock_skew``: ``rank`` is the node (agent) whose worker raises; ``skewed_node`` the
     node whose clock is ``skew_s`` off; ``in_process``: the script restarts in process
-    (``--restartable``), else in new processes."""
+    (``--restartable``), else in new processes. ``sigterm_then_restart``: ``rank`` gets the
+    SIGTERM; ``raise_rank`` raises afterwards, ``again_rank`` once more after the restart,
+    at batch ``again_batch`` of the next epoch."""
 
     number: int
     kind: str
@@ -83,6 +87,9 @@ def _draw_details(kind: str, rng: random.Random) -> tuple[tuple[str, float], ...
         skew = round(10 ** rng.uniform(low, high), 3) * rng.choice((-1, 1))
         return (("skewed_node", rng.randrange(2)), ("skew_s", skew),
                 ("in_process", rng.randrange(2)))  # the script restarts in process
+    if kind == "sigterm_then_restart":
+        return (("raise_rank", rng.randrange(2)), ("again_rank", rng.randrange(2)),
+                ("again_batch", rng.randrange(BATCHES_PER_EPOCH)))
     return ()
 
 
@@ -234,7 +241,7 @@ def run_trial(trial: Trial, storage: StorageUnderTest, tmp_path, through: Storag
         helper = threading.Thread(target=_cut_for_seconds, daemon=True,
                                   args=(proxy, storage, name, trial, tmp_path))
         failure = et.FailureConfig(max_failures=0)
-    else:
+    elif trial.kind != "sigterm_then_restart":  # (its faults: below)
         config["fault"] = _fault_config(trial, tmp_path)
     if trial.kind == "worker_hang":
         failure = et.FailureConfig(max_failures=1, hang_timeout_s=4)
@@ -244,19 +251,73 @@ def run_trial(trial: Trial, storage: StorageUnderTest, tmp_path, through: Storag
         config["watch_preemption"] = True
         failure = et.FailureConfig(max_failures=0)
         helper = threading.Thread(target=_reclaim_after_jit, args=(tmp_path,), daemon=True)
+    if trial.kind == "sigterm_then_restart":  # one restart of each budget
+        config.update(faults=_notice_then_raises(trial, tmp_path),
+                      report_log=str(tmp_path / "reports"))
+        failure = et.FailureConfig(max_failures=1, max_preemption_failures=1,
+                                   preemption_grace_s=NOTICE_GRACE_S)
     run_storage = storage.run(name)
     with StorageWatcher(run_storage) as watcher:
         if helper is not None:
             helper.start()
-        result = TorchTrainer(
-            jobs.train_mlp, train_loop_config=config,
-            scaling_config=et.ScalingConfig(num_workers=2),
-            run_config=(through or storage).run_config(
-                name, failure_config=failure,
-                checkpoint_config=et.CheckpointConfig(num_to_keep=NUM_TO_KEEP)),
-            datasets={"train": jobs.make_dataset()},
-        ).fit()
+        try:
+            result = TorchTrainer(
+                jobs.train_mlp, train_loop_config=config,
+                scaling_config=et.ScalingConfig(num_workers=2),
+                run_config=(through or storage).run_config(
+                    name, failure_config=failure,
+                    checkpoint_config=et.CheckpointConfig(num_to_keep=NUM_TO_KEEP)),
+                datasets={"train": jobs.make_dataset()},
+            ).fit()
+        except et.TrainingFailedError as exc:
+            if trial.kind == "sigterm_then_restart":  # which budget ran out, and why
+                state = run_storage.read_run_state()
+                exc.add_note(f"failures charged as {[f.kind.value for f in state.failures]}")
+            raise
+    if trial.kind == "sigterm_then_restart":
+        _check_notice_forgotten(trial, run_storage, tmp_path)
     return _outcome(result.return_value["digest"], run_storage, watcher, tmp_path)
+
+
+def _notice_then_raises(trial: Trial, tmp_path) -> list[dict]:
+    """sigterm_then_restart's faults: rank ``trial.rank`` gets SIGTERM (the notice) at
+    (epoch - 1, batch) and is not killed; rank ``raise_rank`` raises one epoch later (the
+    grace long over: an in-process restart), and ``again_rank`` once more after the
+    restart, at batch ``again_batch`` of the epoch after (after a report)."""
+    return [
+        {"rank": trial.rank, "epoch": trial.epoch - 1, "batch": trial.batch, "how": "preempt",
+         "marker": str(tmp_path / "notice"), "pid_file": str(tmp_path / "noticed.pid")},
+        {"rank": int(trial.detail("raise_rank")), "epoch": trial.epoch, "batch": trial.batch,
+         "how": "raise", "marker": str(tmp_path / "fault")},
+        {"rank": int(trial.detail("again_rank")), "epoch": trial.epoch + 1,
+         "batch": int(trial.detail("again_batch")), "how": "raise",
+         "marker": str(tmp_path / "again")},
+    ]
+
+
+def _check_notice_forgotten(trial: Trial, run_storage: RunStorage, tmp_path) -> None:
+    """The notice was real (the ranks agreed on it and made the reports SYNC) and its grace
+    was over when the worker raised; after the in-process restart it is forgotten: no
+    report is SYNC or sees a notice, and the next failure spends ``max_failures``."""
+    noticed_at = os.path.getmtime(tmp_path / "noticed.pid")  # written just before SIGTERM
+    rows = [line.split() for line in (tmp_path / "reports").read_text().splitlines()]
+    # ATTEMPT EPOCH SYNCED NOTICE per epoch's report (jobs._log_report)
+    assert ["0", str(trial.epoch - 1), "1", "1"] in rows, \
+        f"the notice did not make epoch {trial.epoch - 1}'s report SYNC: {rows}"
+    stale = [row for row in rows if row[0] != "0" and row[2:] != ["0", "0"]]
+    assert not stale, f"after the restart, reports still SYNC or noticed: {stale}"
+    assert {row[0] for row in rows} >= {"1", "2"}, f"not two restarts in process: {rows}"
+    failures = run_storage.read_run_state().failures
+    kinds = [f.kind.value for f in failures]
+    # The first restart is the preemption budget's: the group knew of the notice (marks in
+    # the agent's notice directory) in the attempt that failed.
+    assert kinds == ["preemption", "failure"], f"failures charged as {kinds}"
+    assert [f.root.rank for f in failures] == [trial.detail("raise_rank"),
+                                               trial.detail("again_rank")], failures
+    assert all(f.restart == "in-process" for f in failures), [f.restart for f in failures]
+    late = failures[0].failed_at - noticed_at
+    assert late > NOTICE_GRACE_S, f"the worker raised {late:.2f} s after the notice, " \
+                                  f"within its {NOTICE_GRACE_S} s grace"
 
 
 def _outcome(digest: str, run_storage: RunStorage, watcher: StorageWatcher,
