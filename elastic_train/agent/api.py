@@ -158,14 +158,17 @@ def _handling_signals(names: str) -> Iterator[None]:
 class AgentEvents:
     """What the agent tells its caller while it runs.
 
-    ``on_failure(failures, decision)``: every failed attempt, including the last,
-    with what the restart budget decided (see :mod:`.restart_budget`).
+    ``on_failure(failures, decision, cause)``: every failed attempt, including the last:
+    this node's failed workers (root cause first), what the restart budget decided (see
+    :mod:`.restart_budget`) and, when another node is at fault, the root cause on that
+    node (else None).
     ``on_rendezvous(group_rank, nodes)``: after every rendezvous.
     ``on_recovered(recovery)``: after every in-process restart (see :mod:`.inprocess`).
     ``progress()``: how far the run is, for the no-progress guard (None: unknown).
     """
 
-    on_failure: Callable[[list[WorkerFailure], Decision], None] | None = None
+    on_failure: Callable[[list[WorkerFailure], Decision, WorkerFailure | None], None] \
+        | None = None
     on_rendezvous: Callable[[int, int], None] | None = None
     on_recovered: Callable[[Recovery], None] | None = None
     progress: Callable[[], Progress | None] | None = None

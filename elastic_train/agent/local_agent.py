@@ -80,8 +80,9 @@ from elastic_train.worker import preemption
 
 logger = logging.getLogger(__name__)
 
-# (the failed attempt's workers, root cause first; what the restart budget decided)
-FailureCallback = Callable[[list[WorkerFailure], Decision], None]
+# (this node's failed workers, root cause first; what the restart budget decided; when
+# another node is at fault (PEER), the root cause there, else None)
+FailureCallback = Callable[[list[WorkerFailure], Decision, WorkerFailure | None], None]
 RendezvousCallback = Callable[[int, int], None]
 RecoveryCallback = Callable[[Recovery], None]
 
@@ -252,7 +253,8 @@ class TrainAgent(InProcessRestart, LocalElasticAgent):
         self._remaining_restarts = (spec.max_restarts - self.budget.failures + 1
                                     if decision.restart else 0)
         if self._on_failure is not None:
-            self._on_failure(failures, decision)
+            cause = self.peer_root if kind is FailureKind.PEER else None
+            self._on_failure(failures, decision, cause)
         return decision
 
     def _classify(self, worker_group: WorkerGroup, result: RunResult) -> FailureKind:

@@ -119,9 +119,17 @@ class RunRecord:
             raise ConfigError(reason)
         return ResumeCheck(state, reason, [c for c in changes if not c.breaks])
 
-    def record_failure(self, failures: list[WorkerFailure], decision: Decision) -> None:
-        """Appends a failed attempt, with the budget it spent and what is left of it."""
+    def record_failure(self, failures: list[WorkerFailure], decision: Decision,
+                       cause: WorkerFailure | None = None) -> None:
+        """Appends a failed attempt, with the budget it spent and what is left of it.
+
+        ``failures``: this node's failed workers, root cause first; ``cause``: when
+        another node is at fault (a PEER decision), the root cause there, recorded first
+        (``FailureRecord.root``). ``failed_at`` is when this node's first worker failed:
+        read on this node's clock, as ``time`` is -- another node's may be far off."""
         left = {-1: "unlimited", 0: "no"}.get(decision.restarts_left, decision.restarts_left)
+        own = [f for f in failures if f != cause]  # (in-process, a node that only heard of
+        workers = [cause, *own] if cause is not None else own  # the failure has none)
         if decision.no_progress:
             outlook = f"stopping: {decision.no_progress}"
         elif decision.kind is FailureKind.PEER:  # its own budget is untouched: say so
@@ -129,11 +137,12 @@ class RunRecord:
         else:
             outlook = f"{left} restart(s) left"
         logger.warning("Worker group failed (%s): %s; %s.", decision.kind.value,
-                       failures[0].describe(), outlook)
-        failed_at = min((f.timestamp for f in failures if f.timestamp), default=time.time())
+                       workers[0].describe(), outlook)
+        failed_at = min((f.timestamp for f in own or workers if f.timestamp),
+                        default=time.time())
         self.state.failures.append(FailureRecord(
             time=time.time(), failed_at=failed_at, restarts_left=decision.restarts_left,
-            kind=decision.kind, workers=list(failures)))
+            kind=decision.kind, workers=workers))
         self._write(required=False)
 
     def note_rendezvous(self) -> None:

@@ -68,11 +68,12 @@ class RunSupervisor:
                 self.record.note_rendezvous()
             self._note_zygote_errors()
 
-        def on_failure(failures: list[WorkerFailure], decision: Decision) -> None:
+        def on_failure(failures: list[WorkerFailure], decision: Decision,
+                       cause: WorkerFailure | None = None) -> None:
             self._note_zygote_errors()
             monitor.note_failure(failures, restarting=decision.restart)
             if self.record is not None:
-                self.record.record_failure(failures, decision)
+                self.record.record_failure(failures, decision, cause)
 
         def on_recovered(recovery: Recovery) -> None:
             monitor.note_recovered()

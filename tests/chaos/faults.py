@@ -7,6 +7,7 @@ with the checks the suite asserts and tabulates.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import elastic_train as et
 from elastic_train.storage import RunStorage
@@ -31,32 +32,65 @@ from tests.support.servers import TcpProxy, free_port
 
 KINDS = ("worker_sigkill", "worker_raise", "worker_hang", "kill_during_upload",
          "preemption", "storage_outage", "driver_sigkill_restore", "agent_sigkill",
-         "etcd_restart", "node_sigterm", "corrupt_rdzv_state",
+         "etcd_restart", "node_sigterm", "corrupt_rdzv_state", "clock_skew",
+         "sigterm_then_restart",
          "second_driver", "stale_lookups")  # the last two: writer_faults.py
-LAUNCH_KINDS = ("agent_sigkill", "etcd_restart", "node_sigterm", "corrupt_rdzv_state")
+LAUNCH_KINDS = ("agent_sigkill", "etcd_restart", "node_sigterm", "corrupt_rdzv_state",
+                "clock_skew")
 LAUNCH_SCRIPT = "tests/e2e/launch_script.py"  # its digest does not depend on the world size
 BATCHES_PER_EPOCH = 6  # jobs.make_dataset(): 96 rows, 2 ranks, batches of 8
 NUM_TO_KEEP = 2
+SKEW_RANGE_S = (0.05, 30.0)  # clock_skew: how far one node's clock is off, either way
+SKEWED_CLOCK = os.path.join(REPO, "tests", "support", "skewed_clock")  # its sitecustomize
+NOTICE_GRACE_S = 0.2  # sigterm_then_restart: over before the raise 6 steps (0.3 s) later
 
 
 @dataclass(frozen=True)
 class Trial:
-    """One fault of ``kind`` at ``(epoch, batch)`` on ``rank``."""
+    """One fault of ``kind`` at ``(epoch, batch)`` on ``rank``; ``details``: what else a
+    kind draws (:func:`_draw_details`), as ``(name, value)`` pairs.
+
+    ``clock_skew``: ``rank`` is the node (agent) whose worker raises; ``skewed_node`` the
+    node whose clock is ``skew_s`` off; ``in_process``: the script restarts in process
+    (``--restartable``), else in new processes. ``sigterm_then_restart``: ``rank`` gets the
+    SIGTERM; ``raise_rank`` raises afterwards, ``again_rank`` once more after the restart,
+    at batch ``again_batch`` of the next epoch."""
 
     number: int
     kind: str
     epoch: int
     batch: int
     rank: int
+    details: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def draw(cls, number: int, kind: str, rng: random.Random) -> Trial:
-        return cls(number, kind, rng.randint(1, EPOCHS - 2), rng.randrange(BATCHES_PER_EPOCH),
-                   rng.randrange(2))
+        trial = cls(number, kind, rng.randint(1, EPOCHS - 2),
+                    rng.randrange(BATCHES_PER_EPOCH), rng.randrange(2))
+        return replace(trial, details=_draw_details(kind, rng))
+
+    def detail(self, name: str) -> float:
+        return dict(self.details)[name]
 
     def __str__(self) -> str:
-        return f"#{self.number} {self.kind} at epoch {self.epoch} batch {self.batch}, " \
+        said = f"#{self.number} {self.kind} at epoch {self.epoch} batch {self.batch}, " \
                f"rank {self.rank}"
+        if self.details:
+            said += " (" + ", ".join(f"{name} {value:g}" for name, value in self.details) + ")"
+        return said
+
+
+def _draw_details(kind: str, rng: random.Random) -> tuple[tuple[str, float], ...]:
+    """What a kind draws besides where and when (other kinds: nothing)."""
+    if kind == "clock_skew":  # which node's clock is off, and by how much (log-uniform)
+        low, high = (math.log10(s) for s in SKEW_RANGE_S)
+        skew = round(10 ** rng.uniform(low, high), 3) * rng.choice((-1, 1))
+        return (("skewed_node", rng.randrange(2)), ("skew_s", skew),
+                ("in_process", rng.randrange(2)))  # the script restarts in process
+    if kind == "sigterm_then_restart":
+        return (("raise_rank", rng.randrange(2)), ("again_rank", rng.randrange(2)),
+                ("again_batch", rng.randrange(BATCHES_PER_EPOCH)))
+    return ()
 
 
 @dataclass
@@ -207,7 +241,7 @@ def run_trial(trial: Trial, storage: StorageUnderTest, tmp_path, through: Storag
         helper = threading.Thread(target=_cut_for_seconds, daemon=True,
                                   args=(proxy, storage, name, trial, tmp_path))
         failure = et.FailureConfig(max_failures=0)
-    else:
+    elif trial.kind != "sigterm_then_restart":  # (its faults: below)
         config["fault"] = _fault_config(trial, tmp_path)
     if trial.kind == "worker_hang":
         failure = et.FailureConfig(max_failures=1, hang_timeout_s=4)
@@ -217,19 +251,73 @@ def run_trial(trial: Trial, storage: StorageUnderTest, tmp_path, through: Storag
         config["watch_preemption"] = True
         failure = et.FailureConfig(max_failures=0)
         helper = threading.Thread(target=_reclaim_after_jit, args=(tmp_path,), daemon=True)
+    if trial.kind == "sigterm_then_restart":  # one restart of each budget
+        config.update(faults=_notice_then_raises(trial, tmp_path),
+                      report_log=str(tmp_path / "reports"))
+        failure = et.FailureConfig(max_failures=1, max_preemption_failures=1,
+                                   preemption_grace_s=NOTICE_GRACE_S)
     run_storage = storage.run(name)
     with StorageWatcher(run_storage) as watcher:
         if helper is not None:
             helper.start()
-        result = TorchTrainer(
-            jobs.train_mlp, train_loop_config=config,
-            scaling_config=et.ScalingConfig(num_workers=2),
-            run_config=(through or storage).run_config(
-                name, failure_config=failure,
-                checkpoint_config=et.CheckpointConfig(num_to_keep=NUM_TO_KEEP)),
-            datasets={"train": jobs.make_dataset()},
-        ).fit()
+        try:
+            result = TorchTrainer(
+                jobs.train_mlp, train_loop_config=config,
+                scaling_config=et.ScalingConfig(num_workers=2),
+                run_config=(through or storage).run_config(
+                    name, failure_config=failure,
+                    checkpoint_config=et.CheckpointConfig(num_to_keep=NUM_TO_KEEP)),
+                datasets={"train": jobs.make_dataset()},
+            ).fit()
+        except et.TrainingFailedError as exc:
+            if trial.kind == "sigterm_then_restart":  # which budget ran out, and why
+                state = run_storage.read_run_state()
+                exc.add_note(f"failures charged as {[f.kind.value for f in state.failures]}")
+            raise
+    if trial.kind == "sigterm_then_restart":
+        _check_notice_forgotten(trial, run_storage, tmp_path)
     return _outcome(result.return_value["digest"], run_storage, watcher, tmp_path)
+
+
+def _notice_then_raises(trial: Trial, tmp_path) -> list[dict]:
+    """sigterm_then_restart's faults: rank ``trial.rank`` gets SIGTERM (the notice) at
+    (epoch - 1, batch) and is not killed; rank ``raise_rank`` raises one epoch later (the
+    grace long over: an in-process restart), and ``again_rank`` once more after the
+    restart, at batch ``again_batch`` of the epoch after (after a report)."""
+    return [
+        {"rank": trial.rank, "epoch": trial.epoch - 1, "batch": trial.batch, "how": "preempt",
+         "marker": str(tmp_path / "notice"), "pid_file": str(tmp_path / "noticed.pid")},
+        {"rank": int(trial.detail("raise_rank")), "epoch": trial.epoch, "batch": trial.batch,
+         "how": "raise", "marker": str(tmp_path / "fault")},
+        {"rank": int(trial.detail("again_rank")), "epoch": trial.epoch + 1,
+         "batch": int(trial.detail("again_batch")), "how": "raise",
+         "marker": str(tmp_path / "again")},
+    ]
+
+
+def _check_notice_forgotten(trial: Trial, run_storage: RunStorage, tmp_path) -> None:
+    """The notice was real (the ranks agreed on it and made the reports SYNC) and its grace
+    was over when the worker raised; after the in-process restart it is forgotten: no
+    report is SYNC or sees a notice, and the next failure spends ``max_failures``."""
+    noticed_at = os.path.getmtime(tmp_path / "noticed.pid")  # written just before SIGTERM
+    rows = [line.split() for line in (tmp_path / "reports").read_text().splitlines()]
+    # ATTEMPT EPOCH SYNCED NOTICE per epoch's report (jobs._log_report)
+    assert ["0", str(trial.epoch - 1), "1", "1"] in rows, \
+        f"the notice did not make epoch {trial.epoch - 1}'s report SYNC: {rows}"
+    stale = [row for row in rows if row[0] != "0" and row[2:] != ["0", "0"]]
+    assert not stale, f"after the restart, reports still SYNC or noticed: {stale}"
+    assert {row[0] for row in rows} >= {"1", "2"}, f"not two restarts in process: {rows}"
+    failures = run_storage.read_run_state().failures
+    kinds = [f.kind.value for f in failures]
+    # The first restart is the preemption budget's: the group knew of the notice (marks in
+    # the agent's notice directory) in the attempt that failed.
+    assert kinds == ["preemption", "failure"], f"failures charged as {kinds}"
+    assert [f.root.rank for f in failures] == [trial.detail("raise_rank"),
+                                               trial.detail("again_rank")], failures
+    assert all(f.restart == "in-process" for f in failures), [f.restart for f in failures]
+    late = failures[0].failed_at - noticed_at
+    assert late > NOTICE_GRACE_S, f"the worker raised {late:.2f} s after the notice, " \
+                                  f"within its {NOTICE_GRACE_S} s grace"
 
 
 def _outcome(digest: str, run_storage: RunStorage, watcher: StorageWatcher,
@@ -290,7 +378,10 @@ def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) 
     preemption budget; corrupt_rdzv_state overwrites their rendezvous state (c10d's on
     rank 0 trials, etcd's round pointer on rank 1 trials, then SIGKILLs the second agent
     so that the first reads it), whereupon the nodes stop with an error naming the state
-    and the fix, and ``elastic-train restore`` continues the run."""
+    and the fix, and ``elastic-train restore`` continues the run; clock_skew runs every
+    process of one node with its clock off by the drawn skew (:data:`SKEWED_CLOCK`) and
+    makes the worker of node ``trial.rank`` raise: the node whose worker raised is
+    charged, both nodes restart and finish (:func:`_check_clock_skew`)."""
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     etcd = None
@@ -303,6 +394,12 @@ def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) 
     flags = ["--rdzv-backend", "c10d" if etcd is None else "etcd", "--rdzv-endpoint", endpoint]
     if trial.kind == "node_sigterm":  # epochs longer than the grace: the node goes mid-run
         flags, sleep = [*flags, "--preemption-grace", "2"], "1"
+    script_flags = []
+    if trial.kind == "clock_skew":
+        script_flags = ["--crash-file", str(tmp_path / "crash")]
+        if trial.detail("in_process"):
+            script_flags.append("--restartable")
+        (tmp_path / "clock").mkdir()
     run_storage = storage.run(name)
     agents = []
     node_pids: list[int] = []
@@ -311,10 +408,11 @@ def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) 
         log = open(tmp_path / f"agent{i}.log", "w")  # noqa: SIM115 (closed with the agent)
         proc = subprocess.Popen(
             [sys.executable, "-m", "elastic_train.cli", "launch", "--nnodes", "1:2",
-             "--nproc-per-node", "1", *flags, "--rdzv-id", name,
+             "--nproc-per-node", "1", *flags, *_node_flags(trial, i), "--rdzv-id", name,
              "--storage-path", storage.url, LAUNCH_SCRIPT, str(out_dir), str(EPOCHS + 3),
-             "--sleep", sleep, "--slow-until-world", "2"],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+             "--sleep", sleep, "--slow-until-world", "2", *script_flags],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
+            env=_node_env(trial, i, tmp_path))
         agents.append((proc, log))
         return proc
 
@@ -325,11 +423,17 @@ def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) 
             second = agent(1)
             assert _at_fault_time(trial, storage, name, tmp_path, world_size=2), \
                 "no checkpoint of the two-node job"
-            node_pids = _inject_launch_fault(trial.kind, second, etcd, tmp_path, endpoint, name)
+            if trial.kind == "clock_skew":
+                _write_atomically(tmp_path / "crash", str(trial.rank))  # that node's worker
+            else:
+                node_pids = _inject_launch_fault(trial.kind, second, etcd, tmp_path, endpoint,
+                                                 name)
             if trial.kind == "corrupt_rdzv_state":
                 _restore_after_corruption(agents, etcd, storage, name, tmp_path)
             else:
                 assert first.wait(150) == 0, (tmp_path / "agent0.log").read_text()[-3000:]
+            if trial.kind == "clock_skew":
+                assert second.wait(150) == 0, (tmp_path / "agent1.log").read_text()[-3000:]
         finally:
             stop_logged(agents)
             if etcd is not None:
@@ -337,6 +441,8 @@ def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) 
     if trial.kind == "node_sigterm":
         kinds = [f.kind.value for f in run_storage.read_run_state().failures]
         assert kinds == ["preemption"], f"the survivor's restart was charged as {kinds}"
+    if trial.kind == "clock_skew":
+        _check_clock_skew(trial, run_storage, tmp_path, [proc.pid for proc, _ in agents])
     starts = out_dir / "starts"
     fault_at = float((tmp_path / "fault").read_text())
     # the last start, if it came after the fault (a second node joining late restarts too)
@@ -347,6 +453,62 @@ def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) 
     outcome.recovery_s = restarted - fault_at if restarted else None
     outcome.orphans = [int(p.name.split("-")[1]) for p in out_dir.glob("pid-*")] + node_pids
     return outcome
+
+
+def _node_flags(trial: Trial, node: int) -> list[str]:
+    """clock_skew: the raising node has one restart, the other none -- the job finishes
+    only if each node charges the failure to the node whose worker raised."""
+    if trial.kind == "clock_skew":
+        return ["--max-restarts", "1" if node == trial.rank else "0"]
+    return []
+
+
+def _node_env(trial: Trial, node: int, tmp_path) -> dict[str, str]:
+    """The environment of launch agent ``node`` (and so of its workers): its name
+    (``ET_TEST_NODE``) and, on clock_skew's skewed node, the skewed clock."""
+    env = {**os.environ, "ET_TEST_NODE": str(node)}
+    if trial.kind == "clock_skew" and node == trial.detail("skewed_node"):
+        env.update(PYTHONPATH=os.pathsep.join(p for p in (SKEWED_CLOCK,
+                                                          os.environ.get("PYTHONPATH")) if p),
+                   ET_TEST_NODE_CLOCK_SKEW_S=str(trial.detail("skew_s")),
+                   ET_TEST_NODE_CLOCK_DIR=str(tmp_path / "clock"))
+    return env
+
+
+def _write_atomically(path, text: str) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+def _check_clock_skew(trial: Trial, run_storage: RunStorage, tmp_path,
+                      agent_pids: list[int]) -> None:
+    """The skewed node ran skewed (its agent and a worker), and the failure the raising
+    node's worker caused was charged to that node (run.json)."""
+    skewed_agent = agent_pids[int(trial.detail("skewed_node"))]
+    seen = {}
+    for record in (tmp_path / "clock").iterdir():  # pid -> its time.time() - the real one
+        seen[int(record.name)] = float(record.read_text()) - os.path.getmtime(record)
+    skew = trial.detail("skew_s")
+    assert skewed_agent in seen, f"the skewed node's agent did not run skewed: {seen}"
+    workers = [int(p.name.split("-")[1]) for p in (tmp_path / "out").glob("pid-*")]
+    assert set(workers) & set(seen), f"no worker ran skewed: {workers}, {seen}"
+    off = {pid: round(s - skew, 3) for pid, s in seen.items() if abs(s - skew) > 0.5}
+    assert not off, f"processes skewed by other than {skew} s: {off}"
+    raised = int((tmp_path / "out" / "crashed").read_text())  # the raising worker's rank
+    state = run_storage.read_run_state()
+    print("clock_skew run.json failures:", [(f.kind.value, [(w.rank, w.message[:80])
+                                                            for w in f.workers])
+                                            for f in state.failures])
+    assert len(state.failures) == 1, f"one failure, recorded once: {state.failures}"
+    [failure] = state.failures
+    assert failure.root.rank == raised, \
+        f"rank {raised} raised, but run.json names rank {failure.root.rank} " \
+        f"({failure.kind.value}): {failure.root.message}"
+    # run.json is group rank 0's record: its own failure, or free (another node's)
+    expected = "failure" if raised == 0 else "peer"
+    assert failure.kind.value == expected, \
+        f"rank {raised} raised, but group rank 0 recorded {failure.kind.value}"
 
 
 def _inject_launch_fault(kind: str, second: subprocess.Popen, etcd: EtcdServer | None,

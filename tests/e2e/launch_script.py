@@ -4,7 +4,7 @@
                      [--slow-below-world N] [--slow-until-world N] [--forget-optimizer]
                      [--context-on-rank0-first]
                      [--restartable] [--crash-how raise|exit|sigkill] [--crash-always]
-                     [--crash-before-checkpoint]
+                     [--crash-before-checkpoint] [--crash-file PATH]
 
 It initialises its own process group (as under torchrun), uses
 elastic_train.get_checkpoint()/report() for resume, and records each start
@@ -55,6 +55,9 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--crash-before-checkpoint", action="store_true",
                         help="every rank calls get_context(), then the last rank raises "
                              "before get_checkpoint() (its session never joined), once")
+    parser.add_argument("--crash-file", default=None,
+                        help="once PATH exists and holds this node's ET_TEST_NODE, the node's "
+                             "worker raises at its next epoch, once (OUT/crashed: its rank)")
     return parser.parse_args()
 
 
@@ -64,6 +67,16 @@ def _skew_clock() -> None:
     if skew:
         real = time.time
         time.time = lambda: real() + skew
+
+
+def _crash_here(crash_file: str, marker: str) -> bool:
+    """Whether the test asked this node (``ET_TEST_NODE``) to crash, and nobody has yet."""
+    try:
+        with open(crash_file) as f:
+            node = f.read().strip()
+    except FileNotFoundError:
+        return False
+    return node == os.environ.get("ET_TEST_NODE") and not os.path.exists(marker)
 
 
 def main() -> None:
@@ -118,6 +131,11 @@ def main() -> None:
             if args.crash_how == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"crash at epoch {epoch}")
+        if args.crash_file and _crash_here(args.crash_file, marker):
+            with open(marker, "w") as f:
+                f.write(str(rank))
+            raise RuntimeError(f"crash on node {os.environ['ET_TEST_NODE']} (rank {rank}) "
+                               f"at epoch {epoch}")
         if epoch == args.refused_at and rank == 0:
             raise ConnectionRefusedError(111, "Connection refused")
         slow = world < args.slow_below_world or (

@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 import elastic_train as et
+from elastic_train import env_vars
 from elastic_train.torch import enable_reproducibility, prepare_model
 
 
@@ -175,10 +176,30 @@ def train_mlp(config: dict) -> dict:
                 if ctx.get_world_rank() == 0 and config.get("jit_file"):
                     with open(config["jit_file"], "w") as f:
                         f.write(f"{epoch} {batch}\n")
+        before = _session_checkpoint() if config.get("report_log") else None
         _report(config, model, optimizer, epoch, loss, epoch_done=True)
+        if config.get("report_log"):
+            _log_report(config["report_log"], epoch, before)
     # Of the unwrapped model, as checkpointed: comparable with checkpoint_digest().
     return {"digest": weights_digest(getattr(model, "module", model)),
             "world_size": ctx.get_world_size()}
+
+
+def _session_checkpoint() -> str | None:
+    checkpoint = et.get_checkpoint()
+    return checkpoint.path if checkpoint is not None else None
+
+
+def _log_report(path: str, epoch: int, before: str | None) -> None:
+    """After an epoch's report, rank 0 appends ``ATTEMPT EPOCH SYNCED NOTICE``: SYNCED 1 when
+    the report was committed before it returned (a SYNC upload: only then does the session's
+    checkpoint become the one just reported), NOTICE 1 when the ranks agree that a
+    preemption notice stands (what makes a report SYNC). Every rank must call it."""
+    notice = et.get_preemption_info() is not None  # collective
+    if et.get_context().get_world_rank() == 0:
+        with open(path, "a") as f:
+            f.write(f"{os.environ.get(env_vars.ATTEMPT, '0')} {epoch} "
+                    f"{int(_session_checkpoint() != before)} {int(notice)}\n")
 
 
 def _report(config: dict, model, optimizer, epoch: int, loss, epoch_done: bool,

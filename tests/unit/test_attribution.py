@@ -175,3 +175,43 @@ def test_a_worker_takes_its_place_from_its_process_groups_store(tmp_path):
                              **os.environ, "TORCHELASTIC_ERROR_FILE": str(tmp_path / "e.json"),
                              "ELASTIC_TRAIN_GENERATION": "g1"})
     assert json.loads(out.stdout.splitlines()[-1]) == [None, 1, 2]
+
+
+def test_the_recording_node_names_the_root_cause_of_a_peers_failure(tmp_path, monkeypatch):
+    """Chaos kind ``clock_skew`` (#24): node 1's worker raises (node 1's clock runs 30 s
+    behind); node 0's collective breaks on it. Node 0 (group rank 0) records the run's
+    failures in run.json: its free restart (``peer``) named its own gloo error as the root
+    cause, and rank 1's error was nowhere in run.json. The root cause recorded is node 1's
+    error now, and ``failed_at`` stays on node 0's clock, as the record's ``time`` is."""
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+
+    from elastic_train.agent.failures import failures_of
+    from elastic_train.agent.local_agent import TrainAgent
+    from elastic_train.agent.restart_budget import RestartBudget
+    from elastic_train.driver.run_record import RunRecord
+    from elastic_train.storage.run_state import FailureKind
+    from tests.conftest import make_storage
+
+    store = HashStore()
+    raised = _worker_fails(tmp_path, monkeypatch, "node1", RuntimeError("crash on node 1"),
+                           store, clock_offset_s=-30.0)
+    caused = _worker_fails(tmp_path, monkeypatch, "node0", RuntimeError(
+        "[gloo/transport/tcp/pair.cc:534] Connection closed by peer"), store, 0.0)
+    node1 = FailureExchange(store, "gen1").announce(
+        NodeReport.of(1, observe(SimpleNamespace(failures={1: raised}))))
+    store.set("elastic_train/failed/gen1/1", node1.to_json())  # node 1 has told
+    run = make_storage("local", tmp_path, None).run("run")
+    record = RunRecord.begin(run, "run", {"train_function": "jobs.train"})
+    agent = TrainAgent.__new__(TrainAgent)  # node 0's agent: its decision and its callback
+    agent._notice_dir, agent._generation, agent._progress = None, "gen1", None
+    agent.budget, agent._on_failure, agent.peer_root = RestartBudget(0), record.record_failure, None
+    group = SimpleNamespace(group_world_size=2, group_rank=0, store=store,
+                            spec=SimpleNamespace(max_restarts=0))
+    result = RunResult(state=WorkerState.FAILED, failures={0: caused})
+    decision = agent._decide(group, failures_of(result), agent._classify(group, result))
+    assert decision.kind is FailureKind.PEER and decision.restart
+    [failure] = run.read_run_state().failures
+    assert failure.kind is FailureKind.PEER
+    assert (failure.root.rank, failure.root.message) == (1, "RuntimeError: crash on node 1")
+    assert [w.rank for w in failure.workers] == [1, 0]  # then this node's own
+    assert abs(failure.failed_at - time.time()) < 10  # node 0's clock, not node 1's
