@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import elastic_train as et
 from elastic_train.storage import RunStorage
@@ -32,7 +32,9 @@ from tests.support.servers import TcpProxy, free_port
 KINDS = ("worker_sigkill", "worker_raise", "worker_hang", "kill_during_upload",
          "preemption", "storage_outage", "driver_sigkill_restore", "agent_sigkill",
          "etcd_restart", "node_sigterm", "corrupt_rdzv_state",
-         "second_driver", "stale_lookups")  # the last two: writer_faults.py
+         "second_driver", "stale_lookups",  # these two: writer_faults.py
+         "power_cut_commit")  # storage_faults.py
+STORAGE_KINDS = ("power_cut_commit",)
 LAUNCH_KINDS = ("agent_sigkill", "etcd_restart", "node_sigterm", "corrupt_rdzv_state")
 LAUNCH_SCRIPT = "tests/e2e/launch_script.py"  # its digest does not depend on the world size
 BATCHES_PER_EPOCH = 6  # jobs.make_dataset(): 96 rows, 2 ranks, batches of 8
@@ -41,22 +43,38 @@ NUM_TO_KEEP = 2
 
 @dataclass(frozen=True)
 class Trial:
-    """One fault of ``kind`` at ``(epoch, batch)`` on ``rank``."""
+    """One fault of ``kind`` at ``(epoch, batch)`` on ``rank``; ``detail``: what a kind
+    draws besides (``(name, value)`` pairs, see :func:`.storage_faults.draw_detail`)."""
 
     number: int
     kind: str
     epoch: int
     batch: int
     rank: int
+    detail: tuple[tuple[str, int | str], ...] = ()
 
     @classmethod
     def draw(cls, number: int, kind: str, rng: random.Random) -> Trial:
-        return cls(number, kind, rng.randint(1, EPOCHS - 2), rng.randrange(BATCHES_PER_EPOCH),
-                   rng.randrange(2))
+        trial = cls(number, kind, rng.randint(1, EPOCHS - 2), rng.randrange(BATCHES_PER_EPOCH),
+                    rng.randrange(2))
+        if kind in STORAGE_KINDS:  # draws more only for these: other kinds' draws stay
+            from tests.chaos.storage_faults import draw_detail  # it builds on this module
+
+            trial = replace(trial, **draw_detail(kind, rng))
+        return trial
+
+    def detail_of(self, name: str) -> int | str | None:
+        return dict(self.detail).get(name)
 
     def __str__(self) -> str:
-        return f"#{self.number} {self.kind} at epoch {self.epoch} batch {self.batch}, " \
-               f"rank {self.rank}"
+        if self.kind == "power_cut_commit":
+            return f"#{self.number} {self.kind} of checkpoint {self.epoch} at step " \
+                   f"{self.detail_of('step')}, journal {self.detail_of('journal_lag')} behind"
+        where = f"#{self.number} {self.kind} at epoch {self.epoch} batch {self.batch}, " \
+                f"rank {self.rank}"
+        if self.detail:
+            where += ", " + " ".join(f"{k} {v}" for k, v in self.detail)
+        return where
 
 
 @dataclass
@@ -73,6 +91,8 @@ class Outcome:
     orphans: list[int] = field(default_factory=list)  # worker pids that must be gone
     lost_commits: list[str] = field(default_factory=list)  # committed, then gone unretired
     second_refused: bool | None = None  # second_driver: refused before starting anything
+    kind_failures: list[str] = field(default_factory=list)  # the kind's own checks that failed
+    note: str = ""  # what the trial hit, for its row (e.g. which step of a commit)
 
 
 class StorageWatcher:
@@ -203,6 +223,10 @@ def run_trial(trial: Trial, storage: StorageUnderTest, tmp_path, through: Storag
         from tests.chaos.writer_faults import run_writer_trial  # it builds on this module
 
         return run_writer_trial(trial, storage, tmp_path, name)
+    if trial.kind in STORAGE_KINDS:
+        from tests.chaos.storage_faults import run_storage_trial  # it builds on this module
+
+        return run_storage_trial(trial, storage, tmp_path, name)
     if trial.kind == "storage_outage":
         helper = threading.Thread(target=_cut_for_seconds, daemon=True,
                                   args=(proxy, storage, name, trial, tmp_path))

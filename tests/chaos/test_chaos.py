@@ -135,6 +135,9 @@ def _check(trial: Trial, row: dict, storage: StorageUnderTest, tmp_path,
         row["leaked"] = _reap(before)
     row["recovered"] = 1
     row["recovery_s"] = outcome.recovery_s
+    if outcome.note:
+        row["note"] = outcome.note
+        print(outcome.note)
     expected = request.getfixturevalue("launch_baseline") if trial.kind in LAUNCH_KINDS \
         else request.getfixturevalue("baseline").return_value["digest"]
     identical = outcome.digest == expected
@@ -145,6 +148,7 @@ def _check(trial: Trial, row: dict, storage: StorageUnderTest, tmp_path,
     assert identical, "final weights differ from the uninterrupted run"
     assert not outcome.lost_commits, f"committed checkpoints lost: {outcome.lost_commits}"
     assert outcome.second_refused in (None, True), "a second driver joined the live run"
+    assert not outcome.kind_failures, "; ".join(outcome.kind_failures)
     assert history, f"metrics history has gaps or repeats: {outcome.iterations}"
     assert not outcome.partial_seen, f"partial checkpoint visible: {outcome.partial_seen}"
     assert outcome.retained and outcome.retained[-1] == outcome.latest, \
