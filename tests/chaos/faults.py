@@ -33,8 +33,8 @@ KINDS = ("worker_sigkill", "worker_raise", "worker_hang", "kill_during_upload",
          "preemption", "storage_outage", "driver_sigkill_restore", "agent_sigkill",
          "etcd_restart", "node_sigterm", "corrupt_rdzv_state",
          "second_driver", "stale_lookups",  # these two: writer_faults.py
-         "power_cut_commit")  # storage_faults.py
-STORAGE_KINDS = ("power_cut_commit",)
+         "power_cut_commit", "hostile_manifest")  # these two: storage_faults.py
+STORAGE_KINDS = ("power_cut_commit", "hostile_manifest")
 LAUNCH_KINDS = ("agent_sigkill", "etcd_restart", "node_sigterm", "corrupt_rdzv_state")
 LAUNCH_SCRIPT = "tests/e2e/launch_script.py"  # its digest does not depend on the world size
 BATCHES_PER_EPOCH = 6  # jobs.make_dataset(): 96 rows, 2 ranks, batches of 8
@@ -100,7 +100,8 @@ class StorageWatcher:
     whose files do not all exist at their manifest's sizes (a partial checkpoint).
     A checkpoint being deleted by retention (its marker already gone) is not partial.
     It also records when the newest committed checkpoint vanishes (``lost``):
-    retention never deletes the latest, so only a wrongful cleanup does that."""
+    retention never deletes the latest, so only a wrongful cleanup does that.
+    Checkpoints the test itself damages are left out (:meth:`exempt`)."""
 
     def __init__(self, storage: RunStorage):
         self.storage = storage
@@ -108,6 +109,9 @@ class StorageWatcher:
         self.lost: list[str] = []
         self._newest = -1
         self._checked: set[int] = set()
+        self._exempt: set[int] = set()
+        self._seen: set[int] = set()  # every index seen committed (and not exempt)
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -127,14 +131,27 @@ class StorageWatcher:
             except Exception:  # the storage may be cut on purpose; try again
                 continue
 
+    def exempt(self, index: int) -> None:
+        """Leaves checkpoint ``index`` out from now on (a stray writer damages it)."""
+        with self._lock:
+            self._exempt.add(index)
+            self._seen.discard(index)
+            self._newest = max(self._seen, default=-1)
+
     def _check(self) -> None:
+        with self._lock:
+            self._check_locked()
+
+    def _check_locked(self) -> None:
         fs = self.storage.fs
         fs.invalidate_cache()
-        committed = self.storage.checkpoints.committed()
+        committed = [m for m in self.storage.checkpoints.committed()
+                     if m.index not in self._exempt]
         newest = max((m.index for m in committed), default=-1)
         if newest < self._newest:
             self.lost.append(f"checkpoint {self._newest} (newest committed) vanished")
         self._newest = max(newest, self._newest)
+        self._seen.update(m.index for m in committed)
         for manifest in committed:
             if manifest.index in self._checked:
                 continue

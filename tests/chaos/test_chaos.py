@@ -101,9 +101,10 @@ def test_trial(trial: Trial, tmp_path, baseline, request):
         pytest.skip("the etcd binary is not installed (apt-get install etcd-server)")
     before = set(child_pids(os.getpid()))
     storage, through, proxy = make_storage("local", tmp_path, None), None, None
-    if trial.kind == "storage_outage":
+    if trial.kind == "storage_outage" or trial.detail_of("store") == "s3":
         endpoint = request.getfixturevalue("s3_endpoint")
         storage = make_storage("s3", tmp_path, endpoint)
+    if trial.kind == "storage_outage":
         proxy = TcpProxy(int(endpoint.rsplit(":", 1)[1]))
         through = StorageUnderTest(storage.url, s3_options(f"http://127.0.0.1:{proxy.port}"),
                                    storage.fs)
