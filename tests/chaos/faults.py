@@ -34,7 +34,9 @@ KINDS = ("worker_sigkill", "worker_raise", "worker_hang", "kill_during_upload",
          "preemption", "storage_outage", "driver_sigkill_restore", "agent_sigkill",
          "etcd_restart", "node_sigterm", "corrupt_rdzv_state", "clock_skew",
          "sigterm_then_restart",
-         "second_driver", "stale_lookups")  # the last two: writer_faults.py
+         "second_driver", "stale_lookups",  # these two: writer_faults.py
+         "power_cut_commit", "hostile_manifest")  # these two: storage_faults.py
+STORAGE_KINDS = ("power_cut_commit", "hostile_manifest")
 LAUNCH_KINDS = ("agent_sigkill", "etcd_restart", "node_sigterm", "corrupt_rdzv_state",
                 "clock_skew")
 LAUNCH_SCRIPT = "tests/e2e/launch_script.py"  # its digest does not depend on the world size
@@ -48,7 +50,8 @@ NOTICE_GRACE_S = 0.2  # sigterm_then_restart: over before the raise 6 steps (0.3
 @dataclass(frozen=True)
 class Trial:
     """One fault of ``kind`` at ``(epoch, batch)`` on ``rank``; ``details``: what else a
-    kind draws (:func:`_draw_details`), as ``(name, value)`` pairs.
+    kind draws, as ``(name, value)`` pairs (:func:`_draw_details`; the storage kinds'
+    in :func:`.storage_faults.draw_detail`).
 
     ``clock_skew``: ``rank`` is the node (agent) whose worker raises; ``skewed_node`` the
     node whose clock is ``skew_s`` off; ``in_process``: the script restarts in process
@@ -61,22 +64,31 @@ class Trial:
     epoch: int
     batch: int
     rank: int
-    details: tuple[tuple[str, float], ...] = ()
+    details: tuple[tuple[str, float | int | str], ...] = ()
 
     @classmethod
     def draw(cls, number: int, kind: str, rng: random.Random) -> Trial:
         trial = cls(number, kind, rng.randint(1, EPOCHS - 2),
                     rng.randrange(BATCHES_PER_EPOCH), rng.randrange(2))
+        if kind in STORAGE_KINDS:
+            from tests.chaos.storage_faults import draw_detail  # it builds on this module
+
+            return replace(trial, **draw_detail(kind, rng))
         return replace(trial, details=_draw_details(kind, rng))
 
-    def detail(self, name: str) -> float:
-        return dict(self.details)[name]
+    def detail(self, name: str) -> float | int | str | None:
+        return dict(self.details).get(name)
 
     def __str__(self) -> str:
+        if self.kind == "power_cut_commit":
+            return f"#{self.number} {self.kind} of checkpoint {self.epoch} at step " \
+                   f"{self.detail('step')}, journal {self.detail('journal_lag')} behind"
         said = f"#{self.number} {self.kind} at epoch {self.epoch} batch {self.batch}, " \
                f"rank {self.rank}"
         if self.details:
-            said += " (" + ", ".join(f"{name} {value:g}" for name, value in self.details) + ")"
+            said += " (" + ", ".join(f"{name} {value:g}" if isinstance(value, float)
+                                     else f"{name} {value}"
+                                     for name, value in self.details) + ")"
         return said
 
 
@@ -107,6 +119,8 @@ class Outcome:
     orphans: list[int] = field(default_factory=list)  # worker pids that must be gone
     lost_commits: list[str] = field(default_factory=list)  # committed, then gone unretired
     second_refused: bool | None = None  # second_driver: refused before starting anything
+    kind_failures: list[str] = field(default_factory=list)  # the kind's own checks that failed
+    note: str = ""  # what the trial hit, for its row (e.g. which step of a commit)
 
 
 class StorageWatcher:
@@ -114,7 +128,8 @@ class StorageWatcher:
     whose files do not all exist at their manifest's sizes (a partial checkpoint).
     A checkpoint being deleted by retention (its marker already gone) is not partial.
     It also records when the newest committed checkpoint vanishes (``lost``):
-    retention never deletes the latest, so only a wrongful cleanup does that."""
+    retention never deletes the latest, so only a wrongful cleanup does that.
+    Checkpoints the test itself damages are left out (:meth:`exempt`)."""
 
     def __init__(self, storage: RunStorage):
         self.storage = storage
@@ -122,6 +137,9 @@ class StorageWatcher:
         self.lost: list[str] = []
         self._newest = -1
         self._checked: set[int] = set()
+        self._exempt: set[int] = set()
+        self._seen: set[int] = set()  # every index seen committed (and not exempt)
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -141,14 +159,27 @@ class StorageWatcher:
             except Exception:  # the storage may be cut on purpose; try again
                 continue
 
+    def exempt(self, index: int) -> None:
+        """Leaves checkpoint ``index`` out from now on (a stray writer damages it)."""
+        with self._lock:
+            self._exempt.add(index)
+            self._seen.discard(index)
+            self._newest = max(self._seen, default=-1)
+
     def _check(self) -> None:
+        with self._lock:
+            self._check_locked()
+
+    def _check_locked(self) -> None:
         fs = self.storage.fs
         fs.invalidate_cache()
-        committed = self.storage.checkpoints.committed()
+        committed = [m for m in self.storage.checkpoints.committed()
+                     if m.index not in self._exempt]
         newest = max((m.index for m in committed), default=-1)
         if newest < self._newest:
             self.lost.append(f"checkpoint {self._newest} (newest committed) vanished")
         self._newest = max(newest, self._newest)
+        self._seen.update(m.index for m in committed)
         for manifest in committed:
             if manifest.index in self._checked:
                 continue
@@ -237,6 +268,10 @@ def run_trial(trial: Trial, storage: StorageUnderTest, tmp_path, through: Storag
         from tests.chaos.writer_faults import run_writer_trial  # it builds on this module
 
         return run_writer_trial(trial, storage, tmp_path, name)
+    if trial.kind in STORAGE_KINDS:
+        from tests.chaos.storage_faults import run_storage_trial  # it builds on this module
+
+        return run_storage_trial(trial, storage, tmp_path, name)
     if trial.kind == "storage_outage":
         helper = threading.Thread(target=_cut_for_seconds, daemon=True,
                                   args=(proxy, storage, name, trial, tmp_path))

@@ -101,9 +101,10 @@ def test_trial(trial: Trial, tmp_path, baseline, request):
         pytest.skip("the etcd binary is not installed (apt-get install etcd-server)")
     before = set(child_pids(os.getpid()))
     storage, through, proxy = make_storage("local", tmp_path, None), None, None
-    if trial.kind == "storage_outage":
+    if trial.kind == "storage_outage" or trial.detail("store") == "s3":
         endpoint = request.getfixturevalue("s3_endpoint")
         storage = make_storage("s3", tmp_path, endpoint)
+    if trial.kind == "storage_outage":
         proxy = TcpProxy(int(endpoint.rsplit(":", 1)[1]))
         through = StorageUnderTest(storage.url, s3_options(f"http://127.0.0.1:{proxy.port}"),
                                    storage.fs)
@@ -135,6 +136,9 @@ def _check(trial: Trial, row: dict, storage: StorageUnderTest, tmp_path,
         row["leaked"] = _reap(before)
     row["recovered"] = 1
     row["recovery_s"] = outcome.recovery_s
+    if outcome.note:
+        row["note"] = outcome.note
+        print(outcome.note)
     expected = request.getfixturevalue("launch_baseline") if trial.kind in LAUNCH_KINDS \
         else request.getfixturevalue("baseline").return_value["digest"]
     identical = outcome.digest == expected
@@ -145,6 +149,7 @@ def _check(trial: Trial, row: dict, storage: StorageUnderTest, tmp_path,
     assert identical, "final weights differ from the uninterrupted run"
     assert not outcome.lost_commits, f"committed checkpoints lost: {outcome.lost_commits}"
     assert outcome.second_refused in (None, True), "a second driver joined the live run"
+    assert not outcome.kind_failures, "; ".join(outcome.kind_failures)
     assert history, f"metrics history has gaps or repeats: {outcome.iterations}"
     assert not outcome.partial_seen, f"partial checkpoint visible: {outcome.partial_seen}"
     assert outcome.retained and outcome.retained[-1] == outcome.latest, \

@@ -77,3 +77,35 @@ def test_a_power_cut_at_any_step_of_a_commit_leaves_an_intact_checkpoint(tmp_pat
                 problems.append(f"cut after step {cut}, journal at {journal}: {problem}")
     assert len(seen) > 10 and os.listdir(tmp_path / "cuts")
     assert not problems, f"{len(problems)} of {len(seen)} cuts: " + "; ".join(problems[:3])
+
+
+def test_the_power_cut_trial_draws_among_every_step_of_a_commit(tmp_path):
+    """The chaos kind ``power_cut_commit`` cuts at step ``k < STEPS_PER_COMMIT`` of a commit
+    (counted from the first step that names its directory) of its job, whose checkpoints
+    are one file: that must be every step of a commit that retires a checkpoint
+    (``num_to_keep=2``), the longest kind; one that retires none makes 4 fewer."""
+    from tests.support.power_cut_job import NUM_TO_KEEP, STEPS_PER_COMMIT
+
+    run = RunStorage.open(str(tmp_path / "results"), "run")
+    run.ensure_writable()
+    disk = PowerCutDisk(run.run_path, str(tmp_path / "inodes"))
+    manager = CheckpointManager(run.checkpoints, CheckpointConfig(num_to_keep=NUM_TO_KEEP))
+    uploader = CheckpointUploader(run.checkpoints, 0, str(tmp_path / "staging"),
+                                  commit=manager.commit)
+    ends = []
+    with disk.recording():
+        for index in range(3):
+            source = tmp_path / f"state{index}"
+            source.mkdir()
+            (source / "state.pt").write_bytes(b"weights %d" % index)
+            manifest = CommitManifest(index=index, training_iteration=index + 1, metrics={},
+                                      files={}, world_size=1)
+            uploader.submit(UploadJob(index, ["state.pt"], [0], manifest), str(source))
+            assert uploader.wait_for(index) is None
+            ends.append(disk.steps)
+        uploader.close()
+    commit = disk.ops[ends[1]:ends[2]]
+    assert commit[0] == "mkdir checkpoint_000002"
+    assert commit[-1] == "rmdir checkpoint_000000"  # retention's delete, the last step
+    assert len(commit) == STEPS_PER_COMMIT, commit
+    assert len(disk.ops[ends[0]:ends[1]]) == STEPS_PER_COMMIT - 4
