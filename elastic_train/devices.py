@@ -12,7 +12,7 @@ kept for the process (per kind and ``CUDA_VISIBLE_DEVICES``).
 
 A process that initialised CUDA already is counted in place: it is poisoned
 anyway (its zygote starts as a new interpreter, see
-:mod:`elastic_train.agent.zygote_fork`), and a child of it could not count.
+:mod:`elastic_train.agent.zygote.fork`), and a child of it could not count.
 
 Example::
 

@@ -10,7 +10,7 @@ User switches:
 
 - ``ZYGOTE`` (``ELASTIC_TRAIN_ZYGOTE=0``): start every worker as a fresh
   interpreter instead of forking it from the agent's zygote
-  (:mod:`elastic_train.agent.zygote`).
+  (:mod:`elastic_train.agent.zygote.server`).
 - ``FAIL_AT_REPORT``: ``elastic-train verify-resume``'s injected crash, the
   last rank exits after this ``report()`` of the first attempt
   (:mod:`elastic_train.worker.fault_injection`).
@@ -58,7 +58,7 @@ Set by the agent or the driver for each worker:
   them (:mod:`elastic_train.worker.user_code`), so a worker leaves the same
   modules out of what it reports for the zygote to preload.
 - ``MODULES_DIR``: where a worker lists the modules it imported, which the
-  agent's zygote then preloads for later workers (:mod:`elastic_train.agent.zygote_preload`).
+  agent's zygote then preloads for later workers (:mod:`elastic_train.agent.zygote.preload`).
 """
 
 ZYGOTE = "ELASTIC_TRAIN_ZYGOTE"

@@ -17,7 +17,7 @@ import fsspec
 import pytest
 
 import elastic_train as et
-from elastic_train.agent import zygote
+from elastic_train.agent.zygote import server as zygote
 from elastic_train.storage import RunStorage
 from elastic_train.torch import TorchTrainer
 from tests.support import jobs, restart_job
@@ -76,7 +76,7 @@ def storage_path(tmp_path):
 def no_leaked_processes():
     """Fails the test if it leaves a child process behind; kills such children.
 
-    The worker zygote stays for later runs (see elastic_train.agent.zygote); its
+    The worker zygote stays for later runs (see elastic_train.agent.zygote.server); its
     workers must not."""
     before = set(child_pids(os.getpid()))
     yield

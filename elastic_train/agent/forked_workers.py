@@ -1,7 +1,7 @@
 """The workers a zygote forked for this agent's group, stopped and waited for by the agent.
 
 torch's agent starts, watches and stops the zygote's stand-ins
-(:mod:`.zygote_client`), not the workers behind them: when a stand-in is
+(:mod:`.zygote.client`), not the workers behind them: when a stand-in is
 SIGKILLed, the zygote kills its worker a moment later, on its own time. A
 restart must not start the next group while the old one still holds ports,
 memory or GPUs, and a worker that survives SIGKILL must be reported, so each

@@ -27,11 +27,11 @@
    preemption notice (which they outlast), and a worker blocked in a
    collective with a dead peer would only die at the end of the wait.
 6. The worker command is asked for again at every start, so a worker zygote
-   that died (see :mod:`elastic_train.agent.zygote`) is replaced by a new one.
+   that died (see :mod:`elastic_train.agent.zygote.server`) is replaced by a new one.
 7. Stopping a group stops the workers a zygote forked behind the processes
    torch started, and waits for them (:mod:`.forked_workers`); a group starts
    with an empty staging directory (what a killed attempt staged is stale).
-8. With in-process restarts (:mod:`elastic_train.agent.inprocess`) a failed
+8. With in-process restarts (:mod:`elastic_train.agent.inprocess.restarts`) a failed
    attempt does not stop the group: the agent watches its workers itself
    (torch's process context would stop them all at the first death), charges
    the failure, lets the survivors unwind and start the next attempt, and
@@ -67,13 +67,13 @@ from elastic_train.agent import forked_workers, torch_compat
 from elastic_train.agent.attribution import FailureExchange, NodeReport, charged
 from elastic_train.agent.failures import failures_of, observe
 from elastic_train.agent.hang_watch import HangWatch
-from elastic_train.agent.inprocess import InProcessRestarts, InProcessSettings, Recovery
-from elastic_train.agent.inprocess_agent import InProcessRestart
+from elastic_train.agent.inprocess.agent_mixin import InProcessRestart
+from elastic_train.agent.inprocess.restarts import InProcessRestarts, InProcessSettings, Recovery
 from elastic_train.agent.no_progress_guard import Progress, signature
 from elastic_train.agent.rendezvous.backends import lookup
 from elastic_train.agent.restart_budget import Decision, RestartBudget
 from elastic_train.agent.worker_slots import surviving
-from elastic_train.agent.zygote_preload import ImportWatch
+from elastic_train.agent.zygote.preload import ImportWatch
 from elastic_train.errors import WorkerFailure
 from elastic_train.failure_kinds import FailureKind
 from elastic_train.worker import preemption

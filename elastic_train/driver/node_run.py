@@ -32,9 +32,9 @@ from types import TracebackType
 from typing import Any
 
 from elastic_train import env_vars, scratch
-from elastic_train.agent import zygote
 from elastic_train.agent.api import AgentOutcome, AgentSpec, ProcessOptions
 from elastic_train.agent.rendezvous.config import RendezvousConfig
+from elastic_train.agent.zygote import server as zygote
 from elastic_train.config import RunConfig, ScalingConfig
 from elastic_train.driver.console import ConsoleView
 from elastic_train.driver.resume_rules import is_launch

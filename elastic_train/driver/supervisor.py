@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from elastic_train.agent import zygote
 from elastic_train.agent.api import AgentEvents, AgentOutcome, AgentSpec, Interrupted, run_agent
-from elastic_train.agent.inprocess import Recovery
+from elastic_train.agent.inprocess.restarts import Recovery
 from elastic_train.agent.no_progress_guard import Progress
 from elastic_train.agent.restart_budget import Decision
+from elastic_train.agent.zygote import server as zygote
 from elastic_train.callbacks import RunContext, UserCallback
 from elastic_train.driver.console import ConsoleView
 from elastic_train.driver.run_monitor import RunMonitor

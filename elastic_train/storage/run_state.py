@@ -119,7 +119,7 @@ class RunState:
     when the run stopped because its restarts brought no progress.
     ``zygote_errors``: each worker zygote that failed to start (``time``, ``forked``:
     from the driver or as a new interpreter, ``error``: its traceback); its workers
-    started as new interpreters instead (see :mod:`elastic_train.agent.zygote`).
+    started as new interpreters instead (see :mod:`elastic_train.agent.zygote.server`).
     """
 
     name: str = ""

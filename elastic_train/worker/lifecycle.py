@@ -45,7 +45,7 @@ def die_with_parent() -> None:
 
 def die_with_agent() -> None:
     """:func:`die_with_parent`, checking the parent is still the agent (or the zygote
-    it forked from, see :mod:`elastic_train.agent.zygote`)."""
+    it forked from, see :mod:`elastic_train.agent.zygote.server`)."""
     die_with_parent()
     agent_pid = os.environ.get(env_vars.AGENT_PID)
     if agent_pid is not None and os.getppid() != int(agent_pid):

@@ -7,7 +7,7 @@ modules it imported (the standard library and libraries, wherever they are
 installed; the user's own modules are left out: they may read the worker's
 environment at import, see :mod:`elastic_train.worker.user_code`) to
 ``<ELASTIC_TRAIN_MODULES_DIR>/rank<R>.json``. See
-:mod:`elastic_train.agent.zygote_preload`.
+:mod:`elastic_train.agent.zygote.preload`.
 """
 
 from __future__ import annotations

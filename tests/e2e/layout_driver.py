@@ -25,7 +25,8 @@ import tempfile
 import torch
 
 import elastic_train as et
-from elastic_train.agent import zygote, zygote_fork
+from elastic_train.agent.zygote import fork as zygote_fork
+from elastic_train.agent.zygote import server as zygote
 from elastic_train.torch import TorchTrainer
 
 # The fork trial's name: main's since #23 (None: fork), and before it (True: fork).

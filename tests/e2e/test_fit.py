@@ -10,7 +10,7 @@ import threading
 import pytest
 
 import elastic_train as et
-from elastic_train.agent import zygote
+from elastic_train.agent.zygote import server as zygote
 from elastic_train.torch import TorchTrainer
 from tests.conftest import (
     EPOCHS,

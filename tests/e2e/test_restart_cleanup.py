@@ -14,7 +14,7 @@ import time
 import pytest
 
 import elastic_train as et
-from elastic_train.agent import zygote
+from elastic_train.agent.zygote import server as zygote
 from elastic_train.torch import TorchTrainer
 from tests.conftest import child_pids, pid_alive, wait_until
 from tests.support import jobs
@@ -39,7 +39,7 @@ def _train_noting_pids(config):
 
 def _stand_ins() -> set[int]:
     return {p for p in child_pids(os.getpid())
-            if any(arg.endswith("zygote_client.py") for arg in command_line(p))}
+            if any(arg.endswith(os.path.join("zygote", "client.py")) for arg in command_line(p))}
 
 
 def _pause_zygote_and_kill_a_stand_in(pid_dir, seen: dict) -> None:

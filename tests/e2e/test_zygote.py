@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from elastic_train import env_vars
-from elastic_train.agent import zygote
 from elastic_train.agent.worker_slots import surviving
+from elastic_train.agent.zygote import server as zygote
 from tests.conftest import wait_until
 from tests.support.paths import REPO
 from tests.support.process_tree import child_pids

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from elastic_train.agent import inprocess
-from elastic_train.agent.inprocess import FailedAttempt, InProcessRestarts
+from elastic_train.agent.inprocess import restarts as inprocess
+from elastic_train.agent.inprocess.restarts import FailedAttempt, InProcessRestarts
 from elastic_train.errors import WorkerFailure
 from elastic_train.worker import restart_channel as channel
 from elastic_train.worker.restart_channel import FailureNote, Stage, WorkerRecord

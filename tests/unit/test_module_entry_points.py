@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from elastic_train.agent.zygote import WORKER_MODULES
+from elastic_train.agent.zygote.server import WORKER_MODULES
 
-ENTRY_POINTS = ("elastic_train.agent.zygote", "elastic_train.cli.__main__", *WORKER_MODULES)
+ENTRY_POINTS = ("elastic_train.agent.zygote.server", "elastic_train.cli.__main__", *WORKER_MODULES)
 PROBE = ("import importlib, sys\n"
          "module = sys.argv[1]\n"
          "importlib.import_module(module.rpartition('.')[0])\n"

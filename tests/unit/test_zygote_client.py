@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from elastic_train.agent import zygote
+from elastic_train.agent.zygote import server as zygote
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")

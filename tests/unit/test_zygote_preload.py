@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from elastic_train.agent.zygote_preload import POISONS, probe
+from elastic_train.agent.zygote.preload import POISONS, probe
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork")
@@ -68,7 +68,7 @@ def test_a_module_that_poisons_forks_is_found_and_skipped(tmp_path):
                        ("poison_asks", "import torch\ntorch.cuda.is_available()\n"),
                        ("poison_plain3", "X = 3\n")]:
         (tmp_path / f"{name}.py").write_text(body)
-    code = ("import json, sys; from elastic_train.agent.zygote_preload import probe; "
+    code = ("import json, sys; from elastic_train.agent.zygote.preload import probe; "
             "print(json.dumps(probe(['poison_plain1', 'poison_plain2', 'poison_asks', "
             "'poison_plain3'], budget_s=30)))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -1,8 +1,8 @@
 """The process torch's agent starts for each worker when a zygote serves them.
 
-Run by path with the standard library only (``python -I -S zygote_client.py
+Run by path with the standard library only (``python -I -S zygote/client.py
 SOCKET ZYGOTE_PID MODULE ARG...``), so it starts in milliseconds: it never imports torch
-or this package. It asks the zygote (:mod:`elastic_train.agent.zygote`) to
+or this package. It asks the zygote (:mod:`elastic_train.agent.zygote.server`) to
 fork a worker that runs ``MODULE.main(ARGS)`` with this process's
 environment, working directory and standard streams, then stands in for that
 worker towards the agent:
@@ -86,7 +86,7 @@ def connect(path: str, zygote_pid: int) -> socket.socket | None:
 
 
 def zygote_error(path: str) -> str:
-    """The end of the traceback the zygote died of (see elastic_train/agent/zygote.py,
+    """The end of the traceback the zygote died of (see elastic_train/agent/zygote/server.py,
     error_path) after a colon, to end a message with; '' when it left none."""
     try:
         with open(os.path.join(os.path.dirname(path), "error"), errors="replace") as f:

@@ -42,7 +42,7 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import Worker, WorkerGroup
 
 from elastic_train import env_vars
-from elastic_train.agent import attempt_store
+from elastic_train.agent.inprocess import attempt_store
 from elastic_train.agent.worker_slots import kill
 from elastic_train.errors import WorkerFailure
 from elastic_train.worker import restart_channel as channel

@@ -145,7 +145,7 @@ def _probe_in_child(names: list[str], deadline: float
 def _probe_here(names: list[str], out) -> None:
     """In the probing child: a verdict line per module, a check line now and then (none
     where the forks were poisoned before it imported anything: nothing to find)."""
-    from elastic_train.agent.zygote_fork import forks_are_poisoned
+    from elastic_train.agent.zygote.fork import forks_are_poisoned
 
     check_poison = not forks_are_poisoned()
 

@@ -2,17 +2,17 @@
 
 Starting a worker the plain way costs a fresh interpreter plus ``import torch``
 (about 4 s of CPU here), per worker and again at every restart. The agent
-therefore starts one zygote per process (``python -m elastic_train.agent.zygote
+therefore starts one zygote per process (``python -m elastic_train.agent.zygote.server
 SOCKET``) that imports torch and the worker modules, then forks a worker per
 request. Restarts and later ``fit()`` calls in the same process fork from the
 same zygote. The zygote is single-threaded and never touches CUDA, so the
 forked workers start clean. It also imports what a first training step
 imports lazily, and later the modules the workers reported
-(:mod:`.zygote_preload`); ``fit()`` and ``launch`` fork it from the driver itself
-when that is safe (:mod:`.zygote_fork`) instead of starting an interpreter.
+(:mod:`.preload`); ``fit()`` and ``launch`` fork it from the driver itself
+when that is safe (:mod:`.fork`) instead of starting an interpreter.
 
 torch's agent still starts, watches and stops ordinary processes: each is a
-:mod:`~elastic_train.agent.zygote_client` (standard library only, a few ms to
+:mod:`~elastic_train.agent.zygote.client` (standard library only, a few ms to
 start), which hands the zygote its environment, working directory and
 standard streams, relays signals to the forked worker and exits as it did.
 
@@ -47,15 +47,15 @@ import traceback
 from dataclasses import dataclass
 
 from elastic_train import env_vars, scratch
-from elastic_train.agent import zygote_fork
-from elastic_train.agent.zygote_preload import FIRST_STEP, ask_to_preload, preload_here
+from elastic_train.agent.zygote import fork as zygote_fork
+from elastic_train.agent.zygote.preload import FIRST_STEP, ask_to_preload, preload_here
 
 logger = logging.getLogger(__name__)
 
 WORKER_MODULES = ("elastic_train.worker.fit_worker", "elastic_train.worker.script_worker")
-# torch, what a first training step imports lazily (see zygote_preload), our worker modules.
+# torch, what a first training step imports lazily (see .preload), our worker modules.
 PRELOAD = ("torch", "torch.distributed", *FIRST_STEP, *WORKER_MODULES)
-CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote_client.py")
+CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "client.py")
 
 
 def enabled() -> bool:
@@ -77,7 +77,7 @@ class Request:
 
 def _recv_request(conn: socket.socket) -> Request | list[str] | None:
     """A worker request, or a list of modules to preload (the agent's, see
-    :mod:`.zygote_preload`), or None when the client hung up."""
+    :mod:`.preload`), or None when the client hung up."""
     message, fds, _, _ = socket.recv_fds(conn, 1 << 22, 3)
     if not message:
         return None
@@ -311,7 +311,7 @@ class Zygote:
 
     A zygote that fails to start is reported (a warning with its traceback, and
     :meth:`take_start_errors` for ``run.json``); the workers that asked for it
-    meanwhile start as fresh interpreters (see :mod:`.zygote_client`). After a
+    meanwhile start as fresh interpreters (see :mod:`.client`). After a
     forked zygote failed, the next one starts as a new interpreter; after such a
     one failed too, workers start without a zygote in this process.
     """
@@ -346,7 +346,7 @@ class Zygote:
             if self._proc is None:
                 path = self._fresh_dir()
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "elastic_train.agent.zygote", path],
+                    [sys.executable, "-m", "elastic_train.agent.zygote.server", path],
                     stdin=subprocess.PIPE, start_new_session=True)
                 self._forked = False
             assert self._dir is not None
@@ -354,7 +354,7 @@ class Zygote:
 
     def prestart(self, user_roots: tuple[str, ...] = ()) -> None:
         """Starts the zygote now by forking this process, when that is safe (see
-        :mod:`.zygote_fork`): it then shares the driver's imports instead of importing
+        :mod:`.fork`): it then shares the driver's imports instead of importing
         torch again. Otherwise the zygote starts later, as a new interpreter.
         ``user_roots``: the directories of the user's own code, whose modules the
         forked zygote drops (see :mod:`elastic_train.worker.user_code`)."""
@@ -410,7 +410,7 @@ class Zygote:
 
     def preload(self, modules: list[str]) -> dict | None:
         """Asks the running zygote to import ``modules`` (those safe to, see
-        :mod:`.zygote_preload`); returns what it preloaded and skipped, or None when no
+        :mod:`.preload`); returns what it preloaded and skipped, or None when no
         zygote runs or it did not answer."""
         if self.pid is None or self._dir is None:
             return None

@@ -20,7 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.utils import macros
 
 from elastic_train.agent.failures import failures_of
-from elastic_train.agent.inprocess import FailedAttempt
+from elastic_train.agent.inprocess.restarts import FailedAttempt
 from elastic_train.agent.worker_slots import replace_worker
 from elastic_train.errors import WorkerFailure
 from elastic_train.failure_kinds import FailureKind

@@ -185,7 +185,7 @@ def fork(main: Callable[[str], None], path: str,
                 os.dup2(read_end, 0)
                 _shed_the_driver(keep={0, 1, 2, ready_w}, user_roots=user_roots)
             except BaseException:
-                from elastic_train.agent.zygote import note_error
+                from elastic_train.agent.zygote.server import note_error
 
                 note_error(path)  # the driver shows it (its stderr is this one's)
                 raise
