@@ -13,7 +13,7 @@ import os
 import shlex
 import sys
 
-from elastic_train.cli.launch_args import main_launch
+from elastic_train.cli.launch_command import main_launch
 from elastic_train.cli.relaunch import RunAt, plan_relaunch
 from elastic_train.errors import ConfigError, TrainingFailedError, exit_code
 from elastic_train.redaction import redact_argv

@@ -9,7 +9,7 @@
 This module parses and dispatches: the commands are in :mod:`.browse` (ls,
 show) and :mod:`.commands`,
 ``launch`` (torchrun's own parser, with torch imported only then) in
-:mod:`.launch_args`, the text they print in :mod:`.render`. Every error ends
+:mod:`.launch_command`, the text they print in :mod:`.render`. Every error ends
 in one line and exit code 2 (see :mod:`.errors`); ``--debug`` adds tracebacks.
 """
 
@@ -22,7 +22,7 @@ from typing import NoReturn
 from elastic_train import __version__
 from elastic_train.cli import browse, commands
 from elastic_train.cli.errors import guarded
-from elastic_train.cli.launch_args import main_launch
+from elastic_train.cli.launch_command import main_launch
 from elastic_train.cli.launch_flags import EXIT_CODES, flag
 from elastic_train.config import DEFAULT_STORAGE_PATH
 from elastic_train.errors import ConfigError

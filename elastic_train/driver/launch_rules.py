@@ -22,7 +22,7 @@ from elastic_train.driver.console import BOTH, ConsoleView
 from elastic_train.errors import ConfigError
 
 if TYPE_CHECKING:
-    from elastic_train.driver.launch import LaunchSettings
+    from elastic_train.driver.launch_settings import LaunchSettings
 
 _STREAMS = {"0": frozenset(), "1": frozenset({"stdout"}), "2": frozenset({"stderr"}),
             "3": BOTH}

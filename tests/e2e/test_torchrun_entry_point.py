@@ -30,7 +30,7 @@ FIRST_IMPORTS = [
     "torch.distributed.run",
     "elastic_train.agent.rendezvous",
     "elastic_train.agent",
-    "elastic_train.driver.launch",
+    "elastic_train.driver.launch_settings",
 ]
 
 

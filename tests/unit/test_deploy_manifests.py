@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from elastic_train.cli.launch_args import main_launch
+from elastic_train.cli.launch_command import main_launch
 from tests.support import kube
 from tests.support.paths import REPO
 

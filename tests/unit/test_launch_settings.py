@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from elastic_train.cli.launch_args import main_launch
+from elastic_train.cli.launch_command import main_launch
 from elastic_train.platforms import SLURM_PORT_BASE
 from tests.support.paths import REPO
 
@@ -183,13 +183,13 @@ def test_debug_shows_the_traceback(capsys):
     ({"run_path": True, "start_method": "fork"}, True),
 ])
 def test_which_workers_fork_from_the_zygote(flags, zygote):
-    from elastic_train.driver.launch import LaunchSettings
+    from elastic_train.driver.launch_settings import LaunchSettings
 
     assert LaunchSettings(target=SCRIPT, **flags).process.zygote is zygote
 
 
 def test_python_exec_picks_the_workers_interpreter(monkeypatch):
-    from elastic_train.driver.launch import LaunchSettings
+    from elastic_train.driver.launch_settings import LaunchSettings
 
     monkeypatch.setenv("PYTHON_EXEC", "/opt/python3.12/bin/python")
     program, args = LaunchSettings(target=SCRIPT, target_args=["--lr", "1"]).worker_command()

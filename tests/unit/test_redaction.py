@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from elastic_train.agent.rendezvous.config import RendezvousConfig
-from elastic_train.driver.launch import LaunchSettings
 from elastic_train.driver.launch_run import continuing_command
+from elastic_train.driver.launch_settings import LaunchSettings
 from elastic_train.redaction import (
     public_options,
     redact_argv,

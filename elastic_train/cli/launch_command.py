@@ -28,8 +28,8 @@ def main_launch(argv: list[str], env: Mapping[str, str] | None = None) -> int:
 
 def _launch(argv: list[str], env: Mapping[str, str]) -> int:
     from elastic_train.cli.launch_parser import parse
-    from elastic_train.driver.launch import LaunchSettings
     from elastic_train.driver.launch_run import launch, report
+    from elastic_train.driver.launch_settings import LaunchSettings
 
     parsed = parse(argv, env)
     values = {k: v for k, v in parsed.values.items() if k not in _COMMAND_ONLY}
