@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from elastic_train.agent.inprocess import restarts as inprocess
-from elastic_train.agent.inprocess.restarts import FailedAttempt, InProcessRestarts
+from elastic_train.agent.inprocess.restarts import FailedAttempt, InProcessRestarts, Seen
 from elastic_train.errors import WorkerFailure
 from elastic_train.worker import restart_channel as channel
 from elastic_train.worker.restart_channel import FailureNote, Stage, WorkerRecord
@@ -50,19 +50,19 @@ def record(restarts, rank: int, attempt: int, stage: Stage, failure=None) -> Non
 def test_running_workers_that_can_restart_in_process(restarts):
     for rank in (0, 1):
         record(restarts, rank, 0, Stage.RUNNING)
-    assert restarts.poll(group(), context({0: None, 1: None})) is True
+    assert restarts.poll(group(), context({0: None, 1: None})).seen is Seen.RUNNING
 
 
 def test_a_worker_without_a_record_leaves_it_to_torch(restarts):
     record(restarts, 0, 0, Stage.RUNNING)
-    assert restarts.poll(group(), context({0: None, 1: None})) is False
-    assert restarts.poll(group(), context({0: 0, 1: 0})) is False  # all done: torch's
+    assert restarts.poll(group(), context({0: None, 1: None})).seen is Seen.TORCH
+    assert restarts.poll(group(), context({0: 0, 1: 0})).seen is Seen.TORCH  # all done
 
 
 def test_a_death_is_the_root_cause(restarts):
     record(restarts, 0, 0, Stage.FAILED, note(primary=False))  # its collective broke
     record(restarts, 1, 0, Stage.RUNNING)
-    seen = restarts.poll(group(), context({0: None, 1: -9}))
+    seen = restarts.poll(group(), context({0: None, 1: -9})).failed
     assert isinstance(seen, FailedAttempt) and seen.primary
     assert [f.rank for f in seen.failures] == [1, 0]
 
@@ -70,9 +70,9 @@ def test_a_death_is_the_root_cause(restarts):
 def test_broken_collectives_alone_wait_for_the_failure_behind_them(restarts, monkeypatch):
     record(restarts, 0, 0, Stage.FAILED, note(primary=False))
     record(restarts, 1, 0, Stage.RUNNING)
-    assert restarts.poll(group(), context({0: None, 1: None})) is True  # within the grace
+    assert restarts.poll(group(), context({0: None, 1: None})).seen is Seen.RUNNING  # in the grace
     monkeypatch.setattr(inprocess, "SECONDARY_GRACE_S", 0.0)
-    seen = restarts.poll(group(), context({0: None, 1: None}))
+    seen = restarts.poll(group(), context({0: None, 1: None})).failed
     assert isinstance(seen, FailedAttempt) and not seen.primary
 
 
@@ -81,8 +81,8 @@ def test_a_raised_error_waits_briefly_for_a_death_behind_it(restarts):
     SIGKILLed peer, once its death shows, is the root cause."""
     record(restarts, 0, 0, Stage.FAILED, note(primary=True))
     record(restarts, 1, 0, Stage.RUNNING)
-    assert restarts.poll(group(), context({0: None, 1: None})) is True  # within the grace
-    seen = restarts.poll(group(), context({0: None, 1: -9}))
+    assert restarts.poll(group(), context({0: None, 1: None})).seen is Seen.RUNNING  # in the grace
+    seen = restarts.poll(group(), context({0: None, 1: -9})).failed
     assert isinstance(seen, FailedAttempt) and [f.rank for f in seen.failures] == [1, 0]
 
 
@@ -92,7 +92,7 @@ def test_a_raised_error_is_acted_on_at_once_when_no_death_can_explain_it(restart
     for rank, stage in ((0, Stage.FAILED), (1, Stage.RUNNING)):
         channel.write_record(restarts.directory, rank, WorkerRecord(
             0, stage, os.getpid(), note(primary=True) if stage is Stage.FAILED else None))
-    seen = restarts.poll(group(), context({0: None, 1: None}))
+    seen = restarts.poll(group(), context({0: None, 1: None})).failed
     assert isinstance(seen, FailedAttempt) and [f.rank for f in seen.failures] == [0]
 
 
@@ -100,7 +100,7 @@ def test_a_raised_error_waits_while_a_workers_process_has_ended_unseen(restarts)
     """The process ended (here: never existed) but its client still runs: wait."""
     record(restarts, 0, 0, Stage.FAILED, note(primary=True))
     channel.write_record(restarts.directory, 1, WorkerRecord(0, Stage.RUNNING, 2**22 + 7))
-    assert restarts.poll(group(), context({0: None, 1: None})) is True
+    assert restarts.poll(group(), context({0: None, 1: None})).seen is Seen.RUNNING
 
 
 def test_the_last_attempts_failure_is_not_the_next_ones(restarts, monkeypatch):
@@ -109,15 +109,15 @@ def test_the_last_attempts_failure_is_not_the_next_ones(restarts, monkeypatch):
     restarts.attempt = 1
     record(restarts, 0, 1, Stage.READY, note(primary=True))
     record(restarts, 1, 1, Stage.RUNNING)
-    assert restarts.poll(group(), context({0: None, 1: None})) is True
+    assert restarts.poll(group(), context({0: None, 1: None})).seen is Seen.RUNNING
     record(restarts, 0, 1, Stage.FAILED, note(primary=True))  # attempt 1 failed
-    assert isinstance(restarts.poll(group(), context({0: None, 1: None})), FailedAttempt)
+    assert isinstance(restarts.poll(group(), context({0: None, 1: None})).failed, FailedAttempt)
 
 
 def test_an_unhealthy_device_is_a_failure_of_the_attempt(restarts, monkeypatch):
     monkeypatch.setattr(inprocess, "RAISED_GRACE_S", 0.0)
     record(restarts, 0, 1, Stage.UNHEALTHY)
     record(restarts, 1, 0, Stage.RUNNING)
-    seen = restarts.poll(group(), context({0: None, 1: None}))
+    seen = restarts.poll(group(), context({0: None, 1: None})).failed
     assert isinstance(seen, FailedAttempt)
     assert "unhealthy" in seen.failures[0].message

@@ -20,7 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.utils import macros
 
 from elastic_train.agent.failures import failures_of
-from elastic_train.agent.inprocess.restarts import FailedAttempt
+from elastic_train.agent.inprocess.restarts import FailedAttempt, Seen
 from elastic_train.agent.worker_slots import replace_worker
 from elastic_train.errors import WorkerFailure
 from elastic_train.failure_kinds import FailureKind
@@ -42,10 +42,10 @@ class InProcessRestart:
         cannot restart in process)."""
         if self._in_process is None or self._pcontext is None:
             return None
-        seen = self._in_process.poll(worker_group, self._pcontext)
-        if isinstance(seen, FailedAttempt):
-            return self._restart_in_process(worker_group, seen)
-        if seen:  # running, and able to restart in process: torch must not stop them
+        look = self._in_process.poll(worker_group, self._pcontext)
+        if look.seen is Seen.FAILED:
+            return self._restart_in_process(worker_group, look.failed)
+        if look.seen is Seen.RUNNING:  # able to restart in process: torch must not stop them
             self._check_hangs(worker_group)  # type: ignore[attr-defined]
             return RunResult(state=WorkerState.HEALTHY)
         return None

@@ -31,6 +31,7 @@ job, a failure costs their workers one unwind and a new process group.
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import socket
@@ -85,6 +86,26 @@ class FailedAttempt:
         return self.failures[0] if self.failures else self.remote_root
 
 
+class Seen(enum.Enum):
+    """What one look at the workers found (:meth:`InProcessRestarts.poll`)."""
+
+    RUNNING = "running"  # the attempt runs, and every live worker can restart in process
+    FAILED = "failed"  # the attempt failed: the look's ``failed`` says how
+    TORCH = "torch"  # torch's monitoring decides: the group finished, or a live worker
+    #                  cannot restart in process (a script without the wrapper)
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look at the workers: what it found, and the failed attempt when it failed."""
+
+    seen: Seen
+    failed: FailedAttempt | None = None
+
+
+_RUNNING, _TORCH = Look(Seen.RUNNING), Look(Seen.TORCH)
+
+
 @dataclass
 class Recovery:
     """How an in-process restart went: the ranks that got a new process, and why."""
@@ -120,19 +141,17 @@ class InProcessRestarts:
         return {env_vars.INPROCESS_DIR: self.directory, env_vars.ATTEMPT: "0"}
 
     # 1. detect
-    def poll(self, group: WorkerGroup, pcontext: Any) -> FailedAttempt | bool:
-        """The failed attempt, if any; ``True`` while the attempt runs and every live
-        worker can restart in process; ``False`` when torch's own monitoring must decide
-        (the group finished, or a live worker cannot restart in process)."""
+    def poll(self, group: WorkerGroup, pcontext: Any) -> Look:
+        """Where the attempt stands (:class:`Seen`), with the failed attempt if it failed."""
         exits = {w.local_rank: pcontext.subprocess_handlers[w.local_rank].proc.poll()
                  for w in group.workers}
         if all(code == 0 for code in exits.values()):
-            return False
+            return _TORCH
         records = {w.local_rank: channel.read_record(self.directory, w.global_rank)
                    for w in group.workers}
         self._capable |= {lr for lr, record in records.items() if record is not None}
         if any(lr not in self._capable for lr in exits):
-            return False  # a worker that never said it can restart in process (torchrun's)
+            return _TORCH  # a worker that never said it can restart in process (torchrun's)
         found: list[tuple[WorkerFailure, bool]] = []
         killed: set[int] = set()  # ranks ended by a signal: the likeliest root cause
         died = False
@@ -147,16 +166,16 @@ class InProcessRestarts:
                 found.append(_raised(worker, record))
         remote = attempt_store.announced(group, self.attempt)
         if not found and remote is None:
-            return True
+            return _RUNNING
         dying = any(exits[lr] is None and record is not None and not _running(record.pid)
                     for lr, record in records.items())
         if self._too_early(found, remote, died, dying or attempt_store.several(group)):
-            return True
+            return _RUNNING
         found.sort(key=lambda item: (not item[1], item[0].rank not in killed,
                                      item[0].traceback is None, item[0].timestamp,
                                      item[0].rank))
-        return FailedAttempt(self.attempt, [f for f, _ in found], any(p for _, p in found),
-                             remote)
+        return Look(Seen.FAILED, FailedAttempt(self.attempt, [f for f, _ in found],
+                                               any(p for _, p in found), remote))
 
     def _too_early(self, found: list[tuple[WorkerFailure, bool]],
                    remote: WorkerFailure | None, died: bool, explainable: bool) -> bool:
