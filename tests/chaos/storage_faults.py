@@ -52,7 +52,7 @@ from tests.chaos.faults import (
 from tests.conftest import StorageUnderTest, pid_alive, wait_until
 from tests.support import jobs
 from tests.support.paths import REPO
-from tests.support.power_cut import tree_from_json
+from tests.support.power_cut import materialize, tree_from_json
 from tests.support.power_cut_job import STEPS_PER_COMMIT, modeled
 
 HOSTILE = ("absolute", "dotdot", "wrong_size", "wrong_crc", "truncated", "non_object")
@@ -116,13 +116,7 @@ def power_off(run_dir: str, tree: dict[str, bytes | None]) -> None:
         if modeled(name):
             path = os.path.join(run_dir, name)
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-    for rel, data in sorted(tree.items()):  # a directory before what is in it
-        path = os.path.join(run_dir, rel)
-        if data is None:
-            os.makedirs(path, exist_ok=True)
-        else:
-            with open(path, "wb") as f:
-                f.write(data)
+    materialize(tree, run_dir)
 
 
 def _power_cut_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) -> Outcome:

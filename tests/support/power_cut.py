@@ -211,8 +211,9 @@ def tree_from_json(data: dict[str, str | None]) -> dict[str, bytes | None]:
 
 
 def materialize(tree: dict[str, bytes | None], target: str) -> None:
-    """Writes what :meth:`PowerCutDisk.after_cut` left under ``target`` (a new directory)."""
-    os.makedirs(target)
+    """Writes what :meth:`PowerCutDisk.after_cut` left under ``target`` (created if needed;
+    what is there already stays)."""
+    os.makedirs(target, exist_ok=True)
     for rel, content in sorted(tree.items()):
         path = os.path.join(target, rel)
         if content is None:

@@ -103,6 +103,21 @@ def _formed(info: RendezvousInfo, round_value: bytes) -> bool:
         [f"torch.rendezvous.fuzz.{int(round_value)}/probe"])
 
 
+def _next_round_or_seal_error(handler, value: bytes) -> RendezvousInfo | None:
+    """The round ``handler`` forms over a seal holding ``value``, checked to read, or None
+    after checking the state error it raised instead names the seal."""
+    try:
+        info = handler.next_rendezvous()
+    except RendezvousStateError as exc:
+        _is_state_error_for(exc, KEYS.seal(0), value)
+        assert not _seal_reads(value)
+        return None
+    finally:
+        handler.release()
+    assert _seal_reads(value)
+    return info
+
+
 @pytest.mark.timeout(120)
 @FUZZ
 @given(value=values)
@@ -140,18 +155,10 @@ def test_any_seal_of_the_current_round_is_followed_or_a_state_error(value):
     kv = MemoryKV()
     kv.put(KEYS.round, b"0", RUN_LEASE)
     kv.put(KEYS.seal(0), value, RUN_LEASE)
-    handler = native_handler(kv, join_timeout=5)
-    try:
-        info = handler.next_rendezvous()
-    except RendezvousStateError as exc:
-        _is_state_error_for(exc, KEYS.seal(0), value)
-        assert not _seal_reads(value)
-    else:
+    info = _next_round_or_seal_error(native_handler(kv, join_timeout=5), value)
+    if info is not None:
         event("followed")
         assert isinstance(info, RendezvousInfo) and _formed(info, b"1")
-        assert _seal_reads(value)
-    finally:
-        handler.release()
 
 
 @pytest.mark.timeout(120)
@@ -176,17 +183,10 @@ def test_a_seal_seen_by_a_watch_is_followed_or_a_state_error(value, sealer):
 
     kv.when_watched(KEYS.run, next_round)
     handler = native_handler(kv, min_nodes=1 + sealer, max_nodes=1 + sealer, join_timeout=5)
-    try:
-        info = handler.next_rendezvous()
-    except RendezvousStateError as exc:
-        _is_state_error_for(exc, KEYS.seal(0), value)
-        assert not _seal_reads(value)
-    else:
-        assert _seal_reads(value)
+    info = _next_round_or_seal_error(handler, value)
+    if info is not None:
         assert _formed(info, b"0") or _formed(info, b"1")
         event(f"followed: round {0 if _formed(info, b'0') else 1}")
-    finally:
-        handler.release()
 
 
 @pytest.mark.timeout(120)
