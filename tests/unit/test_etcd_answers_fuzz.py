@@ -11,15 +11,20 @@ A fake etcd3gw client answers with the fuzzed value; no server.
 from __future__ import annotations
 
 import base64
+import http.server
 import json
+import threading
 from types import SimpleNamespace
 
 import etcd3gw
+import pytest
 import requests
 from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
-from torch.distributed.elastic.rendezvous import RendezvousConnectionError
+from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
+from torch.distributed.elastic.rendezvous.registry import handler_registry
 
+from elastic_train.agent.rendezvous.backends import lookup, register
 from elastic_train.agent.rendezvous.etcd_kv import EtcdKV, Event, KeyValue, TxnResult, Watch
 from elastic_train.agent.rendezvous.etcd_v3 import EtcdV3Keyspace, EtcdValue
 
@@ -160,3 +165,51 @@ def test_the_run_keyspace_reads_any_answer_or_raises_a_connection_error(answer):
         else:
             event("read")
             assert result is None or isinstance(result, (bool, EtcdValue, tuple))
+
+
+class _DeepJSON(http.server.BaseHTTPRequestHandler):
+    """Whatever is asked, JSON nested deeper than Python's json can read."""
+
+    ANSWER = b"[" * 100_000 + b"]" * 100_000
+
+    def do_GET(self) -> None:  # noqa: N802 -- http.server's name
+        self._answer()
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._answer()
+
+    def _answer(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.ANSWER)))
+        self.end_headers()
+        self.wfile.write(self.ANSWER)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def deep_json_endpoint():
+    """A real HTTP server on 127.0.0.1 that is no etcd: it answers deeply nested JSON."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _DeepJSON)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", ["etcd", "etcd-v3"])
+def test_an_endpoint_answering_deep_json_is_a_connection_error(deep_json_endpoint, backend):
+    """Was a bare RecursionError from inside etcd3gw (stop 24's note): both handlers
+    now say that the endpoint answered as no etcd v3 server does."""
+    register(lookup(backend, "test"))  # the agent does this before asking torch's registry
+    params = RendezvousParameters(backend, deep_json_endpoint, "deep", 1, 1,
+                                  local_addr="127.0.0.1", timeout=2, outage_timeout=0)
+    with pytest.raises(RendezvousConnectionError, match="nested too deeply.*etcd v3"):
+        handler = handler_registry.create_handler(params)
+        handler.next_rendezvous()

@@ -29,15 +29,22 @@ from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 
 log = logging.getLogger(__name__)
 
+_TOO_DEEP = ("etcd answered with JSON nested too deeply to read, which etcd v3's gateway "
+             "never sends; is the rendezvous endpoint an etcd v3 server?")
+
 
 @contextmanager
 def connection_errors() -> Iterator[None]:
-    """Turns etcd and HTTP failures into torch's RendezvousConnectionError."""
+    """Turns etcd and HTTP failures into torch's RendezvousConnectionError, and an answer
+    whose JSON is nested too deeply to decode (json raises RecursionError inside etcd3gw)
+    into one that says the endpoint is no etcd."""
     try:
         yield
     except (Etcd3Exception, requests.RequestException) as exc:
         detail = getattr(exc, "detail_text", None) or exc
         raise RendezvousConnectionError(f"The etcd request failed: {detail}") from exc
+    except RecursionError:
+        raise RendezvousConnectionError(_TOO_DEEP) from None
 
 
 @contextmanager
@@ -47,6 +54,8 @@ def etcd_answer(what: str, answer: object = None) -> Iterator[None]:
     as for a server that cannot be reached -- whatever listens there is no etcd v3."""
     try:
         yield
+    except RecursionError:
+        raise RendezvousConnectionError(_TOO_DEEP) from None
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         shown = "" if answer is None else f" with {str(answer)[:200]}"
         raise RendezvousConnectionError(
