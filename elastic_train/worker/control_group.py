@@ -41,6 +41,11 @@ class ControlGroup:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
         return tuple(bool(v) for v in tensor.tolist())
 
+    def barrier(self) -> None:
+        """Returns once every rank has called it."""
+        if self.world_size > 1:
+            dist.barrier(group=self.group)
+
     def broadcast(self, obj: T) -> T:
         """Rank 0's ``obj`` on every rank."""
         if self.world_size == 1:
