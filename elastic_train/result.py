@@ -19,9 +19,11 @@ from typing import Any
 import fsspec
 
 from elastic_train.checkpoint import Checkpoint, committed_checkpoint
+from elastic_train.config import CheckpointConfig
 from elastic_train.errors import ConfigError, TrainingFailedError
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.retention import CheckpointRecord, ranked
 from elastic_train.storage.run_state import RunStatus
 
 
@@ -37,7 +39,11 @@ class Result:
         error: The run's error when it failed.
         path: The run directory on ``filesystem``.
         filesystem: The fsspec filesystem of the run directory.
-        best_checkpoints: ``[(Checkpoint, metrics)]`` of the retained checkpoints, oldest first.
+        best_checkpoints: ``[(Checkpoint, metrics)]`` of the ``num_to_keep`` best
+            checkpoints by ``CheckpointConfig``'s score (all of them without
+            ``num_to_keep``), oldest first. As Ray's: the latest checkpoint, which
+            retention keeps so the run can resume, is listed only when it is among
+            the best (it is always ``checkpoint``).
         return_value: What the train function returned on rank 0.
     """
 
@@ -86,6 +92,7 @@ class Result:
         checkpoints = [(committed_checkpoint(storage.checkpoints.path(m.index), storage.fs, m),
                         m.metrics) for m in manifests]
         state = storage.read_run_state()
+        best = _best(manifests, state.spec.get("checkpoint_config") if state else None)
         error = None
         if state is not None and state.status is RunStatus.FAILED:
             error = TrainingFailedError(state.error or "The run failed.",
@@ -96,7 +103,8 @@ class Result:
             error=error,
             path=storage.run_path,
             filesystem=storage.fs,
-            best_checkpoints=checkpoints,
+            best_checkpoints=[c for c, m in zip(checkpoints, manifests, strict=True)
+                              if m.index in best],
             return_value=return_value,
             metrics_history=rows,
         )
@@ -111,3 +119,15 @@ class Result:
             raise ConfigError(f"Result.from_path({os.fspath(path)!r}): no run.json there, so "
                               "it is not a run directory.")
         return cls.from_storage(storage)
+
+
+def _best(manifests: list[Any], recorded: dict[str, Any] | None) -> set[int]:
+    """The indices of the ``num_to_keep`` best committed checkpoints, ranked as retention
+    ranks them, by the checkpoint settings ``run.json`` recorded (every index when it
+    recorded none, or no ``num_to_keep``)."""
+    indices = {m.index for m in manifests}
+    if not recorded or recorded.get("num_to_keep") is None:
+        return indices
+    config = CheckpointConfig(**recorded)
+    records = [CheckpointRecord(m.index, m.metrics) for m in manifests]
+    return {r.index for r in ranked(records, config)[: config.num_to_keep]}
