@@ -7,8 +7,9 @@ poison: every process forked afterwards -- the zygote, and each worker it
 forks -- fails its first CUDA call with ``Cannot re-initialize CUDA in forked
 subprocess`` (and an NVML handle, which ``PYTORCH_NVML_BASED_CUDA_CHECK=1``
 opens instead, does not survive a fork either: NCCL fails in the child). So
-the count is taken in a short-lived forked child that exits right after, and
-kept for the process (per kind and ``CUDA_VISIBLE_DEVICES``).
+the count is taken in a short-lived forked child that exits right after
+(:mod:`elastic_train.forked_call`), and kept for the process (per kind and
+``CUDA_VISIBLE_DEVICES``).
 
 A process that initialised CUDA already is counted in place: it is poisoned
 anyway (its zygote starts as a new interpreter, see
@@ -22,13 +23,11 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
-import select
-import signal
-import sys
+
+from elastic_train.forked_call import call_in_child
 
 logger = logging.getLogger(__name__)
 
@@ -68,25 +67,5 @@ def _count_here(kind: str) -> int:
 
 def _count_in_child(kind: str) -> int | None:
     """:func:`_count_here` in a forked child; None if it did not answer in time."""
-    read_end, write_end = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover -- the child
-        code = 1
-        try:
-            os.close(read_end)
-            os.write(write_end, str(_count_here(kind)).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    try:
-        ready, _, _ = select.select([read_end], [], [], PROBE_TIMEOUT_S)
-        answer = os.read(read_end, 64) if ready else b""
-    finally:
-        os.close(read_end)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)  # out of time (or done: then already gone)
-        os.waitpid(pid, 0)
-    return int(answer) if answer.strip().isdigit() else None
+    answer = call_in_child(lambda: _count_here(kind), PROBE_TIMEOUT_S)
+    return answer.value if answer.ok else None

@@ -17,8 +17,10 @@ harm a newer job's run first checks that lease.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -146,6 +148,23 @@ class RunStorage:
                 f"Cannot write to the run directory {self.display_path}: {exc!r}. Choose a "
                 "writable RunConfig(storage_path=...) or fix its permissions."
             ) from exc
+
+    def round_trip(self) -> None:
+        """Writes a small probe file into the run directory, reads it back and removes it
+        (a node's storage health check, :mod:`elastic_train.agent.health_checks`); raises
+        the store's error, or OSError when what came back differs."""
+        probe = self._path(f".health-probe-{uuid.uuid4().hex[:8]}")
+        data = os.urandom(4096)
+        try:
+            self.fs.pipe_file(probe, data)
+            self.fs.invalidate_cache(probe)
+            back = self.fs.cat_file(probe)
+        finally:
+            with contextlib.suppress(Exception):  # a store that failed above may fail here
+                self.fs.rm(probe)
+        if back != data:
+            raise OSError(f"{self.display_path}: a 4 KiB probe read back as {len(back)} "
+                          "bytes that differ from those written")
 
     def discard_unfinished_uploads(self) -> None:
         """Removes what uploads cut short left (directories without a commit marker,

@@ -1,0 +1,106 @@
+"""A node's health checks (#26 item 4): each runs for real (forked children, commands,
+a real file system) and names what it found."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from elastic_train.agent.health_checks import (
+    CallableCheck,
+    CommandCheck,
+    DeviceCheck,
+    FreeSpaceCheck,
+    StorageCheck,
+    run_checks,
+)
+from elastic_train.storage import RunStorage
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_the_cpu_computes_and_a_node_without_cuda_passes_the_cuda_check():
+    cpu, cuda = run_checks([DeviceCheck("cpu"), DeviceCheck("cuda")])
+    assert cpu.ok and cpu.detail == "1 device(s) computed correctly", cpu
+    if not cuda.ok or cuda.detail != "no cuda devices":
+        pytest.skip(f"this machine has CUDA devices: {cuda}")
+
+
+def test_the_device_check_leaves_the_agent_fit_to_fork_workers_from():
+    """The probe asks torch.cuda for its devices in a forked child: the process that runs
+    it is not poisoned, so workers forked from it later can use CUDA (the CUDA build shows
+    the poison on CPU machines too)."""
+    script = textwrap.dedent("""
+        import os, torch
+        from elastic_train.agent.health_checks import DeviceCheck
+        print(DeviceCheck("cuda").check())
+        pid = os.fork()
+        if pid == 0:
+            os._exit(3 if torch.cuda._is_in_bad_fork() else 0)
+        print("poisoned" if os.waitpid(pid, 0)[1] else "clean")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=90, check=True).stdout.split("\n")
+    assert out[1] == "clean", out
+
+
+def test_free_space_below_the_need_names_the_path_and_the_figures(tmp_path):
+    ok, short = run_checks([FreeSpaceCheck((str(tmp_path),), min_free_bytes=1),
+                            FreeSpaceCheck((str(tmp_path),), min_free_bytes=2**62)])
+    assert ok.ok and str(tmp_path) in ok.detail and "GiB free" in ok.detail
+    assert not short.ok and short.name == "free space"
+    assert f"{tmp_path} has" in short.detail and "GiB needed" in short.detail
+
+
+def test_storage_round_trip_passes_on_a_writable_run_and_fails_on_a_broken_one(tmp_path):
+    run = tmp_path / "run"
+    storage = RunStorage.open(str(tmp_path), "run")
+    storage.ensure_writable()
+    assert run_checks([StorageCheck(storage)])[0].ok
+    assert os.listdir(run) == []  # the probe is gone
+    run.rmdir()
+    run.write_text("a file where the run directory was")  # root writes anywhere else
+    failed = run_checks([StorageCheck(storage)])[0]
+    assert not failed.ok and failed.name == "storage" and "Not a directory" in failed.detail, \
+        failed
+
+
+def test_a_command_fails_with_its_exit_code_and_last_words():
+    ok, bad, missing, slow = run_checks([
+        CommandCheck(("true",)),
+        CommandCheck(("sh", "-c", "echo checking; echo 'ECC errors: 12' >&2; exit 3")),
+        CommandCheck(("/nonexistent/check",)),
+        CommandCheck(("sleep", "5"), timeout_s=0.3)])
+    assert ok.ok and ok.detail == "exit code 0"
+    assert not bad.ok and bad.detail == "exit code 3: ECC errors: 12"
+    assert bad.name == "command sh -c echo checking; echo 'ECC errors: 12' >&2; exit 3"
+    assert not missing.ok and "could not start" in missing.detail
+    assert not slow.ok and slow.detail == "it did not end within 0.3s" and slow.seconds < 2
+
+
+def _raises():
+    raise RuntimeError("GPU 3 fell off the bus")
+
+
+def test_a_callable_runs_in_a_child_and_fails_by_raising_returning_false_or_hanging():
+    parent = os.getpid()
+    ok, said, raised, false, hung, died = run_checks([
+        CallableCheck(lambda: None),
+        CallableCheck(lambda: f"checked in {'a child' if os.getpid() != parent else 'here'}"),
+        CallableCheck(_raises),
+        CallableCheck(lambda: False),
+        CallableCheck(lambda: time.sleep(5), timeout_s=0.3),
+        CallableCheck(lambda: os._exit(7))])
+    assert ok.ok and ok.detail == "passed"
+    assert said.ok and said.detail == "checked in a child"
+    assert not raised.ok and raised.name == "_raises"
+    assert raised.detail.startswith("RuntimeError: GPU 3 fell off the bus (at ")
+    assert not false.ok and false.detail == "it returned False"
+    assert not hung.ok and hung.detail == "no answer within 0.3s"
+    assert not died.ok and died.detail == "the child died (exit code 7)"
+    assert str(raised).startswith("_raises: FAILED (RuntimeError: GPU 3 fell off the bus")
