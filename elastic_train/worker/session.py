@@ -214,13 +214,13 @@ class TrainSession:
         row = joined.rows.next(clean)
         files = (listed_files(checkpoint.path, checkpoint.written)
                  if checkpoint is not None else None)
-        if files is not None and joined.committer is not None:
-            joined.committer.check_score(clean, joined.numbers.next_index)
         notice = preemption.local_notice()
         # Most reports carry metrics alone: then the ranks only learn that nobody
         # has a checkpoint or a notice, and nothing else crosses the wire.
         any_checkpoint, any_notice = joined.group.any_rank(files is not None,
                                                            notice is not None)
+        if any_checkpoint and joined.committer is not None:  # whichever rank holds files
+            joined.committer.check_score(clean, joined.numbers.next_index)
         if any_checkpoint or any_notice:
             states = ({key: it.state_dict() for key, it in self._resumables.items()}
                       if any_checkpoint else {})
