@@ -208,6 +208,9 @@ class TrainSession:
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
                checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.ASYNC
                ) -> None:
+        """One report (collective): the arguments checked, the ranks' agreement on
+        checkpoints and preemption notices, rank 0's duties handed to its committer,
+        then the after-report hooks."""
         clean, mode = _checked_report(metrics, checkpoint, checkpoint_upload_mode)
         joined = self.join()
         joined.uploader.raise_if_failed()
