@@ -1,9 +1,9 @@
 """Crashes injected on purpose, for ``elastic-train verify-resume``.
 
-Not part of the session API: the session calls :func:`maybe_fail_after_report`
-after every ``report()``, and it does nothing unless ``ELASTIC_TRAIN_FAIL_AT_REPORT``
-is set (by ``verify-resume``'s interrupted run, see
-:mod:`elastic_train.cli.verify_resume`).
+Not part of the session API: an after-report hook (:mod:`.after_report`) calls
+:func:`maybe_fail_after_report` after every ``report()``, and it does nothing
+unless ``ELASTIC_TRAIN_FAIL_AT_REPORT`` is set (by ``verify-resume``'s interrupted
+run, see :mod:`elastic_train.cli.verify_resume`).
 """
 
 from __future__ import annotations

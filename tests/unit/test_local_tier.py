@@ -14,14 +14,13 @@ import fsspec
 import pytest
 
 from elastic_train import env_vars
-from elastic_train.config import CheckpointConfig
 from elastic_train.errors import StorageError
 from elastic_train.storage import CheckpointStore, CommitManifest
-from elastic_train.storage.checkpoint_manager import CheckpointManager
 from elastic_train.storage.checkpoint_store import describe_files, dir_name, list_directory
 from elastic_train.storage.local_tier import LocalTier
 from elastic_train.storage.restore_check import assigned_files, check_share, choose_intact
 from elastic_train.storage.uploader import WRITTEN_LATER, CheckpointUploader, UploadJob
+from tests.conftest import committer_for
 
 
 @pytest.fixture
@@ -200,8 +199,8 @@ def test_a_reader_that_waited_out_a_removal_is_spared_by_the_next_prune(store, t
 
 
 def uploader_for(store, tmp_path) -> CheckpointUploader:
-    manager = CheckpointManager(store, CheckpointConfig())
-    return CheckpointUploader(store, 0, str(tmp_path / "staging"), commit=manager.commit)
+    return CheckpointUploader(store, 0, str(tmp_path / "staging"),
+                              commit=committer_for(store).commit)
 
 
 def test_plan_dedups_listed_files_and_trusts_background_writers():

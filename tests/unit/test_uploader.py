@@ -8,12 +8,10 @@ from concurrent.futures import Future
 
 import pytest
 
-from elastic_train.config import CheckpointConfig
 from elastic_train.errors import StorageError
 from elastic_train.storage import CheckpointStore, CommitManifest, RunStorage
-from elastic_train.storage.checkpoint_manager import CheckpointManager
 from elastic_train.storage.uploader import CheckpointUploader, UploadJob
-from tests.conftest import wait_until
+from tests.conftest import committer_for, wait_until
 
 
 @pytest.fixture
@@ -35,9 +33,8 @@ def manifest(index):
 
 
 def uploader_for(store, tmp_path, rank=0, **kwargs):
-    manager = CheckpointManager(store, CheckpointConfig())
     return CheckpointUploader(store, rank, str(tmp_path / f"staging{rank}"),
-                              commit=manager.commit, **kwargs)
+                              commit=committer_for(store).commit, **kwargs)
 
 
 def job(index, relpaths=("model.pt",), owners=(0,), with_manifest=True):
