@@ -36,13 +36,14 @@ from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.agent.inprocess.restarts import InProcessSettings, Recovery
 from elastic_train.agent.local_agent import TrainAgent
 from elastic_train.agent.no_progress_guard import NoProgressGuard, Progress
-from elastic_train.agent.rendezvous.backends import StateHome, lookup, register
-from elastic_train.agent.rendezvous.config import RendezvousConfig
+from elastic_train.agent.rendezvous.registry import register
 from elastic_train.agent.restart_budget import Decision, RestartBudget
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.agent.zygote.preload import ImportWatch
 from elastic_train.config import FailureConfig
 from elastic_train.errors import RendezvousLostError, WorkerFailure
+from elastic_train.rendezvous_backends import StateHome, lookup
+from elastic_train.rendezvous_config import RendezvousConfig
 
 logger = logging.getLogger(__name__)
 

@@ -70,12 +70,12 @@ from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.agent.inprocess.agent_mixin import InProcessRestart
 from elastic_train.agent.inprocess.restarts import InProcessRestarts, InProcessSettings, Recovery
 from elastic_train.agent.no_progress_guard import Progress, signature
-from elastic_train.agent.rendezvous.backends import lookup
 from elastic_train.agent.restart_budget import Decision, RestartBudget
 from elastic_train.agent.worker_slots import surviving
 from elastic_train.agent.zygote.preload import ImportWatch
 from elastic_train.errors import WorkerFailure
 from elastic_train.failure_kinds import FailureKind
+from elastic_train.rendezvous_backends import lookup
 from elastic_train.worker import preemption
 
 logger = logging.getLogger(__name__)

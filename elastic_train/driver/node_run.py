@@ -33,7 +33,6 @@ from typing import Any
 
 from elastic_train import env_vars, scratch
 from elastic_train.agent.api import AgentOutcome, AgentSpec, ProcessOptions
-from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.config import RunConfig, ScalingConfig
 from elastic_train.driver.console import ConsoleView
@@ -42,6 +41,7 @@ from elastic_train.driver.run_lease import RunLease
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.driver.supervisor import RunSupervisor
 from elastic_train.errors import NoProgressError, PreemptionError, TrainingFailedError
+from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunStatus
 from elastic_train.worker import user_code
