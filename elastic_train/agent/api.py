@@ -33,11 +33,12 @@ from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from elastic_train.agent import torch_compat
 from elastic_train.agent.failures import failures_of
 from elastic_train.agent.hang_watch import HangWatch
-from elastic_train.agent.inprocess.restarts import InProcessSettings, Recovery
+from elastic_train.agent.inprocess.restarts import InProcessSettings
 from elastic_train.agent.local_agent import TrainAgent
 from elastic_train.agent.no_progress_guard import NoProgressGuard, Progress
+from elastic_train.agent.options import AgentEvents, AgentOptions
 from elastic_train.agent.rendezvous.registry import register
-from elastic_train.agent.restart_budget import Decision, RestartBudget
+from elastic_train.agent.restart_budget import RestartBudget
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.agent.zygote.preload import ImportWatch
 from elastic_train.config import FailureConfig
@@ -156,26 +157,6 @@ def _handling_signals(names: str) -> Iterator[None]:
             os.environ[_SIGNALS_VARIABLE] = variable
 
 
-@dataclass
-class AgentEvents:
-    """What the agent tells its caller while it runs.
-
-    ``on_failure(failures, decision, cause)``: every failed attempt, including the last:
-    this node's failed workers (root cause first), what the restart budget decided (see
-    :mod:`.restart_budget`) and, when another node is at fault, the root cause on that
-    node (else None).
-    ``on_rendezvous(group_rank, nodes)``: after every rendezvous.
-    ``on_recovered(recovery)``: after every in-process restart (see :mod:`.inprocess`).
-    ``progress()``: how far the run is, for the no-progress guard (None: unknown).
-    """
-
-    on_failure: Callable[[list[WorkerFailure], Decision, WorkerFailure | None], None] \
-        | None = None
-    on_rendezvous: Callable[[int, int], None] | None = None
-    on_recovered: Callable[[Recovery], None] | None = None
-    progress: Callable[[], Progress | None] | None = None
-
-
 @dataclass(frozen=True)
 class AgentOutcome:
     """How the agent ended: the final failures (empty on success), whether it was the
@@ -284,8 +265,7 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
     logs = DefaultLogsSpecs(log_dir=spec.log_dir, redirects=Std.ALL, tee=Std.NONE)
     failure = spec.failure
     private = spec.private_dir or logs.root_log_dir
-    return TrainAgent(
-        spec=worker_spec, logs_specs=logs, start_method="spawn",
+    options = AgentOptions(
         shutdown_timeout=math.ceil(failure.preemption_grace_s), worker_env=spec.worker_env,
         notice_dir=os.path.join(logs.root_log_dir, "preemption"),
         preemption_grace_s=failure.preemption_grace_s,
@@ -293,8 +273,6 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
                              max_preemptions=failure.max_preemption_failures,
                              guard=NoProgressGuard(failure.max_restarts_without_progress,
                                                    _progress_now(events.progress))),
-        on_failure=events.on_failure, on_rendezvous=events.on_rendezvous,
-        on_recovered=events.on_recovered, progress=events.progress,
         worker_command=worker_command,
         worker_pids_dir=os.path.join(logs.root_log_dir, "worker_pids"),
         staging_dir=spec.staging_dir,
@@ -306,6 +284,8 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
         hang_watch=HangWatch(os.path.join(logs.root_log_dir, "progress"),
                              failure.hang_timeout_s) if failure.hang_timeout_s else None,
     )
+    return TrainAgent(spec=worker_spec, logs_specs=logs, start_method="spawn",
+                      options=options, events=events)
 
 
 def _progress_now(progress: Callable[[], Progress | None] | None) -> Progress:
