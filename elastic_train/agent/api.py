@@ -30,19 +30,20 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
-from elastic_train.agent import torch_compat
+from elastic_train.agent import node_policy, torch_compat
 from elastic_train.agent.failures import failures_of
 from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.agent.inprocess.restarts import InProcessSettings
 from elastic_train.agent.local_agent import TrainAgent
 from elastic_train.agent.no_progress_guard import NoProgressGuard, Progress
+from elastic_train.agent.node_policy import POLICY_SETTING, NodeStanding, node_name
 from elastic_train.agent.options import AgentEvents, AgentOptions
 from elastic_train.agent.rendezvous.registry import register
 from elastic_train.agent.restart_budget import RestartBudget
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.agent.zygote.preload import ImportWatch
 from elastic_train.config import FailureConfig
-from elastic_train.errors import RendezvousLostError, WorkerFailure
+from elastic_train.errors import NodeLeftError, RendezvousLostError, WorkerFailure
 from elastic_train.rendezvous_backends import StateHome, lookup
 from elastic_train.rendezvous_config import RendezvousConfig
 
@@ -160,11 +161,13 @@ def _handling_signals(names: str) -> Iterator[None]:
 @dataclass(frozen=True)
 class AgentOutcome:
     """How the agent ended: the final failures (empty on success), whether it was the
-    preemption budget that ran out, and why it stopped without progress (if it did)."""
+    preemption budget that ran out, why it stopped without progress (if it did), and
+    whether this node left the job on its node policy's word (see :mod:`.node_policy`)."""
 
     failures: list[WorkerFailure]
     preempted_out: bool = False
     no_progress: str | None = None
+    left: NodeLeftError | None = None
 
 
 def run_agent(spec: AgentSpec, events: AgentEvents | None = None) -> AgentOutcome:
@@ -196,14 +199,20 @@ def run_agent(spec: AgentSpec, events: AgentEvents | None = None) -> AgentOutcom
                 raise
             raise RendezvousLostError.for_backend(backend.name, rdzv.endpoint, exc,
                                                   backend.endpoint_is_node_store) from exc
-        rdzv_handler.shutdown()
+        except NodeLeftError as exc:  # not admitted to a round: the others go on
+            return AgentOutcome([], left=exc)
+        if agent.leaving is None:  # a node that leaves keeps the rendezvous open
+            rdzv_handler.shutdown()
     if result is None:  # torch's agent: the rendezvous closed while this node was a spare
         logger.info("The job finished without needing this node (it waited as a spare).")
         return AgentOutcome([])
     if not result.is_failed():
         return AgentOutcome([])
-    return AgentOutcome(agent.last_failures or failures_of(result),
-                        agent.preemption_budget_spent, agent.no_progress)
+    failures = agent.last_failures or failures_of(result)
+    if agent.leaving is not None:
+        return AgentOutcome(failures, left=NodeLeftError(
+            agent.options.node.node, agent.leaving.reason, agent.leaving.cool_off_s, failures))
+    return AgentOutcome(failures, agent.preemption_budget_spent, agent.no_progress)
 
 
 @contextlib.contextmanager
@@ -240,10 +249,12 @@ def _corrupt_state(rdzv: RendezvousConfig, exc: RendezvousStateError) -> Rendezv
 def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
     """torch's rendezvous handler (from its registry, by backend name) and our agent."""
     rdzv = spec.rendezvous
-    params = RendezvousParameters(
+    node = NodeStanding(node_policy.load(rdzv.conf.get(POLICY_SETTING) if rdzv.conf else None),
+                        node_name(spec.local_addr))
+    params = RendezvousParameters(  # our etcd handler's sealer asks the same policy
         backend=rdzv.backend, endpoint=rdzv.endpoint, run_id=rdzv.run_id,
         min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, local_addr=spec.local_addr,
-        **(rdzv.conf or {}),
+        **{**(rdzv.conf or {}), POLICY_SETTING: node.policy},
     )
     register(lookup(rdzv.backend, "RendezvousConfig.backend"))  # ours, into torch's registry
     rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
@@ -273,7 +284,7 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
                              max_preemptions=failure.max_preemption_failures,
                              guard=NoProgressGuard(failure.max_restarts_without_progress,
                                                    _progress_now(events.progress))),
-        worker_command=worker_command,
+        worker_command=worker_command, node=node,
         worker_pids_dir=os.path.join(logs.root_log_dir, "worker_pids"),
         staging_dir=spec.staging_dir,
         import_watch=ImportWatch(os.path.join(private, "modules"), zygote.preload)

@@ -11,7 +11,10 @@
    rendezvous is reported too (this node's group rank and the node count).
 3. Whether a failed group restarts is decided by a
    :class:`~elastic_train.agent.restart_budget.RestartBudget`, not by torch's
-   counter (which this agent sets to the decision before torch reads it).
+   counter (which this agent sets to the decision before torch reads it), and
+   whether this node stays in the job by its node policy
+   (:mod:`elastic_train.agent.node_policy`), asked after each failure and before
+   each rendezvous.
    Only this node's own failures spend its restart budget: the agents tell
    each other how and when their workers failed and settle which node is at
    fault (:mod:`.attribution`); the others restart for free, and a lost node
@@ -49,6 +52,7 @@ membership changes, shutdown -- is torch.distributed.elastic's own.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -71,6 +75,7 @@ from elastic_train.agent.failures import failures_of, observe
 from elastic_train.agent.inprocess.controller import AgentHooks, InProcessController
 from elastic_train.agent.inprocess.restarts import Recovery
 from elastic_train.agent.no_progress_guard import signature
+from elastic_train.agent.node_policy import NodeVerdict
 from elastic_train.agent.options import AgentEvents, AgentOptions
 from elastic_train.agent.restart_budget import Decision, RestartBudget
 from elastic_train.agent.worker_slots import surviving
@@ -115,6 +120,7 @@ class TrainAgent(LocalElasticAgent):
         self.no_progress: str | None = None
         self.budget = options.budget or RestartBudget(max_failures=self._remaining_restarts)
         self.preemption_budget_spent = False
+        self.leaving: NodeVerdict | None = None  # the node policy sent this node away
         self.unkillable: dict[int, str] = {}
         self._rendezvous_count = 0
         self.membership_changes = 0
@@ -126,6 +132,7 @@ class TrainAgent(LocalElasticAgent):
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         previous = worker_group.group_world_size
+        self.options.node.check_admitted()
         super()._rendezvous(worker_group)
         self.peer_root = None
         self._rendezvous_count += 1
@@ -230,6 +237,10 @@ class TrainAgent(LocalElasticAgent):
         """Charges a failed attempt to its budget and reports it."""
         progress = self.events.progress() if self.events.progress is not None else None
         decision = self.budget.charge(kind, progress, signature(failures[0]))
+        verdict = self.options.node.after_failure(kind, failures)
+        if verdict.leave and decision.restart:  # a run that stops anyway closes the job
+            decision = dataclasses.replace(decision, restart=False, leave=verdict)
+            self.leaving = verdict
         self.preemption_budget_spent = decision.preemption_budget_spent
         self.last_failures, self.no_progress = failures, decision.no_progress
         # torch restarts while its counter is positive and takes one off; the workers'

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.agent.inprocess.restarts import InProcessSettings, Recovery
 from elastic_train.agent.no_progress_guard import Progress
+from elastic_train.agent.node_policy import NodePolicy, NodeStanding, node_name
 from elastic_train.agent.restart_budget import Decision, RestartBudget
 from elastic_train.agent.zygote.preload import ImportWatch
 from elastic_train.errors import WorkerFailure
@@ -40,6 +41,8 @@ class AgentOptions:
         staging_dir: Where workers stage checkpoint files, emptied before each start.
         in_process: In-process restarts (None: a failed group restarts as new processes).
         import_watch: Hands the modules the workers import to the zygote.
+        node: This node's standing with its node policy (:mod:`.node_policy`), asked
+            after each failure and before each round (default: stays, admitted).
     """
 
     worker_env: Mapping[str, str] = field(default_factory=dict)
@@ -53,6 +56,8 @@ class AgentOptions:
     staging_dir: str | None = None
     in_process: InProcessSettings | None = None
     import_watch: ImportWatch | None = None
+    node: NodeStanding = field(default_factory=lambda: NodeStanding(NodePolicy(),
+                                                                    node_name(None)))
 
 
 @dataclass

@@ -167,6 +167,7 @@ class NodeRun:
         Raises:
             TrainingFailedError: the failure budget is spent (``PreemptionError``
                 when it was the preemption budget); recorded in ``run.json``.
+                ``NodeLeftError``: this node left on its node policy's word.
             RendezvousLostError: this node lost the job's rendezvous.
             Interrupted: a signal stopped the node; the run is left resumable.
         """
@@ -178,7 +179,7 @@ class NodeRun:
                                    view=self.plan.view,
                                    train_loop_config=self.plan.train_loop_config)
         outcome = supervisor.run(self._agent_spec(entrypoint, args, worker_env))
-        if outcome.failures:
+        if outcome.failures or outcome.left is not None:
             raise self._failed(outcome, supervisor)
         if supervisor.record is not None:
             supervisor.record.set_status(RunStatus.FINISHED)
@@ -211,11 +212,17 @@ class NodeRun:
 
     def _failed(self, outcome: AgentOutcome, supervisor: RunSupervisor) -> TrainingFailedError:
         """The error for a spent budget (or a run that stopped making progress), recorded;
+        for a node that left the job on its node policy's word, the error alone;
         the run's cut-short uploads removed by the node that records the run, when no
         other node of the job still runs on it."""
         budget = self.plan.run_config.failure_config
         preempted = outcome.preempted_out
         hints = {"resume_hint": self.plan.hints.resume, "retry_hint": self.plan.hints.retry}
+        if outcome.left is not None:
+            # The job goes on without this node: its run.json keeps running, and the failure
+            # record (on_failure) already says that this node leaves.
+            outcome.left.run_path = self.plan.storage.display_path
+            return outcome.left
         if outcome.no_progress is not None:
             error: TrainingFailedError = NoProgressError.stopped(
                 outcome.no_progress, outcome.failures, self.plan.storage.display_path,
