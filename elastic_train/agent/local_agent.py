@@ -234,7 +234,8 @@ class TrainAgent(LocalElasticAgent):
 
     def _decide(self, worker_group: WorkerGroup, failures: list[WorkerFailure],
                 kind: FailureKind) -> Decision:
-        """Charges a failed attempt to its budget and reports it."""
+        """Charges a failed attempt to its budget, asks the node policy whether this node
+        stays (a node sent away stops its group alone), and reports the decision."""
         progress = self.events.progress() if self.events.progress is not None else None
         decision = self.budget.charge(kind, progress, signature(failures[0]))
         verdict = self.options.node.after_failure(kind, failures)
