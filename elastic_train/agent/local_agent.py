@@ -37,8 +37,7 @@
 8. With in-process restarts (:mod:`elastic_train.agent.inprocess.restarts`) a failed
    attempt does not stop the group: the agent's
    :class:`~elastic_train.agent.inprocess.controller.InProcessController` watches its
-   workers
-   (torch's process context would stop them all at the first death), charges
+   workers (torch's process context would stop them all at the first death), charges
    the failure, lets the survivors unwind and start the next attempt, and
    starts a new process only in the slot of a worker that died, hung or lost
    its device. It falls back to torch's restart of the whole group when it
@@ -85,6 +84,7 @@ from elastic_train.rendezvous_backends import lookup
 from elastic_train.worker import preemption
 
 logger = logging.getLogger(__name__)
+
 
 @contextlib.contextmanager
 def _environ(values: Mapping[str, str]) -> Iterator[None]:
