@@ -211,30 +211,31 @@ class NodeRun:
                         **(self.lease.worker_env() if self.lease else {}), **worker_env})
 
     def _failed(self, outcome: AgentOutcome, supervisor: RunSupervisor) -> TrainingFailedError:
-        """The error for a spent budget (or a run that stopped making progress), recorded;
-        for a node that left the job on its node policy's word, the error alone;
-        the run's cut-short uploads removed by the node that records the run, when no
-        other node of the job still runs on it."""
+        """The error for a spent budget, a run that stopped making progress, or a node that
+        left the job on its node policy's word; recorded (a node that leaves ends the run
+        only when no other node of the job still runs on it), and the run's cut-short
+        uploads removed by the node that records the run when it is the job's last."""
         budget = self.plan.run_config.failure_config
         preempted = outcome.preempted_out
         hints = {"resume_hint": self.plan.hints.resume, "retry_hint": self.plan.hints.retry}
         if outcome.left is not None:
-            # The job goes on without this node: its run.json keeps running, and the failure
-            # record (on_failure) already says that this node leaves.
-            outcome.left.run_path = self.plan.storage.display_path
-            return outcome.left
-        if outcome.no_progress is not None:
-            error: TrainingFailedError = NoProgressError.stopped(
+            error: TrainingFailedError = outcome.left
+            error.run_path = self.plan.storage.display_path
+        elif outcome.no_progress is not None:
+            error = NoProgressError.stopped(
                 outcome.no_progress, outcome.failures, self.plan.storage.display_path,
                 resume_hint=self.plan.hints.resume, guard_hint=self.plan.hints.no_guard)
         else:
             error = (PreemptionError if preempted else TrainingFailedError).from_failures(
                 outcome.failures, self.plan.storage.display_path,
                 budget.max_preemption_failures if preempted else budget.max_failures, **hints)
-        if supervisor.record is not None:
+        if supervisor.record is None:
+            return error
+        sole = self.lease is not None and self.lease.is_sole_member()
+        if outcome.left is None or sole:
             supervisor.record.set_status(RunStatus.FAILED, error=str(error),
                                          no_progress=outcome.no_progress)
-            if self.lease is not None and self.lease.is_sole_member():
-                self.plan.storage.discard_unfinished_uploads()
+        if sole:
+            self.plan.storage.discard_unfinished_uploads()
         return error
 
