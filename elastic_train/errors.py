@@ -218,8 +218,9 @@ class NodeLeftError(TrainingFailedError):
     def __init__(self, node: str, reason: str, cool_off_s: float = 0.0,
                  failures: list[WorkerFailure] | None = None, run_path: str | None = None):
         cool_off = f" It is not admitted again for {cool_off_s:g} s." if cool_off_s else ""
-        super().__init__(f"Node {node} left the job: {reason}.{cool_off} The other nodes go "
-                         "on without it.", failures=failures, run_path=run_path)
+        super().__init__(f"Node {node} left the job: {reason}.{cool_off} The job's other "
+                         "nodes, if any, go on without it.", failures=failures,
+                         run_path=run_path)
         self.node, self.reason, self.cool_off_s = node, reason, cool_off_s
 
 

@@ -28,7 +28,9 @@ away: behaviour without a policy is unchanged. A policy is set by its dotted pat
 in the rendezvous settings, the same on every node, e.g. ``--rdzv-conf
 node_policy=my_pkg.policies:TwoStrikes`` or ``RendezvousConfig(conf={"node_policy":
 "my_pkg.policies:TwoStrikes"})`` (internal for now: the name and place may change);
-:func:`load` builds it, with no arguments.
+:func:`load` builds it, with no arguments. A job that meets on no rendezvous of its
+own (``fit()`` on one node, ``launch`` with one node and no ``--rdzv-backend``) has
+no such settings, and so no policy.
 
 How the issue on node health, exclusion and spares (#26) plugs in: a health check
 becomes a policy whose ``admit`` runs the node's checks (before joining, and in
