@@ -395,57 +395,60 @@ class EtcdNativeHandler(RendezvousHandler):
         keys, settings = self._keys, self._settings
         found = self._kv.read(ops.get(keys.joins(r), prefix=True, keys_only=True))
         joined = {kv.key: kv.create_revision for kv in found.ranges[0]}
+        # The joined nodes the policy does not admit (join key -> why), asked once each.
+        refused = {key: why for key in joined if (why := self._refusal(r, key))}
         watch = self._kv.watch(keys.of_round(r), found.revision + 1)
         enough_since: float | None = None
-        refusals: dict[bytes, str] = {}  # join key -> why the policy refused it ("": admitted)
         try:
             while True:
                 now = time.monotonic()
-                admitted = {key: rev for key, rev in joined.items()
-                            if not self._refusal(r, key, refusals)}
-                if len(admitted) < settings.min_nodes:
+                admitted = len(joined) - len(refused)
+                if admitted < settings.min_nodes:
                     enough_since = None
                 elif enough_since is None:
                     enough_since = now
-                if len(admitted) >= settings.max_nodes or enough_since is not None \
+                if admitted >= settings.max_nodes or enough_since is not None \
                         and now >= enough_since + settings.last_call_timeout:
-                    return self._publish(r, admitted, {
-                        key: refusals[key] for key in joined if key not in admitted})
+                    return self._publish(r, {key: rev for key, rev in joined.items()
+                                             if key not in refused}, refused)
                 last_call = None if enough_since is None \
                     else enough_since + settings.last_call_timeout
                 events = self._next(watch, r, deadline, until=last_call)
                 if self._lease.renewals != renewals:
                     return None
                 for event in events or []:
-                    seal = self._follow(r, event, joined)
+                    seal = self._follow(r, event, joined, refused)
                     if seal is not None:
                         return seal
         finally:
             watch.cancel()
 
-    def _follow(self, r: int, event: ops.Event, joined: dict[bytes, int]) -> Seal | None:
-        """Applies one event of round ``r`` to the sealer's view; a seal if one appeared."""
+    def _follow(self, r: int, event: ops.Event, joined: dict[bytes, int],
+                refused: dict[bytes, str]) -> Seal | None:
+        """Applies one event of round ``r`` to the sealer's view (the nodes joined, those
+        of them refused); a seal if one appeared."""
         keys, key = self._keys, event.kv.key
         if key.startswith(keys.joins(r)):
             if event.deleted:
                 joined.pop(key, None)
-            else:
-                joined.setdefault(key, event.kv.create_revision)
+                refused.pop(key, None)
+            elif key not in joined:
+                joined[key] = event.kv.create_revision
+                if why := self._refusal(r, key):
+                    refused[key] = why
         elif key == keys.closed_in(r):
             self._raise_closed()
         elif key == keys.seal(r) and not event.deleted:
             return Seal.of(event.kv)
         return None
 
-    def _refusal(self, r: int, key: bytes, refusals: dict[bytes, str]) -> str:
+    def _refusal(self, r: int, key: bytes) -> str:
         """Why the node policy refuses the node that joined round ``r`` as ``key`` ("" when
-        it is admitted; this node always is). Asked once per node and round."""
-        if key not in refusals:
-            node = key[len(self._keys.joins(r)):].decode()
-            admission = ADMITTED if node == self._node else self._policy.admit(
-                Candidate(_name_of(node)))
-            refusals[key] = "" if admission.admitted else admission.reason
-        return refusals[key]
+        it is admitted; this node always is)."""
+        node = key[len(self._keys.joins(r)):].decode()
+        admission = ADMITTED if node == self._node else self._policy.admit(
+            Candidate(_name_of(node)))
+        return "" if admission.admitted else admission.reason
 
     def _publish(self, r: int, joined: dict[bytes, int], refused: dict[bytes, str]
                  ) -> Seal | None:
