@@ -25,7 +25,8 @@ WorkerCommand = Callable[[], tuple[str, tuple[str, ...]]]
 
 @dataclass(frozen=True)
 class AgentOptions:
-    """How one node's agent runs its workers.
+    """How one node's agent runs its workers. Frozen: the agent never swaps an option;
+    ``budget`` and ``node`` are objects it asks, which count what happened.
 
     Attributes:
         worker_env: Added to every worker's environment.
