@@ -33,7 +33,6 @@ from typing import Any
 
 from elastic_train import env_vars, scratch
 from elastic_train.agent.api import AgentOutcome, AgentSpec, ProcessOptions
-from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.config import RunConfig, ScalingConfig
 from elastic_train.driver.console import ConsoleView
@@ -42,6 +41,7 @@ from elastic_train.driver.run_lease import RunLease
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.driver.supervisor import RunSupervisor
 from elastic_train.errors import NoProgressError, PreemptionError, TrainingFailedError
+from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunStatus
 from elastic_train.worker import user_code
@@ -167,6 +167,7 @@ class NodeRun:
         Raises:
             TrainingFailedError: the failure budget is spent (``PreemptionError``
                 when it was the preemption budget); recorded in ``run.json``.
+                ``NodeLeftError``: this node left on its node policy's word.
             RendezvousLostError: this node lost the job's rendezvous.
             Interrupted: a signal stopped the node; the run is left resumable.
         """
@@ -178,7 +179,7 @@ class NodeRun:
                                    view=self.plan.view,
                                    train_loop_config=self.plan.train_loop_config)
         outcome = supervisor.run(self._agent_spec(entrypoint, args, worker_env))
-        if outcome.failures:
+        if outcome.failures or outcome.left is not None:
             raise self._failed(outcome, supervisor)
         if supervisor.record is not None:
             supervisor.record.set_status(RunStatus.FINISHED)
@@ -210,24 +211,31 @@ class NodeRun:
                         **(self.lease.worker_env() if self.lease else {}), **worker_env})
 
     def _failed(self, outcome: AgentOutcome, supervisor: RunSupervisor) -> TrainingFailedError:
-        """The error for a spent budget (or a run that stopped making progress), recorded;
-        the run's cut-short uploads removed by the node that records the run, when no
-        other node of the job still runs on it."""
+        """The error for a spent budget, a run that stopped making progress, or a node that
+        left the job on its node policy's word; recorded (a node that leaves ends the run
+        only when no other node of the job still runs on it), and the run's cut-short
+        uploads removed by the node that records the run when it is the job's last."""
         budget = self.plan.run_config.failure_config
         preempted = outcome.preempted_out
         hints = {"resume_hint": self.plan.hints.resume, "retry_hint": self.plan.hints.retry}
-        if outcome.no_progress is not None:
-            error: TrainingFailedError = NoProgressError.stopped(
+        if outcome.left is not None:
+            error: TrainingFailedError = outcome.left
+            error.run_path = self.plan.storage.display_path
+        elif outcome.no_progress is not None:
+            error = NoProgressError.stopped(
                 outcome.no_progress, outcome.failures, self.plan.storage.display_path,
                 resume_hint=self.plan.hints.resume, guard_hint=self.plan.hints.no_guard)
         else:
             error = (PreemptionError if preempted else TrainingFailedError).from_failures(
                 outcome.failures, self.plan.storage.display_path,
                 budget.max_preemption_failures if preempted else budget.max_failures, **hints)
-        if supervisor.record is not None:
+        if supervisor.record is None:
+            return error
+        sole = self.lease is not None and self.lease.is_sole_member()
+        if outcome.left is None or sole:
             supervisor.record.set_status(RunStatus.FAILED, error=str(error),
                                          no_progress=outcome.no_progress)
-            if self.lease is not None and self.lease.is_sole_member():
-                self.plan.storage.discard_unfinished_uploads()
+        if sole:
+            self.plan.storage.discard_unfinished_uploads()
         return error
 

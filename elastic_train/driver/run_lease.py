@@ -51,8 +51,8 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 
 from elastic_train import env_vars, process_identity
-from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.errors import LeaseLostError, RunInUseError
+from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.storage import RunStorage
 from elastic_train.storage.lease import HELD, PENDING, PENDING_TOKEN, RELEASED, Claim, LeaseDir
 

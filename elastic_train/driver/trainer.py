@@ -23,7 +23,6 @@ from typing import Any
 
 from elastic_train import env_vars, pickling
 from elastic_train.agent.api import Interrupted
-from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.callbacks import UserCallback
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.config import RunConfig, ScalingConfig
@@ -34,6 +33,7 @@ from elastic_train.errors import (
     StorageError,
 )
 from elastic_train.redaction import redact_url
+from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.result import Result
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil

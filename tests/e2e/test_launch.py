@@ -103,6 +103,30 @@ def test_budget_spent_exit_code_and_message(storage_path, tmp_path):
     assert hint.count("--storage-path") == 1 and hint.count("--name") == 1, hint
 
 
+@pytest.mark.parametrize("restart", [(), ("--restartable",)], ids=["new-processes",
+                                                                    "in-process"])
+def test_a_node_policy_sends_the_node_away_after_two_failures_in_a_row(storage_path,
+                                                                      tmp_path, restart):
+    """A policy named in --rdzv-conf makes the node leave after its second failure in a
+    row, with budget to spare, whether its workers restart as new processes or in
+    process: the node exits naming itself and the reason, and, being the job's last
+    node, records the run as failed with that reason."""
+    proc = launch("--nnodes", 1, "--nproc-per-node", 1, "--rdzv-backend", "c10d",
+                  "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-conf",
+                  "node_policy=tests.support.node_policies:LeaveAfterTwoInARow",
+                  "--max-restarts", 5, "--local-addr", "127.0.0.1", "--storage-path",
+                  storage_path, "--name", "leaves", SCRIPT, tmp_path, 5, "--crash-at", 1,
+                  "--crash-always", *restart)
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode == 1, out
+    left = ("Node 127.0.0.1 left the job: 2 failures in a row. It is not admitted again "
+            "for 60 s.")
+    assert left in out
+    state = run_state(storage_path, "leaves")
+    assert state["status"] == "failed" and left in state["error"]
+    assert [f["restarts_left"] for f in state["failures"]] == [4, 3]
+
+
 @pytest.mark.parametrize("args,message", [
     (["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1"],
      "--rdzv-id is required"),
