@@ -49,6 +49,22 @@ def test_the_device_check_leaves_the_agent_fit_to_fork_workers_from():
     assert out[1] == "clean", out
 
 
+def test_the_cpu_check_computes_in_a_child_of_a_process_that_trained():
+    """OpenMP's thread pool does not survive a fork: the child of a process whose pool ran
+    hung in its first parallel matmul (the check computes on one thread now)."""
+    script = textwrap.dedent("""
+        import torch
+        from elastic_train.agent.health_checks import DeviceCheck
+        a = torch.randn(512, 512)
+        for _ in range(20):
+            a @ a  # the pool's threads run
+        print(DeviceCheck("cpu", timeout_s=20).check())
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=90, check=False)
+    assert done.stdout.strip() == "1 device(s) computed correctly", done.stderr[-2000:]
+
+
 def test_free_space_below_the_need_names_the_path_and_the_figures(tmp_path):
     ok, short = run_checks([FreeSpaceCheck((str(tmp_path),), min_free_bytes=1),
                             FreeSpaceCheck((str(tmp_path),), min_free_bytes=2**62)])
