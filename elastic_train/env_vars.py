@@ -43,7 +43,8 @@ From the node run to its workers:
   ``elastic-train launch``, its storage options, as JSON: kept out of every file,
   the plan included.
 
-Set by the agent for each worker (:class:`AgentFacts`):
+Set by the agent for each worker (read through :class:`AgentFacts`, but for
+``WORKER_PIDS_DIR``, which only the zygote's stand-in reads):
 
 - ``GENERATION``: the worker group's incarnation id, agreed by the agents;
   workers namespace their process-group keys with it.
