@@ -5,7 +5,8 @@ once, for both front-ends: the check that the stored run may be continued, the
 run's lease (one job writes a run directory: a second is refused here, see
 :mod:`.run_lease`), the node's scratch directory (staging, checkpoint cache, logs
 on remote storage),
-the worker environment every worker gets, the agent's spec, the run's record
+the worker plan every worker reads (:mod:`elastic_train.worker.worker_plan`, one
+file in the scratch directory), the agent's spec, the run's record
 (``run.json``, begun by the node that becomes group rank 0; failures; final
 status), the live view and callbacks (:mod:`.supervisor`), and the outcome: a
 failure becomes the error the user sees, is recorded, and the uploads its
@@ -45,6 +46,7 @@ from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunStatus
 from elastic_train.worker import user_code
+from elastic_train.worker.worker_plan import WorkerPlan
 
 logger = logging.getLogger(__name__)
 
@@ -205,10 +207,18 @@ class NodeRun:
             min_nodes=min_nodes, max_nodes=max_nodes, monitor_interval=plan.monitor_interval,
             log_dir=log_dir, agent_logs=plan.run_config.verbose >= 2, local_addr=plan.local_addr,
             process=plan.process, staging_dir=self.staging_dir, private_dir=self.scratch,
-            worker_env={env_vars.CHECKPOINT_CACHE: os.path.join(self.scratch, "checkpoint_cache"),
-                        env_vars.STORAGE_RETRY_S: str(plan.run_config.storage_retry_timeout_s),
-                        env_vars.USER_ROOTS: os.pathsep.join(self.user_roots),
-                        **(self.lease.worker_env() if self.lease else {}), **worker_env})
+            worker_env={**self.worker_plan().write(self.scratch), **worker_env})
+
+    def worker_plan(self) -> WorkerPlan:
+        """What this node tells its workers of the run and the node."""
+        run_config = self.plan.run_config
+        return WorkerPlan(
+            run_name=run_config.name, checkpoint_config=run_config.checkpoint_config,
+            staging_dir=self.staging_dir,
+            tier_root=os.path.join(self.scratch, "checkpoint_cache"),
+            keep_uploads=env_vars.Switches.from_environ().local_tier,
+            storage_retry_s=run_config.storage_retry_timeout_s,
+            lease_token=self.lease.token if self.lease else None, user_roots=self.user_roots)
 
     def _failed(self, outcome: AgentOutcome, supervisor: RunSupervisor) -> TrainingFailedError:
         """The error for a spent budget, a run that stopped making progress, or a node that

@@ -41,7 +41,7 @@ def arm() -> None:
     (imports, building the model, loading a checkpoint) falls under the agent's
     start-up allowance instead."""
     global _stack_file
-    directory = os.environ.get(env_vars.PROGRESS_DIR)
+    directory = env_vars.AgentFacts.from_environ().progress_dir
     if not directory:
         return
     os.makedirs(directory, exist_ok=True)
@@ -53,7 +53,7 @@ def arm() -> None:
 def beat() -> None:
     """Marks progress (cheap: at most one file touch a second)."""
     global _last
-    directory = os.environ.get(env_vars.PROGRESS_DIR)
+    directory = env_vars.AgentFacts.from_environ().progress_dir
     now = time.monotonic()
     if not directory or now - _last < 1.0:
         return

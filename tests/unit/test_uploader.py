@@ -12,6 +12,7 @@ from elastic_train.errors import StorageError
 from elastic_train.storage import CheckpointStore, CommitManifest, RunStorage
 from elastic_train.storage.uploader import CheckpointUploader, UploadJob
 from tests.conftest import committer_for, wait_until
+from tests.support.node_settings import use_node_settings
 
 
 @pytest.fixture
@@ -186,7 +187,7 @@ def test_files_whose_write_failed_are_removed(run, source, tmp_path):
 def test_abandoning_stops_an_upload_in_flight(tmp_path, monkeypatch):
     """An in-process restart must not wait for a large upload to finish: the transfer
     stops at its next part (before: abandon() returned once every file was up)."""
-    monkeypatch.setenv("ELASTIC_TRAIN_LOCAL_TIER", "0")
+    use_node_settings(monkeypatch, keep_uploads=False)
     run = RunStorage.open(f"memory://{tmp_path.name}/results", "run")
     source = tmp_path / "big"
     source.mkdir()
