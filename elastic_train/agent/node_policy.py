@@ -32,9 +32,10 @@ node_policy=my_pkg.policies:TwoStrikes`` or ``RendezvousConfig(conf={"node_polic
 own (``fit()`` on one node, ``launch`` with one node and no ``--rdzv-backend``) has
 no such settings, and so no policy.
 
-How the issue on node health, exclusion and spares (#26) plugs in: a health check
-becomes a policy whose ``admit`` runs the node's checks (before joining, and in
-``after_failure``: leave when one fails), "K failures in a row" is
+How the issue on node health, exclusion and spares (#26) plugs in: the health checks
+are a policy, :class:`~.health_policy.HealthPolicy`, whose ``admit`` runs the node's
+checks (before joining, and in ``after_failure``: leave when one fails), "K failures
+in a row" is
 ``after_failure`` on :attr:`ChargedFailures.in_a_row`, and the cooling-off period
 becomes a record in the rendezvous's state that ``admit`` reads (the candidate's
 name is the key); spares need no change here: a node that leaves is replaced by
@@ -103,9 +104,12 @@ class ChargedFailures:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A node that asks to be in a round: its name (:func:`node_name`)."""
+    """A node that asks to be in a round: its name (:func:`node_name`), and whether it is
+    the node asking (its agent, before it joins) rather than another one (a round's
+    sealer asks about every member): only the node itself can check itself."""
 
     name: str
+    here: bool = False
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,6 @@ class NodeStanding:
 
     def check_admitted(self) -> None:
         """Before this node joins a round: NodeLeftError if the policy does not admit it."""
-        admission = self.policy.admit(Candidate(self.node))
+        admission = self.policy.admit(Candidate(self.node, here=True))
         if not admission.admitted:
             raise NodeLeftError(self.node, f"not admitted: {admission.reason}")

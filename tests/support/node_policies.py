@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from elastic_train.agent.health_checks import CommandCheck
+from elastic_train.agent.health_policy import HealthPolicy
 from elastic_train.agent.node_policy import (
     ADMITTED,
     STAY,
@@ -37,3 +39,25 @@ class LeaveAfterTwoInARow(NodePolicy):
         if charged.in_a_row >= 2:
             return leave(f"{charged.in_a_row} failures in a row", cool_off_s=60)
         return STAY
+
+
+HEALTH_MARKER = "ET_TEST_HEALTH_MARKER"  # a path: the node is sick once the file has bytes
+
+
+class SickOnceStarted(HealthPolicy):
+    """The built-in health policy with one check, failing once the file named by
+    ``$ET_TEST_HEALTH_MARKER`` is not empty (the test script writes it as it starts), and
+    with no limit on failures in a row, so only the check can send the node away."""
+
+    failures_in_a_row = 0
+
+    def checks(self):
+        return [CommandCheck(("sh", "-c", f'test ! -s "${HEALTH_MARKER}" || '
+                              '{ echo "ECC errors: 12" >&2; exit 3; }'))]
+
+
+class SickFromTheStart(HealthPolicy):
+    """The built-in health policy whose devices check always fails."""
+
+    def checks(self):
+        return [CommandCheck(("sh", "-c", 'echo "GPU 3 fell off the bus" >&2; exit 1'))]

@@ -106,7 +106,7 @@ def test_the_agent_turns_a_leave_verdict_into_a_stop_of_this_node_alone():
 def test_the_message_names_the_node_the_reason_and_the_cool_off():
     message = str(NodeLeftError("node7", "2 failures in a row", cool_off_s=600))
     assert message.startswith("Node node7 left the job: 2 failures in a row.")
-    assert "not admitted again for 600 s" in message
+    assert "asks for 600 s of cooling off (not enforced yet" in message
 
 
 def _sealed_with_a_second_joiner(policy: object | None):
