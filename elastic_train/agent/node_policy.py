@@ -34,12 +34,11 @@ no such settings, and so no policy.
 
 How the issue on node health, exclusion and spares (#26) plugs in: the health checks
 are a policy, :class:`~.health_policy.HealthPolicy`, whose ``admit`` runs the node's
-checks (before joining, and in ``after_failure``: leave when one fails), "K failures
-in a row" is
-``after_failure`` on :attr:`ChargedFailures.in_a_row`, and the cooling-off period
-becomes a record in the rendezvous's state that ``admit`` reads (the candidate's
-name is the key); spares need no change here: a node that leaves is replaced by
-whoever waits.
+checks (before joining, and in ``after_failure``: leave when one fails), and whose
+"K failures in a row" is ``after_failure`` on :attr:`ChargedFailures.in_a_row`.
+Still to come: the cooling-off period becomes a record in the rendezvous's state
+that ``admit`` reads (the candidate's name is the key); spares need no change here:
+a node that leaves is replaced by whoever waits.
 
 Example::
 
