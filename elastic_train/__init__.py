@@ -32,7 +32,11 @@ _EXPORTS = {
     "PreemptionInfo": "elastic_train.worker.preemption",
     "RendezvousConfig": "elastic_train.rendezvous_config",
     "Result": "elastic_train.result",
-    "CheckpointUploadMode": "elastic_train.worker.session",
+    "CheckpointConsistencyMode": "elastic_train.report_config",
+    "CheckpointUploadMode": "elastic_train.report_config",
+    "ReportedCheckpoint": "elastic_train.report_config",
+    "ReportedCheckpointStatus": "elastic_train.report_config",
+    "get_all_reported_checkpoints": "elastic_train.worker.session",
     "get_checkpoint": "elastic_train.worker.session",
     "get_context": "elastic_train.worker.session",
     "get_dataset_shard": "elastic_train.worker.session",
@@ -61,11 +65,17 @@ if TYPE_CHECKING:  # what static tools see
         WorkerFailure,
     )
     from elastic_train.rendezvous_config import RendezvousConfig
+    from elastic_train.report_config import (
+        CheckpointConsistencyMode,
+        CheckpointUploadMode,
+        ReportedCheckpoint,
+        ReportedCheckpointStatus,
+    )
     from elastic_train.result import Result
     from elastic_train.worker.preemption import PreemptionInfo
     from elastic_train.worker.script_restart import restart_in_process
     from elastic_train.worker.session import (
-        CheckpointUploadMode,
+        get_all_reported_checkpoints,
         get_checkpoint,
         get_context,
         get_dataset_shard,

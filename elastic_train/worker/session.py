@@ -25,16 +25,20 @@ Example::
 
 from __future__ import annotations
 
-import enum
 import logging
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.context import StorageInfo, TrainContext, WorkerEnv
-from elastic_train.errors import ConfigError, StorageError
-from elastic_train.metric_rows import clean_metrics
+from elastic_train.errors import StorageError
+from elastic_train.report_config import (
+    CheckpointConsistencyMode,
+    CheckpointUploadMode,
+    ReportedCheckpoint,
+)
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import dir_name
@@ -45,6 +49,12 @@ from elastic_train.worker.backend import WorkerResources
 from elastic_train.worker.dataset import DatasetShard, ResumableIterable
 from elastic_train.worker.joined_session import JoinedSession
 from elastic_train.worker.preemption import PreemptionInfo
+from elastic_train.worker.report_args import ReportArgs
+from elastic_train.worker.reported_checkpoints import (
+    checked_wait,
+    reported_checkpoints,
+    wait_until_committed,
+)
 from elastic_train.worker.restore import resumable_state
 from elastic_train.worker.run_spec import RunSpec
 
@@ -52,32 +62,6 @@ logger = logging.getLogger(__name__)
 
 _session: TrainSession | None = None
 _session_factory: Callable[[], TrainSession] | None = None
-
-
-class CheckpointUploadMode(str, enum.Enum):
-    """When ``report(checkpoint=...)`` returns (Ray Train v2's names).
-
-    ``ASYNC`` (our default): once the checkpoint's files are staged on local
-    disk; the upload and the commit run in the background, with at most one
-    checkpoint uploading and one queued (a further report waits). Training does not stall on the
-    network, and nothing is lost: a checkpoint becomes visible only when
-    committed, a crash before that resumes from the previous one, and the run
-    ends only after every pending upload is committed -- also when it ends
-    in a failure with no restart left, while the failed rank's process lives
-    (in-process restarts; within ``FailureConfig.unwind_timeout_s``).
-    ``SYNC``: after the checkpoint is committed on every rank (Ray v2's default).
-
-    ``NO_UPLOAD`` (Ray's: the user already wrote the files into storage) is
-    a member so that Ray scripts import, but ``report()`` refuses it with a
-    ``ConfigError``: a checkpoint here becomes visible only through its commit
-    manifest (file list, sizes, CRC-32s, data positions), which is built from
-    the files the ranks stage; files written straight into storage by hand
-    would bypass the atomic commit.
-    """
-
-    SYNC = "SYNC"
-    ASYNC = "ASYNC"
-    NO_UPLOAD = "NO_UPLOAD"
 
 
 class TrainSession:
@@ -120,6 +104,7 @@ class TrainSession:
         self._preemption: PreemptionInfo | None = None
         self._joined: JoinedSession | None = None
         self._synced: CommitManifest | None = None  # the newest SYNC commit of the attempt
+        self._reported: int | None = None  # the newest checkpoint index this rank reported
         preemption.install()
         if join:
             self.join()
@@ -206,15 +191,23 @@ class TrainSession:
 
     # report
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
-               checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.ASYNC
-               ) -> None:
-        """One report (collective): the arguments checked, the ranks' agreement on
-        checkpoints and preemption notices, rank 0's duties handed to its committer,
-        then the after-report hooks."""
-        clean, mode = _checked_report(metrics, checkpoint, checkpoint_upload_mode)
+               checkpoint_dir_name: str | None = None,
+               checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.ASYNC,
+               delete_local_checkpoint_after_upload: bool | None = None,
+               checkpoint_upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None,
+               validation: Any = False) -> None:
+        """One report (collective; the public :func:`report`'s arguments): the
+        arguments checked, the ranks' agreement on checkpoints and preemption notices,
+        rank 0's duties handed to its committer, the local directory deleted once
+        staged, then the after-report hooks."""
+        run_path = self.storage.run_path if fsutil.is_local(self.storage.fs) else None
+        args = ReportArgs.check(metrics, checkpoint, checkpoint_dir_name,
+                                checkpoint_upload_mode, delete_local_checkpoint_after_upload,
+                                checkpoint_upload_fn, validation, run_path)
+        mode = args.mode
         joined = self.join()
         joined.uploader.raise_if_failed()
-        row = joined.rows.next(clean)
+        row = joined.rows.next(args.metrics)
         files = (listed_files(checkpoint.path, checkpoint.written)
                  if checkpoint is not None else None)
         notice = preemption.local_notice()
@@ -223,7 +216,7 @@ class TrainSession:
         any_checkpoint, any_notice = joined.group.any_rank(files is not None,
                                                            notice is not None)
         if any_checkpoint and joined.committer is not None:  # whichever rank holds files
-            joined.committer.check_score(clean, joined.numbers.next_index)
+            joined.committer.check_score(args.metrics, joined.numbers.next_index)
         if any_checkpoint or any_notice:
             states = ({key: it.state_dict() for key, it in self._resumables.items()}
                       if any_checkpoint else {})
@@ -234,6 +227,8 @@ class TrainSession:
                 row["checkpoint_dir_name"] = dir_name(joined.numbers.next_index)
                 self._persist_checkpoint([(f, s) for f, s, _ in gathered], checkpoint, row,
                                          mode)
+                if args.delete_local and checkpoint is not None and checkpoint.written is None:
+                    shutil.rmtree(checkpoint.path, ignore_errors=True)  # staged: not needed
         if joined.committer is not None:
             joined.committer.record_row(row)
         for hook in self._after_report:
@@ -244,7 +239,7 @@ class TrainSession:
                             mode: CheckpointUploadMode) -> None:
         """Each file goes up from the lowest rank that has it; rank 0 commits after all."""
         joined = self.join()
-        index = joined.numbers.reserve()
+        index = self._reported = joined.numbers.reserve()
         manifest = (joined.committer.manifest(index, row, [states for _, states in gathered])
                     if joined.committer is not None else None)
         job = UploadJob.plan(index, [files for files, _ in gathered], self.env.rank, manifest)
@@ -256,6 +251,18 @@ class TrainSession:
                 raise StorageError(f"{self.storage.display_path}: {'; '.join(errors)}")
             self._synced = CommitManifest(index, joined.rows.iteration, row, {},
                                           self.env.world_size)
+
+    def get_all_reported_checkpoints(
+            self, consistency_mode: CheckpointConsistencyMode = CheckpointConsistencyMode.VALIDATED,
+            timeout_s: float | None = None) -> list[ReportedCheckpoint]:
+        """The run's committed checkpoints once this rank's reports are committed (see
+        :mod:`.reported_checkpoints`); not collective."""
+        deadline = checked_wait(consistency_mode, timeout_s)
+        if self._joined is not None and self._reported is not None:
+            wait_until_committed(self.storage.checkpoints, self._reported,
+                                 self._joined.uploader.raise_if_failed, deadline)
+        return reported_checkpoints(self.storage.checkpoints,
+                                    self.spec.run_config.checkpoint_config)
 
     def finish(self) -> None:
         """Waits for pending uploads and commits (the run ends only when they are stored)."""
@@ -289,26 +296,6 @@ class TrainSession:
         except StorageError as exc:
             logger.error("The checkpoint in flight when the run failed was not stored: %s",
                          exc)
-
-
-def _checked_report(metrics: Any, checkpoint: Any, mode: Any
-                    ) -> tuple[dict[str, Any], CheckpointUploadMode]:
-    """``report()``'s arguments, checked before any rank waits for another: the metrics
-    as JSON values and the upload mode; a ConfigError with the way out otherwise."""
-    clean = clean_metrics(metrics)
-    if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
-        raise ConfigError(f"report(checkpoint={checkpoint!r}) must be a Checkpoint.")
-    if checkpoint is not None and not fsutil.is_local(checkpoint.filesystem):
-        raise ConfigError(f"report(checkpoint={checkpoint!r}): pass a local directory, "
-                          "Checkpoint.from_directory(path).")
-    mode = CheckpointUploadMode(mode)
-    if mode is CheckpointUploadMode.NO_UPLOAD:
-        raise ConfigError(
-            "report(checkpoint_upload_mode=NO_UPLOAD) is not supported: a checkpoint "
-            "becomes visible only through the commit of the files the ranks report. Save "
-            "the files into a local directory and report it (ASYNC, the default, uploads "
-            "it without stalling training).")
-    return clean, mode
 
 
 def uploads_in_flight() -> bool:
@@ -351,8 +338,12 @@ def get_session() -> TrainSession:
 
 def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
            checkpoint_dir_name: str | None = None,
-           checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.ASYNC) -> None:
-    """Reports metrics (and optionally a checkpoint) from this worker.
+           checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.ASYNC,
+           delete_local_checkpoint_after_upload: bool | None = None,
+           checkpoint_upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None,
+           validation: Any = False) -> None:
+    """Reports metrics (and optionally a checkpoint) from this worker (Ray 2.60's
+    arguments, in Ray's order).
 
     Every rank must call it the same number of times. Rank 0's metrics are
     recorded; the checkpoint files of every rank that passes one are merged
@@ -361,23 +352,55 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
     files are still being written (``Checkpoint.from_directory(d, written=future)``,
     e.g. from ``dcp.async_save``) does not wait for them: they go up once written.
 
-    ``checkpoint_dir_name`` is Ray's argument (arguments in Ray's order); any
-    name but None is refused: checkpoint directories here are
+    ``delete_local_checkpoint_after_upload`` (default: True for ASYNC only, as
+    Ray's) deletes the reported directory. Ray deletes it once uploaded; here it
+    goes as soon as its files are staged -- before ``report()`` returns --, because
+    the staged copy is what uploads, so a script that writes its next checkpoint
+    into the same directory never races the deletion. Like Ray's, it wants each
+    rank to report a directory of its own (another rank of the node may still be
+    copying a shared one). A directory still being written (``written=``) is moved
+    into the staging area whatever the argument says.
+
+    ``checkpoint_dir_name`` is refused unless None: checkpoint directories here are
     ``checkpoint_NNNNNN``, the number ordering them for retention and resume.
+    ``checkpoint_upload_fn``, ``NO_UPLOAD`` and ``validation`` are refused too, with
+    the way out (see :mod:`.report_args`).
+
+    Example::
+
+        with tempfile.TemporaryDirectory() as d:
+            torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+            elastic_train.report({"loss": loss}, Checkpoint.from_directory(d))
     """
-    if checkpoint_dir_name is not None:
-        raise ConfigError(
-            f"report(checkpoint_dir_name={checkpoint_dir_name!r}) is not supported: checkpoint "
-            "directories are named checkpoint_NNNNNN here (the number orders them for "
-            "retention and resume). Drop the argument; to tell checkpoints apart, report the "
-            "value as a metric or put it in the checkpoint with Checkpoint.set_metadata().")
-    get_session().report(metrics, checkpoint, checkpoint_upload_mode)
+    get_session().report(metrics, checkpoint, checkpoint_dir_name, checkpoint_upload_mode,
+                         delete_local_checkpoint_after_upload, checkpoint_upload_fn,
+                         validation)
 
 
 def get_checkpoint() -> Checkpoint | None:
     """The latest committed checkpoint of this run, or the trainer's
     ``resume_from_checkpoint`` on a fresh run, or None."""
     return get_session().get_checkpoint()
+
+
+def get_all_reported_checkpoints(
+        consistency_mode: CheckpointConsistencyMode = CheckpointConsistencyMode.VALIDATED,
+        timeout_s: float | None = None) -> list[ReportedCheckpoint]:
+    """The run's checkpoints that retention kept, plus the latest, each with the
+    metrics row reported with it (Ray 2.60's function).
+
+    Waits until every checkpoint this rank reported is committed (``COMMITTED``;
+    ``VALIDATED``, the default, waits for the same, as no validation runs here yet),
+    or until ``timeout_s`` passed -- then it lists what is committed, as Ray does.
+    Not collective: any rank may call it any number of times. The list is in Ray's
+    order: by report, or worst to best with ``CheckpointConfig.checkpoint_score_attribute``.
+
+    Example::
+
+        for reported in elastic_train.get_all_reported_checkpoints():
+            mlflow.log_metric("loss", reported.metrics["loss"])
+    """
+    return get_session().get_all_reported_checkpoints(consistency_mode, timeout_s)
 
 
 def get_context() -> TrainContext:

@@ -55,13 +55,3 @@ def test_tune_only_context_methods_raise_what_to_use(name):
     context = TrainContext(env, "run", StorageInfo("/tmp", "run", "/tmp/run", None), {})
     with pytest.raises(DeprecationWarning, match=rf"{name}\(\) belongs to Ray Tune.*use "):
         getattr(context, name)()
-
-
-def test_report_refuses_checkpoint_dir_name_and_no_upload_with_the_way_out():
-    from elastic_train.worker.session import CheckpointUploadMode, TrainSession, report
-
-    with pytest.raises(ConfigError, match=r"checkpoint_dir_name='epoch-1'.*set_metadata"):
-        report({"loss": 1.0}, checkpoint_dir_name="epoch-1")  # refused before any session
-    session = TrainSession.__new__(TrainSession)  # the argument check only
-    with pytest.raises(ConfigError, match=r"NO_UPLOAD\) is not supported.*local directory"):
-        session.report({"loss": 1.0}, None, CheckpointUploadMode.NO_UPLOAD)

@@ -55,7 +55,7 @@ def test_hooks_run_after_the_row_and_the_commit(session_of_one, tmp_path):
     (tmp_path / "ckpt" / "model.pt").write_bytes(b"weights")
     session.report({"loss": 1.0})
     session.report({"loss": 0.5}, et.Checkpoint.from_directory(str(tmp_path / "ckpt")),
-                   CheckpointUploadMode.SYNC)
+                   checkpoint_upload_mode=CheckpointUploadMode.SYNC)
     assert [(name, iteration, len(rows)) for name, iteration, rows in calls] == [
         ("first", 1, 1), ("second", 1, 1), ("first", 2, 2), ("second", 2, 2)]
     assert calls[-1][2][-1]["checkpoint_dir_name"] == "checkpoint_000000"
@@ -63,3 +63,53 @@ def test_hooks_run_after_the_row_and_the_commit(session_of_one, tmp_path):
     assert (manifest.index, manifest.training_iteration, list(manifest.files)) == \
         (0, 2, ["model.pt"])
     assert session.get_checkpoint().path == storage.checkpoints.path(0)
+
+
+def _checkpoint_dir(tmp_path, name, data=b"weights"):
+    directory = tmp_path / name
+    directory.mkdir()
+    (directory / "model.pt").write_bytes(data)
+    return et.Checkpoint.from_directory(str(directory))
+
+
+@pytest.mark.parametrize("mode, delete, deleted", [
+    (CheckpointUploadMode.ASYNC, None, True),   # Ray's default: True for ASYNC only
+    (CheckpointUploadMode.SYNC, None, False),
+    (CheckpointUploadMode.SYNC, True, True),
+    (CheckpointUploadMode.ASYNC, False, False)])
+def test_delete_local_checkpoint_after_upload_defaults_as_rays(session_of_one, tmp_path,
+                                                                mode, delete, deleted):
+    session, storage, _ = session_of_one
+    checkpoint = _checkpoint_dir(tmp_path, "ckpt")
+    session.report({"loss": 0.5}, checkpoint, checkpoint_upload_mode=mode,
+                   delete_local_checkpoint_after_upload=delete)
+    assert (tmp_path / "ckpt").exists() is not deleted  # gone when report() returns
+    session.finish()
+    [manifest] = storage.checkpoints.committed()
+    assert list(manifest.files) == ["model.pt"]  # the staged copy went up
+
+
+def test_get_all_reported_checkpoints_lists_what_retention_kept_plus_the_latest(
+        session_of_one, tmp_path):
+    session, storage, _ = session_of_one
+    session.spec.run_config.checkpoint_config.num_to_keep = 2
+    session.spec.run_config.checkpoint_config.checkpoint_score_attribute = "loss"
+    session.spec.run_config.checkpoint_config.checkpoint_score_order = "min"
+    assert session.get_all_reported_checkpoints() == []
+    for step, loss in enumerate([0.3, 0.1, 0.2, 0.9]):
+        session.report({"loss": loss}, _checkpoint_dir(tmp_path, f"c{step}"))
+    reported = session.get_all_reported_checkpoints(et.CheckpointConsistencyMode.COMMITTED)
+    # top-2 (0.1, 0.2) plus the latest (0.9), worst to best as Ray orders them
+    assert [r.metrics["loss"] for r in reported] == [0.9, 0.2, 0.1]
+    assert {r.status for r in reported} == {et.ReportedCheckpointStatus.COMMITTED}
+    assert [r.checkpoint.path for r in reported] == [
+        storage.checkpoints.path(i) for i in (3, 2, 1)]
+    assert reported[0].checkpoint.get_commit_info().index == 3
+
+
+def test_get_all_reported_checkpoints_checks_its_arguments(session_of_one):
+    session, _, _ = session_of_one
+    with pytest.raises(et.ConfigError, match=r"consistency_mode='SOON'.*COMMITTED"):
+        session.get_all_reported_checkpoints("SOON")
+    with pytest.raises(et.ConfigError, match=r"timeout_s=-1.*>= 0"):
+        session.get_all_reported_checkpoints(timeout_s=-1)

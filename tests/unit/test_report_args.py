@@ -1,0 +1,44 @@
+"""report()'s arguments under Ray 2.60's names: what each defaults to, and what is
+refused, with the value and the way out, before any rank waits for another."""
+
+from __future__ import annotations
+
+import pytest
+
+from elastic_train import Checkpoint, CheckpointUploadMode, ConfigError
+from elastic_train.worker.report_args import ReportArgs
+
+
+def test_delete_local_defaults_to_true_for_async_only(tmp_path):
+    checkpoint = Checkpoint.from_directory(str(tmp_path))
+    assert ReportArgs.check({}, checkpoint).delete_local
+    assert not ReportArgs.check({}, checkpoint, mode="SYNC").delete_local
+    assert ReportArgs.check({}, checkpoint, mode="SYNC", delete_local=True).delete_local
+
+
+def test_deleting_a_directory_that_holds_the_run_is_refused(tmp_path):
+    checkpoint = Checkpoint.from_directory(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"would delete .*holds the run directory.*=False"):
+        ReportArgs.check({}, checkpoint, run_path=str(tmp_path / "results" / "run"))
+    ReportArgs.check({}, checkpoint, delete_local=False, run_path=str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"dir_name": "epoch-1"}, r"checkpoint_dir_name='epoch-1'.*set_metadata"),
+    ({"mode": CheckpointUploadMode.NO_UPLOAD}, r"NO_UPLOAD\) is not supported.*local directory"),
+    ({"upload_fn": print}, r"checkpoint_upload_fn=.*not supported yet.*Drop the argument"),
+    ({"validation": True}, r"validation=True.*not supported yet.*validate in the train"),
+])
+def test_what_is_not_supported_is_refused_with_the_way_out(tmp_path, kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        ReportArgs.check({"loss": 1.0}, Checkpoint.from_directory(str(tmp_path)), **kwargs)
+
+
+def test_validation_without_a_checkpoint_is_refused_as_rays_is():
+    with pytest.raises(ConfigError, match=r"validation=True\) needs a checkpoint"):
+        ReportArgs.check({"loss": 1.0}, validation=True)
+
+
+def test_a_bad_upload_mode_names_the_value():
+    with pytest.raises(ConfigError, match=r"checkpoint_upload_mode='SOMETIMES'.*ASYNC"):
+        ReportArgs.check({}, mode="SOMETIMES")
