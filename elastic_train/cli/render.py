@@ -10,7 +10,6 @@ from dataclasses import asdict
 from elastic_train.cli.run_summary import Recovery, RunSummary
 from elastic_train.errors import NO_PROGRESS_EXIT_CODE
 from elastic_train.metric_rows import user_metrics
-from elastic_train.storage.checkpoint_store import dir_name
 from elastic_train.storage.run_state import FailureRecord, RunState
 
 
@@ -43,7 +42,7 @@ def runs_table(runs: list[tuple[str, RunState, RunSummary]], now: float) -> list
 
 def runs_json(runs: list[tuple[str, RunState, RunSummary]]) -> str:
     return json.dumps([{"name": name, **state.to_json(), "iterations": summary.iterations,
-                        "best_checkpoint": summary.best and dir_name(summary.best.index)}
+                        "best_checkpoint": summary.best and summary.best.name}
                        for name, state, summary in runs], indent=2)
 
 
@@ -122,7 +121,7 @@ def checkpoint_lines(summary: RunSummary) -> list[str]:
     for c in summary.checkpoints:
         shown = user_metrics(c.metrics)
         mark = "*" if c.index == best else " "
-        lines.append(f"{mark} {dir_name(c.index)}  iteration {c.training_iteration}  "
+        lines.append(f"{mark} {c.name}  iteration {c.training_iteration}  "
                      f"{c.describe_contents()}  {shown}")
     if best is not None:
         lines.append(f"  (* best: {summary.best_label()})")

@@ -9,7 +9,6 @@ from elastic_train.config import CheckpointConfig
 from elastic_train.errors import ConfigError
 from elastic_train.failure_kinds import FailureKind
 from elastic_train.storage import CommitManifest, RunStorage
-from elastic_train.storage.checkpoint_store import dir_name
 from elastic_train.storage.retention import CheckpointRecord, ranked
 from elastic_train.storage.run_state import FailureRecord, RestoreRecord, RunState
 
@@ -57,7 +56,7 @@ class RunSummary:
             best = []
         by_index = {c.index: c for c in checkpoints}
         rows = storage.read_metrics()
-        kept = {dir_name(c.index) for c in checkpoints}
+        kept = {c.name for c in checkpoints}
         deleted = [r["checkpoint_dir_name"] for r in rows
                    if r.get("checkpoint_dir_name") and r["checkpoint_dir_name"] not in kept]
         restores = storage.read_restores()
@@ -76,7 +75,7 @@ class RunSummary:
             return "-"
         if self.score_attribute:
             return f"{self.score_attribute}={self.best.metrics.get(self.score_attribute)}"
-        return f"latest {dir_name(self.best.index)}"
+        return f"latest {self.best.name}"
 
 
 def recoveries(failures: list[FailureRecord], restores: list[RestoreRecord]) -> list[Recovery]:

@@ -1,6 +1,7 @@
 """Checkpoints in the run directory, committed atomically.
 
-A checkpoint is the directory ``checkpoint_NNNNNN/`` holding the files of
+A checkpoint is the directory ``checkpoint_NNNNNN/`` (or the name the report
+chose, claimed first: see :mod:`.checkpoint_names`) holding the files of
 every rank that reported one, plus the commit marker ``.commit.json``
 (:class:`CommitManifest`: index, metrics, file list with sizes and CRC-32s,
 per-rank resume state) written last. A directory without the marker does not
@@ -34,7 +35,6 @@ import enum
 import json
 import logging
 import os
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
@@ -43,8 +43,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import fsspec
 from fsspec.callbacks import Callback
 
-from elastic_train.errors import CorruptManifestError, StorageError
+from elastic_train.errors import ConfigError, CorruptManifestError, StorageError
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.checkpoint_names import (
+    DEFAULT_RE,
+    NAMES_DIR,
+    claim_file,
+    dir_name,
+    parse_claim,
+)
 from elastic_train.storage.manifest import CommitManifest
 from elastic_train.storage.retry import RetryPolicy
 from elastic_train.storage.stores import adapter_for
@@ -61,7 +68,6 @@ MARKER = ".commit.json"
 # Not ".uploads": SeaweedFS keeps its multipart parts under that name and hides it
 # from listings, so markers there would never be seen.
 UPLOADS_DIR = ".upload-marks"
-_DIR_RE = re.compile(r"^checkpoint_(\d{6,})$")
 # Files per batch sent at once: bounds the memory s3fs uses for concurrent multipart uploads.
 UPLOAD_BATCH = 4
 
@@ -73,10 +79,6 @@ class Damaged(enum.Enum):
 
 
 DAMAGED = Damaged.DAMAGED
-
-
-def dir_name(index: int) -> str:
-    return f"checkpoint_{index:06d}"
 
 
 def list_directory(local_dir: str) -> list[str]:
@@ -120,10 +122,10 @@ def parse_marker(raw: bytes, path: str) -> CommitManifest:
         manifest = CommitManifest.from_json(json.loads(raw))
     except ValueError as exc:  # not JSON, not UTF-8, or CorruptManifestError
         raise CorruptManifestError(f"{path}/{MARKER}: {exc}") from None
-    match = _DIR_RE.match(path.rstrip("/").rsplit("/", 1)[-1])
-    if match and manifest.index != int(match.group(1)):
-        raise CorruptManifestError(f"{path}/{MARKER}: commit marker index={manifest.index} "
-                                   f"in {match.group(0)}")
+    match = DEFAULT_RE.match(path.rstrip("/").rsplit("/", 1)[-1])
+    if match and manifest.name != match.group(0):
+        raise CorruptManifestError(f"{path}/{MARKER}: the commit marker of {manifest.name} "
+                                   f"(index={manifest.index}) in {match.group(0)}")
     return manifest
 
 
@@ -137,6 +139,7 @@ class CheckpointStore:
         self.adapter = adapter_for(fs)
         self.retry = (retry or RetryPolicy()).for_store(self.adapter)
         self.fence = fence
+        self._names: dict[int, str] = {}  # custom directory names, by index
 
     @property
     def display_path(self) -> str:
@@ -158,23 +161,68 @@ class CheckpointStore:
         return MARKER in self._retry("listing a checkpoint directory",
                                      lambda: fsutil.names_in(self.fs, directory))
 
-    def path(self, index: int) -> str:
-        return fsutil.join(self.run_path, dir_name(index))
+    def name(self, index: int) -> str:
+        """The name of checkpoint ``index``'s directory: the one claimed for it (known
+        from a listing, a manifest, :meth:`claim` or :meth:`adopt`), else the default."""
+        return self._names.get(index) or dir_name(index)
 
-    def _checkpoint_dirs(self) -> dict[int, str]:
+    def path(self, index: int) -> str:
+        return fsutil.join(self.run_path, self.name(index))
+
+    def adopt(self, index: int, name: str) -> None:
+        """Notes the name rank 0 claimed for checkpoint ``index`` (the other ranks)."""
+        self._names[index] = name
+
+    def remember(self, manifests: list[CommitManifest]) -> None:
+        """Notes the names of ``manifests`` (read by another rank and sent here)."""
+        self._names.update({m.index: m.name for m in manifests})
+
+    def claim(self, index: int, name: str) -> None:
+        """Reserves ``name`` for checkpoint ``index`` before any rank uploads into it; a
+        ConfigError when the run already has an entry or a checkpoint of that name."""
+        self._fenced(f"claiming {name}")
+        taken = name in self._claims().values() or self._retry(
+            "checking a checkpoint name", lambda: self.fs.exists(fsutil.join(self.run_path, name)))
+        if taken:
+            raise ConfigError(f"report(checkpoint_dir_name={name!r}): the run "
+                              f"{self.display_path} already has a checkpoint or an entry of "
+                              "that name; names must be unique within the run, e.g. "
+                              "f'epoch_{epoch}'.")
+        self._retry(f"claiming {name}", lambda: fsutil.write_json_atomic(
+            self.fs, fsutil.join(self.run_path, NAMES_DIR, claim_file(index, name)), {}))
+        self._names[index] = name
+
+    def _list(self, path: str) -> list[str]:
+        """The names in directory ``path`` (none if it is missing), listed afresh."""
         def listing() -> list[str]:
-            self.fs.invalidate_cache(self.run_path)
+            self.fs.invalidate_cache(path)
             try:
-                return self.fs.ls(self.run_path, detail=False)
+                return self.fs.ls(path, detail=False)
             except FileNotFoundError:
                 return []
 
-        dirs = {}
-        for entry in self._retry("listing checkpoints", listing):
-            match = _DIR_RE.match(entry.rstrip("/").rsplit("/", 1)[-1])
-            if match:
-                dirs[int(match.group(1))] = entry.rstrip("/")
-        return dirs
+        return [e.rstrip("/").rsplit("/", 1)[-1]
+                for e in self._retry("listing checkpoints", listing)]
+
+    def _claims(self) -> dict[int, str]:
+        claims = dict(filter(None, map(parse_claim, self._list(
+            fsutil.join(self.run_path, NAMES_DIR)))))
+        self._names.update(claims)
+        return claims
+
+    def _checkpoint_dirs(self) -> dict[int, str]:
+        dirs = {int(m.group(1)): m.group(0)
+                for m in map(DEFAULT_RE.match, self._list(self.run_path)) if m}
+        dirs.update(self._claims())
+        return {index: fsutil.join(self.run_path, name) for index, name in dirs.items()}
+
+    def _unclaim(self, index: int) -> None:
+        """Removes checkpoint ``index``'s claim, once its directory is gone."""
+        name = self._names.pop(index, None)
+        if name is not None:
+            claim = fsutil.join(self.run_path, NAMES_DIR, claim_file(index, name))
+            self._retry(f"removing the claim of {name}",
+                        lambda: self.adapter.remove_tree(claim))
 
     def _read_manifest(self, index: int, path: str) -> CommitManifest | None:
         """The marker of the checkpoint directory ``path``; None only when a fresh listing
@@ -182,14 +230,20 @@ class CheckpointStore:
         ``index`` raises :class:`CorruptManifestError`."""
         raw = self._retry("reading a commit marker", lambda: fsutil.read_unless_missing(
             self.fs, fsutil.join(path, MARKER), self.fs.cat_file))
-        return None if raw is None else parse_marker(raw, path)
+        if raw is None:
+            return None
+        manifest = parse_marker(raw, path)
+        if manifest.index != index:  # a claimed name whose marker is another checkpoint's
+            raise CorruptManifestError(f"{path}/{MARKER}: commit marker index="
+                                       f"{manifest.index} in the directory of checkpoint {index}")
+        return manifest
 
     def _manifest_or_damaged(self, index: int, path: str) -> CommitManifest | None | Damaged:
         """:meth:`_read_manifest`, with a corrupt marker logged and given as ``DAMAGED``."""
         try:
             return self._read_manifest(index, path)
         except CorruptManifestError as exc:
-            logger.warning("Checkpoint %s is damaged and is skipped: %s", dir_name(index), exc)
+            logger.warning("Checkpoint %s is damaged and is skipped: %s", self.name(index), exc)
             return DAMAGED
 
     def committed(self) -> list[CommitManifest]:
@@ -226,6 +280,7 @@ class CheckpointStore:
             logger.info("Removing uncommitted checkpoint directory %s", path)
             self._retry("removing an uncommitted checkpoint",
                         lambda p=path: self.adapter.remove_tree(p))
+            self._unclaim(index)
             removed.append(index)
         uploads = fsutil.join(self.run_path, UPLOADS_DIR)
         if self._retry("listing upload markers", lambda: self.fs.exists(uploads)):
@@ -243,7 +298,7 @@ class CheckpointStore:
         follows the transfers (fsspec's, see :mod:`.upload_progress`); once
         ``cancelled`` is set, no further batch or retry starts (UploadCancelled).
         """
-        self._fenced(f"uploading {dir_name(index)}")
+        self._fenced(f"uploading {self.name(index)}")
         target = self.path(index)
         local = [os.path.join(local_dir, rel) for rel in relpaths]
         remote = [fsutil.join(target, rel) for rel in relpaths]
@@ -253,7 +308,7 @@ class CheckpointStore:
         if not self.adapter.link_files(local, remote):
             self._put(index, local, remote, callback, cancelled)
         # Durable before rank 0 may commit: the marker must never outlive the files.
-        self._retry(f"syncing {dir_name(index)}",
+        self._retry(f"syncing {self.name(index)}",
                     lambda: self.adapter.make_durable(remote, self.run_path))
 
     def _put(self, index: int, local: list[str], remote: list[str],
@@ -268,7 +323,7 @@ class CheckpointStore:
             # A retry first aborts the multipart uploads the failed attempt left open
             # (s3fs cannot abort them while the endpoint is down); other ranks' go on.
             self.retry.call(
-                f"uploading {dir_name(index)}", self.display_path,
+                f"uploading {self.name(index)}", self.display_path,
                 lambda b=batch: self.fs.put(local[b], remote[b], **options),
                 before_retry=lambda b=batch: (stop_if(cancelled),
                                               self.adapter.abort_unfinished_uploads(
@@ -294,7 +349,7 @@ class CheckpointStore:
                 self.fs, self._upload_mark(index, r)))
             if clash := sorted(set(mine) & set(files)):
                 raise StorageError(
-                    f"{dir_name(index)}: ranks {files[clash[0]].get('rank')} and {rank} both "
+                    f"{self.name(index)}: ranks {files[clash[0]].get('rank')} and {rank} both "
                     f"wrote {', '.join(clash[:3])}; files written in the background must "
                     "have names of their own per rank (as DCP's are).")
             files.update(mine)
@@ -350,16 +405,20 @@ class CheckpointStore:
 
     def commit(self, manifest: CommitManifest) -> None:
         """Makes checkpoint ``manifest.index`` visible: the marker is written last."""
-        self._fenced(f"committing {dir_name(manifest.index)}")
+        self._fenced(f"committing {manifest.name}")
         marker = fsutil.join(self.path(manifest.index), MARKER)
-        self._retry(f"committing {dir_name(manifest.index)}", lambda: fsutil.write_json_atomic(
+        self._retry(f"committing {manifest.name}", lambda: fsutil.write_json_atomic(
             self.fs, marker, asdict(manifest)))
 
     def delete(self, index: int) -> None:
-        """Removes a whole checkpoint, marker first so it vanishes for readers at once."""
-        self._fenced(f"deleting {dir_name(index)}")
+        """Removes a whole checkpoint, marker first so it vanishes for readers at once
+        (a custom name's claim last, so that a cut-short deletion is swept at the next
+        start)."""
+        what = f"deleting {self.name(index)}"
+        self._fenced(what)
         path = self.path(index)
-        self._retry(f"deleting {dir_name(index)}", lambda: self.fs.rm(fsutil.join(path, MARKER)))
+        self._retry(what, lambda: self.fs.rm(fsutil.join(path, MARKER)))
         # The marker's removal reaches the disk before the files' (no marker over holes).
-        self._retry(f"deleting {dir_name(index)}", lambda: self.adapter.make_durable([path], path))
-        self._retry(f"deleting {dir_name(index)}", lambda: self.adapter.remove_tree(path))
+        self._retry(what, lambda: self.adapter.make_durable([path], path))
+        self._retry(what, lambda: self.adapter.remove_tree(path))
+        self._unclaim(index)

@@ -183,7 +183,7 @@ class CheckpointReader(StorageReader):
             return fsutil.join(self.path, rel)
         if self._tier is None or self._manifest is None or rel not in self._manifest.files:
             return None
-        entry = self._tier.entry(self.fs, self.path)
+        entry = self._tier.entry(self.fs, self.path, self._manifest.index)
         stack.enter_context(entry.locked(fcntl.LOCK_SH))
         return self._tier.local_file(entry, rel, self._manifest.files[rel])
 

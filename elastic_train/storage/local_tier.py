@@ -182,15 +182,19 @@ class LocalTier:
         url = fs.unstrip_protocol(parent.rstrip("/"))
         return os.path.join(self.root, hashlib.sha256(url.encode()).hexdigest()[:16])
 
-    def entry(self, fs: fsspec.AbstractFileSystem, path: str) -> TierEntry:
+    def entry(self, fs: fsspec.AbstractFileSystem, path: str,
+              index: int | None = None) -> TierEntry:
+        """The entry of the checkpoint at ``path``, named by its ``index`` when known (so
+        that one with a custom directory name is pruned by index too), else by its name."""
         parent, _, name = path.rstrip("/").rpartition("/")
-        return TierEntry(os.path.join(self._group(fs, parent), name))
+        return TierEntry(os.path.join(self._group(fs, parent),
+                                      name if index is None else dir_name(index)))
 
     # the uploader's side
     def keep(self, fs: fsspec.AbstractFileSystem, path: str, staged_dir: str,
-             relpaths: list[str]) -> None:
-        """Moves a rank's staged files of checkpoint ``path`` into its entry."""
-        kept = self.entry(fs, path).kept
+             relpaths: list[str], index: int | None = None) -> None:
+        """Moves a rank's staged files of checkpoint ``path`` (``index``) into its entry."""
+        kept = self.entry(fs, path, index).kept
         for rel in relpaths:
             target = confined(kept, rel)
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -286,7 +290,7 @@ class LocalTier:
         """The whole checkpoint as a local directory, for the block: what the node
         holds and has verified, plus what it downloads now. Without a manifest (not
         a checkpoint committed by elastic-train) every file is downloaded unchecked."""
-        entry = self.entry(fs, path)
+        entry = self.entry(fs, path, None if manifest is None else manifest.index)
         while True:
             with entry.locked(fcntl.LOCK_SH) as lock:
                 # The exclusive lock is asked for only while the entry is incomplete, and

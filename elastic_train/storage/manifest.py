@@ -1,7 +1,8 @@
 """The commit manifest: what the marker of a committed checkpoint records.
 
-Written last into ``checkpoint_NNNNNN/.commit.json`` by the committing rank (see
-:mod:`.checkpoint_store`): the checkpoint's index and metrics, every file with
+Written last into ``checkpoint_NNNNNN/.commit.json`` (or ``<checkpoint_dir_name>/``,
+see :mod:`.checkpoint_names`) by the committing rank (see
+:mod:`.checkpoint_store`): the checkpoint's index, name and metrics, every file with
 its size, CRC-32 and the rank that uploaded it, the world size that wrote it and
 each rank's resume state. The node's local tier checks its kept copies against
 it (:func:`~.checkpoint_store.file_matches`), and ``Result.checkpoint`` and
@@ -20,7 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_train.errors import CorruptManifestError
+from elastic_train.errors import ConfigError, CorruptManifestError
+from elastic_train.storage.checkpoint_names import check_dir_name, dir_name
 
 
 @dataclass
@@ -34,6 +36,9 @@ class CommitManifest:
     world_size: int
     worker_states: dict[str, Any] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
+    # The directory's name when report(checkpoint_dir_name=...) gave one; "" for
+    # checkpoint_NNNNNN (and in markers written before names could be chosen).
+    checkpoint_dir_name: str = ""
 
     @classmethod
     def from_json(cls, data: Any) -> CommitManifest:
@@ -52,12 +57,22 @@ class CommitManifest:
             isinstance(v, dict) for v in manifest.worker_states.values()),
             "worker_states is not an object of objects")
         _expect(isinstance(manifest.files, dict), "files is not an object")
+        if manifest.checkpoint_dir_name != "":
+            try:
+                check_dir_name(manifest.checkpoint_dir_name)
+            except ConfigError:
+                _expect(False, f"checkpoint_dir_name={manifest.checkpoint_dir_name!r}")
         for rel, info in manifest.files.items():
             check_relpath(rel)
             _expect(isinstance(info, dict) and _is_int(info.get("size"), 0)
                     and isinstance(info.get("crc32"), str)
                     and _is_int(info.get("rank", 0), 0), f"files[{rel!r}]={info!r}")
         return manifest
+
+    @property
+    def name(self) -> str:
+        """The checkpoint directory's name in the run."""
+        return self.checkpoint_dir_name or dir_name(self.index)
 
     @property
     def size_bytes(self) -> int:

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import (
     CheckpointStore,
-    dir_name,
     file_matches,
 )
 from elastic_train.storage.local_tier import LocalTier, copy_checked
@@ -56,7 +55,7 @@ def check_share(store: CheckpointStore, manifest: CommitManifest, rank: int, wor
         return [rel for rel in rels if not store.retry.call(
             f"checking {rel}", where, lambda r=rel: copy_checked(
                 fs, fsutil.join(path, r), None, manifest.files[r]))]
-    entry = tier.entry(fs, path)
+    entry = tier.entry(fs, path, manifest.index)
     with entry.locked(fcntl.LOCK_SH):
         return [rel for rel in rels
                 if tier.local_file(entry, rel, manifest.files[rel]) is None
@@ -77,12 +76,12 @@ def choose_intact(store: CheckpointStore, manifests: list[CommitManifest], rank:
         bad = check_share(store, manifest, rank, world_size, tier)
         if bad:
             logger.warning("Checkpoint %s is damaged: files not matching its manifest: %s.",
-                           dir_name(manifest.index), ", ".join(bad[:5]))
+                           manifest.name, ", ".join(bad[:5]))
         if all_ok(not bad):
             chosen = manifest
             break
         if rank == 0:
-            logger.warning("Resuming from a checkpoint older than %s.", dir_name(manifest.index))
+            logger.warning("Resuming from a checkpoint older than %s.", manifest.name)
     if tier is not None:
         tier.prune(store.fs, store.run_path,
                    lambda index: chosen is not None and index == chosen.index)

@@ -260,10 +260,11 @@ class CheckpointUploader:
         store = self.store
         try:
             if job.relpaths:
-                self.tier.keep(store.fs, store.path(job.index), job.staged_dir, job.relpaths)
+                self.tier.keep(store.fs, store.path(job.index), job.staged_dir, job.relpaths,
+                               job.index)
             committed = job.index if job.manifest is not None else None
             self.tier.supersede(store.fs, store.run_path, lambda index: index == committed
-                                or store.is_committed(dir_name(index)))
+                                or store.is_committed(store.name(index)))
         except Exception:  # the checkpoint is stored; only this node's copy is missing
             logger.warning("Could not keep checkpoint %s in the node's local tier",
                            dir_name(job.index), exc_info=True)

@@ -6,15 +6,17 @@ that follows is rank 0's, and lives here:
 1. the score check: a checkpoint whose metrics lack
    ``CheckpointConfig.checkpoint_score_attribute`` fails its ``report()`` before
    anything is uploaded;
-2. the manifest: the checkpoint's row and every rank's resume state (its file list
+2. the checkpoint's directory name, when the report chose one: claimed before any
+   rank uploads, refused when the run has that name already;
+3. the manifest: the checkpoint's row and every rank's resume state (its file list
    is filled in at the commit);
-3. the metrics row, appended to ``metrics.jsonl`` at every report;
-4. the commit, run on rank 0's upload thread once its own files are up: it waits
+4. the metrics row, appended to ``metrics.jsonl`` at every report;
+5. the commit, run on rank 0's upload thread once its own files are up: it waits
    for the upload markers of every rank that owns files (as long as their uploads
    make progress, :mod:`elastic_train.storage.upload_progress`), merges their file
    descriptions into the manifest and writes the commit marker
    (:meth:`~elastic_train.storage.CheckpointStore.commit`);
-5. top-k retention (:mod:`elastic_train.storage.retention`) over the committed
+6. top-k retention (:mod:`elastic_train.storage.retention`) over the committed
    checkpoints it keeps a record of.
 
 Example::
@@ -76,15 +78,24 @@ class Committer:
         if self.config.checkpoint_score_attribute:
             score_of(CheckpointRecord(index, metrics), self.config)
 
+    def claim(self, index: int, name: str) -> None:
+        """Reserves the directory name ``name`` for checkpoint ``index`` before any rank
+        uploads (see :mod:`elastic_train.storage.checkpoint_names`); a ConfigError when
+        the run has an entry of that name already."""
+        self.store.claim(index, name)
+
     @staticmethod
     def manifest(index: int, row: dict[str, Any],
                  worker_states: Sequence[dict[str, Any]]) -> CommitManifest:
-        """The manifest of checkpoint ``index`` reported with ``row``; ``worker_states``
-        holds every rank's resume state, by rank. Its files are filled in at the commit,
-        from the owners' upload markers."""
+        """The manifest of checkpoint ``index`` reported with ``row`` (whose
+        ``checkpoint_dir_name`` is its directory); ``worker_states`` holds every rank's
+        resume state, by rank. Its files are filled in at the commit, from the owners'
+        upload markers."""
+        name = row.get("checkpoint_dir_name", dir_name(index))
         return CommitManifest(index=index, training_iteration=row["training_iteration"],
                               metrics=row, files={}, world_size=len(worker_states),
-                              worker_states={str(r): s for r, s in enumerate(worker_states)})
+                              worker_states={str(r): s for r, s in enumerate(worker_states)},
+                              checkpoint_dir_name="" if name == dir_name(index) else name)
 
     def record_row(self, row: dict[str, Any]) -> None:
         """Appends the report's row to ``metrics.jsonl``."""
@@ -120,10 +131,10 @@ class Committer:
                 if not any(now[r] > progress.get(r, 0) for r in missing):
                     raise StorageError(
                         f"ranks {sorted(missing)} made no progress uploading "
-                        f"{dir_name(index)} to {self.store.display_path} for {budget:.0f}s")
+                        f"{self.store.name(index)} to {self.store.display_path} for {budget:.0f}s")
                 progress, deadline = now, time.monotonic() + budget
             if self._cancelled.wait(delay):
-                raise StorageError(f"the commit of {dir_name(index)} was cancelled: the "
+                raise StorageError(f"the commit of {self.store.name(index)} was cancelled: the "
                                    "attempt ended before every rank uploaded its files")
             delay = min(delay * 2, 0.5)
 
@@ -133,6 +144,6 @@ class Committer:
                 self.store.delete(index)
             except Exception:
                 logger.warning("Could not delete %s; retention will retry at the next "
-                               "checkpoint.", dir_name(index), exc_info=True)
+                               "checkpoint.", self.store.name(index), exc_info=True)
                 continue
             self._committed = [r for r in self._committed if r.index != index]

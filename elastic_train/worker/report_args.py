@@ -22,6 +22,7 @@ from elastic_train.errors import ConfigError
 from elastic_train.metric_rows import clean_metrics
 from elastic_train.report_config import CheckpointUploadMode
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.checkpoint_names import check_dir_name
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,14 @@ class ReportArgs:
     Attributes:
         metrics: The metrics as JSON values.
         checkpoint: The local directory reported, or None.
+        dir_name: The checkpoint directory's name asked for (None: the default).
         mode: When ``report()`` returns (see :class:`CheckpointUploadMode`).
         delete_local: Whether the checkpoint's local directory goes once uploaded.
     """
 
     metrics: dict[str, Any]
     checkpoint: Checkpoint | None
+    dir_name: str | None
     mode: CheckpointUploadMode
     delete_local: bool
 
@@ -54,12 +57,7 @@ class ReportArgs:
             raise ConfigError(f"report(checkpoint={checkpoint!r}): pass a local directory, "
                               "Checkpoint.from_directory(path).")
         if dir_name is not None:
-            raise ConfigError(
-                f"report(checkpoint_dir_name={dir_name!r}) is not supported: checkpoint "
-                "directories are named checkpoint_NNNNNN here (the number orders them for "
-                "retention and resume). Drop the argument; to tell checkpoints apart, report "
-                "the value as a metric or put it in the checkpoint with "
-                "Checkpoint.set_metadata().")
+            check_dir_name(dir_name)
         try:
             mode = CheckpointUploadMode(mode)
         except ValueError:
@@ -71,7 +69,7 @@ class ReportArgs:
             delete_local = mode.default_delete_local_checkpoint_after_upload()
         if delete_local and checkpoint is not None and run_path is not None:
             _refuse_deleting_the_run(checkpoint.path, run_path)
-        return cls(clean, checkpoint, mode, bool(delete_local))
+        return cls(clean, checkpoint, dir_name, mode, bool(delete_local))
 
 
 def _refuse_unsupported(mode: CheckpointUploadMode, upload_fn: Any, validation: Any,

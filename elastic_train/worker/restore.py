@@ -33,7 +33,6 @@ from typing import Any
 
 from elastic_train.errors import StorageError
 from elastic_train.storage import CommitManifest, RunStorage
-from elastic_train.storage.checkpoint_store import dir_name
 from elastic_train.storage.restore_check import choose_intact
 from elastic_train.storage.retention import CheckpointRecord
 from elastic_train.storage.run_state import RestoreRecord
@@ -139,6 +138,7 @@ def agree_on_restore_point(storage: RunStorage, group: ControlGroup,
     """
     swept = storage.checkpoints.sweep() if rank == 0 else None
     removed, manifests = group.broadcast(swept)
+    storage.checkpoints.remember(manifests)  # custom directory names, on every rank
     chosen = choose_intact(storage.checkpoints, manifests, rank, group.world_size,
                            lambda ok: not group.any_rank(not ok)[0])
     point = load_restore_point(storage, group.world_size, manifests, chosen, removed) \
@@ -161,7 +161,7 @@ def load_restore_point(storage: RunStorage, world_size: int,
             "loaded as they are, but dataset shards and prepared data loaders start "
             "the checkpoint's epoch again from its beginning with the new split, so "
             "the result will not be bit-identical to a run of fixed size.",
-            dir_name(point.manifest.index), point.manifest.world_size, world_size)
+            point.manifest.name, point.manifest.world_size, world_size)
     if point.recomputed_iterations:
         logger.info("Dropping %d metric rows reported after the restored checkpoint.",
                     point.recomputed_iterations)

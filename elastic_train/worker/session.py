@@ -41,7 +41,6 @@ from elastic_train.report_config import (
 )
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.checkpoint_store import dir_name
 from elastic_train.storage.uploader import UploadJob, listed_files
 from elastic_train.worker import preemption
 from elastic_train.worker.after_report import AFTER_REPORT, AfterReport
@@ -217,15 +216,20 @@ class TrainSession:
                                                            notice is not None)
         if any_checkpoint and joined.committer is not None:  # whichever rank holds files
             joined.committer.check_score(args.metrics, joined.numbers.next_index)
+            if args.dir_name is not None:  # claimed before any rank uploads into it
+                joined.committer.claim(joined.numbers.next_index, args.dir_name)
         if any_checkpoint or any_notice:
             states = ({key: it.state_dict() for key, it in self._resumables.items()}
                       if any_checkpoint else {})
-            gathered = joined.group.all_gather((files, states, notice))
-            if self._note_preemption([n for _, _, n in gathered]) is not None:
+            gathered = joined.group.all_gather((files, states, notice, args.dir_name))
+            if self._note_preemption([n for _, _, n, _ in gathered]) is not None:
                 mode = CheckpointUploadMode.SYNC  # the node may go any moment: commit now
             if any_checkpoint:
-                row["checkpoint_dir_name"] = dir_name(joined.numbers.next_index)
-                self._persist_checkpoint([(f, s) for f, s, _ in gathered], checkpoint, row,
+                if (name := gathered[0][3]) is not None:  # rank 0's name, as Ray's
+                    self.storage.checkpoints.adopt(joined.numbers.next_index, name)
+                row["checkpoint_dir_name"] = self.storage.checkpoints.name(
+                    joined.numbers.next_index)
+                self._persist_checkpoint([(f, s) for f, s, _, _ in gathered], checkpoint, row,
                                          mode)
                 if args.delete_local and checkpoint is not None and checkpoint.written is None:
                     shutil.rmtree(checkpoint.path, ignore_errors=True)  # staged: not needed
@@ -361,9 +365,13 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
     copying a shared one). A directory still being written (``written=``) is moved
     into the staging area whatever the argument says.
 
-    ``checkpoint_dir_name`` is refused unless None: checkpoint directories here are
-    ``checkpoint_NNNNNN``, the number ordering them for retention and resume.
-    ``checkpoint_upload_fn``, ``NO_UPLOAD`` and ``validation`` are refused too, with
+    ``checkpoint_dir_name`` names the checkpoint's directory in the run (default
+    ``checkpoint_NNNNNN``): one plain name, unique in the run -- a name with ``/``,
+    starting with ``.``, of the default form, or taken already is a ConfigError
+    before anything is uploaded. Rank 0's name is the one used, as in Ray. The
+    checkpoint keeps its number, which still orders retention and resume (see
+    :mod:`elastic_train.storage.checkpoint_names`).
+    ``checkpoint_upload_fn``, ``NO_UPLOAD`` and ``validation`` are refused, with
     the way out (see :mod:`.report_args`).
 
     Example::

@@ -24,12 +24,15 @@ def test_deleting_a_directory_that_holds_the_run_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"dir_name": "epoch-1"}, r"checkpoint_dir_name='epoch-1'.*set_metadata"),
+    ({"dir_name": "a/b"}, r"checkpoint_dir_name='a/b'\) holds a path separator.*epoch_"),
+    ({"dir_name": ".."}, r"checkpoint_dir_name='..'\) starts with '.'.*unique in the run"),
+    ({"dir_name": ""}, r"checkpoint_dir_name=''\) is not a non-empty string"),
+    ({"dir_name": "checkpoint_000004"}, r"is a default name, whose number another"),
     ({"mode": CheckpointUploadMode.NO_UPLOAD}, r"NO_UPLOAD\) is not supported.*local directory"),
     ({"upload_fn": print}, r"checkpoint_upload_fn=.*not supported yet.*Drop the argument"),
     ({"validation": True}, r"validation=True.*not supported yet.*validate in the train"),
 ])
-def test_what_is_not_supported_is_refused_with_the_way_out(tmp_path, kwargs, match):
+def test_what_is_not_supported_or_valid_is_refused_with_the_way_out(tmp_path, kwargs, match):
     with pytest.raises(ConfigError, match=match):
         ReportArgs.check({"loss": 1.0}, Checkpoint.from_directory(str(tmp_path)), **kwargs)
 

@@ -113,3 +113,22 @@ def test_get_all_reported_checkpoints_checks_its_arguments(session_of_one):
         session.get_all_reported_checkpoints("SOON")
     with pytest.raises(et.ConfigError, match=r"timeout_s=-1.*>= 0"):
         session.get_all_reported_checkpoints(timeout_s=-1)
+
+
+def test_checkpoint_dir_name_names_the_directory_and_keeps_the_number(session_of_one,
+                                                                      tmp_path):
+    session, storage, calls = session_of_one
+    session.report({"loss": 0.5}, _checkpoint_dir(tmp_path, "c0"), checkpoint_dir_name="epoch_0",
+                   checkpoint_upload_mode=CheckpointUploadMode.SYNC)
+    session.report({"loss": 0.4}, _checkpoint_dir(tmp_path, "c1"))
+    session.finish()
+    assert [row["checkpoint_dir_name"] for _, _, rows in calls[-1:] for row in rows] == [
+        "epoch_0", "checkpoint_000001"]
+    assert [(m.index, m.name) for m in storage.checkpoints.committed()] == [
+        (0, "epoch_0"), (1, "checkpoint_000001")]
+    assert [r.checkpoint.path.rsplit("/", 1)[-1]
+            for r in session.get_all_reported_checkpoints()] == ["epoch_0", "checkpoint_000001"]
+    with pytest.raises(et.ConfigError, match=r"checkpoint_dir_name='epoch_0'.*unique"):
+        session.report({"loss": 0.3}, _checkpoint_dir(tmp_path, "c2"),
+                       checkpoint_dir_name="epoch_0")
+    assert (tmp_path / "c2" / "model.pt").exists()  # refused before anything was touched

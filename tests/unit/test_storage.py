@@ -416,3 +416,53 @@ def test_sweep_removes_uncommitted_and_returns_the_committed(run, local_ckpt):
     removed, manifests = store.sweep()
     assert removed == [1] and [m.index for m in manifests] == [0, 2]
     assert [m.index for m in store.committed()] == [0, 2]
+
+
+def commit_named(store, index, name, src):
+    """A checkpoint committed into the directory ``name`` (report(checkpoint_dir_name=))."""
+    store.claim(index, name)
+    files = scan_directory(src)
+    store.upload(index, src, files)
+    m = manifest(index, files, loss=0.5)
+    m.checkpoint_dir_name = name
+    store.commit(m)
+    return m
+
+
+def test_a_claimed_name_is_the_checkpoints_directory_for_every_reader(run, local_ckpt):
+    commit(run.checkpoints, 0, local_ckpt)
+    commit_named(run.checkpoints, 1, "epoch_1", local_ckpt)
+    store = CheckpointStore(run.fs, run.run_path)  # a second handle, as another process's
+    assert [(m.index, m.name) for m in store.committed()] == [(0, "checkpoint_000000"),
+                                                              (1, "epoch_1")]
+    assert store.path(1) == fsutil.join(run.run_path, "epoch_1")
+    assert run.fs.exists(fsutil.join(run.run_path, "epoch_1", "sub", "opt.pt"))
+    store.delete(1)  # retention: the directory, then its claim
+    assert not run.fs.exists(store.path(1))
+    assert [m.index for m in CheckpointStore(run.fs, run.run_path).committed()] == [0]
+    assert CheckpointStore(run.fs, run.run_path).sweep() == ([], store.committed())
+
+
+def test_a_name_the_run_has_already_is_refused_before_any_upload(run, local_ckpt):
+    store = run.checkpoints
+    commit_named(store, 0, "best", local_ckpt)
+    with pytest.raises(ConfigError, match=r"checkpoint_dir_name='best'.*unique within the run"):
+        store.claim(1, "best")
+    fsutil.write_json_atomic(run.fs, fsutil.join(run.run_path, "notes", "mine.json"), {})
+    with pytest.raises(ConfigError, match=r"'notes'.*already has a checkpoint or an entry"):
+        store.claim(2, "notes")
+    assert [m.index for m in store.committed()] == [0]
+
+
+def test_sweep_removes_claimed_uploads_cut_short_and_leaves_other_entries(run, local_ckpt):
+    store = run.checkpoints
+    commit_named(store, 0, "kept", local_ckpt)
+    store.claim(1, "cut_short")
+    store.upload(1, local_ckpt, scan_directory(local_ckpt))
+    store.claim(2, "never_started")
+    fsutil.write_json_atomic(run.fs, fsutil.join(run.run_path, "notes", "mine.json"), {})
+    removed, manifests = CheckpointStore(run.fs, run.run_path).sweep()
+    assert removed == [1, 2] and [m.name for m in manifests] == ["kept"]
+    assert not run.fs.exists(fsutil.join(run.run_path, "cut_short"))
+    assert run.fs.exists(fsutil.join(run.run_path, "notes", "mine.json"))
+    store.claim(3, "cut_short")  # the name is free again
