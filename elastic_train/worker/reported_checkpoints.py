@@ -27,7 +27,6 @@ from elastic_train.report_config import (
     ReportedCheckpoint,
     ReportedCheckpointStatus,
 )
-from elastic_train.storage.checkpoint_store import dir_name
 from elastic_train.storage.retention import CheckpointRecord, ranked
 
 if TYPE_CHECKING:
@@ -59,13 +58,14 @@ def wait_until_committed(store: CheckpointStore, index: int,
     first. ``raise_if_failed`` raises this rank's upload error, which would otherwise
     leave it waiting for a commit that never comes."""
     delay = 0.01
-    while not store.is_committed(dir_name(index)):
+    while not store.is_committed(store.name(index)):
         raise_if_failed()
         if deadline is not None and time.monotonic() >= deadline:
             logger.info("get_all_reported_checkpoints(): %s is not committed yet; listing "
-                        "what is.", dir_name(index))
+                        "what is.", store.name(index))
             return False
-        time.sleep(delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic())))
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        time.sleep(delay if left is None else min(delay, left))
         delay = min(delay * 2, 0.5)
     return True
 

@@ -1,0 +1,80 @@
+"""End-to-end: Ray 2.60's checkpoint API on 2 real workers -- report(checkpoint_dir_name=,
+delete_local_checkpoint_after_upload=) and get_all_reported_checkpoints(), through a
+worker's death and the resume from a custom-named checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+
+import pytest
+
+import elastic_train as et
+from elastic_train.torch import TorchTrainer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180),
+              pytest.mark.usefixtures("no_leaked_processes")]
+
+SCORES = [1.0, 5.0, 4.0, 2.0]  # the last epoch's is not among the best two
+
+
+def _named_epochs(config: dict) -> dict:
+    """Each epoch rank 0 reports a checkpoint named ``epoch_N`` from a fresh directory
+    (odd epochs SYNC, kept; even ones ASYNC, deleted once staged); rank 1 dies once at
+    the start of epoch 2. Returns what
+    get_all_reported_checkpoints() says on this rank, and which directories survived."""
+    rank = et.get_context().get_world_rank()
+    start = 0
+    if (checkpoint := et.get_checkpoint()) is not None:
+        with checkpoint.as_directory() as d, open(os.path.join(d, "epoch.txt")) as f:
+            start = int(f.read()) + 1
+        with open(config["starts"], "a") as f:
+            f.write(f"{rank}:{os.path.basename(checkpoint.path)}\n")
+    left_behind = []
+    for epoch in range(start, len(SCORES)):
+        if epoch == 2 and rank == 1 and not os.path.exists(config["marker"]):
+            open(config["marker"], "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        local = None
+        if rank == 0:
+            local = tempfile.mkdtemp()
+            with open(os.path.join(local, "epoch.txt"), "w") as f:
+                f.write(str(epoch))
+        et.report({"score": SCORES[epoch], "epoch": epoch},
+                   checkpoint=local and et.Checkpoint.from_directory(local),
+                   checkpoint_dir_name=f"epoch_{epoch}",
+                   checkpoint_upload_mode=et.CheckpointUploadMode.SYNC if epoch % 2 else
+                   et.CheckpointUploadMode.ASYNC)
+        if local is not None and os.path.exists(local):
+            left_behind.append(epoch)
+    listed = et.get_all_reported_checkpoints(et.CheckpointConsistencyMode.COMMITTED)
+    return {"rank": rank, "left_behind": left_behind,
+            "listed": [(os.path.basename(r.checkpoint.path), r.metrics["epoch"], r.status.value)
+                       for r in listed]}
+
+
+def test_named_checkpoints_resume_retain_and_list_as_rays(storage_path, tmp_path):
+    result = TorchTrainer(
+        _named_epochs, train_loop_config={"starts": str(tmp_path / "starts"),
+                                          "marker": str(tmp_path / "killed")},
+        scaling_config=et.ScalingConfig(num_workers=2),
+        run_config=et.RunConfig(
+            storage_path=storage_path, name="named",
+            failure_config=et.FailureConfig(max_failures=1),
+            checkpoint_config=et.CheckpointConfig(num_to_keep=2,
+                                                  checkpoint_score_attribute="score"))).fit()
+    # epoch_1 was committed before report() returned (SYNC): the restart resumes there
+    assert (tmp_path / "starts").read_text().split() == ["0:epoch_1", "1:epoch_1"]
+    # top-2 by score (epochs 1, 2) plus the latest (3), worst to best as Ray lists them
+    assert result.return_value["listed"] == [("epoch_3", 3, "COMMITTED"),
+                                             ("epoch_2", 2, "COMMITTED"),
+                                             ("epoch_1", 1, "COMMITTED")]
+    assert result.return_value["left_behind"] == [3]  # ASYNC's default deletes, SYNC's keeps
+    assert os.path.basename(result.checkpoint.path) == "epoch_3"
+    assert sorted(os.path.basename(c.path) for c, _ in result.best_checkpoints) == [
+        "epoch_1", "epoch_2"]
+    on_disk = sorted(n for n in os.listdir(result.path) if n.startswith("epoch_"))
+    assert on_disk == ["epoch_1", "epoch_2", "epoch_3"]
+    assert list(result.metrics_dataframe["checkpoint_dir_name"]) == [
+        "epoch_0", "epoch_1", "epoch_2", "epoch_3"]
