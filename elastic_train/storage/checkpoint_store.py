@@ -177,20 +177,43 @@ class CheckpointStore:
         """Notes the names of ``manifests`` (read by another rank and sent here)."""
         self._names.update({m.index: m.name for m in manifests})
 
-    def claim(self, index: int, name: str) -> None:
+    def claim(self, index: int, name: str, in_place: bool = False) -> None:
         """Reserves ``name`` for checkpoint ``index`` before any rank uploads into it; a
-        ConfigError when the run already has an entry or a checkpoint of that name."""
+        ConfigError when the run already has a checkpoint of that name, or an entry of
+        that name -- unless ``in_place``: the user wrote the files there (NO_UPLOAD),
+        and the sweep of an unfinished commit then leaves them."""
         self._fenced(f"claiming {name}")
-        taken = name in self._claims().values() or self._retry(
-            "checking a checkpoint name", lambda: self.fs.exists(fsutil.join(self.run_path, name)))
-        if taken:
+        exists = self._retry("checking a checkpoint name", lambda: self.fs.exists(
+            fsutil.join(self.run_path, name)))
+        if name in self._claims().values() or exists != in_place:
+            what = ("has no directory of that name" if in_place else
+                    "already has a checkpoint or an entry of that name")
             raise ConfigError(f"report(checkpoint_dir_name={name!r}): the run "
-                              f"{self.display_path} already has a checkpoint or an entry of "
-                              "that name; names must be unique within the run, e.g. "
-                              "f'epoch_{epoch}'.")
+                              f"{self.display_path} {what}; names must be unique within the "
+                              "run, e.g. f'epoch_{epoch}'.")
         self._retry(f"claiming {name}", lambda: fsutil.write_json_atomic(
-            self.fs, fsutil.join(self.run_path, NAMES_DIR, claim_file(index, name)), {}))
+            self.fs, fsutil.join(self.run_path, NAMES_DIR, claim_file(index, name)),
+            {"in_place": in_place}))
         self._names[index] = name
+
+    def _in_place(self, index: int) -> bool:
+        """Whether checkpoint ``index``'s directory holds files the user wrote there."""
+        claim = fsutil.join(self.run_path, NAMES_DIR, claim_file(index, self.name(index)))
+        return index in self._names and bool(self._retry(
+            "reading a checkpoint name", lambda: fsutil.read_json(self.fs, claim)).get("in_place"))
+
+    def describe_in_place(self, index: int) -> dict[str, dict[str, Any]]:
+        """:func:`describe_files` of the files the user wrote into checkpoint ``index``'s
+        directory (NO_UPLOAD), read from the store (each file streamed once)."""
+        root = self.path(index)
+        files = {}
+        for path in self._retry("listing a checkpoint", lambda: self.fs.find(root)):
+            rel = path[len(root):].lstrip("/")
+            if rel != MARKER:
+                crc, size = self._retry(f"reading {rel}",
+                                        lambda p=path: fsutil.stream_crc32(self.fs, p))
+                files[rel] = {"size": size, "crc32": crc, "rank": 0}
+        return files
 
     def _list(self, path: str) -> list[str]:
         """The names in directory ``path`` (none if it is missing), listed afresh."""
@@ -277,9 +300,10 @@ class CheckpointStore:
             if manifest is DAMAGED:  # left for a person to look at; its number not reused
                 removed.append(index)
                 continue
-            logger.info("Removing uncommitted checkpoint directory %s", path)
-            self._retry("removing an uncommitted checkpoint",
-                        lambda p=path: self.adapter.remove_tree(p))
+            if not self._in_place(index):  # the user's own files (NO_UPLOAD) stay
+                logger.info("Removing uncommitted checkpoint directory %s", path)
+                self._retry("removing an uncommitted checkpoint",
+                            lambda p=path: self.adapter.remove_tree(p))
             self._unclaim(index)
             removed.append(index)
         uploads = fsutil.join(self.run_path, UPLOADS_DIR)

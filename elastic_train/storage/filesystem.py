@@ -148,6 +148,15 @@ def file_crc32(path: str) -> str:
     return f"{crc:08x}"
 
 
+def stream_crc32(fs: fsspec.AbstractFileSystem, path: str) -> tuple[str, int]:
+    """CRC-32 and size of a file of ``fs``, streamed."""
+    crc = size = 0
+    with fs.open(path, "rb", block_size=CHUNK * 8) as f:
+        while chunk := f.read(CHUNK * 8):
+            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+    return f"{crc:08x}", size
+
+
 def join(*parts: str) -> str:
     """Join path parts with '/', the separator of every fsspec store."""
     return "/".join(p.rstrip("/") for p in parts if p)

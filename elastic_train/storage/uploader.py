@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from elastic_train.errors import StorageError
+from elastic_train.errors import ConfigError, StorageError
 from elastic_train.storage.checkpoint_store import (
     CheckpointStore,
     describe_files,
@@ -52,6 +52,9 @@ logger = logging.getLogger(__name__)
 # A rank's file list in report() while its files are still being written (see
 # Checkpoint.from_directory(written=...)): it uploads whatever it has written by then.
 WRITTEN_LATER = "<written in the background>"
+# A rank's file list in report() for a NO_UPLOAD checkpoint: the files are in the
+# run directory already; rank 0 describes them there before the commit.
+IN_PLACE = "<in the run directory>"
 
 
 def listed_files(directory: str, written: Future | None) -> list[str] | str:
@@ -73,6 +76,7 @@ class UploadJob:
     staged_dir: str | None = None
     source_dir: str | None = None
     written: Future | None = None
+    in_place: bool = False  # rank 0 of a NO_UPLOAD checkpoint: describe, upload nothing
 
     @classmethod
     def plan(cls, index: int, file_lists: Sequence[Sequence[str] | str | None], rank: int,
@@ -80,7 +84,16 @@ class UploadJob:
         """``rank``'s job, given every rank's file list (None: no checkpoint): each file
         goes up from the lowest rank that has it, so a file all ranks hold goes up once.
         A rank whose list is :data:`WRITTEN_LATER` uploads all of its files, listed once
-        written (its job's ``relpaths`` is None until then)."""
+        written (its job's ``relpaths`` is None until then). A checkpoint
+        :data:`IN_PLACE` is rank 0's alone: the others pass None or the same."""
+        if IN_PLACE in file_lists:
+            if file_lists[0] != IN_PLACE or any(f not in (None, IN_PLACE) for f in file_lists):
+                raise ConfigError(
+                    "report(checkpoint_upload_mode=NO_UPLOAD): rank 0 reports the directory "
+                    "of the run that holds the checkpoint, and no rank reports files to "
+                    "upload with it (the others pass checkpoint=None or the same).")
+            return cls(index=index, relpaths=[], owner_ranks=[0], manifest=manifest,
+                       in_place=rank == 0)
         owners: dict[str, int] = {}
         later = {r for r, files in enumerate(file_lists) if files == WRITTEN_LATER}
         for owner, files in enumerate(file_lists):
@@ -236,6 +249,9 @@ class CheckpointUploader:
         job.relpaths = list_directory(job.staged_dir)
 
     def _process(self, job: UploadJob) -> None:
+        if job.in_place:
+            self.store.mark_uploaded(job.index, self.rank,
+                                     self.store.describe_in_place(job.index))
         if job.relpaths is None:
             self._take_over(job)
         if job.relpaths:

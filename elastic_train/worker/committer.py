@@ -78,11 +78,11 @@ class Committer:
         if self.config.checkpoint_score_attribute:
             score_of(CheckpointRecord(index, metrics), self.config)
 
-    def claim(self, index: int, name: str) -> None:
+    def claim(self, index: int, name: str, in_place: bool = False) -> None:
         """Reserves the directory name ``name`` for checkpoint ``index`` before any rank
         uploads (see :mod:`elastic_train.storage.checkpoint_names`); a ConfigError when
-        the run has an entry of that name already."""
-        self.store.claim(index, name)
+        the run has an entry of that name already (or none, ``in_place``: NO_UPLOAD)."""
+        self.store.claim(index, name, in_place)
 
     @staticmethod
     def manifest(index: int, row: dict[str, Any],

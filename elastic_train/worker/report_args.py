@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import fsspec
+
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.errors import ConfigError
 from elastic_train.metric_rows import clean_metrics
@@ -32,7 +34,8 @@ class ReportArgs:
     Attributes:
         metrics: The metrics as JSON values.
         checkpoint: The local directory reported, or None.
-        dir_name: The checkpoint directory's name asked for (None: the default).
+        dir_name: The checkpoint directory's name asked for (None: the default); with
+            ``NO_UPLOAD``, the name of the run's directory the checkpoint is.
         mode: When ``report()`` returns (see :class:`CheckpointUploadMode`).
         delete_local: Whether the checkpoint's local directory goes once uploaded.
     """
@@ -43,37 +46,75 @@ class ReportArgs:
     mode: CheckpointUploadMode
     delete_local: bool
 
+    @property
+    def in_place(self) -> bool:
+        """A ``NO_UPLOAD`` checkpoint: its files are in the run directory already."""
+        return self.checkpoint is not None and self.mode is CheckpointUploadMode.NO_UPLOAD
+
     @classmethod
     def check(cls, metrics: Any, checkpoint: Any = None, dir_name: str | None = None,
               mode: Any = CheckpointUploadMode.ASYNC, delete_local: bool | None = None,
               upload_fn: Callable[..., Any] | None = None, validation: Any = False,
-              run_path: str | None = None) -> ReportArgs:
-        """The arguments checked; ``run_path`` is the run directory when on local disk
-        (a checkpoint directory holding it must not be deleted)."""
+              run: tuple[fsspec.AbstractFileSystem, str] | None = None) -> ReportArgs:
+        """The arguments checked; ``run`` is the run directory's filesystem and path
+        (a ``NO_UPLOAD`` checkpoint must be one of its directories; a checkpoint
+        directory holding it must not be deleted)."""
         clean = clean_metrics(metrics)
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
             raise ConfigError(f"report(checkpoint={checkpoint!r}) must be a Checkpoint.")
-        if checkpoint is not None and not fsutil.is_local(checkpoint.filesystem):
-            raise ConfigError(f"report(checkpoint={checkpoint!r}): pass a local directory, "
-                              "Checkpoint.from_directory(path).")
-        if dir_name is not None:
-            check_dir_name(dir_name)
         try:
             mode = CheckpointUploadMode(mode)
         except ValueError:
             raise ConfigError(f"report(checkpoint_upload_mode={mode!r}): use one of "
                               f"{[m.name for m in CheckpointUploadMode]}, e.g. "
                               "CheckpointUploadMode.SYNC.") from None
-        _refuse_unsupported(mode, upload_fn, validation, checkpoint)
+        _refuse_unsupported(upload_fn, validation, checkpoint)
+        if mode is CheckpointUploadMode.NO_UPLOAD and checkpoint is not None:
+            dir_name = _run_directory(checkpoint, dir_name, delete_local, run)
+        elif checkpoint is not None and not fsutil.is_local(checkpoint.filesystem):
+            raise ConfigError(f"report(checkpoint={checkpoint!r}): pass a local directory, "
+                              "Checkpoint.from_directory(path) (or, for files written into "
+                              "the run directory already, checkpoint_upload_mode=NO_UPLOAD).")
+        if dir_name is not None:
+            check_dir_name(dir_name)
         if delete_local is None:
             delete_local = mode.default_delete_local_checkpoint_after_upload()
-        if delete_local and checkpoint is not None and run_path is not None:
-            _refuse_deleting_the_run(checkpoint.path, run_path)
+        if delete_local and checkpoint is not None and run and fsutil.is_local(run[0]):
+            _refuse_deleting_the_run(checkpoint.path, run[1])
         return cls(clean, checkpoint, dir_name, mode, bool(delete_local))
 
 
-def _refuse_unsupported(mode: CheckpointUploadMode, upload_fn: Any, validation: Any,
-                        checkpoint: Any) -> None:
+def _run_directory(checkpoint: Checkpoint, dir_name: str | None, delete_local: bool | None,
+                   run: tuple[fsspec.AbstractFileSystem, str] | None) -> str:
+    """The name of the run's directory a ``NO_UPLOAD`` checkpoint is; a ConfigError with
+    the way out when it is anywhere else (Ray's rule: the run manages only what is
+    inside it), or when asked to delete it (it is the checkpoint)."""
+    path = checkpoint.path.rstrip("/")
+    parent, _, name = path.rpartition("/")
+    inside = run is not None and fsutil.same_store(checkpoint.filesystem, run[0]) and (
+        os.path.realpath(parent) == os.path.realpath(run[1]) if fsutil.is_local(run[0])
+        else parent == run[1].rstrip("/"))
+    if not inside:
+        where = run[1] if run is not None else "the run directory"
+        raise ConfigError(
+            f"report(checkpoint={checkpoint!r}, checkpoint_upload_mode=NO_UPLOAD): the "
+            f"checkpoint is not a directory of the run {where}. Write the files into "
+            f"{where}/<name> (get_context().get_storage().experiment_fs_path) and report "
+            "that directory, or report a local directory without NO_UPLOAD.")
+    if dir_name is not None and dir_name != name:
+        raise ConfigError(f"report(checkpoint_dir_name={dir_name!r}, NO_UPLOAD): the "
+                          f"checkpoint is the directory {name!r}; drop the argument or pass "
+                          "that name.")
+    if delete_local:
+        raise ConfigError("report(delete_local_checkpoint_after_upload=True, NO_UPLOAD) would "
+                          f"delete the checkpoint {path} itself: drop the argument.")
+    if checkpoint.written is not None:
+        raise ConfigError(f"report(checkpoint={checkpoint!r}, NO_UPLOAD): the files must be "
+                          "written before report(); wait for the future first.")
+    return name
+
+
+def _refuse_unsupported(upload_fn: Any, validation: Any, checkpoint: Any) -> None:
     if validation and checkpoint is None:
         raise ConfigError(f"report(validation={validation!r}) needs a checkpoint to "
                           "validate: pass checkpoint=... or drop validation.")
@@ -87,12 +128,6 @@ def _refuse_unsupported(mode: CheckpointUploadMode, upload_fn: Any, validation: 
             f"report(checkpoint_upload_fn={upload_fn!r}) is not supported yet: a checkpoint "
             "becomes visible only through the commit of the files the ranks stage. Drop "
             "the argument; the default upload writes to the run's storage_path.")
-    if mode is CheckpointUploadMode.NO_UPLOAD:
-        raise ConfigError(
-            "report(checkpoint_upload_mode=NO_UPLOAD) is not supported: a checkpoint "
-            "becomes visible only through the commit of the files the ranks report. Save "
-            "the files into a local directory and report it (ASYNC, the default, uploads "
-            "it without stalling training).")
 
 
 def _refuse_deleting_the_run(checkpoint_path: str, run_path: str) -> None:

@@ -40,8 +40,7 @@ from elastic_train.report_config import (
     ReportedCheckpoint,
 )
 from elastic_train.storage import CommitManifest, RunStorage
-from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.uploader import UploadJob, listed_files
+from elastic_train.storage.uploader import IN_PLACE, UploadJob, listed_files
 from elastic_train.worker import preemption
 from elastic_train.worker.after_report import AFTER_REPORT, AfterReport
 from elastic_train.worker.backend import WorkerResources
@@ -199,16 +198,16 @@ class TrainSession:
         arguments checked, the ranks' agreement on checkpoints and preemption notices,
         rank 0's duties handed to its committer, the local directory deleted once
         staged, then the after-report hooks."""
-        run_path = self.storage.run_path if fsutil.is_local(self.storage.fs) else None
         args = ReportArgs.check(metrics, checkpoint, checkpoint_dir_name,
                                 checkpoint_upload_mode, delete_local_checkpoint_after_upload,
-                                checkpoint_upload_fn, validation, run_path)
+                                checkpoint_upload_fn, validation,
+                                (self.storage.fs, self.storage.run_path))
         mode = args.mode
         joined = self.join()
         joined.uploader.raise_if_failed()
         row = joined.rows.next(args.metrics)
-        files = (listed_files(checkpoint.path, checkpoint.written)
-                 if checkpoint is not None else None)
+        files = (None if checkpoint is None else IN_PLACE if args.in_place
+                 else listed_files(checkpoint.path, checkpoint.written))
         notice = preemption.local_notice()
         # Most reports carry metrics alone: then the ranks only learn that nobody
         # has a checkpoint or a notice, and nothing else crosses the wire.
@@ -217,13 +216,15 @@ class TrainSession:
         if any_checkpoint and joined.committer is not None:  # whichever rank holds files
             joined.committer.check_score(args.metrics, joined.numbers.next_index)
             if args.dir_name is not None:  # claimed before any rank uploads into it
-                joined.committer.claim(joined.numbers.next_index, args.dir_name)
+                joined.committer.claim(joined.numbers.next_index, args.dir_name, args.in_place)
         if any_checkpoint or any_notice:
             states = ({key: it.state_dict() for key, it in self._resumables.items()}
                       if any_checkpoint else {})
             gathered = joined.group.all_gather((files, states, notice, args.dir_name))
             if self._note_preemption([n for _, _, n, _ in gathered]) is not None:
                 mode = CheckpointUploadMode.SYNC  # the node may go any moment: commit now
+            if any(f == IN_PLACE for f, _, _, _ in gathered):  # NO_UPLOAD: committed now
+                mode = CheckpointUploadMode.SYNC
             if any_checkpoint:
                 if (name := gathered[0][3]) is not None:  # rank 0's name, as Ray's
                     self.storage.checkpoints.adopt(joined.numbers.next_index, name)
@@ -371,8 +372,13 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
     before anything is uploaded. Rank 0's name is the one used, as in Ray. The
     checkpoint keeps its number, which still orders retention and resume (see
     :mod:`elastic_train.storage.checkpoint_names`).
-    ``checkpoint_upload_fn``, ``NO_UPLOAD`` and ``validation`` are refused, with
-    the way out (see :mod:`.report_args`).
+    ``NO_UPLOAD`` (Ray's): the files are in the run directory already, written
+    there by the user, and rank 0 reports ``Checkpoint(<run>/<name>)`` (the
+    others None or the same); a path anywhere else is refused. Its commit reads
+    every file once to record its size and CRC-32, and ``report()`` returns once it
+    is committed (like ``SYNC``). A commit cut short leaves the files where they
+    are. ``checkpoint_upload_fn`` and ``validation`` are refused, with the way out
+    (see :mod:`.report_args`).
 
     Example::
 

@@ -21,9 +21,10 @@ SCORES = [1.0, 5.0, 4.0, 2.0]  # the last epoch's is not among the best two
 
 def _named_epochs(config: dict) -> dict:
     """Each epoch rank 0 reports a checkpoint named ``epoch_N`` from a fresh directory
-    (odd epochs SYNC, kept; even ones ASYNC, deleted once staged); rank 1 dies once at
-    the start of epoch 2. Returns what
-    get_all_reported_checkpoints() says on this rank, and which directories survived."""
+    (odd epochs SYNC, kept; even ones ASYNC, deleted once staged) -- or, with
+    ``no_upload``, written into the run directory by hand (Ray's NO_UPLOAD); rank 1 dies
+    once at the start of epoch 2. Returns what get_all_reported_checkpoints() says on
+    this rank, and which directories survived."""
     rank = et.get_context().get_world_rank()
     start = 0
     if (checkpoint := et.get_checkpoint()) is not None:
@@ -36,16 +37,20 @@ def _named_epochs(config: dict) -> dict:
         if epoch == 2 and rank == 1 and not os.path.exists(config["marker"]):
             open(config["marker"], "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
-        local = None
+        name, local = f"epoch_{epoch}", None
+        mode = et.CheckpointUploadMode.SYNC if epoch % 2 else et.CheckpointUploadMode.ASYNC
+        if config["no_upload"]:
+            mode = et.CheckpointUploadMode.NO_UPLOAD
         if rank == 0:
-            local = tempfile.mkdtemp()
+            local = (os.path.join(et.get_context().get_storage().experiment_fs_path, name)
+                     if config["no_upload"] else tempfile.mkdtemp())
+            os.makedirs(local, exist_ok=True)
             with open(os.path.join(local, "epoch.txt"), "w") as f:
                 f.write(str(epoch))
         et.report({"score": SCORES[epoch], "epoch": epoch},
                    checkpoint=local and et.Checkpoint.from_directory(local),
-                   checkpoint_dir_name=f"epoch_{epoch}",
-                   checkpoint_upload_mode=et.CheckpointUploadMode.SYNC if epoch % 2 else
-                   et.CheckpointUploadMode.ASYNC)
+                   checkpoint_dir_name=None if config["no_upload"] else name,
+                   checkpoint_upload_mode=mode)
         if local is not None and os.path.exists(local):
             left_behind.append(epoch)
     listed = et.get_all_reported_checkpoints(et.CheckpointConsistencyMode.COMMITTED)
@@ -54,23 +59,27 @@ def _named_epochs(config: dict) -> dict:
                        for r in listed]}
 
 
-def test_named_checkpoints_resume_retain_and_list_as_rays(storage_path, tmp_path):
+@pytest.mark.parametrize("no_upload", [False, True])
+def test_named_checkpoints_resume_retain_and_list_as_rays(storage_path, tmp_path, no_upload):
     result = TorchTrainer(
         _named_epochs, train_loop_config={"starts": str(tmp_path / "starts"),
-                                          "marker": str(tmp_path / "killed")},
+                                          "marker": str(tmp_path / "killed"),
+                                          "no_upload": no_upload},
         scaling_config=et.ScalingConfig(num_workers=2),
         run_config=et.RunConfig(
             storage_path=storage_path, name="named",
             failure_config=et.FailureConfig(max_failures=1),
             checkpoint_config=et.CheckpointConfig(num_to_keep=2,
                                                   checkpoint_score_attribute="score"))).fit()
-    # epoch_1 was committed before report() returned (SYNC): the restart resumes there
+    # epoch_1 was committed before report() returned (SYNC, NO_UPLOAD): the restart
+    # resumes there
     assert (tmp_path / "starts").read_text().split() == ["0:epoch_1", "1:epoch_1"]
     # top-2 by score (epochs 1, 2) plus the latest (3), worst to best as Ray lists them
     assert result.return_value["listed"] == [("epoch_3", 3, "COMMITTED"),
                                              ("epoch_2", 2, "COMMITTED"),
                                              ("epoch_1", 1, "COMMITTED")]
-    assert result.return_value["left_behind"] == [3]  # ASYNC's default deletes, SYNC's keeps
+    # ASYNC's default deletes, SYNC's keeps; NO_UPLOAD's directories are the checkpoints
+    assert result.return_value["left_behind"] == ([2, 3] if no_upload else [3])
     assert os.path.basename(result.checkpoint.path) == "epoch_3"
     assert sorted(os.path.basename(c.path) for c, _ in result.best_checkpoints) == [
         "epoch_1", "epoch_2"]

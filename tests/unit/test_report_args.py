@@ -4,8 +4,9 @@ refused, with the value and the way out, before any rank waits for another."""
 from __future__ import annotations
 
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 
-from elastic_train import Checkpoint, CheckpointUploadMode, ConfigError
+from elastic_train import Checkpoint, ConfigError
 from elastic_train.worker.report_args import ReportArgs
 
 
@@ -19,8 +20,9 @@ def test_delete_local_defaults_to_true_for_async_only(tmp_path):
 def test_deleting_a_directory_that_holds_the_run_is_refused(tmp_path):
     checkpoint = Checkpoint.from_directory(str(tmp_path))
     with pytest.raises(ConfigError, match=r"would delete .*holds the run directory.*=False"):
-        ReportArgs.check({}, checkpoint, run_path=str(tmp_path / "results" / "run"))
-    ReportArgs.check({}, checkpoint, delete_local=False, run_path=str(tmp_path / "run"))
+        ReportArgs.check({}, checkpoint, run=(LocalFileSystem(), str(tmp_path / "results" / "run")))
+    ReportArgs.check({}, checkpoint, delete_local=False,
+                     run=(LocalFileSystem(), str(tmp_path / "run")))
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -28,7 +30,6 @@ def test_deleting_a_directory_that_holds_the_run_is_refused(tmp_path):
     ({"dir_name": ".."}, r"checkpoint_dir_name='..'\) starts with '.'.*unique in the run"),
     ({"dir_name": ""}, r"checkpoint_dir_name=''\) is not a non-empty string"),
     ({"dir_name": "checkpoint_000004"}, r"is a default name, whose number another"),
-    ({"mode": CheckpointUploadMode.NO_UPLOAD}, r"NO_UPLOAD\) is not supported.*local directory"),
     ({"upload_fn": print}, r"checkpoint_upload_fn=.*not supported yet.*Drop the argument"),
     ({"validation": True}, r"validation=True.*not supported yet.*validate in the train"),
 ])
@@ -45,3 +46,17 @@ def test_validation_without_a_checkpoint_is_refused_as_rays_is():
 def test_a_bad_upload_mode_names_the_value():
     with pytest.raises(ConfigError, match=r"checkpoint_upload_mode='SOMETIMES'.*ASYNC"):
         ReportArgs.check({}, mode="SOMETIMES")
+
+
+def test_no_upload_takes_a_directory_of_the_run_only(tmp_path):
+    run = (LocalFileSystem(), str(tmp_path / "results" / "run"))
+    inside = Checkpoint(str(tmp_path / "results" / "run" / "by_hand"))
+    args = ReportArgs.check({}, inside, mode="NO_UPLOAD", run=run)
+    assert (args.in_place, args.dir_name, args.delete_local) == (True, "by_hand", False)
+    for outside in (tmp_path / "elsewhere", tmp_path / "results" / "run" / "a" / "b"):
+        with pytest.raises(ConfigError, match=r"not a directory of the run .*report that"):
+            ReportArgs.check({}, Checkpoint(str(outside)), mode="NO_UPLOAD", run=run)
+    with pytest.raises(ConfigError, match=r"checkpoint is the directory 'by_hand'"):
+        ReportArgs.check({}, inside, "other", mode="NO_UPLOAD", run=run)
+    with pytest.raises(ConfigError, match=r"would delete the checkpoint .*itself"):
+        ReportArgs.check({}, inside, mode="NO_UPLOAD", delete_local=True, run=run)

@@ -4,12 +4,15 @@ hooks run once the report is done, in order."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 import elastic_train as et
 from elastic_train.context import WorkerEnv
 from elastic_train.storage import RunStorage
+from elastic_train.storage.checkpoint_store import scan_directory
 from elastic_train.torch import TorchConfig
 from elastic_train.worker import preemption
 from elastic_train.worker.backend import WorkerResources
@@ -132,3 +135,20 @@ def test_checkpoint_dir_name_names_the_directory_and_keeps_the_number(session_of
         session.report({"loss": 0.3}, _checkpoint_dir(tmp_path, "c2"),
                        checkpoint_dir_name="epoch_0")
     assert (tmp_path / "c2" / "model.pt").exists()  # refused before anything was touched
+
+
+def test_no_upload_commits_the_files_written_into_the_run_directory(session_of_one):
+    session, storage, _ = session_of_one
+    session.join()
+    written = os.path.join(storage.run_path, "by_hand")
+    os.makedirs(os.path.join(written, "sub"))
+    for rel, data in (("model.pt", b"weights"), ("sub/opt.pt", b"optimizer")):
+        with open(os.path.join(written, rel), "wb") as f:
+            f.write(data)
+    session.report({"loss": 0.5}, et.Checkpoint(written),
+                   checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+    [reported] = session.get_all_reported_checkpoints(timeout_s=0)  # committed on return
+    manifest = reported.checkpoint.get_commit_info()
+    assert (manifest.name, manifest.files) == ("by_hand", {
+        rel: {**info, "rank": 0} for rel, info in scan_directory(written).items()})
+    assert os.path.exists(os.path.join(written, "model.pt"))  # the user's files stay put

@@ -466,3 +466,15 @@ def test_sweep_removes_claimed_uploads_cut_short_and_leaves_other_entries(run, l
     assert not run.fs.exists(fsutil.join(run.run_path, "cut_short"))
     assert run.fs.exists(fsutil.join(run.run_path, "notes", "mine.json"))
     store.claim(3, "cut_short")  # the name is free again
+
+
+def test_sweep_leaves_the_files_of_a_no_upload_commit_cut_short(run, local_ckpt):
+    store = run.checkpoints
+    fsutil.write_json_atomic(run.fs, fsutil.join(run.run_path, "by_hand", "state.json"), {})
+    store.claim(0, "by_hand", in_place=True)
+    assert store.describe_in_place(0)["state.json"]["size"] == 2
+    removed, manifests = CheckpointStore(run.fs, run.run_path).sweep()
+    assert (removed, manifests) == ([0], [])
+    assert run.fs.exists(fsutil.join(run.run_path, "by_hand", "state.json"))
+    with pytest.raises(ConfigError, match=r"'missing'.*has no directory of that name"):
+        store.claim(1, "missing", in_place=True)
