@@ -52,9 +52,11 @@ logger = logging.getLogger(__name__)
 # A rank's file list in report() while its files are still being written (see
 # Checkpoint.from_directory(written=...)): it uploads whatever it has written by then.
 WRITTEN_LATER = "<written in the background>"
-# A rank's file list in report() for a NO_UPLOAD checkpoint: the files are in the
-# run directory already; rank 0 describes them there before the commit.
+# A rank's file list in report() for a NO_UPLOAD checkpoint (rank 0's), or one its
+# checkpoint_upload_fn wrote: the files are in the run directory already, and the
+# commit describes them there.
 IN_PLACE = "<in the run directory>"
+BY_UPLOAD_FN = "<written by checkpoint_upload_fn>"
 
 
 def listed_files(directory: str, written: Future | None) -> list[str] | str:
@@ -76,7 +78,7 @@ class UploadJob:
     staged_dir: str | None = None
     source_dir: str | None = None
     written: Future | None = None
-    in_place: bool = False  # rank 0 of a NO_UPLOAD checkpoint: describe, upload nothing
+    in_place: bool = False  # files already in the run directory: nothing to upload
 
     @classmethod
     def plan(cls, index: int, file_lists: Sequence[Sequence[str] | str | None], rank: int,
@@ -84,16 +86,13 @@ class UploadJob:
         """``rank``'s job, given every rank's file list (None: no checkpoint): each file
         goes up from the lowest rank that has it, so a file all ranks hold goes up once.
         A rank whose list is :data:`WRITTEN_LATER` uploads all of its files, listed once
-        written (its job's ``relpaths`` is None until then). A checkpoint
-        :data:`IN_PLACE` is rank 0's alone: the others pass None or the same."""
-        if IN_PLACE in file_lists:
-            if file_lists[0] != IN_PLACE or any(f not in (None, IN_PLACE) for f in file_lists):
-                raise ConfigError(
-                    "report(checkpoint_upload_mode=NO_UPLOAD): rank 0 reports the directory "
-                    "of the run that holds the checkpoint, and no rank reports files to "
-                    "upload with it (the others pass checkpoint=None or the same).")
-            return cls(index=index, relpaths=[], owner_ranks=[0], manifest=manifest,
-                       in_place=rank == 0)
+        written (its job's ``relpaths`` is None until then). Files already in the run
+        directory (:data:`IN_PLACE`, :data:`BY_UPLOAD_FN`) go up from nowhere: the
+        ranks that put them there only say they are done."""
+        if kinds := {f for f in file_lists if f in (IN_PLACE, BY_UPLOAD_FN)}:
+            _check_in_place(file_lists, kinds)
+            return cls(index=index, relpaths=[], manifest=manifest, in_place=True,
+                       owner_ranks=[r for r, f in enumerate(file_lists) if f is not None])
         owners: dict[str, int] = {}
         later = {r for r, files in enumerate(file_lists) if files == WRITTEN_LATER}
         for owner, files in enumerate(file_lists):
@@ -103,6 +102,18 @@ class UploadJob:
         mine = None if rank in later else [rel for rel, r in owners.items() if r == rank]
         return cls(index=index, relpaths=mine,
                    owner_ranks=sorted(set(owners.values()) | later), manifest=manifest)
+
+
+def _check_in_place(file_lists: Sequence[Sequence[str] | str | None], kinds: set) -> None:
+    """A ConfigError unless the ranks' checkpoints are all in the run directory the same
+    way, and a NO_UPLOAD one is rank 0's (it claimed the directory)."""
+    if len(kinds) > 1 or any(f is not None and f not in kinds for f in file_lists) or (
+            IN_PLACE in kinds and file_lists[0] != IN_PLACE):
+        raise ConfigError(
+            "report(): with checkpoint_upload_mode=NO_UPLOAD rank 0 reports the run's "
+            "directory (the others None or the same), and with checkpoint_upload_fn every "
+            "rank that reports a checkpoint passes it; no rank may then report files to "
+            "upload the default way.")
 
 
 def _rank_suffix(rank: int) -> str:
@@ -139,7 +150,7 @@ class CheckpointUploader:
     """
 
     def __init__(self, store: CheckpointStore, rank: int, staging_root: str,
-                 commit: Callable[[CommitManifest, list[int]], None] | None = None,
+                 commit: Callable[[CommitManifest, list[int], bool], None] | None = None,
                  max_pending: int = 1, tier: LocalTier | None = None):
         self.store = store
         self.rank = rank
@@ -249,9 +260,8 @@ class CheckpointUploader:
         job.relpaths = list_directory(job.staged_dir)
 
     def _process(self, job: UploadJob) -> None:
-        if job.in_place:
-            self.store.mark_uploaded(job.index, self.rank,
-                                     self.store.describe_in_place(job.index))
+        if job.in_place and self.rank in job.owner_ranks:  # the commit reads the files
+            self.store.mark_uploaded(job.index, self.rank, {})
         if job.relpaths is None:
             self._take_over(job)
         if job.relpaths:
@@ -266,7 +276,7 @@ class CheckpointUploader:
                                   callback=progress.callback, cancelled=self._abandoned)
             self.store.mark_uploaded(job.index, self.rank, files)
         if job.manifest is not None and not self._abandoned.is_set():
-            self.commit(job.manifest, job.owner_ranks)
+            self.commit(job.manifest, job.owner_ranks, job.in_place)
 
     def _keep(self, job: UploadJob) -> None:
         """Moves the uploaded files into the node's local tier, for a restart on this

@@ -102,12 +102,15 @@ class Committer:
         self._history.append(row)
         self.storage.append_metrics(row, self._history)
 
-    def commit(self, manifest: CommitManifest, owner_ranks: Sequence[int]) -> None:
+    def commit(self, manifest: CommitManifest, owner_ranks: Sequence[int],
+               in_place: bool = False) -> None:
         """Makes ``manifest``'s checkpoint visible once ``owner_ranks`` uploaded their
         files, then applies retention. Raises StorageError when the owners' uploads make
-        no progress for the store's retry budget."""
+        no progress for the store's retry budget. Files ``in_place`` (NO_UPLOAD,
+        checkpoint_upload_fn) are read from the run directory for their descriptions."""
         self._wait_for_owners(manifest.index, owner_ranks)
-        manifest.files = self.store.uploaded_files(manifest.index, list(owner_ranks))
+        manifest.files = (self.store.describe_in_place(manifest.index) if in_place else
+                          self.store.uploaded_files(manifest.index, list(owner_ranks)))
         self.store.commit(manifest)
         self.store.clear_upload_marks(manifest.index)
         self._committed.append(CheckpointRecord(manifest.index, manifest.metrics))

@@ -38,6 +38,8 @@ class ReportArgs:
             ``NO_UPLOAD``, the name of the run's directory the checkpoint is.
         mode: When ``report()`` returns (see :class:`CheckpointUploadMode`).
         delete_local: Whether the checkpoint's local directory goes once uploaded.
+        upload_fn: ``checkpoint_upload_fn``: writes the checkpoint into the run
+            directory itself (None: the default upload).
     """
 
     metrics: dict[str, Any]
@@ -45,6 +47,7 @@ class ReportArgs:
     dir_name: str | None
     mode: CheckpointUploadMode
     delete_local: bool
+    upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None
 
     @property
     def in_place(self) -> bool:
@@ -68,7 +71,9 @@ class ReportArgs:
             raise ConfigError(f"report(checkpoint_upload_mode={mode!r}): use one of "
                               f"{[m.name for m in CheckpointUploadMode]}, e.g. "
                               "CheckpointUploadMode.SYNC.") from None
-        _refuse_unsupported(upload_fn, validation, checkpoint)
+        _refuse_unsupported(validation, checkpoint)
+        if upload_fn is not None:
+            _check_upload_fn(upload_fn, mode, checkpoint)
         if mode is CheckpointUploadMode.NO_UPLOAD and checkpoint is not None:
             dir_name = _run_directory(checkpoint, dir_name, delete_local, run)
         elif checkpoint is not None and not fsutil.is_local(checkpoint.filesystem):
@@ -81,7 +86,7 @@ class ReportArgs:
             delete_local = mode.default_delete_local_checkpoint_after_upload()
         if delete_local and checkpoint is not None and run and fsutil.is_local(run[0]):
             _refuse_deleting_the_run(checkpoint.path, run[1])
-        return cls(clean, checkpoint, dir_name, mode, bool(delete_local))
+        return cls(clean, checkpoint, dir_name, mode, bool(delete_local), upload_fn)
 
 
 def _run_directory(checkpoint: Checkpoint, dir_name: str | None, delete_local: bool | None,
@@ -114,7 +119,19 @@ def _run_directory(checkpoint: Checkpoint, dir_name: str | None, delete_local: b
     return name
 
 
-def _refuse_unsupported(upload_fn: Any, validation: Any, checkpoint: Any) -> None:
+def _check_upload_fn(upload_fn: Any, mode: CheckpointUploadMode, checkpoint: Any) -> None:
+    if not callable(upload_fn):
+        raise ConfigError(f"report(checkpoint_upload_fn={upload_fn!r}) must be a function "
+                          "(checkpoint, dir_name) -> Checkpoint.")
+    if mode is CheckpointUploadMode.NO_UPLOAD:
+        raise ConfigError("report(checkpoint_upload_fn=..., NO_UPLOAD): NO_UPLOAD uploads "
+                          "nothing, so there is nothing for the function to do; drop one.")
+    if checkpoint is not None and checkpoint.written is not None:
+        raise ConfigError(f"report(checkpoint={checkpoint!r}, checkpoint_upload_fn=...): the "
+                          "files must be written before report(); wait for the future first.")
+
+
+def _refuse_unsupported(validation: Any, checkpoint: Any) -> None:
     if validation and checkpoint is None:
         raise ConfigError(f"report(validation={validation!r}) needs a checkpoint to "
                           "validate: pass checkpoint=... or drop validation.")
@@ -123,11 +140,6 @@ def _refuse_unsupported(upload_fn: Any, validation: Any, checkpoint: Any) -> Non
             f"report(validation={validation!r}) is not supported yet (asynchronous "
             "validation is to come): validate in the train function and report the "
             "metrics with the checkpoint, or validate Result.best_checkpoints after fit().")
-    if upload_fn is not None:
-        raise ConfigError(
-            f"report(checkpoint_upload_fn={upload_fn!r}) is not supported yet: a checkpoint "
-            "becomes visible only through the commit of the files the ranks stage. Drop "
-            "the argument; the default upload writes to the run's storage_path.")
 
 
 def _refuse_deleting_the_run(checkpoint_path: str, run_path: str) -> None:
@@ -140,3 +152,17 @@ def _refuse_deleting_the_run(checkpoint_path: str, run_path: str) -> None:
             f"{checkpoint_path}, which holds the run directory {run_path}: write the "
             "checkpoint into a directory of its own (e.g. tempfile.mkdtemp()), or pass "
             "delete_local_checkpoint_after_upload=False.")
+
+
+def check_uploaded(persisted: Any, fs: fsspec.AbstractFileSystem, expected: str) -> None:
+    """A ConfigError unless ``checkpoint_upload_fn`` returned the checkpoint directory
+    ``expected`` of the run, on the run's store (so that the commit, retention and
+    resume find it where the checkpoint's name says)."""
+    ok = isinstance(persisted, Checkpoint) and fsutil.same_store(persisted.filesystem, fs) and (
+        os.path.realpath(persisted.path) == os.path.realpath(expected) if fsutil.is_local(fs)
+        else persisted.path.rstrip("/") == expected)
+    if not ok:
+        raise ConfigError(
+            f"report(checkpoint_upload_fn=...) returned {persisted!r}: write the files into "
+            f"{fsutil.display_path(fs, expected)} (the run's directory named by the function's "
+            "dir_name argument) and return a Checkpoint of that directory.")

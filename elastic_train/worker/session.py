@@ -40,14 +40,14 @@ from elastic_train.report_config import (
     ReportedCheckpoint,
 )
 from elastic_train.storage import CommitManifest, RunStorage
-from elastic_train.storage.uploader import IN_PLACE, UploadJob, listed_files
+from elastic_train.storage.uploader import BY_UPLOAD_FN, IN_PLACE, UploadJob, listed_files
 from elastic_train.worker import preemption
 from elastic_train.worker.after_report import AFTER_REPORT, AfterReport
 from elastic_train.worker.backend import WorkerResources
 from elastic_train.worker.dataset import DatasetShard, ResumableIterable
 from elastic_train.worker.joined_session import JoinedSession
 from elastic_train.worker.preemption import PreemptionInfo
-from elastic_train.worker.report_args import ReportArgs
+from elastic_train.worker.report_args import ReportArgs, check_uploaded
 from elastic_train.worker.reported_checkpoints import (
     checked_wait,
     reported_checkpoints,
@@ -207,6 +207,7 @@ class TrainSession:
         joined.uploader.raise_if_failed()
         row = joined.rows.next(args.metrics)
         files = (None if checkpoint is None else IN_PLACE if args.in_place
+                 else BY_UPLOAD_FN if args.upload_fn is not None
                  else listed_files(checkpoint.path, checkpoint.written))
         notice = preemption.local_notice()
         # Most reports carry metrics alone: then the ranks only learn that nobody
@@ -223,15 +224,15 @@ class TrainSession:
             gathered = joined.group.all_gather((files, states, notice, args.dir_name))
             if self._note_preemption([n for _, _, n, _ in gathered]) is not None:
                 mode = CheckpointUploadMode.SYNC  # the node may go any moment: commit now
-            if any(f == IN_PLACE for f, _, _, _ in gathered):  # NO_UPLOAD: committed now
-                mode = CheckpointUploadMode.SYNC
+            if any(f in (IN_PLACE, BY_UPLOAD_FN) for f, _, _, _ in gathered):
+                mode = CheckpointUploadMode.SYNC  # the commit reads the files in place
             if any_checkpoint:
                 if (name := gathered[0][3]) is not None:  # rank 0's name, as Ray's
                     self.storage.checkpoints.adopt(joined.numbers.next_index, name)
                 row["checkpoint_dir_name"] = self.storage.checkpoints.name(
                     joined.numbers.next_index)
                 self._persist_checkpoint([(f, s) for f, s, _, _ in gathered], checkpoint, row,
-                                         mode)
+                                         mode, args.upload_fn)
                 if args.delete_local and checkpoint is not None and checkpoint.written is None:
                     shutil.rmtree(checkpoint.path, ignore_errors=True)  # staged: not needed
         if joined.committer is not None:
@@ -241,13 +242,18 @@ class TrainSession:
 
     def _persist_checkpoint(self, gathered: list[tuple[list[str] | str | None, dict]],
                             checkpoint: Checkpoint | None, row: dict[str, Any],
-                            mode: CheckpointUploadMode) -> None:
-        """Each file goes up from the lowest rank that has it; rank 0 commits after all."""
+                            mode: CheckpointUploadMode,
+                            upload_fn: Callable[[Checkpoint, str], Checkpoint] | None) -> None:
+        """Each file goes up from the lowest rank that has it (or by the rank's
+        ``upload_fn``, on this thread); rank 0 commits after all."""
         joined = self.join()
         index = self._reported = joined.numbers.reserve()
         manifest = (joined.committer.manifest(index, row, [states for _, states in gathered])
                     if joined.committer is not None else None)
         job = UploadJob.plan(index, [files for files, _ in gathered], self.env.rank, manifest)
+        if upload_fn is not None and checkpoint is not None:
+            store = self.storage.checkpoints
+            check_uploaded(upload_fn(checkpoint, store.name(index)), store.fs, store.path(index))
         joined.uploader.submit(job, checkpoint.path if checkpoint is not None else None,
                                checkpoint.written if checkpoint is not None else None)
         if mode is CheckpointUploadMode.SYNC:
@@ -377,7 +383,13 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
     others None or the same); a path anywhere else is refused. Its commit reads
     every file once to record its size and CRC-32, and ``report()`` returns once it
     is committed (like ``SYNC``). A commit cut short leaves the files where they
-    are. ``checkpoint_upload_fn`` and ``validation`` are refused, with the way out
+    are.
+
+    ``checkpoint_upload_fn(checkpoint, dir_name)`` (Ray's) writes the rank's files
+    into ``<run>/<dir_name>`` itself and returns ``Checkpoint`` of that directory;
+    anything else is a ConfigError. Unlike Ray's, which may run it in the
+    background, it runs before ``report()`` returns, and the commit then reads every
+    file once for its size and CRC-32. ``validation`` is refused, with the way out
     (see :mod:`.report_args`).
 
     Example::

@@ -5,6 +5,7 @@ worker's death and the resume from a custom-named checkpoint."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import tempfile
 
@@ -19,10 +20,18 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180),
 SCORES = [1.0, 5.0, 4.0, 2.0]  # the last epoch's is not among the best two
 
 
+def _copy_into_run(checkpoint: et.Checkpoint, dir_name: str) -> et.Checkpoint:
+    """A checkpoint_upload_fn: the files into the run's directory ``dir_name``."""
+    target = os.path.join(et.get_context().get_storage().experiment_fs_path, dir_name)
+    shutil.copytree(checkpoint.path, target)
+    return et.Checkpoint(target)
+
+
 def _named_epochs(config: dict) -> dict:
     """Each epoch rank 0 reports a checkpoint named ``epoch_N`` from a fresh directory
     (odd epochs SYNC, kept; even ones ASYNC, deleted once staged) -- or, with
-    ``no_upload``, written into the run directory by hand (Ray's NO_UPLOAD); rank 1 dies
+    ``how="no_upload"``, written into the run directory by hand (Ray's NO_UPLOAD), or
+    with ``how="upload_fn"`` copied there by a checkpoint_upload_fn; rank 1 dies
     once at the start of epoch 2. Returns what get_all_reported_checkpoints() says on
     this rank, and which directories survived."""
     rank = et.get_context().get_world_rank()
@@ -39,18 +48,20 @@ def _named_epochs(config: dict) -> dict:
             os.kill(os.getpid(), signal.SIGKILL)
         name, local = f"epoch_{epoch}", None
         mode = et.CheckpointUploadMode.SYNC if epoch % 2 else et.CheckpointUploadMode.ASYNC
-        if config["no_upload"]:
+        no_upload = config["how"] == "no_upload"
+        if no_upload:
             mode = et.CheckpointUploadMode.NO_UPLOAD
         if rank == 0:
             local = (os.path.join(et.get_context().get_storage().experiment_fs_path, name)
-                     if config["no_upload"] else tempfile.mkdtemp())
+                     if no_upload else tempfile.mkdtemp())
             os.makedirs(local, exist_ok=True)
             with open(os.path.join(local, "epoch.txt"), "w") as f:
                 f.write(str(epoch))
         et.report({"score": SCORES[epoch], "epoch": epoch},
                    checkpoint=local and et.Checkpoint.from_directory(local),
-                   checkpoint_dir_name=None if config["no_upload"] else name,
-                   checkpoint_upload_mode=mode)
+                   checkpoint_dir_name=None if no_upload else name,
+                   checkpoint_upload_mode=mode,
+                   checkpoint_upload_fn=_copy_into_run if config["how"] == "upload_fn" else None)
         if local is not None and os.path.exists(local):
             left_behind.append(epoch)
     listed = et.get_all_reported_checkpoints(et.CheckpointConsistencyMode.COMMITTED)
@@ -59,27 +70,27 @@ def _named_epochs(config: dict) -> dict:
                        for r in listed]}
 
 
-@pytest.mark.parametrize("no_upload", [False, True])
-def test_named_checkpoints_resume_retain_and_list_as_rays(storage_path, tmp_path, no_upload):
+@pytest.mark.parametrize("how", ["default", "no_upload", "upload_fn"])
+def test_named_checkpoints_resume_retain_and_list_as_rays(storage_path, tmp_path, how):
     result = TorchTrainer(
         _named_epochs, train_loop_config={"starts": str(tmp_path / "starts"),
                                           "marker": str(tmp_path / "killed"),
-                                          "no_upload": no_upload},
+                                          "how": how},
         scaling_config=et.ScalingConfig(num_workers=2),
         run_config=et.RunConfig(
             storage_path=storage_path, name="named",
             failure_config=et.FailureConfig(max_failures=1),
             checkpoint_config=et.CheckpointConfig(num_to_keep=2,
                                                   checkpoint_score_attribute="score"))).fit()
-    # epoch_1 was committed before report() returned (SYNC, NO_UPLOAD): the restart
-    # resumes there
+    # epoch_1 was committed before report() returned (SYNC; NO_UPLOAD and upload_fn
+    # always): the restart resumes there
     assert (tmp_path / "starts").read_text().split() == ["0:epoch_1", "1:epoch_1"]
     # top-2 by score (epochs 1, 2) plus the latest (3), worst to best as Ray lists them
     assert result.return_value["listed"] == [("epoch_3", 3, "COMMITTED"),
                                              ("epoch_2", 2, "COMMITTED"),
                                              ("epoch_1", 1, "COMMITTED")]
     # ASYNC's default deletes, SYNC's keeps; NO_UPLOAD's directories are the checkpoints
-    assert result.return_value["left_behind"] == ([2, 3] if no_upload else [3])
+    assert result.return_value["left_behind"] == ([2, 3] if how == "no_upload" else [3])
     assert os.path.basename(result.checkpoint.path) == "epoch_3"
     assert sorted(os.path.basename(c.path) for c, _ in result.best_checkpoints) == [
         "epoch_1", "epoch_2"]

@@ -30,7 +30,8 @@ def test_deleting_a_directory_that_holds_the_run_is_refused(tmp_path):
     ({"dir_name": ".."}, r"checkpoint_dir_name='..'\) starts with '.'.*unique in the run"),
     ({"dir_name": ""}, r"checkpoint_dir_name=''\) is not a non-empty string"),
     ({"dir_name": "checkpoint_000004"}, r"is a default name, whose number another"),
-    ({"upload_fn": print}, r"checkpoint_upload_fn=.*not supported yet.*Drop the argument"),
+    ({"upload_fn": "s3://x"}, r"checkpoint_upload_fn='s3://x'\) must be a function"),
+    ({"upload_fn": print, "mode": "NO_UPLOAD"}, r"NO_UPLOAD uploads nothing.*drop one"),
     ({"validation": True}, r"validation=True.*not supported yet.*validate in the train"),
 ])
 def test_what_is_not_supported_or_valid_is_refused_with_the_way_out(tmp_path, kwargs, match):

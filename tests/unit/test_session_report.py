@@ -5,6 +5,7 @@ hooks run once the report is done, in order."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -152,3 +153,27 @@ def test_no_upload_commits_the_files_written_into_the_run_directory(session_of_o
     assert (manifest.name, manifest.files) == ("by_hand", {
         rel: {**info, "rank": 0} for rel, info in scan_directory(written).items()})
     assert os.path.exists(os.path.join(written, "model.pt"))  # the user's files stay put
+
+
+def _copy_into_run(run_path):
+    """A checkpoint_upload_fn that copies the reported directory into ``<run>/<dir_name>``."""
+    def upload(checkpoint, dir_name):
+        shutil.copytree(checkpoint.path, os.path.join(run_path, dir_name))
+        return et.Checkpoint(os.path.join(run_path, dir_name))
+    return upload
+
+
+def test_checkpoint_upload_fn_writes_the_files_and_the_commit_reads_them(session_of_one,
+                                                                         tmp_path):
+    session, storage, _ = session_of_one
+    upload = _copy_into_run(storage.run_path)
+    session.report({"loss": 0.5}, _checkpoint_dir(tmp_path, "c0"), checkpoint_upload_fn=upload)
+    session.report({"loss": 0.4}, _checkpoint_dir(tmp_path, "c1"), checkpoint_dir_name="mine",
+                   checkpoint_upload_fn=upload)
+    assert not (tmp_path / "c0").exists()  # ASYNC's default: deleted once uploaded
+    assert [(m.name, m.files["model.pt"]["size"]) for m in storage.checkpoints.committed()] == [
+        ("checkpoint_000000", 7), ("mine", 7)]
+    elsewhere = et.Checkpoint(str(tmp_path / "elsewhere"))
+    with pytest.raises(et.ConfigError, match=r"returned Checkpoint\(.*elsewhere.*write the files"):
+        session.report({"loss": 0.3}, _checkpoint_dir(tmp_path, "c2"),
+                       checkpoint_upload_fn=lambda checkpoint, name: elsewhere)

@@ -140,7 +140,7 @@ def test_an_upload_error_reaches_wait_for_the_next_submit_and_close(run, source,
 
 
 def test_a_commit_error_is_the_jobs_error(run, source, tmp_path):
-    def commit(manifest, owners):
+    def commit(manifest, owners, in_place):
         raise StorageError("marker write failed")
 
     uploader = CheckpointUploader(run.checkpoints, 0, str(tmp_path / "staging"), commit=commit)
