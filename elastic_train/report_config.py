@@ -40,12 +40,11 @@ class CheckpointUploadMode(str, enum.Enum):
     nothing but a stalled step.
     ``SYNC``: after the checkpoint is committed on every rank (Ray v2's default).
 
-    ``NO_UPLOAD`` (Ray's: the user already wrote the files into storage) is
-    a member so that Ray scripts import, but ``report()`` refuses it with a
-    ``ConfigError``: a checkpoint here becomes visible only through its commit
-    manifest (file list, sizes, CRC-32s, data positions), which is built from
-    the files the ranks stage; files written straight into storage by hand
-    would bypass the atomic commit.
+    ``NO_UPLOAD`` (Ray's): the user already wrote the files into a directory of
+    the run and rank 0 reports ``Checkpoint(<run>/<name>)``; nothing is uploaded,
+    and ``report()`` returns once the checkpoint is committed -- its manifest (file
+    list, sizes, CRC-32s) is read from the files where they are, so a checkpoint is
+    still visible only once committed whole.
     """
 
     SYNC = "SYNC"
