@@ -3,11 +3,13 @@
 
 The number orders checkpoints for retention and resume, so a custom name does not
 replace it: every checkpoint keeps its index, recorded in the commit manifest, and a
-custom-named one also has a *claim*, ``<run>/.checkpoint-names/<NNNNNN>.<name>``, an
-empty file that rank 0 writes before any rank uploads a file into ``<run>/<name>/``.
+custom-named one also has a *claim*, ``<run>/.checkpoint-names/<NNNNNN>.<name>``, a
+small file that rank 0 writes before any rank uploads a file into ``<run>/<name>/``.
 One listing of the claims gives every custom name with its index, so readers and the
 start's sweep find the directory (and remove it when an upload into it was cut short)
-without touching a directory of the run that no report named.
+without touching a directory of the run that no report named. A claim of files the
+user wrote there (NO_UPLOAD) says so (``{"in_place": true}``): the sweep of its
+unfinished commit drops the claim and leaves the files.
 
 Example::
 
