@@ -6,7 +6,7 @@ the way out, before anything is staged or uploaded.
 
 Example::
 
-    args = ReportArgs.check({"loss": 0.5}, checkpoint, run_path="/results/run")
+    args = ReportArgs.check({"loss": 0.5}, checkpoint, run=(fs, "/results/run"))
     args.metrics, args.mode, args.delete_local   # ({'loss': 0.5}, ASYNC, True)
 """
 
