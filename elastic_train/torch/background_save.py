@@ -33,6 +33,7 @@ from elastic_train.checkpoint import Checkpoint
 from elastic_train.errors import ConfigError
 from elastic_train.storage.dcp_writer import save_in_writer_process, stop_writer_process
 from elastic_train.storage.file_writer import FileWriterProcess
+from elastic_train.torch.staging_compat import stager_is_reusable
 
 logger = logging.getLogger(__name__)
 
@@ -95,12 +96,12 @@ def async_save(state_dict: dict[str, Any], filename: str | None = None, *,
     saver = _saver_of_this_attempt()
     saver.wait_for_previous()
     directory = tempfile.mkdtemp(dir=saver.root)
+    stager = saver.stager_for_this_save()
     if filename is None:
         group = process_group if process_group is not None else saver.cpu_group()
-        written = save_in_writer_process(state_dict, directory, group, saver.stager)
+        written = save_in_writer_process(state_dict, directory, group, stager)
     else:
-        written = saver.files.write(saver.stager.stage(state_dict),
-                                    os.path.join(directory, filename))
+        written = saver.files.write(stager.stage(state_dict), os.path.join(directory, filename))
     saver.previous = written
     return Checkpoint.from_directory(directory, written=written)
 
@@ -119,11 +120,14 @@ class _Saver:
     @classmethod
     def start(cls, world: Any) -> _Saver:
         scratch.sweep((DIRECTORY_PREFIX,))
-        cuda = torch.cuda.is_initialized()  # this worker's tensors are on a GPU: pin them
-        stager = DefaultStager(StagingOptions(
-            use_pinned_memory=cuda, use_shared_memory=True, use_async_staging=False,
-            use_non_blocking_copy=cuda))
-        return cls(world, scratch.make(DIRECTORY_PREFIX), stager)
+        return cls(world, scratch.make(DIRECTORY_PREFIX), _new_stager())
+
+    def stager_for_this_save(self) -> DefaultStager:
+        """The stager, whose buffers the previous save filled; a new one where torch's
+        stages only once (:mod:`.staging_compat`)."""
+        if not stager_is_reusable():
+            self.stager = _new_stager()
+        return self.stager
 
     def wait_for_previous(self) -> None:
         """The back-pressure rule: the previous write ends before the next copy."""
@@ -153,6 +157,14 @@ class _Saver:
 
 
 _saver: _Saver | None = None
+
+
+def _new_stager() -> DefaultStager:
+    """Into shared memory, which the writer maps instead of receiving a copy; pinned as
+    well when this worker uses CUDA (its tensors are on a GPU), for a fast copy."""
+    cuda = torch.cuda.is_initialized()
+    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=True,
+                                        use_async_staging=False, use_non_blocking_copy=cuda))
 
 
 def _saver_of_this_attempt() -> _Saver:
