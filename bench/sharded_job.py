@@ -6,7 +6,7 @@ with ``time.time()`` stamps, to ``<events>/rank<R>.jsonl``: ``loaded`` (and what
 load read), ``first_step``, ``save`` (seconds blocked, and a bare copy of the same
 tensors; ``first``: the first save of the attempt), ``steps`` (the times of
 ``timed_steps`` steps with nothing in flight before a save, and of those of the
-``timed_steps`` after it that ended while its files were still being written),
+``timed_steps`` after it that began while its files were still being written),
 ``kill``, and with ``back_to_back`` two more saves, the second at once after the first
 (``back_to_back``: what it waits for). With ``settle``, each save waits (untimed) until
 the previous checkpoint is committed, so that the save's own cost is timed, not the
@@ -187,10 +187,11 @@ def train(config: dict) -> dict:
         first = saver.saves == 0
         written = saver.save(config, rank, state_of(model, optimizer, epoch + 1),
                              {"epoch": epoch})
-        writing = []  # steps begun and ended while this rank's files were being written
+        writing = []  # steps begun while this rank's files were being written
         for _ in range(config.get("timed_steps", 0)):  # as many on every rank (FSDP)
+            in_flight = written is not None and not written.done()
             took = step()
-            if written is not None and not written.done():
+            if in_flight:
                 writing.append(took)
         _note(config, rank, "steps", quiet=quiet, writing=writing, first=first)
     if config.get("back_to_back"):  # the second waits for the first's write, if it must
