@@ -233,7 +233,7 @@ def _tier_once(suite: Any, endpoint: str, variant: tuple, rep: int,
             "options": s3_options(endpoint) if on_s3 else None,
             "name": f"tier-{_TIER_VARIANTS.index(variant)}-{rep}", "workers": 2,
             "per_node": 2, "max_failures": 1, "env": env,
-            "train": _job(suite.profile.local_tier_mb, events, saver=saver, epochs=3,
+            "train": _job(suite.profile.local_tier_mb, events, saver=saver, epochs=4,
                           kill_epoch=2, kill_rank=1, settle=True,
                           kill_marker=os.path.join(events, "killed"),
                           timed_steps=_TIMED_STEPS, back_to_back=True)}
@@ -348,7 +348,7 @@ def _blocked_tables(rows: dict[str, dict[str, list[float]]], size: float) -> lis
         "the staging area.",
     ]
     steps = Table(f"Figure 11b (continued) — training steps while a checkpoint's files are "
-                  f"written ({size:g} MB sharded state; s per step, median (min–max), both "
+                  f"being written ({size:g} MB sharded state; s per step, median (min–max), both "
                   "ranks)",
                   ["save", "steps with nothing in flight", "steps during the write",
                    "steps/s during / without, goal", "steps during the first write"])
@@ -364,8 +364,9 @@ def _blocked_tables(rows: dict[str, dict[str, list[float]]], size: float) -> lis
     steps.notes += [
         f"Without: the {_TIMED_STEPS} steps before each save, once the previous checkpoint is "
         "committed (nothing written or uploaded). During: of as many steps after each save, "
-        "those that ended while the rank's files were still being written (a write that "
-        "ends within the first step adds none).",
+        "those that began while the rank's files were still being written (a write "
+        "shorter than a step slows that step alone); the first save of an attempt apart "
+        "(its write waits for the writer processes to start).",
         "2 CPU cores for 2 ranks, their writers and uploads, and moto's S3 server: a writer "
         "process does not take the training's GIL, but it does take CPU time (serialising "
         "and writing the state) from a machine that has none spare, so on this machine "
