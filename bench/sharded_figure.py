@@ -367,6 +367,10 @@ def _blocked_tables(rows: dict[str, dict[str, list[float]]], size: float) -> lis
         "those that began while the rank's files were still being written (a write "
         "shorter than a step slows that step alone); the first save of an attempt apart "
         "(its write waits for the writer processes to start).",
+        "A step that begins during a write also overlaps what follows it, the files' upload "
+        "to moto once the write ends (a write may be shorter than a step): the "
+        "figure bounds what a write and its upload cost the training together, for both "
+        "writers alike.",
         "2 CPU cores for 2 ranks, their writers and uploads, and moto's S3 server: a writer "
         "process does not take the training's GIL, but it does take CPU time (serialising "
         "and writing the state) from a machine that has none spare, so on this machine "

@@ -139,6 +139,8 @@ class _Saver:
                     time.perf_counter() - began)
 
     def cpu_group(self) -> Any:
+        """The group DCP's writers start with: the default one when it is gloo, else
+        a gloo group beside it (made by every rank at its first sharded save)."""
         if self.world is None:
             raise ConfigError("async_save(state) without a filename saves a sharded DCP "
                               "checkpoint, which needs torch.distributed: call it in a "
