@@ -8,7 +8,12 @@ training process. What this module adds around it:
 
 - **The writer dies with its worker.** torch starts it from an executor thread, so
   ``PR_SET_PDEATHSIG`` cannot be used; our storage writer, unpickled in the writer
-  process with every request, starts :func:`~.parent_watch.die_with` there.
+  process with every request, starts :func:`~.parent_watch.die_with` there. Before
+  its first request an idle writer ends when its pipe closes. One gap remains: a
+  worker that dies in the instant between the first save's start and its writer's
+  start leaves the other ranks' writers waiting to form their group, without a watch,
+  until gloo's timeout (torch starts them with its own code; nothing of ours runs
+  there before the first request).
 - **Cached plans.** ``DefaultSavePlanner(enable_plan_caching=True)``: from the second
   save of the same state layout on, the writers skip most of the planning exchange
   (the cache lives in the writer process, which lives as long as the attempt).

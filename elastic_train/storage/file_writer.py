@@ -27,10 +27,6 @@ import torch.multiprocessing as mp
 from elastic_train.storage.parent_watch import die_with
 
 
-class WriterDied(RuntimeError):
-    """The writer process ended before it answered (killed, or out of memory)."""
-
-
 class FileWriterProcess:
     """A writer process, started at the first :meth:`write` (a new interpreter, spawned,
     so nothing of the training process -- CUDA, threads, locks -- is inherited)."""
@@ -45,11 +41,6 @@ class FileWriterProcess:
         """Writes ``state`` to ``path`` (``torch.save``) in the writer process; the future
         completes when the file is complete, or raises the writer's error."""
         return self._executor.submit(self._write, state, path)
-
-    @property
-    def pid(self) -> int | None:
-        """The writer process's pid, once started."""
-        return self._process.pid if self._process is not None else None
 
     def close(self) -> None:
         """Kills the writer (a write in flight fails) and waits for it to end."""
@@ -78,8 +69,8 @@ class FileWriterProcess:
             answer = conn.recv()
         except (EOFError, OSError) as exc:
             process.join(timeout=5)
-            raise WriterDied(f"the checkpoint writer process (pid {process.pid}) ended while "
-                             f"writing {path} (exit code {process.exitcode})") from exc
+            raise RuntimeError(f"the checkpoint writer process (pid {process.pid}) ended "
+                               f"while writing {path} (exit code {process.exitcode})") from exc
         if answer is not None:
             raise RuntimeError(f"writing {path}: {answer}")
 
