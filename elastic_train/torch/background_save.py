@@ -65,12 +65,15 @@ def async_save(state_dict: dict[str, Any], filename: str | None = None, *,
     faster than its disk writes would otherwise fill host memory. That wait is the
     price of saving more often than a write takes (figure 11b measures it).
 
-    The writer process dies with the worker; a checkpoint whose files a killed
-    writer left half written is never committed, so a restart resumes from the one
-    before. Like any process torch starts with ``spawn``, the writer imports the
-    worker's ``__main__``: a script under ``elastic-train launch`` must keep its
-    training under ``if __name__ == "__main__":``. Shared memory is ``/dev/shm``: a
-    container needs room there for the state (Docker's default is 64 MB).
+    The first save of an attempt starts the writer (a new interpreter that imports
+    torch: seconds), so its checkpoint is committed that much later than the next
+    ones; training does not wait for it. The writer process dies with the worker; a
+    checkpoint whose files a killed writer left half written is never committed, so
+    a restart resumes from the one before. Like any process torch starts with
+    ``spawn``, the writer imports the worker's ``__main__``: a script under
+    ``elastic-train launch`` must keep its training under
+    ``if __name__ == "__main__":``. Shared memory is ``/dev/shm``: a container needs
+    room there for the state (Docker's default is 64 MB).
 
     Example::
 
