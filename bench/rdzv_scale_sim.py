@@ -38,8 +38,8 @@ from collections.abc import Callable
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from elastic_train.agent.rendezvous.backends import lookup
-from elastic_train.agent.rendezvous.backends import register as register_backend
+from elastic_train.agent.rendezvous.registry import register as register_backend
+from elastic_train.rendezvous_backends import lookup
 
 
 def etcd_counters(endpoint: str) -> tuple[int, int]:

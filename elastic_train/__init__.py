@@ -30,7 +30,7 @@ _EXPORTS = {
     "TrainingFailedError": "elastic_train.errors",
     "WorkerFailure": "elastic_train.errors",
     "PreemptionInfo": "elastic_train.worker.preemption",
-    "RendezvousConfig": "elastic_train.agent.rendezvous.config",
+    "RendezvousConfig": "elastic_train.rendezvous_config",
     "Result": "elastic_train.result",
     "CheckpointUploadMode": "elastic_train.worker.session",
     "get_checkpoint": "elastic_train.worker.session",
@@ -44,7 +44,6 @@ _EXPORTS = {
 __all__ = [*sorted(_EXPORTS), "__version__"]
 
 if TYPE_CHECKING:  # what static tools see
-    from elastic_train.agent.rendezvous.config import RendezvousConfig
     from elastic_train.callbacks import (
         CSVLoggerCallback,
         RunContext,
@@ -61,6 +60,7 @@ if TYPE_CHECKING:  # what static tools see
         TrainingFailedError,
         WorkerFailure,
     )
+    from elastic_train.rendezvous_config import RendezvousConfig
     from elastic_train.result import Result
     from elastic_train.worker.preemption import PreemptionInfo
     from elastic_train.worker.script_restart import restart_in_process

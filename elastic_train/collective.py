@@ -37,7 +37,7 @@ T = TypeVar("T")
 
 def barrier() -> None:
     """Waits until every rank has called it (Ray's ``ray.train.collective.barrier``)."""
-    get_session().group.barrier()
+    get_session().join().group.barrier()
 
 
 def broadcast_from_rank_zero(data: T) -> T:
@@ -52,7 +52,7 @@ def broadcast_from_rank_zero(data: T) -> T:
         name = broadcast_from_rank_zero(time.strftime("%H%M%S"))  # one name for all ranks
     """
     session = get_session()
-    group = session.group
+    group = session.join().group
     if group.world_size == 1:
         cloudpickle.dumps(data)  # what cannot be sent fails alone too, as with many ranks
         return data

@@ -27,7 +27,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.errors import ConfigError
 from elastic_train.ray_arguments import (
     CHECKPOINT_CONFIG,
@@ -36,6 +35,7 @@ from elastic_train.ray_arguments import (
     SCALING_CONFIG,
     refuse_ray_arguments,
 )
+from elastic_train.rendezvous_config import RendezvousConfig
 
 DEFAULT_STORAGE_PATH = os.path.join("~", "elastic_train_results")
 

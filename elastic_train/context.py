@@ -49,9 +49,11 @@ class WorkerEnv:
 def _generation(env: Mapping[str, str]) -> str:
     """The incarnation of the process group this worker joins: the agents' generation id,
     and the in-process attempt after a restart inside the same processes."""
-    base = env.get(env_vars.GENERATION, env.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    attempt = env.get(env_vars.ATTEMPT, "0")
-    return base if attempt == "0" else f"{base}.{attempt}"
+    facts = env_vars.AgentFacts.from_environ(env)
+    base = facts.generation
+    if base is None:
+        base = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return base if facts.attempt == 0 else f"{base}.{facts.attempt}"
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,20 @@
-"""Every ``ELASTIC_TRAIN_*`` environment variable, named once.
+"""Every ``ELASTIC_TRAIN_*`` environment variable, named, documented and read once.
 
-Most are the agent's messages to the workers it starts (set in the worker's
-environment, read in the worker); a few are switches a user may set. Modules
-import the names from here, so a variable is renamed or documented in one
-place. torch.distributed.elastic's own variables (``RANK``, ``WORLD_SIZE``,
-``TORCHELASTIC_*``) and torchrun's ``PET_*`` flags are torch's, not listed here.
+A setting reaches a worker one way. What the driver knows of the run and the node
+(storage, name, checkpoint settings, retry budget, staging and cache directories,
+lease token, user roots) is the worker plan, one JSON file the node run writes
+(:mod:`elastic_train.worker.worker_plan`), whose path is the one variable ``PLAN``.
+The environment keeps only what must never be written to a file (``STORAGE``), what
+the agent sets per worker and attempt, and a user's switches. This module names
+them and reads the last two kinds (:class:`AgentFacts`, :class:`Switches`); the plan's
+loader reads ``PLAN`` and ``STORAGE``. No other module reads an ``ELASTIC_TRAIN_*``
+variable (a unit test checks), with one exception: the zygote's stand-in
+(:mod:`elastic_train.agent.zygote.client`), which imports only the standard library,
+spells out ``WORKER_PIDS_DIR``. torch.distributed.elastic's own variables (``RANK``,
+``WORLD_SIZE``, ``TORCHELASTIC_*``) and torchrun's ``PET_*`` flags are torch's, not
+listed here.
 
-User switches:
+User switches (:class:`Switches`, read where they act):
 
 - ``ZYGOTE`` (``ELASTIC_TRAIN_ZYGOTE=0``): start every worker as a fresh
   interpreter instead of forking it from the agent's zygote
@@ -17,7 +25,8 @@ User switches:
 - ``LOCAL_TIER`` (``ELASTIC_TRAIN_LOCAL_TIER=0``, in the environment of ``fit()``
   or ``elastic-train launch``): a node does not keep the checkpoint files its
   ranks uploaded to a remote store (for nodes short of disk), so every restart
-  downloads what it reads (:mod:`elastic_train.storage.local_tier`).
+  downloads what it reads (:mod:`elastic_train.storage.local_tier`). The node run
+  reads it into the worker plan.
 - ``USER_CODE``: directories (separated by ``:``) whose modules are the user's own
   code, beside the working directory, the driver's script's directory and the
   train function's package: a zygote forked from the driver drops the driver's
@@ -27,7 +36,15 @@ User switches:
   driver's lease on its run goes stale and another job may take the run over
   (default 20; :mod:`elastic_train.driver.run_lease`).
 
-Set by the agent or the driver for each worker:
+From the node run to its workers:
+
+- ``PLAN``: the path of the node's worker plan (:mod:`elastic_train.worker.worker_plan`).
+- ``STORAGE``: the run's storage URL as given (it may hold a password) and, under
+  ``elastic-train launch``, its storage options, as JSON: kept out of every file,
+  the plan included.
+
+Set by the agent for each worker (read through :class:`AgentFacts`, but for
+``WORKER_PIDS_DIR``, which only the zygote's stand-in reads):
 
 - ``GENERATION``: the worker group's incarnation id, agreed by the agents;
   workers namespace their process-group keys with it.
@@ -38,28 +55,20 @@ Set by the agent or the driver for each worker:
   group knew of a preemption notice, and the grace it has after one.
 - ``WORKER_PIDS_DIR``: where a zygote's stand-in notes the pid of the worker
   it stands in for, so the agent can stop and wait for that worker itself
-  (:mod:`elastic_train.agent.forked_workers`; the stand-in, which imports only
-  the standard library, spells the name out).
-- ``CHECKPOINT_CACHE``: the node's local tier, its directory of checkpoint files
-  kept after upload or downloaded (:mod:`elastic_train.storage.local_tier`).
-- ``STORAGE_RETRY_S``: ``RunConfig.storage_retry_timeout_s``, for what reads
-  checkpoints in a worker outside its session (the local tier, DCP's reader).
-- ``STORAGE_URL``: under ``fit()``, the storage URL as given when it holds a
-  password (``https://user:pw@host/...``), which the scratch spec holds redacted.
-- ``LAUNCH``: under ``elastic-train launch``, the run's storage, name and
-  checkpoint settings as JSON, from which a script's session is built.
-- ``LEASE_TOKEN``: the job's lease token on the run; a worker's commits and
-  cleanups are refused once a newer job holds the run.
+  (:mod:`elastic_train.agent.forked_workers`; the stand-in spells the name out).
 - ``INPROCESS_DIR``: with in-process restarts on, the directory through which
   the worker and its agent agree on attempts (:mod:`elastic_train.worker.restart_channel`).
 - ``ATTEMPT``: the attempt a worker starts in (0, or the attempt a replacement
   worker joins); in-process restarts count it up inside the process.
-- ``USER_ROOTS``: the directories of the user's own code as the driver decided
-  them (:mod:`elastic_train.worker.user_code`), so a worker leaves the same
-  modules out of what it reports for the zygote to preload.
 - ``MODULES_DIR``: where a worker lists the modules it imported, which the
   agent's zygote then preloads for later workers (:mod:`elastic_train.agent.zygote.preload`).
 """
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 ZYGOTE = "ELASTIC_TRAIN_ZYGOTE"
 FAIL_AT_REPORT = "ELASTIC_TRAIN_FAIL_AT_REPORT"
@@ -70,14 +79,62 @@ PROGRESS_DIR = "ELASTIC_TRAIN_PROGRESS_DIR"
 PREEMPTION_DIR = "ELASTIC_TRAIN_PREEMPTION_DIR"
 PREEMPTION_GRACE_S = "ELASTIC_TRAIN_PREEMPTION_GRACE_S"
 WORKER_PIDS_DIR = "ELASTIC_TRAIN_WORKER_PIDS_DIR"
-CHECKPOINT_CACHE = "ELASTIC_TRAIN_CHECKPOINT_CACHE"
-STORAGE_RETRY_S = "ELASTIC_TRAIN_STORAGE_RETRY_S"
-STORAGE_URL = "ELASTIC_TRAIN_STORAGE_URL"
-LAUNCH = "ELASTIC_TRAIN_LAUNCH"
 LEASE_TTL_S = "ELASTIC_TRAIN_LEASE_TTL_S"
-LEASE_TOKEN = "ELASTIC_TRAIN_LEASE_TOKEN"
 INPROCESS_DIR = "ELASTIC_TRAIN_INPROCESS_DIR"
 ATTEMPT = "ELASTIC_TRAIN_ATTEMPT"
 MODULES_DIR = "ELASTIC_TRAIN_MODULES_DIR"
 USER_CODE = "ELASTIC_TRAIN_USER_CODE"
-USER_ROOTS = "ELASTIC_TRAIN_USER_ROOTS"
+PLAN = "ELASTIC_TRAIN_PLAN"
+STORAGE = "ELASTIC_TRAIN_STORAGE"
+
+
+def _paths(value: str | None) -> tuple[str, ...]:
+    return tuple(p for p in (value or "").split(os.pathsep) if p)
+
+
+@dataclass(frozen=True)
+class Switches:
+    """The user's switches, as this process's environment sets them (read at each call:
+    they are cheap, and a test or a driver may change them between runs)."""
+
+    zygote: bool
+    fail_at_report: int | None
+    local_tier: bool
+    user_code: tuple[str, ...]
+    lease_ttl_s: float | None
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str] = os.environ) -> Switches:
+        fail_at, ttl = env.get(FAIL_AT_REPORT), env.get(LEASE_TTL_S)
+        return cls(zygote=env.get(ZYGOTE, "1") != "0",
+                   fail_at_report=int(fail_at) if fail_at else None,
+                   local_tier=env.get(LOCAL_TIER) != "0",
+                   user_code=_paths(env.get(USER_CODE)),
+                   lease_ttl_s=float(ttl) if ttl else None)
+
+
+@dataclass(frozen=True)
+class AgentFacts:
+    """What the agent tells one worker as it starts it (None, or empty: not told, e.g.
+    outside an agent's workers). Read at each call: in-process restarts change
+    ``attempt`` inside the process."""
+
+    generation: str | None
+    agent_pid: int | None
+    attempt: int
+    progress_dir: str | None
+    preemption_dir: str | None
+    preemption_grace_s: float
+    inprocess_dir: str | None
+    modules_dir: str | None
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str] = os.environ) -> AgentFacts:
+        pid = env.get(AGENT_PID)
+        return cls(generation=env.get(GENERATION), agent_pid=int(pid) if pid else None,
+                   attempt=int(env.get(ATTEMPT, "0")),
+                   progress_dir=env.get(PROGRESS_DIR) or None,
+                   preemption_dir=env.get(PREEMPTION_DIR) or None,
+                   preemption_grace_s=float(env.get(PREEMPTION_GRACE_S, "0") or 0),
+                   inprocess_dir=env.get(INPROCESS_DIR) or None,
+                   modules_dir=env.get(MODULES_DIR) or None)

@@ -205,6 +205,26 @@ class NoProgressError(TrainingFailedError):
         return cls("\n".join(lines), failures=failures, run_path=run_path, reason=reason)
 
 
+class NodeLeftError(TrainingFailedError):
+    """This node left the job on its node policy's word (our addition; Ray has none).
+
+    Raised when the policy (:mod:`elastic_train.agent.node_policy`) sent the node away
+    after a failure charged to it, or did not admit it to a round. The node stops its
+    workers without closing the rendezvous: the other nodes go on without it.
+    ``node`` is its name, ``reason`` the policy's, ``cool_off_s`` how long the policy
+    asks that it be kept out (0: not said; nothing enforces it yet, see #26).
+    """
+
+    def __init__(self, node: str, reason: str, cool_off_s: float = 0.0,
+                 failures: list[WorkerFailure] | None = None, run_path: str | None = None):
+        cool_off = (f" Its policy asks for {cool_off_s:g} s of cooling off (not enforced yet: "
+                    "a node started again is admitted)." if cool_off_s else "")
+        super().__init__(f"Node {node} left the job: {reason}.{cool_off} The job's other "
+                         "nodes, if any, go on without it.", failures=failures,
+                         run_path=run_path)
+        self.node, self.reason, self.cool_off_s = node, reason, cool_off_s
+
+
 class RendezvousLostError(TrainingFailedError):
     """This node can no longer reach the job's rendezvous, so it cannot re-form the job.
 

@@ -51,6 +51,7 @@ def call_in_child(fn: Callable[[], Any], timeout_s: float) -> Answer:
         try:
             os.close(read_end)
             try:
+                _one_thread()
                 answer = Answer(True, fn())
             except BaseException as exc:  # noqa: BLE001 -- it is the answer
                 last = traceback.extract_tb(exc.__traceback__)[-1:]
@@ -76,6 +77,15 @@ def call_in_child(fn: Callable[[], Any], timeout_s: float) -> Answer:
         return pickle.loads(data)
     except Exception:  # noqa: BLE001 -- nothing, or half an answer: it died writing
         return Answer(False, error=f"the child died ({_status(status)})")
+
+
+def _one_thread() -> None:
+    """torch computes on one thread in the child: OpenMP's thread pool does not survive
+    a fork, so a parallel region would wait for ever for threads the parent had (a CPU
+    matmul in a child of a process that had trained hung so)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 def _read_until_closed(fd: int, deadline: float) -> tuple[bytes, bool]:

@@ -18,8 +18,10 @@ import pytest
 
 import elastic_train as et
 from elastic_train.agent.zygote import server as zygote
-from elastic_train.storage import RunStorage
+from elastic_train.config import CheckpointConfig
+from elastic_train.storage import CheckpointStore, RunStorage
 from elastic_train.torch import TorchTrainer
+from elastic_train.worker.committer import Committer
 from tests.support import jobs, restart_job
 from tests.support.etcd_server import EtcdServer, etcd_binaries, etcd_binary
 from tests.support.paths import REPO
@@ -45,6 +47,15 @@ def wait_until(condition, timeout: float, interval: float = 0.05) -> bool:
             return True
         time.sleep(interval)
     return condition()
+
+
+def committer_for(store: CheckpointStore,
+                  config: CheckpointConfig | None = None) -> Committer:
+    """Rank 0's committer of ``store``'s run, committing through ``store`` itself (a
+    test's store class that holds or fails uploads included)."""
+    run = RunStorage(store.fs, store.run_path, store.retry)
+    run.checkpoints = store
+    return Committer(run, config or CheckpointConfig())
 
 
 def stop_driver_after_commit(driver, run_dir: str, index: int, sig: int,

@@ -30,19 +30,22 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
-from elastic_train.agent import torch_compat
+from elastic_train.agent import node_policy, torch_compat
 from elastic_train.agent.failures import failures_of
 from elastic_train.agent.hang_watch import HangWatch
-from elastic_train.agent.inprocess.restarts import InProcessSettings, Recovery
+from elastic_train.agent.inprocess.restarts import InProcessSettings
 from elastic_train.agent.local_agent import TrainAgent
 from elastic_train.agent.no_progress_guard import NoProgressGuard, Progress
-from elastic_train.agent.rendezvous.backends import StateHome, lookup, register
-from elastic_train.agent.rendezvous.config import RendezvousConfig
-from elastic_train.agent.restart_budget import Decision, RestartBudget
+from elastic_train.agent.node_policy import POLICY_SETTING, NodeStanding, node_name
+from elastic_train.agent.options import AgentEvents, AgentOptions
+from elastic_train.agent.rendezvous.registry import register
+from elastic_train.agent.restart_budget import RestartBudget
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.agent.zygote.preload import ImportWatch
 from elastic_train.config import FailureConfig
-from elastic_train.errors import RendezvousLostError, WorkerFailure
+from elastic_train.errors import NodeLeftError, RendezvousLostError, WorkerFailure
+from elastic_train.rendezvous_backends import StateHome, lookup
+from elastic_train.rendezvous_config import RendezvousConfig
 
 logger = logging.getLogger(__name__)
 
@@ -155,34 +158,16 @@ def _handling_signals(names: str) -> Iterator[None]:
             os.environ[_SIGNALS_VARIABLE] = variable
 
 
-@dataclass
-class AgentEvents:
-    """What the agent tells its caller while it runs.
-
-    ``on_failure(failures, decision, cause)``: every failed attempt, including the last:
-    this node's failed workers (root cause first), what the restart budget decided (see
-    :mod:`.restart_budget`) and, when another node is at fault, the root cause on that
-    node (else None).
-    ``on_rendezvous(group_rank, nodes)``: after every rendezvous.
-    ``on_recovered(recovery)``: after every in-process restart (see :mod:`.inprocess`).
-    ``progress()``: how far the run is, for the no-progress guard (None: unknown).
-    """
-
-    on_failure: Callable[[list[WorkerFailure], Decision, WorkerFailure | None], None] \
-        | None = None
-    on_rendezvous: Callable[[int, int], None] | None = None
-    on_recovered: Callable[[Recovery], None] | None = None
-    progress: Callable[[], Progress | None] | None = None
-
-
 @dataclass(frozen=True)
 class AgentOutcome:
     """How the agent ended: the final failures (empty on success), whether it was the
-    preemption budget that ran out, and why it stopped without progress (if it did)."""
+    preemption budget that ran out, why it stopped without progress (if it did), and
+    whether this node left the job on its node policy's word (see :mod:`.node_policy`)."""
 
     failures: list[WorkerFailure]
     preempted_out: bool = False
     no_progress: str | None = None
+    left: NodeLeftError | None = None
 
 
 def run_agent(spec: AgentSpec, events: AgentEvents | None = None) -> AgentOutcome:
@@ -214,14 +199,20 @@ def run_agent(spec: AgentSpec, events: AgentEvents | None = None) -> AgentOutcom
                 raise
             raise RendezvousLostError.for_backend(backend.name, rdzv.endpoint, exc,
                                                   backend.endpoint_is_node_store) from exc
-        rdzv_handler.shutdown()
+        except NodeLeftError as exc:  # not admitted to a round: the others go on
+            return AgentOutcome([], left=exc)
+        if agent.leaving is None:  # a node that leaves keeps the rendezvous open
+            rdzv_handler.shutdown()
     if result is None:  # torch's agent: the rendezvous closed while this node was a spare
         logger.info("The job finished without needing this node (it waited as a spare).")
         return AgentOutcome([])
     if not result.is_failed():
         return AgentOutcome([])
-    return AgentOutcome(agent.last_failures or failures_of(result),
-                        agent.preemption_budget_spent, agent.no_progress)
+    failures = agent.last_failures or failures_of(result)
+    if agent.leaving is not None:
+        return AgentOutcome(failures, left=NodeLeftError(
+            agent.options.node.node, agent.leaving.reason, agent.leaving.cool_off_s, failures))
+    return AgentOutcome(failures, agent.preemption_budget_spent, agent.no_progress)
 
 
 @contextlib.contextmanager
@@ -258,10 +249,12 @@ def _corrupt_state(rdzv: RendezvousConfig, exc: RendezvousStateError) -> Rendezv
 def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
     """torch's rendezvous handler (from its registry, by backend name) and our agent."""
     rdzv = spec.rendezvous
-    params = RendezvousParameters(
+    node = NodeStanding(node_policy.load(rdzv.conf.get(POLICY_SETTING) if rdzv.conf else None),
+                        node_name(spec.local_addr))
+    params = RendezvousParameters(  # our etcd handler's sealer asks the same policy
         backend=rdzv.backend, endpoint=rdzv.endpoint, run_id=rdzv.run_id,
         min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, local_addr=spec.local_addr,
-        **(rdzv.conf or {}),
+        **{**(rdzv.conf or {}), POLICY_SETTING: node.policy},
     )
     register(lookup(rdzv.backend, "RendezvousConfig.backend"))  # ours, into torch's registry
     rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
@@ -283,8 +276,7 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
     logs = DefaultLogsSpecs(log_dir=spec.log_dir, redirects=Std.ALL, tee=Std.NONE)
     failure = spec.failure
     private = spec.private_dir or logs.root_log_dir
-    return TrainAgent(
-        spec=worker_spec, logs_specs=logs, start_method="spawn",
+    options = AgentOptions(
         shutdown_timeout=math.ceil(failure.preemption_grace_s), worker_env=spec.worker_env,
         notice_dir=os.path.join(logs.root_log_dir, "preemption"),
         preemption_grace_s=failure.preemption_grace_s,
@@ -292,9 +284,7 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
                              max_preemptions=failure.max_preemption_failures,
                              guard=NoProgressGuard(failure.max_restarts_without_progress,
                                                    _progress_now(events.progress))),
-        on_failure=events.on_failure, on_rendezvous=events.on_rendezvous,
-        on_recovered=events.on_recovered, progress=events.progress,
-        worker_command=worker_command,
+        worker_command=worker_command, node=node,
         worker_pids_dir=os.path.join(logs.root_log_dir, "worker_pids"),
         staging_dir=spec.staging_dir,
         import_watch=ImportWatch(os.path.join(private, "modules"), zygote.preload)
@@ -305,6 +295,8 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
         hang_watch=HangWatch(os.path.join(logs.root_log_dir, "progress"),
                              failure.hang_timeout_s) if failure.hang_timeout_s else None,
     )
+    return TrainAgent(spec=worker_spec, logs_specs=logs, start_method="spawn",
+                      options=options, events=events)
 
 
 def _progress_now(progress: Callable[[], Progress | None] | None) -> Progress:

@@ -11,7 +11,10 @@
    rendezvous is reported too (this node's group rank and the node count).
 3. Whether a failed group restarts is decided by a
    :class:`~elastic_train.agent.restart_budget.RestartBudget`, not by torch's
-   counter (which this agent sets to the decision before torch reads it).
+   counter (which this agent sets to the decision before torch reads it), and
+   whether this node stays in the job by its node policy
+   (:mod:`elastic_train.agent.node_policy`), asked after each failure and before
+   each rendezvous.
    Only this node's own failures spend its restart budget: the agents tell
    each other how and when their workers failed and settle which node is at
    fault (:mod:`.attribution`); the others restart for free, and a lost node
@@ -32,8 +35,9 @@
    torch started, and waits for them (:mod:`.forked_workers`); a group starts
    with an empty staging directory (what a killed attempt staged is stale).
 8. With in-process restarts (:mod:`elastic_train.agent.inprocess.restarts`) a failed
-   attempt does not stop the group: the agent watches its workers itself
-   (torch's process context would stop them all at the first death), charges
+   attempt does not stop the group: the agent's
+   :class:`~elastic_train.agent.inprocess.controller.InProcessController` watches its
+   workers (torch's process context would stop them all at the first death), charges
    the failure, lets the survivors unwind and start the next attempt, and
    starts a new process only in the slot of a worker that died, hung or lost
    its device. It falls back to torch's restart of the whole group when it
@@ -47,12 +51,13 @@ membership changes, shutdown -- is torch.distributed.elastic's own.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
 import signal
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import (
@@ -66,25 +71,19 @@ from elastic_train import env_vars
 from elastic_train.agent import forked_workers, torch_compat
 from elastic_train.agent.attribution import FailureExchange, NodeReport, charged
 from elastic_train.agent.failures import failures_of, observe
-from elastic_train.agent.hang_watch import HangWatch
-from elastic_train.agent.inprocess.agent_mixin import InProcessRestart
-from elastic_train.agent.inprocess.restarts import InProcessRestarts, InProcessSettings, Recovery
-from elastic_train.agent.no_progress_guard import Progress, signature
-from elastic_train.agent.rendezvous.backends import lookup
+from elastic_train.agent.inprocess.controller import AgentHooks, InProcessController
+from elastic_train.agent.inprocess.restarts import Recovery
+from elastic_train.agent.no_progress_guard import signature
+from elastic_train.agent.node_policy import NodeVerdict
+from elastic_train.agent.options import AgentEvents, AgentOptions
 from elastic_train.agent.restart_budget import Decision, RestartBudget
 from elastic_train.agent.worker_slots import surviving
-from elastic_train.agent.zygote.preload import ImportWatch
 from elastic_train.errors import WorkerFailure
 from elastic_train.failure_kinds import FailureKind
+from elastic_train.rendezvous_backends import lookup
 from elastic_train.worker import preemption
 
 logger = logging.getLogger(__name__)
-
-# (this node's failed workers, root cause first; what the restart budget decided; when
-# another node is at fault (PEER), the root cause there, else None)
-FailureCallback = Callable[[list[WorkerFailure], Decision, WorkerFailure | None], None]
-RendezvousCallback = Callable[[int, int], None]
-RecoveryCallback = Callable[[Recovery], None]
 
 
 @contextlib.contextmanager
@@ -102,45 +101,28 @@ def _environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = old
 
 
-class TrainAgent(InProcessRestart, LocalElasticAgent):
-    """A ``LocalElasticAgent`` that namespaces worker generations and reports failures."""
+class TrainAgent(LocalElasticAgent):
+    """A ``LocalElasticAgent`` that namespaces worker generations and reports failures.
 
-    def __init__(self, *args: Any, worker_env: Mapping[str, str] | None = None,
-                 on_failure: FailureCallback | None = None,
-                 on_rendezvous: RendezvousCallback | None = None,
-                 hang_watch: HangWatch | None = None, notice_dir: str | None = None,
-                 preemption_grace_s: float = 0.0, budget: RestartBudget | None = None,
-                 worker_command: Callable[[], tuple[str, tuple[str, ...]]] | None = None,
-                 worker_pids_dir: str | None = None, staging_dir: str | None = None,
-                 in_process: InProcessSettings | None = None,
-                 on_recovered: RecoveryCallback | None = None,
-                 progress: Callable[[], Progress | None] | None = None,
-                 import_watch: ImportWatch | None = None, shutdown_timeout: int = 30,
-                 **kwargs: Any):
-        super().__init__(*args, **torch_compat.agent_options(shutdown_timeout), **kwargs)
-        self._stop_timeout = shutdown_timeout
-        self._import_watch = import_watch
-        self._in_process = InProcessRestarts(
-            in_process.directory, in_process.unwind_timeout_s, self._replace_worker,
-            self._failure_of) if in_process is not None else None
-        self._on_recovered = on_recovered
-        self._progress = progress
-        self._start_env: dict[str, str] = {}
+    ``options`` says how it runs its workers, ``events`` whom it tells (both built
+    by :func:`elastic_train.agent.api.run_agent`); the rest is torch's.
+    """
+
+    def __init__(self, *args: Any, options: AgentOptions, events: AgentEvents, **kwargs: Any):
+        super().__init__(*args, **torch_compat.agent_options(options.shutdown_timeout),
+                         **kwargs)
+        self.options, self.events = options, events
+        self._in_process = InProcessController(options.in_process, AgentHooks(
+            decide=self._decide_in_process, check_hangs=self._check_hangs,
+            preempted=self._preempted, recovered=self._recovered, command=self._command),
+            options.staging_dir) if options.in_process is not None else None
         self.last_failures: list[WorkerFailure] = []
         self.no_progress: str | None = None
-        self._worker_command = worker_command
-        self._worker_pids_dir = worker_pids_dir
-        self._staging_dir = staging_dir
-        self._hang_watch = hang_watch
-        self._notice_dir = notice_dir
-        self._grace_s = preemption_grace_s
-        self.budget = budget or RestartBudget(max_failures=self._remaining_restarts)
+        self.budget = options.budget or RestartBudget(max_failures=self._remaining_restarts)
         self.preemption_budget_spent = False
+        self.leaving: NodeVerdict | None = None  # the node policy sent this node away
         self.unkillable: dict[int, str] = {}
         self._rendezvous_count = 0
-        self._worker_env = dict(worker_env or {})
-        self._on_failure = on_failure
-        self._on_rendezvous = on_rendezvous
         self.membership_changes = 0
         self._generation = ""
         self._stopped: set[int] = set()
@@ -150,13 +132,14 @@ class TrainAgent(InProcessRestart, LocalElasticAgent):
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         previous = worker_group.group_world_size
+        self.options.node.check_admitted()
         super()._rendezvous(worker_group)
         self.peer_root = None
         self._rendezvous_count += 1
         if previous is not None and worker_group.group_world_size != previous:
             self.membership_changes += 1
-        if self._on_rendezvous is not None:
-            self._on_rendezvous(worker_group.group_rank, worker_group.group_world_size)
+        if self.events.on_rendezvous is not None:
+            self.events.on_rendezvous(worker_group.group_rank, worker_group.group_world_size)
 
     def _agree_on_generation(self, worker_group: WorkerGroup) -> str:
         # A store prefixed by its round (dynamic rendezvous) needs one key per round
@@ -172,33 +155,42 @@ class TrainAgent(InProcessRestart, LocalElasticAgent):
         return store.get(key).decode()
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        options = self.options
         generation = self._generation = self._agree_on_generation(worker_group)
-        env = {**self._worker_env, env_vars.GENERATION: generation,
+        env = {**options.worker_env, env_vars.GENERATION: generation,
                env_vars.AGENT_PID: str(os.getpid())}
-        if self._hang_watch is not None:
-            self._hang_watch.reset([w.global_rank for w in worker_group.workers])
-            env[env_vars.PROGRESS_DIR] = self._hang_watch.progress_dir
-        if self._notice_dir is not None:
-            preemption.clear(self._notice_dir)
-            env[env_vars.PREEMPTION_DIR] = self._notice_dir
-            env[env_vars.PREEMPTION_GRACE_S] = str(self._grace_s)
-        if self._worker_pids_dir is not None:
-            forked_workers.clear(self._worker_pids_dir)
-            env[env_vars.WORKER_PIDS_DIR] = self._worker_pids_dir
-        if self._staging_dir is not None:
-            shutil.rmtree(self._staging_dir, ignore_errors=True)
-        if self._import_watch is not None:
-            env[env_vars.MODULES_DIR] = self._import_watch.directory
+        if options.hang_watch is not None:
+            options.hang_watch.reset([w.global_rank for w in worker_group.workers])
+            env[env_vars.PROGRESS_DIR] = options.hang_watch.progress_dir
+        if options.notice_dir is not None:
+            preemption.clear(options.notice_dir)
+            env[env_vars.PREEMPTION_DIR] = options.notice_dir
+            env[env_vars.PREEMPTION_GRACE_S] = str(options.preemption_grace_s)
+        if options.worker_pids_dir is not None:
+            forked_workers.clear(options.worker_pids_dir)
+            env[env_vars.WORKER_PIDS_DIR] = options.worker_pids_dir
+        if options.staging_dir is not None:
+            shutil.rmtree(options.staging_dir, ignore_errors=True)
+        if options.import_watch is not None:
+            env[env_vars.MODULES_DIR] = options.import_watch.directory
         if self._in_process is not None:
             env.update(self._in_process.begin(
                 worker_group.spec.max_restarts - self._remaining_restarts))
-        if self._worker_command is not None:  # e.g. a new zygote if the last one died
-            worker_group.spec.entrypoint, worker_group.spec.args = self._worker_command()
-        self._start_env = env
+        worker_group.spec.entrypoint, worker_group.spec.args = self._command()
         with _environ(env):
             pids = super()._start_workers(worker_group)
+        if self._in_process is not None:
+            self._in_process.started(self._pcontext, env)
         self._stop_rest_at_once()
         return pids
+
+    def _command(self) -> tuple[str, tuple[str, ...]]:
+        """The worker command now: asked for again at every start and replacement (e.g. a
+        new zygote if the last one died; departure 6), else the spec's."""
+        if self.options.worker_command is not None:
+            return self.options.worker_command()
+        spec = self.get_worker_group().spec
+        return spec.entrypoint, spec.args
 
     def _stop_rest_at_once(self) -> None:
         """Makes the stop of the rest of the group that torch's process context does on
@@ -217,7 +209,8 @@ class TrainAgent(InProcessRestart, LocalElasticAgent):
         pcontext.close = close_at_once
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        if (seen := self._watch_in_process(worker_group)) is not None:
+        if self._in_process is not None and (
+                seen := self._in_process.watch(worker_group)) is not None:
             return seen
         result = super()._monitor_workers(worker_group)
         if result.state == WorkerState.HEALTHY:
@@ -231,19 +224,24 @@ class TrainAgent(InProcessRestart, LocalElasticAgent):
     def _check_hangs(self, worker_group: WorkerGroup) -> None:
         """Stops hung workers (they show up as failures at the next look); hands the
         modules the workers imported to the zygote once they are reported."""
-        if self._import_watch is not None:
-            self._import_watch.poll()
-        if self._hang_watch is not None and self._pcontext is not None:
+        if self.options.import_watch is not None:
+            self.options.import_watch.poll()
+        if self.options.hang_watch is not None and self._pcontext is not None:
             pids = self._pcontext.pids()
-            self._hang_watch.check({
+            self.options.hang_watch.check({
                 w.global_rank: (pids[w.local_rank], self._pcontext.error_files[w.local_rank])
                 for w in worker_group.workers if w.local_rank in pids})
 
     def _decide(self, worker_group: WorkerGroup, failures: list[WorkerFailure],
                 kind: FailureKind) -> Decision:
-        """Charges a failed attempt to its budget and reports it."""
-        progress = self._progress() if self._progress is not None else None
+        """Charges a failed attempt to its budget, asks the node policy whether this node
+        stays (a node sent away stops its group alone), and reports the decision."""
+        progress = self.events.progress() if self.events.progress is not None else None
         decision = self.budget.charge(kind, progress, signature(failures[0]))
+        verdict = self.options.node.after_failure(kind, failures)
+        if verdict.leave and decision.restart:  # a run that stops anyway closes the job
+            decision = dataclasses.replace(decision, restart=False, leave=verdict)
+            self.leaving = verdict
         self.preemption_budget_spent = decision.preemption_budget_spent
         self.last_failures, self.no_progress = failures, decision.no_progress
         # torch restarts while its counter is positive and takes one off; the workers'
@@ -252,10 +250,26 @@ class TrainAgent(InProcessRestart, LocalElasticAgent):
         spec = worker_group.spec
         self._remaining_restarts = (spec.max_restarts - self.budget.failures + 1
                                     if decision.restart else 0)
-        if self._on_failure is not None:
+        if self.events.on_failure is not None:
             cause = self.peer_root if kind is FailureKind.PEER else None
-            self._on_failure(failures, decision, cause)
+            self.events.on_failure(failures, decision, cause)
         return decision
+
+    def _decide_in_process(self, worker_group: WorkerGroup, failures: list[WorkerFailure],
+                           kind: FailureKind, peer_root: WorkerFailure | None) -> Decision:
+        """:meth:`_decide` for an in-process restart, which settled who is at fault itself."""
+        self.peer_root = peer_root
+        return self._decide(worker_group, failures, kind)
+
+    def _recovered(self, worker_group: WorkerGroup, recovery: Recovery) -> None:
+        """After an in-process restart: the next attempt starts with a fresh hang watch
+        and no preemption notice, and the caller hears of it."""
+        if self.options.hang_watch is not None:
+            self.options.hang_watch.reset([w.global_rank for w in worker_group.workers])
+        if self.options.notice_dir is not None:
+            preemption.clear(self.options.notice_dir)
+        if self.events.on_recovered is not None:
+            self.events.on_recovered(recovery)
 
     def _classify(self, worker_group: WorkerGroup, result: RunResult) -> FailureKind:
         """Which budget the failed attempt spends (see :mod:`.restart_budget`)."""
@@ -274,7 +288,8 @@ class TrainAgent(InProcessRestart, LocalElasticAgent):
         return FailureKind.PEER
 
     def _preempted(self) -> bool:
-        return self._notice_dir is not None and preemption.marked(self._notice_dir)
+        notice_dir = self.options.notice_dir
+        return notice_dir is not None and preemption.marked(notice_dir)
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._shutdown(signal.SIGKILL, timeout=30)
@@ -288,9 +303,9 @@ class TrainAgent(InProcessRestart, LocalElasticAgent):
         uninterruptible I/O, state D) is reported with its pid and state instead of
         being silently left behind."""
         pids = list(self._pcontext.pids().values()) if self._pcontext else []
-        forked = forked_workers.behind(self._worker_pids_dir, pids) \
-            if self._worker_pids_dir is not None else {}
-        timeout = self._stop_timeout if timeout is None else timeout
+        pids_dir = self.options.worker_pids_dir
+        forked = forked_workers.behind(pids_dir, pids) if pids_dir is not None else {}
+        timeout = self.options.shutdown_timeout if timeout is None else timeout
         torch_compat.shutdown(super()._shutdown, self._pcontext, death_sig, timeout)
         forked_workers.kill(forked)
         self.unkillable = surviving([*pids, *forked], wait_s=max(1.0, timeout))

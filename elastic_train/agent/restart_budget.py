@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from elastic_train.agent.no_progress_guard import NoProgressGuard, Progress
+from elastic_train.agent.node_policy import NodeVerdict
 from elastic_train.failure_kinds import FailureKind
 
 UNLIMITED = -1
@@ -39,6 +40,8 @@ class Decision:
     after this one (-1: unlimited). ``preemption_budget_spent``: the run stops
     because of preemptions, not failures. ``no_progress``: the run stops because
     restarts bring no progress (see :mod:`.no_progress_guard`), with the reason.
+    ``leave``: this node leaves the job (the node policy's verdict, see
+    :mod:`.node_policy`): its group does not restart, the other nodes' do.
     """
 
     kind: FailureKind
@@ -46,6 +49,7 @@ class Decision:
     restarts_left: int
     preemption_budget_spent: bool = False
     no_progress: str | None = None  # why the run stops although its budget is not spent
+    leave: NodeVerdict | None = None
 
 
 @dataclass

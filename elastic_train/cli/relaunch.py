@@ -23,9 +23,9 @@ import os
 import shlex
 from dataclasses import dataclass
 
-from elastic_train.agent.rendezvous.config import parse_rdzv_conf
 from elastic_train.errors import ConfigError
 from elastic_train.redaction import REDACTED, redact_argv
+from elastic_train.rendezvous_config import parse_rdzv_conf
 
 TRUST_FLAG = "--trust-command"
 _DROPPED = {"--name": 1, "--storage-path": 1, "--storage-option": 1, "--start-over": 0}

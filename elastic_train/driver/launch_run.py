@@ -8,7 +8,6 @@ resume.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -16,15 +15,15 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from elastic_train import env_vars
 from elastic_train.agent.api import Interrupted
-from elastic_train.agent.rendezvous.backends import lookup
 from elastic_train.driver.launch_settings import LaunchSettings
 from elastic_train.driver.node_run import FailureHints, NodePlan, NodeRun
 from elastic_train.errors import TrainingFailedError, exit_code
 from elastic_train.redaction import redact_argv, redacted_options
+from elastic_train.rendezvous_backends import lookup
 from elastic_train.storage import RunStorage
 from elastic_train.storage.filesystem import options_from_flags
+from elastic_train.worker.worker_plan import GivenStorage
 
 # Flags the command that continues a run leaves out or sets itself.
 _ONE_LAUNCH_ONLY = ("--start-over", "--start_over", "--dry-run", "--dry_run")
@@ -121,10 +120,8 @@ def launch(settings: LaunchSettings, argv: list[str]) -> int:
         # restarted gloo group. Unshared, each incarnation gets a fresh store on rank 0.
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     with NodeRun(plan) as node:
-        worker_env = {env_vars.LAUNCH: json.dumps({
-            "storage_path": settings.storage_path, "name": run_config.name,
-            "storage_options": run_config.storage_options,  # the workers' env: never stored
-            "checkpoint_config": asdict(settings.checkpoint), "staging_dir": node.staging_dir})}
+        # The storage as given, with its options: the workers' environment, never stored.
+        worker_env = GivenStorage(settings.storage_path, run_config.storage_options).env()
         if settings.workers_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
             worker_env["OMP_NUM_THREADS"] = "1"  # as torchrun does
         try:

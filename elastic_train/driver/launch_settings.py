@@ -23,8 +23,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 
 from elastic_train.agent.api import DEFAULT_SIGNALS, ProcessOptions
-from elastic_train.agent.rendezvous.backends import TORCHRUN_DEFAULT, lookup
-from elastic_train.agent.rendezvous.config import RendezvousConfig, parse_rdzv_conf
 from elastic_train.config import (
     DEFAULT_STORAGE_PATH,
     CheckpointConfig,
@@ -36,6 +34,8 @@ from elastic_train.driver import launch_rules as rules
 from elastic_train.driver.console import ConsoleView
 from elastic_train.errors import ConfigError
 from elastic_train.redaction import redact_conf, redacted_options
+from elastic_train.rendezvous_backends import TORCHRUN_DEFAULT, lookup
+from elastic_train.rendezvous_config import RendezvousConfig, parse_rdzv_conf
 from elastic_train.storage.filesystem import options_from_flags
 
 SCRIPT_WORKER = "elastic_train.worker.script_worker"

@@ -5,7 +5,8 @@ once, for both front-ends: the check that the stored run may be continued, the
 run's lease (one job writes a run directory: a second is refused here, see
 :mod:`.run_lease`), the node's scratch directory (staging, checkpoint cache, logs
 on remote storage),
-the worker environment every worker gets, the agent's spec, the run's record
+the worker plan every worker reads (:mod:`elastic_train.worker.worker_plan`, one
+file in the scratch directory), the agent's spec, the run's record
 (``run.json``, begun by the node that becomes group rank 0; failures; final
 status), the live view and callbacks (:mod:`.supervisor`), and the outcome: a
 failure becomes the error the user sees, is recorded, and the uploads its
@@ -33,7 +34,6 @@ from typing import Any
 
 from elastic_train import env_vars, scratch
 from elastic_train.agent.api import AgentOutcome, AgentSpec, ProcessOptions
-from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.config import RunConfig, ScalingConfig
 from elastic_train.driver.console import ConsoleView
@@ -42,9 +42,11 @@ from elastic_train.driver.run_lease import RunLease
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.driver.supervisor import RunSupervisor
 from elastic_train.errors import NoProgressError, PreemptionError, TrainingFailedError
+from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunStatus
 from elastic_train.worker import user_code
+from elastic_train.worker.worker_plan import WorkerPlan
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +169,7 @@ class NodeRun:
         Raises:
             TrainingFailedError: the failure budget is spent (``PreemptionError``
                 when it was the preemption budget); recorded in ``run.json``.
+                ``NodeLeftError``: this node left on its node policy's word.
             RendezvousLostError: this node lost the job's rendezvous.
             Interrupted: a signal stopped the node; the run is left resumable.
         """
@@ -178,7 +181,7 @@ class NodeRun:
                                    view=self.plan.view,
                                    train_loop_config=self.plan.train_loop_config)
         outcome = supervisor.run(self._agent_spec(entrypoint, args, worker_env))
-        if outcome.failures:
+        if outcome.failures or outcome.left is not None:
             raise self._failed(outcome, supervisor)
         if supervisor.record is not None:
             supervisor.record.set_status(RunStatus.FINISHED)
@@ -204,30 +207,45 @@ class NodeRun:
             min_nodes=min_nodes, max_nodes=max_nodes, monitor_interval=plan.monitor_interval,
             log_dir=log_dir, agent_logs=plan.run_config.verbose >= 2, local_addr=plan.local_addr,
             process=plan.process, staging_dir=self.staging_dir, private_dir=self.scratch,
-            worker_env={env_vars.CHECKPOINT_CACHE: os.path.join(self.scratch, "checkpoint_cache"),
-                        env_vars.STORAGE_RETRY_S: str(plan.run_config.storage_retry_timeout_s),
-                        env_vars.USER_ROOTS: os.pathsep.join(self.user_roots),
-                        **(self.lease.worker_env() if self.lease else {}), **worker_env})
+            worker_env={**self.worker_plan().write(self.scratch), **worker_env})
+
+    def worker_plan(self) -> WorkerPlan:
+        """What this node tells its workers of the run and the node."""
+        run_config = self.plan.run_config
+        return WorkerPlan(
+            run_name=run_config.name, checkpoint_config=run_config.checkpoint_config,
+            staging_dir=self.staging_dir,
+            tier_root=os.path.join(self.scratch, "checkpoint_cache"),
+            keep_uploads=env_vars.Switches.from_environ().local_tier,
+            storage_retry_s=run_config.storage_retry_timeout_s,
+            lease_token=self.lease.token if self.lease else None, user_roots=self.user_roots)
 
     def _failed(self, outcome: AgentOutcome, supervisor: RunSupervisor) -> TrainingFailedError:
-        """The error for a spent budget (or a run that stopped making progress), recorded;
-        the run's cut-short uploads removed by the node that records the run, when no
-        other node of the job still runs on it."""
+        """The error for a spent budget, a run that stopped making progress, or a node that
+        left the job on its node policy's word; recorded (a node that leaves ends the run
+        only when no other node of the job still runs on it), and the run's cut-short
+        uploads removed by the node that records the run when it is the job's last."""
         budget = self.plan.run_config.failure_config
         preempted = outcome.preempted_out
         hints = {"resume_hint": self.plan.hints.resume, "retry_hint": self.plan.hints.retry}
-        if outcome.no_progress is not None:
-            error: TrainingFailedError = NoProgressError.stopped(
+        if outcome.left is not None:
+            error: TrainingFailedError = outcome.left
+            error.run_path = self.plan.storage.display_path
+        elif outcome.no_progress is not None:
+            error = NoProgressError.stopped(
                 outcome.no_progress, outcome.failures, self.plan.storage.display_path,
                 resume_hint=self.plan.hints.resume, guard_hint=self.plan.hints.no_guard)
         else:
             error = (PreemptionError if preempted else TrainingFailedError).from_failures(
                 outcome.failures, self.plan.storage.display_path,
                 budget.max_preemption_failures if preempted else budget.max_failures, **hints)
-        if supervisor.record is not None:
+        if supervisor.record is None:
+            return error
+        sole = self.lease is not None and self.lease.is_sole_member()
+        if outcome.left is None or sole:
             supervisor.record.set_status(RunStatus.FAILED, error=str(error),
                                          no_progress=outcome.no_progress)
-            if self.lease is not None and self.lease.is_sole_member():
-                self.plan.storage.discard_unfinished_uploads()
+        if sole:
+            self.plan.storage.discard_unfinished_uploads()
         return error
 

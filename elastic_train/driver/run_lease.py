@@ -51,8 +51,8 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 
 from elastic_train import env_vars, process_identity
-from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.errors import LeaseLostError, RunInUseError
+from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.storage import RunStorage
 from elastic_train.storage.lease import HELD, PENDING, PENDING_TOKEN, RELEASED, Claim, LeaseDir
 
@@ -64,7 +64,8 @@ _ATTEMPTS = 5  # acquisitions that meet a rival's pending claim retry this often
 
 def lease_ttl_s() -> float:
     """The time to live of this driver's claims: ``ELASTIC_TRAIN_LEASE_TTL_S`` or 20 s."""
-    return float(os.environ.get(env_vars.LEASE_TTL_S) or DEFAULT_TTL_S)
+    ttl = env_vars.Switches.from_environ().lease_ttl_s
+    return DEFAULT_TTL_S if ttl is None else ttl
 
 
 def job_id(rendezvous: RendezvousConfig) -> str:
@@ -276,10 +277,6 @@ class RunLease:
             logger.warning("Could not read the lease of %s.", self.storage.display_path,
                            exc_info=True)
             return False
-
-    def worker_env(self) -> dict[str, str]:
-        """What the workers need to fence their writes (see RunStorage.use_fence)."""
-        return {env_vars.LEASE_TOKEN: str(self.token)}
 
     def release(self) -> None:
         """Stops the heartbeat; the last node of the job leaves a released claim behind

@@ -130,7 +130,9 @@ class RunRecord:
         left = {-1: "unlimited", 0: "no"}.get(decision.restarts_left, decision.restarts_left)
         own = [f for f in failures if f != cause]  # (in-process, a node that only heard of
         workers = [cause, *own] if cause is not None else own  # the failure has none)
-        if decision.no_progress:
+        if decision.leave is not None:
+            outlook = f"this node leaves the job: {decision.leave.reason}"
+        elif decision.no_progress:
             outlook = f"stopping: {decision.no_progress}"
         elif decision.kind is FailureKind.PEER:  # its own budget is untouched: say so
             outlook = f"restarting, not charged to this node ({left} restart(s) of its own left)"

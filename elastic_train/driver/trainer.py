@@ -21,9 +21,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from elastic_train import env_vars, pickling
+from elastic_train import pickling
 from elastic_train.agent.api import Interrupted
-from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.callbacks import UserCallback
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.config import RunConfig, ScalingConfig
@@ -34,6 +33,7 @@ from elastic_train.errors import (
     StorageError,
 )
 from elastic_train.redaction import redact_url
+from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.result import Result
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
@@ -41,6 +41,7 @@ from elastic_train.worker import user_code
 from elastic_train.worker.backend import BackendConfig
 from elastic_train.worker.fit_worker import FIT_WORKER, read_return_value
 from elastic_train.worker.run_spec import RunSpec, check_train_function
+from elastic_train.worker.worker_plan import GivenStorage
 
 logger = logging.getLogger(__name__)
 
@@ -279,7 +280,7 @@ class DataParallelTrainer:
         env = {"OMP_NUM_THREADS": str(scaling.threads_per_worker(scaling.workers_per_node))}
         storage_path = node.plan.run_config.storage_path
         if redact_url(storage_path) != storage_path:  # the spec holds it redacted
-            env[env_vars.STORAGE_URL] = storage_path
+            env.update(GivenStorage(storage_path).env())
         try:
             node.run(sys.executable, ("-m", FIT_WORKER, spec_path, node.scratch), env)
         except Interrupted as exc:

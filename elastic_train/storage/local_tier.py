@@ -2,8 +2,8 @@
 restart on a node that survived reads them there instead of downloading them.
 
 Each node (the driver of ``fit()``, or an ``elastic-train launch`` agent) has one
-directory, ``ELASTIC_TRAIN_CHECKPOINT_CACHE`` (:data:`elastic_train.env_vars.CHECKPOINT_CACHE`)
-in its scratch space, shared by its workers. For checkpoints on a remote store it holds:
+directory in its scratch space, shared by its workers (its path reaches them in the
+worker plan, see :mod:`.node_settings`). For checkpoints on a remote store it holds:
 
 * the files this node's ranks uploaded: once a rank's upload is done, the uploader
   moves its staged copy in (a rename, nothing copied) instead of deleting it;
@@ -21,7 +21,8 @@ few after it that are still being uploaded or committed (``report()`` waits when
 uploads fall behind), and what it downloaded of the checkpoint it resumed from.
 A replacement node starts empty and downloads what it needs.
 ``ELASTIC_TRAIN_LOCAL_TIER=0`` (:data:`elastic_train.env_vars.LOCAL_TIER`, in the
-driver's or launch's environment) stops keeping uploads, for nodes short of disk.
+driver's or launch's environment, read into the worker plan) stops keeping uploads,
+for nodes short of disk.
 
 One entry per checkpoint directory URL::
 
@@ -49,9 +50,9 @@ from typing import IO, Any
 
 import fsspec
 
-from elastic_train import env_vars
 from elastic_train.errors import CorruptManifestError, StorageError
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage import node_settings
 from elastic_train.storage.checkpoint_store import MARKER, dir_name, file_matches
 from elastic_train.storage.manifest import CommitManifest, check_relpath
 from elastic_train.storage.retry import RetryPolicy, run_policy
@@ -164,14 +165,14 @@ class LocalTier:
     @classmethod
     def of_node(cls) -> LocalTier | None:
         """The tier of this node's run, as its workers see it; None elsewhere."""
-        root = os.environ.get(env_vars.CHECKPOINT_CACHE)
+        root = node_settings.current().tier_root
         return cls(root, run_policy()) if root else None
 
     @classmethod
     def for_uploads(cls) -> LocalTier | None:
         """The tier this node's uploads are kept in: :meth:`of_node`, unless
         ``ELASTIC_TRAIN_LOCAL_TIER=0`` turns keeping off."""
-        return None if os.environ.get(env_vars.LOCAL_TIER) == "0" else cls.of_node()
+        return cls.of_node() if node_settings.current().keep_uploads else None
 
     def _retry(self, fs: fsspec.AbstractFileSystem) -> RetryPolicy:
         """The tier's policy, retrying what ``fs``'s store says passes as well."""

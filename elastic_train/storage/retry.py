@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import random
 import sys
 import time
@@ -25,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar
 
-from elastic_train import env_vars
 from elastic_train.errors import StorageError
+from elastic_train.storage import node_settings
 
 if TYPE_CHECKING:
     from elastic_train.storage.stores import StoreAdapter
@@ -144,7 +143,7 @@ class RetryPolicy:
 
 def run_policy() -> RetryPolicy:
     """The run's policy in a worker: ``RunConfig.storage_retry_timeout_s``, which the
-    node passes its workers (``ELASTIC_TRAIN_STORAGE_RETRY_S``) for what reads
-    checkpoints outside the session; the default outside a run."""
-    budget = os.environ.get(env_vars.STORAGE_RETRY_S)
-    return RetryPolicy(budget_s=float(budget)) if budget else RetryPolicy()
+    node's worker plan carries (see :mod:`.node_settings`) for what reads checkpoints
+    outside the session; the default outside a run."""
+    budget = node_settings.current().retry_budget_s
+    return RetryPolicy(budget_s=budget) if budget is not None else RetryPolicy()

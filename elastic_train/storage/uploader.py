@@ -9,12 +9,12 @@ moves the staged copy into the node's local tier (:mod:`.local_tier`) for a
 restart on this node. Files still being written when ``report()`` is called
 (``Checkpoint.from_directory(d, written=future)``, e.g. ``dcp.async_save``) are
 not staged then: the upload thread waits for the future and takes the
-directory over. Rank 0's
-job then commits the checkpoint (``commit``: the
-:class:`~elastic_train.storage.checkpoint_manager.CheckpointManager` waits for the
-done markers of every rank that owns files, writes the commit marker and applies
-retention). The queue is bounded: when uploads fall behind, ``report()`` waits
-instead of filling the disk.
+directory over. On rank 0 a job carries the checkpoint's manifest, and once
+rank 0's own files are up the thread hands it to ``commit``: rank 0's committer
+(:mod:`elastic_train.worker.committer`) owns what follows -- the wait for the
+other owners' done markers, the commit marker and retention; running it on this
+thread keeps it off the training's. The queue is bounded: when uploads fall
+behind, ``report()`` waits instead of filling the disk.
 
 Coordination goes through storage, not collectives, so the background thread
 never touches the process group the training uses.
@@ -116,16 +116,18 @@ def _discard(job: UploadJob) -> None:
 
 
 class CheckpointUploader:
-    """Uploads this rank's checkpoint files in the background and (rank 0) commits them.
+    """Uploads this rank's checkpoint files in the background; on rank 0, then runs the
+    commit.
 
-    ``commit(manifest, owner_ranks)`` runs on the upload thread for a job with a
+    ``commit(manifest, owner_ranks)`` (rank 0's committer; None on the other ranks,
+    whose jobs carry no manifest) runs on the upload thread for a job with a
     manifest, after this rank's own files are up; ``max_pending`` jobs wait in the
     queue besides the one uploading.
     """
 
     def __init__(self, store: CheckpointStore, rank: int, staging_root: str,
-                 commit: Callable[[CommitManifest, list[int]], None], max_pending: int = 1,
-                 tier: LocalTier | None = None):
+                 commit: Callable[[CommitManifest, list[int]], None] | None = None,
+                 max_pending: int = 1, tier: LocalTier | None = None):
         self.store = store
         self.rank = rank
         self.staging_root = staging_root

@@ -17,7 +17,7 @@ from dataclasses import replace
 import cloudpickle
 from fsspec.implementations.local import LocalFileSystem
 
-from elastic_train import env_vars, pickling
+from elastic_train import pickling
 from elastic_train.context import WorkerEnv
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.worker import group_sockets, inprocess
@@ -30,6 +30,7 @@ from elastic_train.worker.session import (
     shutdown_session,
 )
 from elastic_train.worker.storage_access import open_run_storage
+from elastic_train.worker.worker_plan import GivenStorage
 
 FIT_WORKER = "elastic_train.worker.fit_worker"  # this module, as the agent runs it
 RETURN_VALUE_FILE = "return_value.pkl"
@@ -47,9 +48,9 @@ def read_return_value(result_dir: str) -> object:
 def run(spec_path: str, result_dir: str) -> None:
     with open(spec_path, "rb") as f:
         spec: RunSpec = cloudpickle.load(f)
-    if os.environ.get(env_vars.STORAGE_URL):  # the URL with its password, never written
-        spec.run_config = replace(spec.run_config,
-                                  storage_path=os.environ[env_vars.STORAGE_URL])
+    given = GivenStorage.load()
+    if given is not None:  # the URL with its password, never written
+        spec.run_config = replace(spec.run_config, storage_path=given.path)
     storage = open_run_storage(spec.run_config, spec.experiment_name)
     staging = os.path.join(result_dir, "staging")
 

@@ -1,7 +1,8 @@
 """Worker progress, as the agent sees it: a file per rank touched when the worker advances.
 
-A worker beats when it reports and when it takes a batch from a dataset shard
-or a prepared data loader (at most once a second, one ``utime`` call). The
+A worker beats when a report is done (an after-report hook, see
+:mod:`.after_report`) and when it takes a batch from a dataset shard or a
+prepared data loader (at most once a second, one ``utime`` call). The
 agent declares a hang when a rank's file is older than
 ``FailureConfig(hang_timeout_s)``. The worker also arms ``faulthandler`` on
 SIGUSR1, so the agent can have each rank write its Python stack before it
@@ -36,10 +37,11 @@ def _rank() -> int:
 
 def arm() -> None:
     """At worker start: the stack dump on SIGUSR1. No beat yet: the hang timeout starts
-    at the first report or batch, so slow start-up work (imports, building the model,
-    loading a checkpoint) falls under the agent's start-up allowance instead."""
+    once the first report is done or the first batch taken, so slow start-up work
+    (imports, building the model, loading a checkpoint) falls under the agent's
+    start-up allowance instead."""
     global _stack_file
-    directory = os.environ.get(env_vars.PROGRESS_DIR)
+    directory = env_vars.AgentFacts.from_environ().progress_dir
     if not directory:
         return
     os.makedirs(directory, exist_ok=True)
@@ -51,7 +53,7 @@ def arm() -> None:
 def beat() -> None:
     """Marks progress (cheap: at most one file touch a second)."""
     global _last
-    directory = os.environ.get(env_vars.PROGRESS_DIR)
+    directory = env_vars.AgentFacts.from_environ().progress_dir
     now = time.monotonic()
     if not directory or now - _last < 1.0:
         return

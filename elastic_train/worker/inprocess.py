@@ -73,7 +73,7 @@ _in_attempt = False
 
 def enabled() -> bool:
     """Whether this worker's agent restarts it in process."""
-    return bool(os.environ.get(env_vars.INPROCESS_DIR))
+    return env_vars.AgentFacts.from_environ().inprocess_dir is not None
 
 
 def _on_abort(signum: int, frame: object) -> None:
@@ -180,9 +180,10 @@ def run_attempts(attempt: Callable[[], T], release: Callable[[bool], None]) -> T
     ``finish_uploads`` True only when the run stops after it (see
     :meth:`~elastic_train.worker.session.TrainSession.end_failed_attempt`).
     """
-    directory = os.environ[env_vars.INPROCESS_DIR]
+    facts = env_vars.AgentFacts.from_environ()
+    directory, number = facts.inprocess_dir, facts.attempt
+    assert directory is not None, "run_attempts needs in-process restarts (see enabled())"
     rank = int(os.environ["RANK"])
-    number = int(os.environ.get(env_vars.ATTEMPT, "0"))
     signal.signal(channel.ABORT_SIGNAL, _on_abort)
     while True:
         _enter(directory, rank, number)

@@ -26,7 +26,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from elastic_train import env_vars
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.worker import heartbeat
+from elastic_train.worker import heartbeat, worker_plan
 
 _PR_SET_PDEATHSIG = 1
 # Ours in the error file's extraInfo, read by the agent (elastic_train.agent.failures):
@@ -47,8 +47,8 @@ def die_with_agent() -> None:
     """:func:`die_with_parent`, checking the parent is still the agent (or the zygote
     it forked from, see :mod:`elastic_train.agent.zygote.server`)."""
     die_with_parent()
-    agent_pid = os.environ.get(env_vars.AGENT_PID)
-    if agent_pid is not None and os.getppid() != int(agent_pid):
+    agent_pid = env_vars.AgentFacts.from_environ().agent_pid
+    if agent_pid is not None and os.getppid() != agent_pid:
         os._exit(1)  # the agent died before the request took effect
 
 
@@ -75,7 +75,7 @@ def failure_sequence() -> int | None:
             return None
         with contextlib.suppress(Exception):  # a store of the dying group may hang
             store.set_timeout(timedelta(seconds=_SEQUENCE_TIMEOUT_S))
-        generation = os.environ.get(env_vars.GENERATION, "")
+        generation = env_vars.AgentFacts.from_environ().generation or ""
         return int(store.add(f"elastic_train/failed_seq/{generation}", 1))
     except Exception:  # noqa: BLE001 -- the error file must be written regardless
         return None
@@ -125,6 +125,7 @@ def run_worker(main: Callable[[], None]) -> None:
     # own would be ignored after ours); our warnings reach stderr through logging's
     # last-resort handler until it does.
     faulthandler.enable()
+    worker_plan.install()
     heartbeat.arm()
     try:
         main()

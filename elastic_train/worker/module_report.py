@@ -38,7 +38,7 @@ def installed_modules(roots: tuple[str, ...] | None = None) -> list[str]:
 def note_imports(rank: int, local_rank: int) -> None:
     """Writes this worker's imported modules once per process (local rank 0 only)."""
     global _done
-    directory = os.environ.get(env_vars.MODULES_DIR)
+    directory = env_vars.AgentFacts.from_environ().modules_dir
     if _done or local_rank != 0 or not directory:
         return
     _done = True

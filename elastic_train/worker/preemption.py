@@ -59,7 +59,7 @@ class PreemptionInfo:
 
 def grace_s() -> float:
     """Seconds between the notice and the kill, as the agent was configured."""
-    return float(os.environ.get(env_vars.PREEMPTION_GRACE_S, "0") or 0)
+    return env_vars.AgentFacts.from_environ().preemption_grace_s
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -103,7 +103,7 @@ def agree(notices: list[tuple[int, str, float] | None]) -> PreemptionInfo | None
 
 def leave_mark(rank: int) -> None:
     """Tells this node's agent that the group knew of a preemption (see module doc)."""
-    notice_dir = os.environ.get(env_vars.PREEMPTION_DIR)
+    notice_dir = env_vars.AgentFacts.from_environ().preemption_dir
     if notice_dir:
         with open(os.path.join(notice_dir, f"rank{rank}"), "w") as f:
             f.write(str(time.time()))

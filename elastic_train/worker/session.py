@@ -7,8 +7,9 @@ group resumes from (:mod:`.restore`: each checks its share, rank 0 decides), so
 that all ranks restore the same state. ``report()`` is collective: the ranks
 first learn whether any of them passes a checkpoint (one small all_reduce); if
 one does, they agree on the file list (each file is uploaded by the lowest rank
-that has it), upload, and rank 0 writes the commit marker last, then applies
-retention.
+that has it) and upload; what rank 0 alone does -- the score check, the manifest,
+the metrics row, the commit and retention -- is its :mod:`.committer`'s. The
+hooks of :mod:`.after_report` run after every report.
 
 Example::
 
@@ -27,25 +28,24 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.context import StorageInfo, TrainContext, WorkerEnv
 from elastic_train.errors import ConfigError, StorageError
-from elastic_train.metric_rows import ReportRows, clean_metrics
+from elastic_train.metric_rows import clean_metrics
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.checkpoint_manager import CheckpointManager
 from elastic_train.storage.checkpoint_store import dir_name
-from elastic_train.storage.uploader import CheckpointUploader, UploadJob, listed_files
-from elastic_train.worker import heartbeat, module_report, preemption
+from elastic_train.storage.uploader import UploadJob, listed_files
+from elastic_train.worker import preemption
+from elastic_train.worker.after_report import AFTER_REPORT, AfterReport
 from elastic_train.worker.backend import WorkerResources
-from elastic_train.worker.control_group import ControlGroup
 from elastic_train.worker.dataset import DatasetShard, ResumableIterable
-from elastic_train.worker.fault_injection import maybe_fail_after_report
+from elastic_train.worker.joined_session import JoinedSession
 from elastic_train.worker.preemption import PreemptionInfo
-from elastic_train.worker.restore import agree_on_restore_point, resumable_state
+from elastic_train.worker.restore import resumable_state
 from elastic_train.worker.run_spec import RunSpec
 
 logger = logging.getLogger(__name__)
@@ -84,15 +84,17 @@ class TrainSession:
     """Per-worker state behind the public session functions.
 
     Built at the start of each attempt by each rank alone (the context, the
-    preemption notice handler); :meth:`join` then composes, in order: the restore
-    point the ranks agree on (:mod:`.restore`), the report rows
-    (:mod:`elastic_train.metric_rows`), the checkpoint numbering, commit and
-    retention (:mod:`elastic_train.storage.checkpoint_manager`) and the background
-    uploader.
+    preemption notice handler); :meth:`join` then agrees with the other ranks on
+    where the run continues and builds the rest (:class:`.joined_session.JoinedSession`:
+    report rows, checkpoint numbering, uploader and, on rank 0, the committer).
+    ``report()`` checks its arguments, lets the ranks agree on checkpoints and
+    preemption notices, hands rank 0's duties to :mod:`.committer` and then runs the
+    ``after_report`` hooks (:mod:`.after_report`).
     """
 
     def __init__(self, spec: RunSpec, env: WorkerEnv, resources: WorkerResources,
-                 storage: RunStorage, staging_dir: str, join: bool = True):
+                 storage: RunStorage, staging_dir: str, join: bool = True,
+                 after_report: Sequence[AfterReport] = AFTER_REPORT):
         self.spec = spec
         self.env = env
         self.resources = resources
@@ -114,13 +116,15 @@ class TrainSession:
         self._loader_count = 0
         self._created_at = time.time()
         self._staging_dir = staging_dir
+        self._after_report = tuple(after_report)
         self._preemption: PreemptionInfo | None = None
+        self._joined: JoinedSession | None = None
+        self._synced: CommitManifest | None = None  # the newest SYNC commit of the attempt
         preemption.install()
-        self._joined = False
         if join:
             self.join()
 
-    def join(self) -> None:
+    def join(self) -> JoinedSession:
         """Agrees with the other ranks on where the run continues, once (collective).
 
         ``fit()``'s workers join as the session is built; a script under
@@ -129,33 +133,29 @@ class TrainSession:
         dataset shards and prepared loaders), so that ``get_context()`` on one
         rank alone does not wait for the others.
         """
-        if self._joined:
-            return
-        self.group = ControlGroup(self.env.world_size, self._control_group())
-        point = agree_on_restore_point(self.storage, self.group, self.env.rank)
-        self.restored = point.manifest
-        self._history = list(point.kept_rows)  # rank 0's; stores without append rewrite it
-        self.rows = ReportRows(point.training_iteration, point.time_before_restore_s,
-                               self._created_at)
-        self.checkpoints = CheckpointManager(self.storage.checkpoints,
-                                             self.spec.run_config.checkpoint_config,
-                                             point.committed, point.next_index)
-        self.uploader = CheckpointUploader(self.storage.checkpoints, self.env.rank,
-                                           self._staging_dir, commit=self.checkpoints.commit)
-        self._joined = True
+        if self._joined is None:
+            self._joined = JoinedSession.join(
+                self.storage, self.env, self.spec.run_config.checkpoint_config,
+                self._control_group(), self._staging_dir, self._created_at)
+        return self._joined
 
     def _control_group(self) -> Any:
         """The process group of the session's collectives (see :mod:`.control_group`)."""
         return self.resources.control_group
 
+    def _latest(self) -> CommitManifest | None:
+        """The checkpoint the group would resume from now: the one the ranks restored, or
+        one committed synchronously since."""
+        return self._synced or self.join().restored
+
     # resumable iterables (dataset shards, prepared data loaders)
     def register_resumable(self, key: str, iterable: ResumableIterable) -> None:
         """Tracks ``iterable``'s position in checkpoints and restores it now if saved."""
         self._resumables[key] = iterable
-        self.join()
-        if not self.restored:
+        latest = self._latest()
+        if not latest:
             return
-        state = resumable_state(self.restored, self.env.rank, self.env.world_size, key)
+        state = resumable_state(latest, self.env.rank, self.env.world_size, key)
         if state is not None:
             iterable.load_state_dict(state)
 
@@ -184,9 +184,9 @@ class TrainSession:
         return self._shards[name]
 
     def get_checkpoint(self) -> Checkpoint | None:
-        self.join()
-        if self.restored is not None:
-            return Checkpoint(self.storage.checkpoints.path(self.restored.index), self.storage.fs)
+        latest = self._latest()
+        if latest is not None:
+            return Checkpoint(self.storage.checkpoints.path(latest.index), self.storage.fs)
         return self.spec.resume_from_checkpoint
 
     # preemption notices
@@ -202,87 +202,70 @@ class TrainSession:
         return info
 
     def get_preemption_info(self) -> PreemptionInfo | None:
-        self.join()
-        return self._note_preemption(self.group.all_gather(preemption.local_notice()))
+        return self._note_preemption(self.join().group.all_gather(preemption.local_notice()))
 
     # report
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
                checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.ASYNC
                ) -> None:
-        clean = clean_metrics(metrics)
-        if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
-            raise ConfigError(f"report(checkpoint={checkpoint!r}) must be a Checkpoint.")
-        if checkpoint is not None and not fsutil.is_local(checkpoint.filesystem):
-            raise ConfigError(f"report(checkpoint={checkpoint!r}): pass a local directory, "
-                              "Checkpoint.from_directory(path).")
-        mode = CheckpointUploadMode(checkpoint_upload_mode)
-        if mode is CheckpointUploadMode.NO_UPLOAD:
-            raise ConfigError(
-                "report(checkpoint_upload_mode=NO_UPLOAD) is not supported: a checkpoint "
-                "becomes visible only through the commit of the files the ranks report. Save "
-                "the files into a local directory and report it (ASYNC, the default, uploads "
-                "it without stalling training).")
-        self.join()
-        self.uploader.raise_if_failed()
-        heartbeat.beat()
-        row = self.rows.next(clean)
+        """One report (collective): the arguments checked, the ranks' agreement on
+        checkpoints and preemption notices, rank 0's duties handed to its committer,
+        then the after-report hooks."""
+        clean, mode = _checked_report(metrics, checkpoint, checkpoint_upload_mode)
+        joined = self.join()
+        joined.uploader.raise_if_failed()
+        row = joined.rows.next(clean)
         files = (listed_files(checkpoint.path, checkpoint.written)
                  if checkpoint is not None else None)
-        if files is not None and self.env.rank == 0:
-            self.checkpoints.check_score(clean)
         notice = preemption.local_notice()
         # Most reports carry metrics alone: then the ranks only learn that nobody
         # has a checkpoint or a notice, and nothing else crosses the wire.
-        any_checkpoint, any_notice = self.group.any_rank(files is not None, notice is not None)
+        any_checkpoint, any_notice = joined.group.any_rank(files is not None,
+                                                           notice is not None)
+        if any_checkpoint and joined.committer is not None:  # whichever rank holds files
+            joined.committer.check_score(clean, joined.numbers.next_index)
         if any_checkpoint or any_notice:
             states = ({key: it.state_dict() for key, it in self._resumables.items()}
                       if any_checkpoint else {})
-            gathered = self.group.all_gather((files, states, notice))
+            gathered = joined.group.all_gather((files, states, notice))
             if self._note_preemption([n for _, _, n in gathered]) is not None:
                 mode = CheckpointUploadMode.SYNC  # the node may go any moment: commit now
             if any_checkpoint:
-                row["checkpoint_dir_name"] = dir_name(self.checkpoints.next_index)
+                row["checkpoint_dir_name"] = dir_name(joined.numbers.next_index)
                 self._persist_checkpoint([(f, s) for f, s, _ in gathered], checkpoint, row,
                                          mode)
-        if self.env.rank == 0:
-            self._history.append(row)
-            self.storage.append_metrics(row, self._history)
-        module_report.note_imports(self.env.rank, self.env.local_rank)
-        maybe_fail_after_report(self.rows.iteration, self.env.rank, self.env.world_size,
-                                self.env.restart_count)
+        if joined.committer is not None:
+            joined.committer.record_row(row)
+        for hook in self._after_report:
+            hook(joined.rows.iteration, self.env)
 
     def _persist_checkpoint(self, gathered: list[tuple[list[str] | str | None, dict]],
                             checkpoint: Checkpoint | None, row: dict[str, Any],
                             mode: CheckpointUploadMode) -> None:
         """Each file goes up from the lowest rank that has it; rank 0 commits after all."""
-        index = self.checkpoints.reserve_index()
-        manifest = None
-        if self.env.rank == 0:
-            manifest = CommitManifest(
-                index=index, training_iteration=self.rows.iteration, metrics=row,
-                files={},  # filled in at the commit from the owners' checksums
-                world_size=self.env.world_size,
-                worker_states={str(r): states for r, (_, states) in enumerate(gathered)},
-            )
+        joined = self.join()
+        index = joined.numbers.reserve()
+        manifest = (joined.committer.manifest(index, row, [states for _, states in gathered])
+                    if joined.committer is not None else None)
         job = UploadJob.plan(index, [files for files, _ in gathered], self.env.rank, manifest)
-        self.uploader.submit(job, checkpoint.path if checkpoint is not None else None,
-                             checkpoint.written if checkpoint is not None else None)
+        joined.uploader.submit(job, checkpoint.path if checkpoint is not None else None,
+                               checkpoint.written if checkpoint is not None else None)
         if mode is CheckpointUploadMode.SYNC:
-            errors = [e for e in self.group.all_gather(self.uploader.wait_for(index)) if e]
+            errors = [e for e in joined.group.all_gather(joined.uploader.wait_for(index)) if e]
             if errors:
                 raise StorageError(f"{self.storage.display_path}: {'; '.join(errors)}")
-            self.restored = CommitManifest(index, self.rows.iteration, row, {},
-                                           self.env.world_size)
+            self._synced = CommitManifest(index, joined.rows.iteration, row, {},
+                                          self.env.world_size)
 
     def finish(self) -> None:
         """Waits for pending uploads and commits (the run ends only when they are stored)."""
-        if self._joined:
-            self.uploader.close()
+        if self._joined is not None:
+            self._joined.uploader.close()
 
     def uploads_in_flight(self) -> bool:
         """Whether a reported checkpoint of this rank is not uploaded (and, on rank 0,
         committed) yet."""
-        return self._joined and self.uploader.in_flight()
+        return self._joined is not None and self._joined.uploader.in_flight()
 
     def end_failed_attempt(self, finish_uploads: bool) -> None:
         """Ends a failed attempt's session (in-process restarts). Before another attempt
@@ -293,17 +276,39 @@ class TrainSession:
         error is logged: the run has failed already). A session that never joined (the
         attempt failed before its first call that needs the other ranks) has nothing
         to drop or finish."""
-        if not self._joined:
+        joined = self._joined
+        if joined is None:
             return
         if not finish_uploads:
-            self.checkpoints.cancel()
-            self.uploader.abandon()
+            if joined.committer is not None:
+                joined.committer.cancel()
+            joined.uploader.abandon()
             return
         try:
-            self.uploader.close()
+            joined.uploader.close()
         except StorageError as exc:
             logger.error("The checkpoint in flight when the run failed was not stored: %s",
                          exc)
+
+
+def _checked_report(metrics: Any, checkpoint: Any, mode: Any
+                    ) -> tuple[dict[str, Any], CheckpointUploadMode]:
+    """``report()``'s arguments, checked before any rank waits for another: the metrics
+    as JSON values and the upload mode; a ConfigError with the way out otherwise."""
+    clean = clean_metrics(metrics)
+    if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+        raise ConfigError(f"report(checkpoint={checkpoint!r}) must be a Checkpoint.")
+    if checkpoint is not None and not fsutil.is_local(checkpoint.filesystem):
+        raise ConfigError(f"report(checkpoint={checkpoint!r}): pass a local directory, "
+                          "Checkpoint.from_directory(path).")
+    mode = CheckpointUploadMode(mode)
+    if mode is CheckpointUploadMode.NO_UPLOAD:
+        raise ConfigError(
+            "report(checkpoint_upload_mode=NO_UPLOAD) is not supported: a checkpoint "
+            "becomes visible only through the commit of the files the ranks report. Save "
+            "the files into a local directory and report it (ASYNC, the default, uploads "
+            "it without stalling training).")
+    return clean, mode
 
 
 def uploads_in_flight() -> bool:

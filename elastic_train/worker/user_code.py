@@ -44,6 +44,7 @@ import sys
 from collections.abc import Iterable
 
 from elastic_train import env_vars
+from elastic_train.worker.worker_plan import WorkerPlan
 
 SITE_DIRS = frozenset({"site-packages", "dist-packages"})
 NEVER_USER_CODE = frozenset({"elastic_train", "torch"})  # top-level packages
@@ -51,15 +52,16 @@ NEVER_USER_CODE = frozenset({"elastic_train", "torch"})  # top-level packages
 
 def user_roots(extra: Iterable[str] = ()) -> tuple[str, ...]:
     """The user's roots in this process: the working directory, the directory of
-    ``__main__``'s file, the directories of :data:`env_vars.USER_CODE` and
-    :data:`env_vars.USER_ROOTS` (what the driver decided, for its workers), and
-    ``extra``; absolute, without duplicates."""
+    ``__main__``'s file, the directories of :data:`env_vars.USER_CODE` and the worker
+    plan's ``user_roots`` (what the driver decided, for its workers), and ``extra``;
+    absolute, without duplicates."""
     roots = [os.getcwd()]
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)
     if isinstance(main_file, str) and main_file:
         roots.append(os.path.dirname(os.path.abspath(main_file)))
-    for var in (env_vars.USER_CODE, env_vars.USER_ROOTS):
-        roots += [p for p in os.environ.get(var, "").split(os.pathsep) if p]
+    plan = WorkerPlan.load()
+    roots += env_vars.Switches.from_environ().user_code
+    roots += plan.user_roots if plan is not None else ()
     roots += [p for p in extra if p]
     return tuple(dict.fromkeys(os.path.abspath(p) for p in roots))
 

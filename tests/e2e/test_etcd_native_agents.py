@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.support.etcd_server import run_keys
+from tests.support.node_policies import ADMITTED_VARIABLE
 from tests.support.paths import REPO
 from tests.support.servers import stop_process
 
@@ -28,16 +29,18 @@ WORKER = os.path.join(REPO, "tests", "e2e", "rdzv_light_worker.py")
 
 
 def agent(nnodes: str, endpoint: str, run_id: str, out: Path, log: Path,
-          seconds: float | None = None) -> subprocess.Popen[bytes]:
-    """One agent of the job, as its own node, writing to ``log``."""
+          seconds: float | None = None, flags: tuple[str, ...] = (),
+          env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """One agent of the job, as its own node, writing to ``log``; ``flags`` go to
+    ``launch``, ``env`` into the agent's environment."""
     worker = [WORKER, str(out)] + ([str(seconds)] if seconds else [])
     with open(log, "wb") as f:
         return subprocess.Popen(
             [sys.executable, "-m", "elastic_train.cli", "launch", "--nnodes", nnodes,
              "--nproc-per-node", "1", "--rdzv-backend", "etcd", "--rdzv-endpoint", endpoint,
-             "--rdzv-id", run_id, "--storage-path", str(out / "runs"), "--no-python",
+             "--rdzv-id", run_id, "--storage-path", str(out / "runs"), *flags, "--no-python",
              sys.executable, *worker], cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
-            env={**os.environ, "OMP_NUM_THREADS": "1"})
+            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
 def starts(out: Path) -> list[tuple[int, int, int]]:
@@ -93,3 +96,33 @@ def test_sixteen_agents_and_one_starved_of_cpu_is_not_dropped(etcd_endpoint: str
             stop_process(proc)
     assert codes == [0] * count
     assert run_keys(etcd_endpoint, "sixteen") == []
+
+
+@pytest.mark.timeout(180)
+def test_a_node_the_sealers_policy_does_not_admit_leaves_and_the_job_goes_on(
+        etcd_endpoint: str, tmp_path) -> None:
+    """``--nnodes 1:2`` with a node policy (``--rdzv-conf node_policy=...``): node
+    127.0.0.1 seals round 0 and its policy admits only itself; node localhost, whose own
+    policy admits it, joins during the last call and is left out. It exits with an error
+    naming it and the sealer's reason; the job runs on the sealer alone."""
+    policy = "node_policy=tests.support.node_policies:AdmitListed,last_call_timeout=15"
+    flags = ("--rdzv-conf", policy, "--local-addr")
+    sealer = agent("1:2", etcd_endpoint, "policy", tmp_path, tmp_path / "node0.log", 3,
+                   (*flags, "127.0.0.1"), {ADMITTED_VARIABLE: "127.0.0.1"})
+    procs = [sealer]
+    try:
+        assert wait_until(lambda: any(k.endswith(b"/c/sealer")
+                                      for k in run_keys(etcd_endpoint, "policy")), 60), \
+            (tmp_path / "node0.log").read_text()[-2000:]
+        procs.append(agent("1:2", etcd_endpoint, "policy", tmp_path, tmp_path / "node1.log",
+                           3, (*flags, "localhost"),
+                           {ADMITTED_VARIABLE: "127.0.0.1,localhost"}))
+        codes = [proc.wait(120) for proc in procs]
+    finally:
+        for proc in procs:
+            stop_process(proc)
+    logs = [(tmp_path / f"node{i}.log").read_text() for i in range(2)]
+    assert codes == [0, 1], logs
+    assert "Node localhost left the job: not admitted by the sealer of round 0: localhost " \
+           "is not on the test's list" in logs[1], logs[1]
+    assert [(rank, world) for rank, world, _ in starts(tmp_path)] == [(0, 1)]

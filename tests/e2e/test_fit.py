@@ -204,6 +204,30 @@ def test_missing_score_attribute_is_named(storage_path):
             checkpoint_score_attribute="accuracy"))
 
 
+def _only_rank_1_checkpoints(config: dict) -> None:
+    import tempfile
+
+    import torch.distributed as dist
+
+    checkpoint = None
+    if dist.get_rank() == 1:
+        directory = tempfile.mkdtemp()
+        with open(os.path.join(directory, "shard.pt"), "wb") as f:
+            f.write(b"rank 1's shard")
+        checkpoint = et.Checkpoint.from_directory(directory)
+    et.report({"loss": 1.0}, checkpoint=checkpoint)
+
+
+def test_missing_score_attribute_is_named_when_only_another_rank_checkpoints(storage_path):
+    """Rank 0's metrics are the row: its score is checked whichever rank holds the files."""
+    with pytest.raises(et.TrainingFailedError, match="checkpoint_score_attribute='accuracy'"):
+        TorchTrainer(_only_rank_1_checkpoints, scaling_config=et.ScalingConfig(num_workers=2),
+                     run_config=et.RunConfig(
+                         storage_path=storage_path, name="no-score-rank-1",
+                         checkpoint_config=et.CheckpointConfig(
+                             checkpoint_score_attribute="accuracy"))).fit()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_driver_stopped_leaves_no_orphans_and_resumes(storage_path, tmp_path, sig,
                                                       driver_digest):

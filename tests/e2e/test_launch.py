@@ -27,9 +27,10 @@ SCRIPT = os.path.join(REPO, "tests/e2e/launch_script.py")
 CLI = [sys.executable, "-m", "elastic_train.cli"]
 
 
-def launch(*args, out=None):
+def launch(*args, out=None, env=None):
     return subprocess.Popen([*CLI, "launch", *map(str, args)], cwd=REPO, text=True,
-                            stdout=out or subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=out or subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=None if env is None else {**os.environ, **env})
 
 
 def run_nodes(tmp_path, count, *args, timeout=180) -> list[int]:
@@ -101,6 +102,70 @@ def test_budget_spent_exit_code_and_message(storage_path, tmp_path):
     assert "run the same command again" in out and "--max-restarts N" in out
     hint = next(line for line in out.splitlines() if "run the same command again" in line)
     assert hint.count("--storage-path") == 1 and hint.count("--name") == 1, hint
+
+
+@pytest.mark.parametrize("restart", [(), ("--restartable",)], ids=["new-processes",
+                                                                    "in-process"])
+def test_a_node_policy_sends_the_node_away_after_two_failures_in_a_row(storage_path,
+                                                                      tmp_path, restart):
+    """A policy named in --rdzv-conf makes the node leave after its second failure in a
+    row, with budget to spare, whether its workers restart as new processes or in
+    process: the node exits naming itself and the reason, and, being the job's last
+    node, records the run as failed with that reason."""
+    proc = launch("--nnodes", 1, "--nproc-per-node", 1, "--rdzv-backend", "c10d",
+                  "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-conf",
+                  "node_policy=tests.support.node_policies:LeaveAfterTwoInARow",
+                  "--max-restarts", 5, "--local-addr", "127.0.0.1", "--storage-path",
+                  storage_path, "--name", "leaves", SCRIPT, tmp_path, 5, "--crash-at", 1,
+                  "--crash-always", *restart)
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode == 1, out
+    left = ("Node 127.0.0.1 left the job: 2 failures in a row. Its policy asks for 60 s "
+            "of cooling off")
+    assert left in out
+    state = run_state(storage_path, "leaves")
+    assert state["status"] == "failed" and left in state["error"]
+    assert [f["restarts_left"] for f in state["failures"]] == [4, 3]
+
+
+def _one_node_with_policy(storage_path, tmp_path, policy, *script_args, restart=()):
+    """One launched node on a c10d endpoint under node policy ``policy`` (a class of
+    tests/support/node_policies.py), its run named "policy"; its exit code and output."""
+    proc = launch("--nnodes", 1, "--nproc-per-node", 1, "--rdzv-backend", "c10d",
+                  "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-conf",
+                  f"node_policy=tests.support.node_policies:{policy}",
+                  "--max-restarts", 5, "--local-addr", "127.0.0.1", "--storage-path",
+                  storage_path, "--name", "policy", SCRIPT, tmp_path, 5, *script_args,
+                  *restart, env={"ET_TEST_HEALTH_MARKER": str(tmp_path / "starts")})
+    out, _ = proc.communicate(timeout=150)
+    return proc.returncode, out
+
+
+@pytest.mark.parametrize("restart", [(), ("--restartable",)], ids=["new-processes",
+                                                                    "in-process"])
+def test_a_node_whose_health_check_fails_after_a_failure_leaves(storage_path, tmp_path,
+                                                                restart):
+    """The built-in HealthPolicy checks the node after a failure charged to it: its check
+    (a command) now fails, so the node leaves with the check's name and last words
+    although the budget has restarts left."""
+    code, out = _one_node_with_policy(storage_path, tmp_path, "SickOnceStarted",
+                                      "--crash-at", 1, restart=restart)
+    assert code == 1, out
+    assert "Node 127.0.0.1 left the job: health check 'command sh -c" in out, out
+    assert "failed: exit code 3: ECC errors: 12" in out
+    state = run_state(storage_path, "policy")
+    assert state["status"] == "failed" and "ECC errors: 12" in state["error"]
+    assert [f["restarts_left"] for f in state["failures"]] == [4]
+    assert starts(tmp_path) == [(0, 1)]  # it never started again
+
+
+def test_a_node_whose_health_check_fails_is_not_admitted(storage_path, tmp_path):
+    """Before it joins the first round, the node checks itself: nothing starts."""
+    code, out = _one_node_with_policy(storage_path, tmp_path, "SickFromTheStart")
+    assert code == 1, out
+    assert "not admitted: health check 'command sh -c" in out, out
+    assert "GPU 3 fell off the bus" in out
+    assert not (tmp_path / "starts").exists()
 
 
 @pytest.mark.parametrize("args,message", [

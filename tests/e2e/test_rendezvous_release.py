@@ -20,8 +20,9 @@ from torch.distributed.elastic.rendezvous import registry as rdzv_registry  # no
 
 from elastic_train.agent import api  # noqa: E402
 from elastic_train.agent.rendezvous import etcd_lease  # noqa: E402
-from elastic_train.agent.rendezvous.backends import lookup, register  # noqa: E402
-from elastic_train.agent.rendezvous.config import RendezvousConfig  # noqa: E402
+from elastic_train.agent.rendezvous.registry import register  # noqa: E402
+from elastic_train.rendezvous_backends import lookup  # noqa: E402
+from elastic_train.rendezvous_config import RendezvousConfig  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

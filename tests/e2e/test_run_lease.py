@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.driver.run_lease import RunLease
+from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.result import Result
 from elastic_train.storage import RunStorage
 from tests.conftest import child_pids, wait_until

@@ -248,11 +248,12 @@ class MemoryKeyspace:
 
 
 def native_handler(kv: MemoryKV, run_id: str = "fuzz", min_nodes: int = 1,
-                   max_nodes: int = 1, **conf: Any) -> etcd_native.EtcdNativeHandler:
-    """Our etcd handler over ``kv``: its own code throughout, the etcd calls answered in
-    memory (the round's agent store is a HashStore)."""
+                   max_nodes: int = 1, local_addr: str = "127.0.0.1",
+                   **conf: Any) -> etcd_native.EtcdNativeHandler:
+    """Our etcd handler over ``kv``, as node ``local_addr``: its own code throughout, the
+    etcd calls answered in memory (the round's agent store is a HashStore)."""
     params = RendezvousParameters("etcd", "memory:2379", run_id, min_nodes, max_nodes,
-                                  local_addr="127.0.0.1", **conf)
+                                  local_addr=local_addr, **conf)
     with ExitStack() as patches:
         for name, fake in (("create_client", lambda params: kv.client),
                            ("EtcdKV", lambda client: kv),

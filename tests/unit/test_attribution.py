@@ -187,6 +187,7 @@ def test_the_recording_node_names_the_root_cause_of_a_peers_failure(tmp_path, mo
 
     from elastic_train.agent.failures import failures_of
     from elastic_train.agent.local_agent import TrainAgent
+    from elastic_train.agent.options import AgentEvents, AgentOptions
     from elastic_train.agent.restart_budget import RestartBudget
     from elastic_train.driver.run_record import RunRecord
     from elastic_train.storage.run_state import FailureKind
@@ -203,8 +204,9 @@ def test_the_recording_node_names_the_root_cause_of_a_peers_failure(tmp_path, mo
     run = make_storage("local", tmp_path, None).run("run")
     record = RunRecord.begin(run, "run", {"train_function": "jobs.train"})
     agent = TrainAgent.__new__(TrainAgent)  # node 0's agent: its decision and its callback
-    agent._notice_dir, agent._generation, agent._progress = None, "gen1", None
-    agent.budget, agent._on_failure, agent.peer_root = RestartBudget(0), record.record_failure, None
+    agent.options, agent._generation = AgentOptions(), "gen1"
+    agent.events = AgentEvents(on_failure=record.record_failure)
+    agent.budget, agent.peer_root = RestartBudget(0), None
     group = SimpleNamespace(group_world_size=2, group_rank=0, store=store,
                             spec=SimpleNamespace(max_restarts=0))
     result = RunResult(state=WorkerState.FAILED, failures={0: caused})

@@ -10,9 +10,9 @@ import pytest
 
 from elastic_train.config import CheckpointConfig
 from elastic_train.storage import CommitManifest, RunStorage
-from elastic_train.storage.checkpoint_manager import CheckpointManager
 from elastic_train.storage.checkpoint_store import mismatched_files
 from elastic_train.storage.uploader import CheckpointUploader, UploadJob
+from elastic_train.worker.committer import Committer
 from tests.support.power_cut import PowerCutDisk, materialize
 
 FILES = ("model.pt", "optim/state.pt")
@@ -49,9 +49,9 @@ def test_a_power_cut_at_any_step_of_a_commit_leaves_an_intact_checkpoint(tmp_pat
     run = RunStorage.open(results, "run")
     run.ensure_writable()
     disk = PowerCutDisk(results, str(tmp_path / "inodes"))
-    manager = CheckpointManager(run.checkpoints, CheckpointConfig(num_to_keep=1))
+    committer = Committer(run, CheckpointConfig(num_to_keep=1))
     uploader = CheckpointUploader(run.checkpoints, 0, str(tmp_path / "staging"),
-                                  commit=manager.commit)
+                                  commit=committer.commit)
     done: list[tuple[int, int]] = []  # (the step after which, checkpoint) committed
     with disk.recording():
         for index in range(3):
@@ -89,9 +89,9 @@ def test_the_power_cut_trial_draws_among_every_step_of_a_commit(tmp_path):
     run = RunStorage.open(str(tmp_path / "results"), "run")
     run.ensure_writable()
     disk = PowerCutDisk(run.run_path, str(tmp_path / "inodes"))
-    manager = CheckpointManager(run.checkpoints, CheckpointConfig(num_to_keep=NUM_TO_KEEP))
+    committer = Committer(run, CheckpointConfig(num_to_keep=NUM_TO_KEEP))
     uploader = CheckpointUploader(run.checkpoints, 0, str(tmp_path / "staging"),
-                                  commit=manager.commit)
+                                  commit=committer.commit)
     ends = []
     with disk.recording():
         for index in range(3):

@@ -16,8 +16,8 @@ def session_with(datasets: dict) -> TrainSession:
     session.spec = SimpleNamespace(datasets=datasets)
     session.env = SimpleNamespace(rank=1, world_size=2)
     session.resources = SimpleNamespace(devices=[torch.device("cpu")])
-    session.seed, session.restored, session._shards, session._resumables = 0, None, {}, {}
-    session._joined = True  # as if the ranks had agreed on a fresh start
+    session.seed, session._synced, session._shards, session._resumables = 0, None, {}, {}
+    session._joined = SimpleNamespace(restored=None)  # as if the ranks agreed on a fresh start
     return session
 
 

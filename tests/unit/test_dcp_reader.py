@@ -12,13 +12,13 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from elastic_train import env_vars
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.storage import CheckpointStore, CommitManifest
 from elastic_train.storage.checkpoint_store import describe_files, list_directory
 from elastic_train.storage.dcp import plan_spans
 from elastic_train.storage.local_tier import LocalTier
 from elastic_train.torch import CheckpointReader
+from tests.support.node_settings import use_node_settings
 
 
 def test_plan_spans_merges_neighbours_within_the_request_size():
@@ -84,7 +84,7 @@ def test_fetches_only_the_ranges_it_loads(stored):
 
 def test_reads_the_nodes_verified_copy_instead(stored, tmp_path, monkeypatch):
     checkpoint, local = stored
-    monkeypatch.setenv(env_vars.CHECKPOINT_CACHE, str(tmp_path / "tier"))
+    use_node_settings(monkeypatch, tier_root=str(tmp_path / "tier"))
     tier = LocalTier.of_node()
     tier.keep(checkpoint.filesystem, checkpoint.path, local, list_directory(local))
     loaded, reader = empty(), CheckpointReader(checkpoint)
@@ -95,7 +95,7 @@ def test_reads_the_nodes_verified_copy_instead(stored, tmp_path, monkeypatch):
 
 def test_a_kept_copy_that_does_not_match_is_not_read(stored, tmp_path, monkeypatch):
     checkpoint, local = stored
-    monkeypatch.setenv(env_vars.CHECKPOINT_CACHE, str(tmp_path / "tier"))
+    use_node_settings(monkeypatch, tier_root=str(tmp_path / "tier"))
     shard = next(f for f in os.listdir(local) if f.endswith(".distcp"))
     with open(os.path.join(local, shard), "r+b") as f:
         f.seek(-8, os.SEEK_END)

@@ -1,5 +1,5 @@
 """A node's health checks (#26 item 4): each runs for real (forked children, commands,
-a real file system) and names what it found."""
+a real file system) and names what it found; the built-in HealthPolicy that runs them."""
 
 from __future__ import annotations
 
@@ -19,6 +19,15 @@ from elastic_train.agent.health_checks import (
     StorageCheck,
     run_checks,
 )
+from elastic_train.agent.health_policy import HealthPolicy
+from elastic_train.agent.node_policy import (
+    ADMITTED,
+    STAY,
+    Candidate,
+    ChargedFailures,
+    leave,
+)
+from elastic_train.failure_kinds import FailureKind
 from elastic_train.storage import RunStorage
 
 pytestmark = pytest.mark.timeout(120)
@@ -47,6 +56,22 @@ def test_the_device_check_leaves_the_agent_fit_to_fork_workers_from():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=90, check=True).stdout.split("\n")
     assert out[1] == "clean", out
+
+
+def test_the_cpu_check_computes_in_a_child_of_a_process_that_trained():
+    """OpenMP's thread pool does not survive a fork: the child of a process whose pool ran
+    hung in its first parallel matmul (the check computes on one thread now)."""
+    script = textwrap.dedent("""
+        import torch
+        from elastic_train.agent.health_checks import DeviceCheck
+        a = torch.randn(512, 512)
+        for _ in range(20):
+            a @ a  # the pool's threads run
+        print(DeviceCheck("cpu", timeout_s=20).check())
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=90, check=False)
+    assert done.stdout.strip() == "1 device(s) computed correctly", done.stderr[-2000:]
 
 
 def test_free_space_below_the_need_names_the_path_and_the_figures(tmp_path):
@@ -104,3 +129,36 @@ def test_a_callable_runs_in_a_child_and_fails_by_raising_returning_false_or_hang
     assert not hung.ok and hung.detail == "no answer within 0.3s"
     assert not died.ok and died.detail == "the child died (exit code 7)"
     assert str(raised).startswith("_raises: FAILED (RuntimeError: GPU 3 fell off the bus")
+
+
+class _Counting(HealthPolicy):
+    """The built-in policy with one check that fails while ``sick`` and counts its runs."""
+
+    def __init__(self, sick: bool) -> None:
+        self.sick, self.runs = sick, 0
+
+    def checks(self):
+        self.runs += 1
+        return [CallableCheck(lambda: not self.sick)]
+
+
+def _charged(kind: FailureKind, in_a_row: int) -> ChargedFailures:
+    return ChargedFailures("node0", kind, (), charged=in_a_row, in_a_row=in_a_row)
+
+
+def test_the_health_policy_checks_only_its_own_node_before_a_round():
+    policy = _Counting(sick=True)
+    assert policy.admit(Candidate("node1")) is ADMITTED and policy.runs == 0  # the sealer's
+    admission = policy.admit(Candidate("node0", here=True))
+    assert not admission.admitted and policy.runs == 1
+    assert admission.reason.startswith("health check '") and "it returned False" in admission.reason
+
+
+def test_the_health_policy_after_a_failure_charged_to_the_node():
+    healthy, sick = _Counting(sick=False), _Counting(sick=True)
+    assert healthy.after_failure(_charged(FailureKind.FAILURE, 1)) is STAY
+    assert healthy.after_failure(_charged(FailureKind.FAILURE, 2)) == leave(
+        "2 failures in a row charged to it", cool_off_s=600.0)
+    assert sick.after_failure(_charged(FailureKind.PEER, 0)) is STAY and sick.runs == 0
+    verdict = sick.after_failure(_charged(FailureKind.FAILURE, 1))
+    assert verdict.leave and "it returned False" in verdict.reason

@@ -13,15 +13,14 @@ from concurrent.futures import Future
 import fsspec
 import pytest
 
-from elastic_train import env_vars
-from elastic_train.config import CheckpointConfig
 from elastic_train.errors import StorageError
 from elastic_train.storage import CheckpointStore, CommitManifest
-from elastic_train.storage.checkpoint_manager import CheckpointManager
 from elastic_train.storage.checkpoint_store import describe_files, dir_name, list_directory
 from elastic_train.storage.local_tier import LocalTier
 from elastic_train.storage.restore_check import assigned_files, check_share, choose_intact
 from elastic_train.storage.uploader import WRITTEN_LATER, CheckpointUploader, UploadJob
+from tests.conftest import committer_for
+from tests.support.node_settings import use_node_settings
 
 
 @pytest.fixture
@@ -35,7 +34,7 @@ def store():
 
 @pytest.fixture
 def tier(tmp_path, monkeypatch):
-    monkeypatch.setenv(env_vars.CHECKPOINT_CACHE, str(tmp_path / "tier"))
+    use_node_settings(monkeypatch, tier_root=str(tmp_path / "tier"))
     return LocalTier.of_node()
 
 
@@ -200,8 +199,8 @@ def test_a_reader_that_waited_out_a_removal_is_spared_by_the_next_prune(store, t
 
 
 def uploader_for(store, tmp_path) -> CheckpointUploader:
-    manager = CheckpointManager(store, CheckpointConfig())
-    return CheckpointUploader(store, 0, str(tmp_path / "staging"), commit=manager.commit)
+    return CheckpointUploader(store, 0, str(tmp_path / "staging"),
+                              commit=committer_for(store).commit)
 
 
 def test_plan_dedups_listed_files_and_trusts_background_writers():
@@ -228,7 +227,7 @@ def test_uploader_keeps_uploads_in_the_tier_and_drops_superseded(store, tier, tm
 
 
 def test_keeping_uploads_can_be_turned_off(store, tier, tmp_path, monkeypatch):
-    monkeypatch.setenv(env_vars.LOCAL_TIER, "0")
+    use_node_settings(monkeypatch, tier_root=tier.root, keep_uploads=False)
     uploader = uploader_for(store, tmp_path)
     write_files(tmp_path / "user", {"state.pt": b"s"})
     uploader.submit(UploadJob(0, ["state.pt"], [0], CommitManifest(0, 0, {}, {}, 1)),

@@ -16,7 +16,6 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from elastic_train import env_vars
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.errors import CorruptManifestError
 from elastic_train.storage import CheckpointStore, CommitManifest
@@ -24,6 +23,7 @@ from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import MARKER, describe_files
 from elastic_train.storage.local_tier import LocalTier
 from elastic_train.storage.restore_check import choose_intact
+from tests.support.node_settings import use_node_settings
 
 PAYLOAD = b"import os  # would run at every interpreter start\n"
 
@@ -63,7 +63,7 @@ def node(tmp_path, monkeypatch):
     """(tier root, a directory around it standing in for the rest of the node): deep enough
     that the ``..`` of these tests stay inside it, even on code that follows them."""
     tier_root = tmp_path / "node" / "a" / "b" / "c" / "d" / "e" / "f" / "tier"
-    monkeypatch.setenv(env_vars.CHECKPOINT_CACHE, str(tier_root))
+    use_node_settings(monkeypatch, tier_root=str(tier_root))
     return str(tier_root), str(tmp_path / "node")
 
 

@@ -13,6 +13,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 import elastic_train as et
 from elastic_train import env_vars
 from elastic_train.agent.local_agent import TrainAgent
+from elastic_train.agent.options import AgentOptions
 from elastic_train.agent.restart_budget import RestartBudget
 from elastic_train.failure_kinds import FailureKind
 from elastic_train.worker import preemption
@@ -67,7 +68,7 @@ def test_failure_config_rejects_bad_preemption_settings(kwargs, fragment):
 
 def _agent(notice_dir: str | None) -> TrainAgent:
     agent = TrainAgent.__new__(TrainAgent)  # only the failure classification is exercised
-    agent._notice_dir = notice_dir
+    agent.options = AgentOptions(notice_dir=notice_dir)
     return agent
 
 

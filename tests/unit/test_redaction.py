@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.driver.launch_run import continuing_command
 from elastic_train.driver.launch_settings import LaunchSettings
 from elastic_train.redaction import (
@@ -12,6 +11,7 @@ from elastic_train.redaction import (
     redact_url,
     redacted_options,
 )
+from elastic_train.rendezvous_config import RendezvousConfig
 from tests.support.paths import REPO
 
 

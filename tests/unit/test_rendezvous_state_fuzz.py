@@ -30,8 +30,8 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from elastic_train.agent.api import _corrupt_state
-from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.agent.rendezvous.etcd_rounds import Seal
+from elastic_train.rendezvous_config import RendezvousConfig
 from tests.support.memory_etcd import RUN_LEASE, MemoryKV, keys_of, native_handler
 
 KEYS = keys_of("fuzz")

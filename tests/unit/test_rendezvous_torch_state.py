@@ -38,8 +38,6 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 
 from elastic_train.agent.api import _corrupt_state
 from elastic_train.agent.rendezvous import etcd_v3
-from elastic_train.agent.rendezvous.backends import lookup, register
-from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.agent.rendezvous.etcd_handler import _leave, create_etcd_v3_handler
 from elastic_train.agent.rendezvous.etcd_v3 import (
     EtcdV3RendezvousBackend,
@@ -47,7 +45,10 @@ from elastic_train.agent.rendezvous.etcd_v3 import (
     EtcdValue,
     _seal_state,
 )
+from elastic_train.agent.rendezvous.registry import register
 from elastic_train.agent.rendezvous.torch_state import check_state
+from elastic_train.rendezvous_backends import lookup
+from elastic_train.rendezvous_config import RendezvousConfig
 
 FUZZ = settings(max_examples=200, deadline=None, database=None,
                 phases=[Phase.explicit, Phase.generate],

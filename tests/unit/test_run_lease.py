@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from elastic_train.agent.rendezvous.config import RendezvousConfig
 from elastic_train.driver import run_lease
 from elastic_train.driver.run_lease import RunLease
 from elastic_train.errors import LeaseLostError, RunInUseError
+from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage.lease import HELD, PENDING, RELEASED, Claim, LeaseDir
 from elastic_train.storage.run_state import RunState

@@ -330,11 +330,11 @@ def test_the_scan_finds_each_kind_of_use_and_not_our_own_names(uses):
         ("_abort_process_group", "elastic_train/worker/inprocess.py"),  # (a) dist.
         ("_get_default_store", "elastic_train/worker/lifecycle.py"),  # (a) sys.modules
         ("_is_in_bad_fork", "elastic_train/agent/zygote/fork.py"),  # (a) getattr
-        ("_registry", "elastic_train/agent/rendezvous/backends.py"),  # (a) imported name
+        ("_registry", "elastic_train/agent/rendezvous/registry.py"),  # (a) imported name
         ("_shard._utils", "elastic_train/storage/dcp.py"),  # (b)
         ("_monitor_workers", "elastic_train/agent/local_agent.py"),  # (c) overridden
         ("_remaining_restarts", "elastic_train/agent/local_agent.py"),  # (c) self.
-        ("_pcontext", "elastic_train/agent/inprocess/agent_mixin.py"),  # (c) in a mixin
+        ("_pcontext", "elastic_train/agent/local_agent.py"),  # (c) self.
         ("_popen", "elastic_train/agent/worker_slots.py"),  # (c) the handler
         ("_running_local_ranks", "elastic_train/agent/worker_slots.py"),  # (d)
         ("_stop_heartbeats", "elastic_train/agent/rendezvous/etcd_handler.py"),  # (d)

@@ -8,12 +8,11 @@ from concurrent.futures import Future
 
 import pytest
 
-from elastic_train.config import CheckpointConfig
 from elastic_train.errors import StorageError
 from elastic_train.storage import CheckpointStore, CommitManifest, RunStorage
-from elastic_train.storage.checkpoint_manager import CheckpointManager
 from elastic_train.storage.uploader import CheckpointUploader, UploadJob
-from tests.conftest import wait_until
+from tests.conftest import committer_for, wait_until
+from tests.support.node_settings import use_node_settings
 
 
 @pytest.fixture
@@ -35,9 +34,8 @@ def manifest(index):
 
 
 def uploader_for(store, tmp_path, rank=0, **kwargs):
-    manager = CheckpointManager(store, CheckpointConfig())
     return CheckpointUploader(store, rank, str(tmp_path / f"staging{rank}"),
-                              commit=manager.commit, **kwargs)
+                              commit=committer_for(store).commit, **kwargs)
 
 
 def job(index, relpaths=("model.pt",), owners=(0,), with_manifest=True):
@@ -189,7 +187,7 @@ def test_files_whose_write_failed_are_removed(run, source, tmp_path):
 def test_abandoning_stops_an_upload_in_flight(tmp_path, monkeypatch):
     """An in-process restart must not wait for a large upload to finish: the transfer
     stops at its next part (before: abandon() returned once every file was up)."""
-    monkeypatch.setenv("ELASTIC_TRAIN_LOCAL_TIER", "0")
+    use_node_settings(monkeypatch, keep_uploads=False)
     run = RunStorage.open(f"memory://{tmp_path.name}/results", "run")
     source = tmp_path / "big"
     source.mkdir()

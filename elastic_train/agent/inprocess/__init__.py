@@ -2,7 +2,9 @@
 
 - :mod:`.restarts`: the steps of one in-process restart (detect, interrupt, recover,
   go; or give up) over the workers' records.
-- :mod:`.agent_mixin`: the agent's part (budget, hang watch, preemption notices).
+- :mod:`.controller`: the agent's part, an object it owns with named states
+  (:class:`~.controller.RestartState`) and a small interface to it
+  (:class:`~.controller.AgentHooks`).
 - :mod:`.attempt_store`: how the agents of a multi-node job agree on an attempt.
 
 Importing this package imports nothing.

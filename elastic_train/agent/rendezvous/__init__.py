@@ -1,10 +1,14 @@
-"""How the nodes of a job meet: rendezvous backends and their settings.
+"""How the nodes of a job meet, the agent's side: the handlers torch's registry gets.
 
-- :mod:`.backends`: the table of backends (names, aliases, whether our
-  fast-recovery defaults apply, the factory torch's registry gets). Adding a
-  backend is one module and one line there.
-- :mod:`.config`: :class:`~elastic_train.RendezvousConfig`, the settings the
-  Python API and ``elastic-train launch`` share (torchrun's ``--rdzv-*``).
+The public settings and the table of backends live above the agent, where
+``config.py`` and ``launch`` read them without importing it:
+:mod:`elastic_train.rendezvous_config` (:class:`~elastic_train.RendezvousConfig`,
+torchrun's ``--rdzv-*``) and :mod:`elastic_train.rendezvous_backends` (names,
+aliases, defaults, traits, factories; adding a backend is one module here and one
+line there).
+
+- :mod:`.registry`: puts the table's factories into torch's handler registry.
+- :mod:`.config`: an alias of ``RendezvousConfig``'s old home, for pickled runs.
 - :mod:`.etcd_native` (with :mod:`.etcd_rounds`, :mod:`.etcd_kv`,
   :mod:`.etcd_lease`): our own handler on etcd's v3 API, ``etcd``: per-node
   keys, leases and watches, O(N) work per round.

@@ -1,6 +1,6 @@
 """torch's dynamic rendezvous over etcd's v3 API: the handler our ``etcd-v3`` backend creates.
 
-:func:`create_etcd_v3_handler` is what :mod:`.backends` registers under
+:func:`create_etcd_v3_handler` is what :mod:`.registry` registers under
 ``etcd-v3`` and ``etcd`` (torch's own handlers of that name speak the v2 API
 only, which etcd 3.6 removed), and what the package's ``torchrun.handlers``
 entry point hands plain ``torchrun``. ``etcd3gw`` (an optional dependency) is

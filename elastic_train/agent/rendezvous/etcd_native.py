@@ -24,6 +24,12 @@ writes keys of its own, and learns what others did from watches:
   torch's redundancy list. A dead node is simply absent from the next round
   (scale-down): nobody waits for its heartbeat to expire.
 - Closing writes ``run/closed`` (and into the current round, for its watchers).
+- The sealer counts and seals only the nodes its node policy admits
+  (:mod:`elastic_train.agent.node_policy`; it admits itself: its agent asked before
+  joining). For each node left out it writes ``r/R/c/refused/<node>`` with the reason
+  in the seal's transaction; that node, finding itself outside the seal, reads it and
+  leaves the job (:class:`~elastic_train.errors.NodeLeftError`) instead of waiting
+  for the next round.
 
 What torch's agent and workers get is as with torch's own handler: a
 ``PrefixStore("torch.rendezvous.<run id>.<round>", store)`` for the agents (the
@@ -48,7 +54,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import (
@@ -64,11 +70,14 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.utils.distributed import get_free_port
 
+from elastic_train.agent import node_policy
+from elastic_train.agent.node_policy import ADMITTED, POLICY_SETTING, Candidate
 from elastic_train.agent.rendezvous import etcd_kv as ops
 from elastic_train.agent.rendezvous.etcd_kv import EtcdKV, Watch
 from elastic_train.agent.rendezvous.etcd_lease import NodeLease
 from elastic_train.agent.rendezvous.etcd_rounds import Keys, Seal, Settings, round_number
 from elastic_train.agent.rendezvous.etcd_v3 import EtcdV3Keyspace, EtcdV3Store, create_client
+from elastic_train.errors import NodeLeftError
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +164,7 @@ class EtcdNativeHandler(RendezvousHandler):
         self._spare = False
         self._last: _Membership | None = None
         self._hosted: dist.Store | None = None  # the store of the round being sealed
+        self._policy = node_policy.load(params.get(POLICY_SETTING))
 
     # --- torch's interface ------------------------------------------------------------------
 
@@ -184,6 +194,7 @@ class EtcdNativeHandler(RendezvousHandler):
                 membership = self._join(deadline, leaving)
                 leaving = None  # left with the first attempt, whatever its outcome
             except _Late as late:
+                self._leave_if_refused(self._round_hint)
                 self._wait_for_next_round(late.seal, late.revision, deadline)
                 continue
             if membership is not None:
@@ -379,51 +390,71 @@ class EtcdNativeHandler(RendezvousHandler):
 
     def _seal(self, r: int, deadline: float, renewals: int) -> Seal | None:
         """As round ``r``'s sealer: follows its joins and seals it with ``max_nodes``, or
-        ``min_nodes`` for ``last_call_timeout`` seconds; None if it lost the part."""
+        ``min_nodes`` for ``last_call_timeout`` seconds, counting only the nodes its node
+        policy admits; None if it lost the part."""
         keys, settings = self._keys, self._settings
         found = self._kv.read(ops.get(keys.joins(r), prefix=True, keys_only=True))
         joined = {kv.key: kv.create_revision for kv in found.ranges[0]}
+        # The joined nodes the policy does not admit (join key -> why), asked once each.
+        refused = {key: why for key in joined if (why := self._refusal(r, key))}
         watch = self._kv.watch(keys.of_round(r), found.revision + 1)
         enough_since: float | None = None
         try:
             while True:
                 now = time.monotonic()
-                if len(joined) < settings.min_nodes:
+                admitted = len(joined) - len(refused)
+                if admitted < settings.min_nodes:
                     enough_since = None
                 elif enough_since is None:
                     enough_since = now
-                if len(joined) >= settings.max_nodes or enough_since is not None \
+                if admitted >= settings.max_nodes or enough_since is not None \
                         and now >= enough_since + settings.last_call_timeout:
-                    return self._publish(r, joined)
+                    return self._publish(r, {key: rev for key, rev in joined.items()
+                                             if key not in refused}, refused)
                 last_call = None if enough_since is None \
                     else enough_since + settings.last_call_timeout
                 events = self._next(watch, r, deadline, until=last_call)
                 if self._lease.renewals != renewals:
                     return None
                 for event in events or []:
-                    seal = self._follow(r, event, joined)
+                    seal = self._follow(r, event, joined, refused)
                     if seal is not None:
                         return seal
         finally:
             watch.cancel()
 
-    def _follow(self, r: int, event: ops.Event, joined: dict[bytes, int]) -> Seal | None:
-        """Applies one event of round ``r`` to the sealer's view; a seal if one appeared."""
+    def _follow(self, r: int, event: ops.Event, joined: dict[bytes, int],
+                refused: dict[bytes, str]) -> Seal | None:
+        """Applies one event of round ``r`` to the sealer's view (the nodes joined, those
+        of them refused); a seal if one appeared."""
         keys, key = self._keys, event.kv.key
         if key.startswith(keys.joins(r)):
             if event.deleted:
                 joined.pop(key, None)
-            else:
-                joined.setdefault(key, event.kv.create_revision)
+                refused.pop(key, None)
+            elif key not in joined:
+                joined[key] = event.kv.create_revision
+                if why := self._refusal(r, key):
+                    refused[key] = why
         elif key == keys.closed_in(r):
             self._raise_closed()
         elif key == keys.seal(r) and not event.deleted:
             return Seal.of(event.kv)
         return None
 
-    def _publish(self, r: int, joined: dict[bytes, int]) -> Seal | None:
+    def _refusal(self, r: int, key: bytes) -> str:
+        """Why the node policy refuses the node that joined round ``r`` as ``key`` ("" when
+        it is admitted; this node always is)."""
+        node = key[len(self._keys.joins(r)):].decode()
+        admission = ADMITTED if node == self._node else self._policy.admit(
+            Candidate(_name_of(node)))
+        return "" if admission.admitted else admission.reason
+
+    def _publish(self, r: int, joined: dict[bytes, int], refused: dict[bytes, str]
+                 ) -> Seal | None:
         """Writes round ``r``'s seal in one transaction, if this node still is its sealer:
-        itself as rank 0 (it hosts the round's store), the others in join order."""
+        itself as rank 0 (it hosts the round's store), the others in join order; and why
+        each of the ``refused`` join keys was left out."""
         keys, settings = self._keys, self._settings
         mine = joined.get(keys.join(r, self._node))
         if mine is None:
@@ -436,7 +467,11 @@ class EtcdNativeHandler(RendezvousHandler):
         seal = Seal(mine, tuple(others[:settings.max_nodes - 1]), settings.local_addr, bootstrap)
         result = self._kv.txn(
             [ops.absent(keys.seal(r)), ops.value_is(keys.sealer(r), self._node.encode())],
-            [ops.put(keys.seal(r), seal.encode(), self._run.lease_id)], [ops.get(keys.seal(r))])
+            [ops.put(keys.seal(r), seal.encode(), self._run.lease_id),
+             *(ops.put(keys.refused(r, key[len(keys.joins(r)):].decode()),
+                       reason.encode(), self._run.lease_id)
+               for key, reason in refused.items())],
+            [ops.get(keys.seal(r))])
         if result.succeeded:
             self._hosted = server
             return Seal(**{**seal.__dict__, "revision": result.revision})
@@ -444,6 +479,14 @@ class EtcdNativeHandler(RendezvousHandler):
         return Seal.of(found[0]) if found else None
 
     # --- between rounds ---------------------------------------------------------------------
+
+    def _leave_if_refused(self, r: int) -> None:
+        """This node is outside round ``r``'s seal: NodeLeftError if the sealer's node policy
+        left it out (it would be left out of every round), else nothing (it came late)."""
+        found = self._kv.read(ops.get(self._keys.refused(r, self._node))).ranges[0]
+        if found:
+            raise NodeLeftError(_name_of(self._node), "not admitted by the sealer of round "
+                                f"{r}: {found[0].value.decode(errors='replace')}")
 
     def _wait_for_next_round(self, seal: Seal, revision: int, deadline: float) -> None:
         """This node came after round ``r`` was sealed: it waits for round r+1, counted by the
@@ -525,6 +568,11 @@ class EtcdNativeHandler(RendezvousHandler):
             raise RendezvousGracefulExitError(
                 f"The rendezvous of {self._settings.run_id} closed while this node was a spare.")
         raise RendezvousClosedError(f"The rendezvous of {self._settings.run_id} is closed.")
+
+
+def _name_of(node: str) -> str:
+    """The name a node's policy knows it by (its ``local_addr``) from its key in etcd."""
+    return unquote(node).rsplit("_", 2)[0]
 
 
 def create_handler(params: RendezvousParameters) -> EtcdNativeHandler:

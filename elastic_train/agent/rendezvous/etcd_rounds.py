@@ -87,6 +87,10 @@ class Keys:
     def join(self, r: int, node: str) -> bytes:
         return self.joins(r) + node.encode()
 
+    def refused(self, r: int, node: str) -> bytes:
+        """Why the sealer of round ``r`` left ``node`` out (its node policy's reason)."""
+        return self.ctl(r) + b"refused/" + node.encode()
+
     def spare(self, r: int, node: str) -> bytes:
         return self.of_round(r) + b"s/" + node.encode()
 

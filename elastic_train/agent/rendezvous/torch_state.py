@@ -16,7 +16,7 @@ it. Anything else is a RendezvousStateError naming where the state lives, which
 the agent reports with the fix (``RendezvousLostError.corrupt_state``).
 :class:`CheckedBackend` puts the check in front of any RendezvousBackend, and
 :func:`create_c10d_handler` is torch's c10d handler with it (registered for
-``c10d`` by :mod:`.backends`).
+``c10d`` by :mod:`.registry`).
 """
 
 from __future__ import annotations

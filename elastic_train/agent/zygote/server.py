@@ -59,7 +59,7 @@ CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "client.py")
 
 
 def enabled() -> bool:
-    return sys.platform.startswith("linux") and os.environ.get(env_vars.ZYGOTE, "1") != "0"
+    return sys.platform.startswith("linux") and env_vars.Switches.from_environ().zygote
 
 
 # --- the zygote process ---------------------------------------------------------------------

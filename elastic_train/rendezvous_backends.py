@@ -2,7 +2,8 @@
 
 Both front-ends (``ScalingConfig(rendezvous=RendezvousConfig(...))`` and
 ``elastic-train launch --rdzv-backend``) look a backend up here, and the agent
-registers our own handlers into torch's registry from here, so nothing else
+registers our own handlers into torch's registry from it
+(:mod:`elastic_train.agent.rendezvous.registry`), so nothing else
 branches on a backend's name: code that needs to know how a backend behaves
 reads its traits (where its state lives, whether its endpoint is a node's
 store, ...). Adding a backend is a module with a ``create_handler(params)``
@@ -11,13 +12,11 @@ and one :class:`Backend` line below.
 Example::
 
     backend = lookup("etcd", "--rdzv-backend")   # Backend(name="etcd-v3", ...)
-    register(backend)                            # torch's registry now knows "etcd-v3"
 """
 
 from __future__ import annotations
 
 import enum
-import importlib
 from dataclasses import dataclass, field
 
 from elastic_train.errors import ConfigError
@@ -114,19 +113,3 @@ def lookup(name: str, source: str) -> Backend:
             return backend
     choices = "; ".join(b.summary for b in BACKENDS)
     raise ConfigError(f"{source}={name!r} is not supported: use {choices}.", field=source)
-
-
-def register(backend: Backend) -> None:
-    """Puts ``backend``'s factory into torch's handler registry under each of its names;
-    idempotent. torch registers its own v2 "etcd" handler on import, and its registry
-    refuses a taken name, so a name held by another factory is dropped first."""
-    if backend.factory is None:
-        return
-    from torch.distributed.elastic.rendezvous.registry import handler_registry
-
-    module, _, function = backend.factory.partition(":")
-    factory = getattr(importlib.import_module(module), function)
-    for name in backend.names:
-        if handler_registry._registry.get(name) is not factory:
-            handler_registry._registry.pop(name, None)
-            handler_registry.register(name, factory)

@@ -1,0 +1,77 @@
+"""What a session learns when the ranks join, and what it builds from it.
+
+:meth:`JoinedSession.join` is the whole join (collective, once per attempt): the
+ranks agree on the restore point (:mod:`.restore`), and from it each rank builds
+its report rows (:mod:`elastic_train.metric_rows`), its checkpoint numbering and
+its background uploader; rank 0 also its :class:`~.committer.Committer`. The result
+is one frozen object, so no part of the session exists half-built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from elastic_train.metric_rows import ReportRows
+from elastic_train.storage.uploader import CheckpointUploader
+from elastic_train.worker.committer import Committer
+from elastic_train.worker.control_group import ControlGroup
+from elastic_train.worker.restore import agree_on_restore_point
+
+if TYPE_CHECKING:
+    from elastic_train.config import CheckpointConfig
+    from elastic_train.context import WorkerEnv
+    from elastic_train.storage import CommitManifest, RunStorage
+
+
+@dataclass
+class CheckpointNumbers:
+    """The indices of the checkpoints an attempt reports, starting past every index the
+    run ever used. Every rank keeps one and reserves in step, as ``report()`` is
+    collective, so the ranks agree on each index without a message."""
+
+    next_index: int = 0
+
+    def reserve(self) -> int:
+        """The index of the checkpoint being reported; the next one gets the next."""
+        index = self.next_index
+        self.next_index += 1
+        return index
+
+
+@dataclass(frozen=True)
+class JoinedSession:
+    """A session's state once the ranks agreed where the run continues.
+
+    Attributes:
+        group: The collectives of the session (see :mod:`.control_group`).
+        restored: The checkpoint the ranks resumed from; None starts from scratch.
+        rows: Numbers the reports and fills in their automatic fields.
+        numbers: Numbers the reported checkpoints.
+        uploader: Uploads this rank's checkpoint files in the background.
+        committer: Rank 0's commit duties; None on every other rank.
+    """
+
+    group: ControlGroup
+    restored: CommitManifest | None
+    rows: ReportRows
+    numbers: CheckpointNumbers
+    uploader: CheckpointUploader
+    committer: Committer | None
+
+    @classmethod
+    def join(cls, storage: RunStorage, env: WorkerEnv, config: CheckpointConfig,
+             control_group: Any, staging_dir: str, started_at: float) -> JoinedSession:
+        """Agrees with the other ranks on the restore point (collective) and builds the
+        attempt's parts from it; ``started_at`` is when the session began."""
+        group = ControlGroup(env.world_size, control_group)
+        point = agree_on_restore_point(storage, group, env.rank)
+        committer = Committer(storage, config, point.kept_rows, point.committed) \
+            if env.rank == 0 else None
+        uploader = CheckpointUploader(storage.checkpoints, env.rank, staging_dir,
+                                      commit=committer.commit if committer else None)
+        return cls(group=group, restored=point.manifest,
+                   rows=ReportRows(point.training_iteration, point.time_before_restore_s,
+                                   started_at),
+                   numbers=CheckpointNumbers(point.next_index), uploader=uploader,
+                   committer=committer)
