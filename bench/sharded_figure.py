@@ -14,9 +14,11 @@ node downloads the whole checkpoint) and ``CheckpointReader``.
 
 Figure 11 -- worker SIGKILL -> first step again with a 400 MB sharded checkpoint
 (2 workers, one node), with the checkpoint on local disk, on S3 with the local
-tier, and on S3 downloading (``ELASTIC_TRAIN_LOCAL_TIER=0``); and the time
-``report()`` and the save before it block a rank per checkpoint, ``dcp.save``
-vs ``dcp.async_save``.
+tier, and on S3 downloading (``ELASTIC_TRAIN_LOCAL_TIER=0``). Figure 11b, from the
+same runs: the time ``report()`` and the save before it block a rank per checkpoint --
+``elastic_train.torch.async_save`` (a writer process), ``dcp.async_save`` (a thread)
+and ``dcp.save`` -- against a bare copy of the same tensors into host memory, and the
+training steps' speed while a checkpoint is being written.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import fsspec
 from bench import procs
 from bench.report import Table
 from bench.sharded_job import MIB
-from bench.stats import Summary, Target, ratio, with_target
+from bench.stats import Summary, Target, fmt_ratio, ratio, with_target
 from bench.variants import REPO
 
 TIER_TARGET = Target(1.1, at_least=False)
@@ -94,7 +96,7 @@ def _launch(nodes: list[dict], events: str, scratch: str, timeout_s: float) -> L
 
 def _job(size_mb: float, events: str, **train: Any) -> dict:
     return {"size_mb": size_mb, "layers": 4, "steps": 2, "events": events,
-            "async_save": False, "loader": "reader", **train}
+            "saver": "sync", "loader": "reader", **train}
 
 
 # Figure 10 ---------------------------------------------------------------------------
@@ -208,28 +210,33 @@ def _reads_table(rows: dict[str, dict[str, list[float]]], repeat: int) -> Table:
 
 # Figure 11 ---------------------------------------------------------------------------
 
-_TIER_VARIANTS = (  # (label, on S3, environment, async save)
-    ("local disk", False, {}, True),
-    ("S3, local tier", True, {}, True),
+_TIER_VARIANTS = (  # (label, on S3, environment, saver: see bench.sharded_job._Saver)
+    ("local disk", False, {}, "thread"),
+    ("S3, local tier", True, {}, "thread"),
     ("S3, downloading (ELASTIC_TRAIN_LOCAL_TIER=0)", True, {"ELASTIC_TRAIN_LOCAL_TIER": "0"},
-     True),
-    ("S3, local tier, dcp.save", True, {}, False),
+     "thread"),
+    ("S3, local tier, dcp.save", True, {}, "sync"),
+    ("S3, local tier, async_save", True, {}, "process"),
 )
+BLOCKED_TARGET = Target(1.2, at_least=False)  # blocked per checkpoint / a bare host copy
+STEPS_TARGET = Target(0.95, at_least=True)  # steps/s while a write runs / without one
+_TIMED_STEPS = 5
 
 
 def _tier_once(suite: Any, endpoint: str, variant: tuple, rep: int,
                scratch: str) -> dict[str, list[float]]:
     from tests.support.servers import s3_options
 
-    label, on_s3, env, use_async = variant
+    label, on_s3, env, saver = variant
     events = tempfile.mkdtemp(dir=scratch)
     node = {"storage": f"s3://{BUCKET}/tier" if on_s3 else os.path.join(scratch, "results"),
             "options": s3_options(endpoint) if on_s3 else None,
             "name": f"tier-{_TIER_VARIANTS.index(variant)}-{rep}", "workers": 2,
             "per_node": 2, "max_failures": 1, "env": env,
-            "train": _job(suite.profile.local_tier_mb, events, async_save=use_async, epochs=3,
+            "train": _job(suite.profile.local_tier_mb, events, saver=saver, epochs=4,
                           kill_epoch=2, kill_rank=1, settle=True,
-                          kill_marker=os.path.join(events, "killed"))}
+                          kill_marker=os.path.join(events, "killed"),
+                          timed_steps=_TIMED_STEPS, back_to_back=True)}
     launch = _launch([node], events, scratch, suite.profile.timeout_s)
     kills = launch.times("kill")
     if not all(launch.ok) or not kills:
@@ -238,11 +245,20 @@ def _tier_once(suite: Any, endpoint: str, variant: tuple, rep: int,
     loaded = min(t for t in launch.times("loaded", 0) if t > kills[0])
     started = min(t for t in launch.times("started", 0) if t > kills[0])
     saves = [e for e in launch.events if e["event"] == "save" and e["rank"] == 0]
+    later = [e for e in saves if not e["first"]]  # the writers are up, the imports done
+    steps = [e for e in launch.events if e["event"] == "steps"]
     return {"restart": [again - kills[0]], "loaded": [loaded - kills[0]],
             "started": [started - kills[0]], "others": [launch.others],
-            "save": [e["save_s"] for e in saves],
-            "report": [e["report_s"] for e in saves],
-            "blocked": [e["save_s"] + e["report_s"] for e in saves]}
+            "save": [e["save_s"] for e in later],
+            "report": [e["report_s"] for e in later],
+            "blocked": [e["save_s"] + e["report_s"] for e in later],
+            "first": [e["save_s"] + e["report_s"] for e in saves if e["first"]],
+            "copy": [e["copy_s"] for e in later],
+            "back_to_back": [e["save_s"] + e["report_s"] for e in launch.events
+                             if e["event"] == "back_to_back" and e["rank"] == 0],
+            "quiet": [t for e in steps for t in e["quiet"]],
+            "writing": [t for e in steps if not e["first"] for t in e["writing"]],
+            "writing_first": [t for e in steps if e["first"] for t in e["writing"]]}
 
 
 def local_tier(suite: Any) -> list[Table]:
@@ -277,21 +293,88 @@ def _tier_tables(rows: dict[str, dict[str, list[float]]], profile: Any) -> list[
         "loaded, the first step. S3 is moto's server (in memory) on 127.0.0.1.",
         "others' CPU: mean CPU use of processes outside the run (/proc/stat), of 2 cores.",
     ]
+    return [restart, *_blocked_tables(rows, size)]
+
+
+_SAVERS = (  # (variant, how the save is made)
+    ("S3, local tier, async_save", "elastic_train.torch.async_save (writer process)"),
+    ("S3, local tier", "dcp.async_save (thread) + report(written=...)"),
+    ("S3, local tier, dcp.save", "dcp.save + report()"),
+)
+
+
+def _blocked_tables(rows: dict[str, dict[str, list[float]]], size: float) -> list[Table]:
+    """Figure 11b: what a checkpoint costs the training, by how it is saved."""
     blocked = Table(f"Figure 11b — time a rank is blocked per checkpoint with a {size:g} MB "
-                    "sharded state (rank 0, s, median (min–max) over every checkpoint)",
-                    ["save", "dcp call", "report()", "total blocked"])
-    for label, save in (("S3, local tier", "dcp.async_save + report(written=...)"),
-                        ("S3, local tier, dcp.save", "dcp.save + report()")):
+                    "sharded state (rank 0, s, median (min–max) over the checkpoints after "
+                    "the first of each attempt)",
+                    ["save", "save call", "report()", "total blocked",
+                     "bare host copy, same run", "save call / copy, goal", "total / copy",
+                     "first save of an attempt", "a save at once after another"])
+    for label, save in _SAVERS:
         row = rows[label]
-        blocked.add(save, Summary.of(row["save"]).fmt(3), Summary.of(row["report"]).fmt(3),
-                    Summary.of(row["blocked"]).fmt(3))
-    blocked.notes.append("Each save starts once the previous checkpoint is committed "
-                         "(uploads keep up with training): the times are the save's own, "
-                         "without report()'s wait for a slower upload (at most one "
-                         "checkpoint uploads and one waits).")
-    blocked.notes.append("dcp.async_save blocks while it copies the state to host memory "
-                         "(on CPU a copy in memory), then writes in a thread; report() with "
-                         "written= returns without waiting for the files, which are uploaded "
-                         "and committed once written. dcp.save writes the files first; "
-                         "report() then copies them into the staging area.")
-    return [restart, blocked]
+        call, total = Summary.of(row["save"]), Summary.of(row["blocked"])
+        copy = Summary.of(row["copy"])
+        goal = ratio(call, copy)
+        blocked.add(save, call.fmt(3), Summary.of(row["report"]).fmt(3), total.fmt(3),
+                    copy.fmt(3),
+                    with_target(goal, BLOCKED_TARGET) if label == _SAVERS[0][0]
+                    else fmt_ratio(goal),
+                    fmt_ratio(ratio(total, copy)), Summary.of(row["first"]).fmt(3),
+                    Summary.of(row["back_to_back"]).fmt(3))
+    blocked.notes += [
+        "Each save starts once the previous checkpoint is committed (uploads keep up with "
+        "training): the times are the save's own, without report()'s wait for a slower "
+        "upload. The last column is the exception: a save made at once after the one "
+        "before (no steps between), which waits for that one's write -- at most one write "
+        "is in flight per rank (async_save's back-pressure rule; dcp.async_save's own "
+        "future is waited for the same way here).",
+        "Bare host copy: every tensor of the rank's state (its FSDP2 shards and AdamW "
+        "state) copied into CPU buffers allocated at the first save, timed just before "
+        "each save; the floor of what any save blocks for. The goal is async_save's, on "
+        "the save call: report() costs the same with or without a background write (the "
+        "ranks exchange their file lists, rank 0 appends the metrics row to S3), and is "
+        "shown beside it.",
+        "The first save of an attempt (left out of the other columns) also imports DCP, "
+        "waits for the slowest rank (the writers start together) and, for async_save, "
+        "allocates the shared-memory buffers and starts the writer processes (a new "
+        "interpreter each, importing torch, in the background).",
+        "async_save copies the state into shared memory (DCP's DefaultStager; buffers kept "
+        "from one save to the next), and DCP's writer process -- a gloo group of its own "
+        "between the ranks' writers, save plans cached -- writes the files; report() with "
+        "the returned checkpoint does not wait for them, which are uploaded and committed "
+        "once written. dcp.async_save copies likewise and writes in a thread of the "
+        "training process. dcp.save writes the files first; report() then copies them into "
+        "the staging area.",
+    ]
+    steps = Table(f"Figure 11b (continued) — training steps while a checkpoint's files are "
+                  f"being written ({size:g} MB sharded state; s per step, median (min–max), both "
+                  "ranks)",
+                  ["save", "steps with nothing in flight", "steps during the write",
+                   "steps/s during / without, goal", "steps during the first write"])
+    for label, save in _SAVERS[:2]:
+        row = rows[label]
+        quiet, writing = Summary.of(row["quiet"]), Summary.of(row["writing"])
+        speed = ratio(quiet, writing)  # steps per second: the inverse of s per step
+        cell = with_target(speed, STEPS_TARGET) if label == _SAVERS[0][0] else fmt_ratio(speed)
+        steps.add(save, f"{quiet.fmt(3)} (n={len(row['quiet'])})",
+                  f"{writing.fmt(3)} (n={len(row['writing'])})", cell,
+                  f"{Summary.of(row['writing_first']).fmt(3)} "
+                  f"(n={len(row['writing_first'])})")
+    steps.notes += [
+        f"Without: the {_TIMED_STEPS} steps before each save, once the previous checkpoint is "
+        "committed (nothing written or uploaded). During: of as many steps after each save, "
+        "those that began while the rank's files were still being written (a write "
+        "shorter than a step slows that step alone); the first save of an attempt apart "
+        "(its write waits for the writer processes to start).",
+        "A step that begins during a write also overlaps what follows it, the files' upload "
+        "to moto once the write ends (a write may be shorter than a step): the "
+        "figure bounds what a write and its upload cost the training together, for both "
+        "writers alike.",
+        "2 CPU cores for 2 ranks, their writers and uploads, and moto's S3 server: a writer "
+        "process does not take the training's GIL, but it does take CPU time (serialising "
+        "and writing the state) from a machine that has none spare, so on this machine "
+        "steps slow while a write runs, whoever writes. On a GPU node the step runs on the "
+        "device and the writer on otherwise idle host cores.",
+    ]
+    return [blocked, steps]

@@ -1,11 +1,16 @@
 """The FSDP2 + DCP job of figures 10 and 11 (bench/sharded_figure.py), run by
 ``python -m bench.sharded_run``: an MLP of ``layers`` square layers of ``width``,
 sharded with ``fully_shard``, AdamW, a DCP checkpoint of every rank's shards after
-each epoch. Each rank appends what it did, with ``time.time()`` stamps, to
-``<events>/rank<R>.jsonl``: ``loaded`` (and what the load read), ``first_step``,
-``save`` (seconds blocked), ``kill``. With ``settle``, each save waits (untimed) until
-the previous checkpoint is committed, so that the save's own cost is timed, not
-the wait for a slower upload.
+each epoch, saved one of three ways (:class:`_Saver`). Each rank appends what it did,
+with ``time.time()`` stamps, to ``<events>/rank<R>.jsonl``: ``loaded`` (and what the
+load read), ``first_step``, ``save`` (seconds blocked, and a bare copy of the same
+tensors; ``first``: the first save of the attempt), ``steps`` (the times of
+``timed_steps`` steps with nothing in flight before a save, and of those of the
+``timed_steps`` after it that began while its files were still being written),
+``kill``, and with ``back_to_back`` two more saves, the second at once after the first
+(``back_to_back``: what it waits for). With ``settle``, each save waits (untimed) until
+the previous checkpoint is committed, so that the save's own cost is timed, not the
+wait for a slower upload.
 """
 
 from __future__ import annotations
@@ -51,36 +56,78 @@ def _load(config: dict, checkpoint, model, optimizer, rank: int) -> int:
     return epoch
 
 
-class _Saver:
-    """Sync (``dcp.save``) or async (``dcp.async_save`` + ``written=``) checkpoints."""
+def _local_tensors(obj) -> list:
+    """The tensors in a nested state, a DTensor as this rank's shard."""
+    from torch.distributed.tensor import DTensor
 
-    def __init__(self, use_async: bool):
+    if isinstance(obj, dict):
+        return [t for value in obj.values() for t in _local_tensors(value)]
+    if isinstance(obj, (list, tuple)):
+        return [t for value in obj for t in _local_tensors(value)]
+    if isinstance(obj, DTensor):
+        return [obj.to_local()]
+    return [obj] if hasattr(obj, "untyped_storage") else []
+
+
+class _Saver:
+    """One of three ways to checkpoint: ``sync`` (``dcp.save``), ``thread``
+    (``dcp.async_save``, a thread, + ``written=``) or ``process``
+    (``elastic_train.torch.async_save``, a writer process). Each save also times a bare
+    copy of the same tensors into host buffers allocated at the first save: the floor
+    of what any save blocks for, measured in the same run."""
+
+    def __init__(self, how: str):
         import torch.distributed as dist
 
-        self.group = dist.new_group(backend="gloo") if use_async else None
+        self.how = how
+        self.group = dist.new_group(backend="gloo") if how == "thread" else None
         self.pending = None
+        self.buffers: list = []
+        self.saves = 0  # the first of an attempt also starts the writers, imports, ...
 
-    def save(self, config: dict, rank: int, state: dict, metrics: dict) -> None:
+    def bare_copy_s(self, state: dict) -> float:
+        import torch
+
+        tensors = _local_tensors(state)
+        if not self.buffers:
+            self.buffers = [torch.empty_like(t, device="cpu") for t in tensors]
+        began = time.perf_counter()
+        for buffer, tensor in zip(self.buffers, tensors, strict=True):
+            buffer.copy_(tensor)
+        return time.perf_counter() - began
+
+    def save(self, config: dict, rank: int, state: dict, metrics: dict, event: str = "save"):
+        """Saves and reports ``state``; notes the seconds blocked; returns the future of
+        the files (None once written)."""
         import torch.distributed.checkpoint as dcp
 
         import elastic_train as et
+        from elastic_train.torch import async_save
 
-        directory = tempfile.mkdtemp(prefix="bench_dcp_")
+        copy_s = self.bare_copy_s(state)
         began = time.perf_counter()
-        if self.group is None:
-            dcp.save(state, checkpoint_id=directory)
-            written = None
+        if self.how == "process":
+            checkpoint = async_save(state)
         else:
-            if self.pending is not None:
-                self.pending.result()
-            written = self.pending = dcp.async_save(state, checkpoint_id=directory,
-                                                    process_group=self.group)
+            directory = tempfile.mkdtemp(prefix="bench_dcp_")
+            written = None
+            if self.how == "sync":
+                dcp.save(state, checkpoint_id=directory)
+            else:
+                if self.pending is not None:
+                    self.pending.result()
+                written = self.pending = dcp.async_save(state, checkpoint_id=directory,
+                                                        process_group=self.group)
+            checkpoint = et.Checkpoint.from_directory(directory, written=written)
         saved = time.perf_counter()
-        et.report(metrics, checkpoint=et.Checkpoint.from_directory(directory, written=written))
+        et.report(metrics, checkpoint=checkpoint)
         reported = time.perf_counter()
-        if written is None:  # report() copied the files; an async one takes them over
-            shutil.rmtree(directory)
-        _note(config, rank, "save", save_s=saved - began, report_s=reported - saved)
+        if checkpoint.written is None:  # report() copied the files; an async one takes them
+            shutil.rmtree(checkpoint.path)
+        _note(config, rank, event, save_s=saved - began, report_s=reported - saved,
+              copy_s=copy_s, first=self.saves == 0)
+        self.saves += 1
+        return checkpoint.written
 
 
 def _wait_for_commit(epoch: int) -> None:
@@ -109,8 +156,17 @@ def train(config: dict) -> dict:
     start = 0
     if (checkpoint := et.get_checkpoint()) is not None:
         start = _load(config, checkpoint, model, optimizer, rank)
-    saver = _Saver(config["async_save"])
+    saver = _Saver(config["saver"])
     gen = torch.Generator().manual_seed(rank)
+
+    def step() -> float:
+        began = time.perf_counter()
+        loss = model(torch.randn(4, width, generator=gen)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return time.perf_counter() - began
+
     for epoch in range(start, config["epochs"]):
         if epoch == config.get("kill_epoch") and rank == config["kill_rank"] \
                 and not os.path.exists(config["kill_marker"]):
@@ -121,14 +177,26 @@ def train(config: dict) -> dict:
         if epoch == config.get("fail_epoch"):
             _wait_for_commit(epoch)
             raise RuntimeError("the end of the first launch (bench: nodes replaced next)")
-        for step in range(config["steps"]):
-            loss = model(torch.randn(4, width, generator=gen)).pow(2).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            if step == 0 and epoch == start:
+        for n in range(config["steps"]):
+            step()
+            if n == 0 and epoch == start:
                 _note(config, rank, "first_step")
         if config.get("settle") and epoch > start:  # uploads keep up: no backpressure
             _wait_for_commit(epoch)
-        saver.save(config, rank, state_of(model, optimizer, epoch + 1), {"loss": loss.item()})
+        quiet = [step() for _ in range(config.get("timed_steps", 0))]  # nothing in flight
+        first = saver.saves == 0
+        written = saver.save(config, rank, state_of(model, optimizer, epoch + 1),
+                             {"epoch": epoch})
+        writing = []  # steps begun while this rank's files were being written
+        for _ in range(config.get("timed_steps", 0)):  # as many on every rank (FSDP)
+            in_flight = written is not None and not written.done()
+            took = step()
+            if in_flight:
+                writing.append(took)
+        _note(config, rank, "steps", quiet=quiet, writing=writing, first=first)
+    if config.get("back_to_back"):  # the second waits for the first's write, if it must
+        _wait_for_commit(config["epochs"])  # and the first for nothing
+        for event in ("save", "back_to_back"):
+            saver.save(config, rank, state_of(model, optimizer, config["epochs"]),
+                       {"epoch": config["epochs"]}, event=event)
     return {"world_size": dist.get_world_size()}

@@ -1,5 +1,6 @@
-"""``elastic_train.torch``: mirrors ``ray.train.torch``, plus a reader for sharded
-(``torch.distributed.checkpoint``) checkpoints, our addition."""
+"""``elastic_train.torch``: mirrors ``ray.train.torch``, plus our additions: a reader for
+sharded (``torch.distributed.checkpoint``) checkpoints and ``async_save``, a checkpoint
+written by a separate process while training goes on."""
 
 from typing import TYPE_CHECKING, Any
 
@@ -16,12 +17,14 @@ from elastic_train.torch.train_loop_utils import (
 
 if TYPE_CHECKING:
     from elastic_train.storage.dcp import CheckpointReader
+    from elastic_train.torch.background_save import async_save
 
 __all__ = [
     "CheckpointReader",
     "TorchConfig",
     "TorchTrainer",
     "accelerate",
+    "async_save",
     "backward",
     "enable_reproducibility",
     "get_device",
@@ -33,9 +36,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # Loaded on first use: it imports torch.distributed.checkpoint, which most runs never need.
+    # Loaded on first use: they import torch.distributed.checkpoint, which most runs never need.
     if name == "CheckpointReader":
         from elastic_train.storage.dcp import CheckpointReader
 
         return CheckpointReader
+    if name == "async_save":
+        from elastic_train.torch.background_save import async_save
+
+        return async_save
     raise AttributeError(f"module 'elastic_train.torch' has no attribute {name!r}")

@@ -259,3 +259,33 @@ def test_the_join_timeout(nodes) -> None:
     assert 1.5 <= time.monotonic() - started < 10
     # The node left the round it waited in: a later pair forms without it.
     assert Joins(run.add(2)).wait().worlds() == {2}
+
+
+def _stray(handler: EtcdNativeHandler, key: bytes) -> None:
+    """A key of the run written by someone else, without a lease (``etcdctl put``): real
+    keys of a node or of the run always carry one."""
+    handler._kv.txn([], [ops.put(key, b"")])
+
+
+def test_a_stray_join_key_is_no_member(nodes) -> None:
+    """Was: a join key without a lease counted as a node, so a round of max 2 was sealed
+    at once with a member that never comes (the job would wait for it)."""
+    run = nodes(1, 2, last_call_timeout=1)
+    [handler] = run.add(1)
+    _stray(handler, handler._keys.join(0, "ghost_1_2"))
+    joins = Joins([handler]).wait()
+    assert not joins.errors and joins.worlds() == {1}
+
+
+def test_a_stray_left_key_does_not_end_the_run_for_the_others(nodes) -> None:
+    """Was: the last node out deletes the run's keys once as many nodes as the round had
+    counted themselves out; a stray ``left/`` key made the first one out do it while the
+    other still ran."""
+    run = nodes(2, 2)
+    members = run.add(2)
+    assert Joins(members).wait().worlds() == {2}
+    _stray(members[0], members[0]._keys.left + b"ghost_1_2")
+    assert members[0].shutdown()
+    assert run_keys(run.endpoint, run.run_id) != []  # still running
+    assert members[1].shutdown()
+    assert run_keys(run.endpoint, run.run_id) == []

@@ -83,6 +83,20 @@ def test_worker_failure_resumes_bit_identical(storage, tmp_path, baseline, how, 
     assert len(failures) == 1 and failures[0]["workers"][0]["rank"] == 1
 
 
+def test_a_single_file_written_by_a_writer_process_resumes_bit_identical(storage_path,
+                                                                        tmp_path, baseline):
+    """elastic_train.torch.async_save(state, "state.pt") on rank 0: a writer process
+    writes the file, report() commits it once written; rank 1's SIGKILL resumes from
+    the latest committed one, bit-identical."""
+    starts = tmp_path / "starts"
+    fault = {"rank": 1, "epoch": 2, "batch": 1, "how": "sigkill", "marker": str(tmp_path / "m")}
+    result = fit(storage_path, "async-file", max_failures=1,
+                 config={"fault": fault, "starts_file": str(starts), "process_save": True})
+    assert starts.read_text().split() in [["0", "2"], ["0", "1"]]  # as ASYNC uploads
+    assert result.return_value["digest"] == baseline.return_value["digest"]
+    assert sorted(result.checkpoint.get_commit_info().files) == ["state.pt"]
+
+
 def test_killed_zygote_is_replaced_at_the_restart(storage_path, tmp_path, baseline):
     """The process workers are forked from dies: its workers die with it, the agent
     restarts the group from a new zygote, and the run resumes bit-identical."""

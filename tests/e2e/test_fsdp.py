@@ -14,7 +14,7 @@ import pytest
 import elastic_train as et
 from elastic_train import env_vars
 from elastic_train.torch import TorchTrainer
-from tests.conftest import StorageUnderTest, make_storage
+from tests.conftest import StorageUnderTest, make_storage, pid_alive
 from tests.support import fsdp_jobs
 from tests.support.servers import TcpProxy, s3_options
 
@@ -92,6 +92,31 @@ def test_async_save_commits_and_resumes(storage, tmp_path, straight):
     assert result.return_value["digest"] == straight.return_value["digest"]
     assert result.checkpoint.get_commit_info().ranks == [0, 1]
     assert result.metrics["training_iteration"] == CONFIG["epochs"]
+
+
+@pytest.mark.compat
+def test_a_worker_killed_during_a_background_write_resumes_from_the_checkpoint_before(
+        tmp_path, straight):
+    """elastic_train.torch.async_save: DCP's writer process writes the shards. Rank 1 is
+    SIGKILLed while its shards of checkpoint 1 are being written: its writer dies with it,
+    checkpoint 1 is never committed, and the run resumes from checkpoint 0 (rank 0 in
+    process, with a new writer) to the same weights as a run without a fault."""
+    marker = str(tmp_path / "m")
+    fault = {"rank": 1, "epoch": 2, "batch": "saved", "how": "sigkill", "marker": marker}
+    result = fit(str(tmp_path / "results"), "writer-killed",
+                 {"process_save": True, "fault": fault, "notes": str(tmp_path),
+                  "slow": {"epoch": 2, "rank": 1, "seconds": 120}}, max_failures=1)
+    assert result.return_value["digest"] == straight.return_value["digest"]
+    notes = notes_of(tmp_path)
+    killed = next(n for n in notes[1] if n.get("epoch") == 2 and "in_flight" in n)
+    assert killed["in_flight"] and killed["writer"] is not None
+    assert not pid_alive(killed["writer"])
+    for rank in (0, 1):
+        [restored] = [n["restored"] for n in notes[rank] if "restored" in n]
+        assert restored.endswith("checkpoint_000000"), (rank, restored)
+    info = result.checkpoint.get_commit_info()
+    assert info.ranks == [0, 1] and info.index == 2
+    assert sorted(info.files) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
 
 
 @pytest.mark.parametrize("keep", [True, False], ids=["local-tier", "tier-off"])

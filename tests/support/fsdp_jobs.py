@@ -27,8 +27,10 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import fully_shard
 
 import elastic_train as et
-from elastic_train.torch import CheckpointReader, enable_reproducibility
+from elastic_train.storage.dcp_writer import writer_pid
+from elastic_train.torch import CheckpointReader, async_save, enable_reproducibility
 from tests.support import jobs
+from tests.support.slow_write import SlowToWrite
 
 FEATURES = 16
 _previous: list = []  # the async save still in flight, if any
@@ -92,6 +94,9 @@ def _save(config: dict, model, optimizer, epoch: int, loss: torch.Tensor, digest
           group) -> None:
     state = state_of(model, optimizer, epoch)
     metrics = {"loss": loss.item(), "epoch": epoch, "digest": digest}
+    if config.get("process_save"):
+        _save_in_writer_process(config, state, metrics, epoch)
+        return
     directory = tempfile.mkdtemp(prefix="dcp_")
     if group is not None:  # async: the writes go on after report() returns
         if _previous:  # one save at a time in the group: the last must be done
@@ -104,6 +109,25 @@ def _save(config: dict, model, optimizer, epoch: int, loss: torch.Tensor, digest
     et.report(metrics, checkpoint=et.Checkpoint.from_directory(directory),
               checkpoint_upload_mode=config.get("upload_mode", "ASYNC"))
     shutil.rmtree(directory)
+
+
+def _save_in_writer_process(config: dict, state: dict, metrics: dict, epoch: int) -> None:
+    """``async_save``: DCP's writer process writes the shards. Until the fault has
+    struck, rank ``slow["rank"]``'s save of epoch ``slow["epoch"]`` takes
+    ``slow["seconds"]`` to write (:class:`SlowToWrite`); a fault at batch ``"saved"``
+    of an epoch strikes right after that epoch's report()."""
+    slow = config.get("slow", {})
+    if (epoch, dist.get_rank()) == (slow.get("epoch"), slow.get("rank")) \
+            and not os.path.exists(config["fault"]["marker"]):
+        state["slow"] = SlowToWrite(slow["seconds"])
+    checkpoint = async_save(state)
+    # the checkpoint before the slow one is committed before that starts: a kill during
+    # the slow write resumes from it, however slowly the writer process started
+    mode = "SYNC" if epoch + 1 == slow.get("epoch") else "ASYNC"
+    et.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=mode)
+    _note(config, {"epoch": epoch, "writer": writer_pid(),
+                   "in_flight": not checkpoint.written.done()})
+    jobs._inject(config, epoch, "saved")
 
 
 def _note(config: dict, record: dict) -> None:

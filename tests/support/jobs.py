@@ -18,7 +18,7 @@ from torch.utils.data import TensorDataset
 
 import elastic_train as et
 from elastic_train import env_vars
-from elastic_train.torch import enable_reproducibility, prepare_model
+from elastic_train.torch import async_save, enable_reproducibility, prepare_model
 
 
 def make_dataset(rows: int = 96, features: int = 8) -> TensorDataset:
@@ -213,11 +213,14 @@ def _report(config: dict, model, optimizer, epoch: int, loss, epoch_done: bool,
     with tempfile.TemporaryDirectory() as d:
         checkpoint = None
         if et.get_context().get_world_rank() == 0:
-            torch.save({"model": getattr(model, "module", model).state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "epoch": epoch, "epoch_done": epoch_done, "loss": loss},
-                       os.path.join(d, "state.pt"))
-            checkpoint = et.Checkpoint.from_directory(d)
+            state = {"model": getattr(model, "module", model).state_dict(),
+                     "optimizer": optimizer.state_dict(),
+                     "epoch": epoch, "epoch_done": epoch_done, "loss": loss}
+            if config.get("process_save"):  # written by a writer process
+                checkpoint = async_save(state, "state.pt")
+            else:
+                torch.save(state, os.path.join(d, "state.pt"))
+                checkpoint = et.Checkpoint.from_directory(d)
         elif config.get("ballast_mb"):  # large files from another rank: slow uploads
             files = config.get("ballast_files", 1)
             for i in range(files):

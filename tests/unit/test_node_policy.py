@@ -118,7 +118,7 @@ def _sealed_with_a_second_joiner(policy: object | None):
                            join_timeout=5)
     keys = keys_of()
     kv.put(keys.round, b"0")
-    kv.put(keys.join(0, other._node), b"")
+    kv.put(keys.join(0, other._node), b"", kv.grant(5)[0])  # under its lease, as a node
     conf = {"node_policy": policy} if policy is not None else {}
     sealer = native_handler(kv, min_nodes=1, max_nodes=2, join_timeout=5,
                             last_call_timeout=0.2, **conf)

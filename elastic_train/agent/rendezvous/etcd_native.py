@@ -115,7 +115,7 @@ class _WaitingNodes:
 
     def _update(self, events: list[ops.Event]) -> None:
         keys, next_round = self._keys, b"%d" % (self._round + 1)
-        if any(not e.deleted and e.kv.key in (keys.round, keys.waiting)
+        if any(not e.deleted and _ours(e.kv) and e.kv.key in (keys.round, keys.waiting)
                and e.kv.value == next_round for e in events):
             self.count = 1
             self._watch.cancel()
@@ -394,7 +394,7 @@ class EtcdNativeHandler(RendezvousHandler):
         policy admits; None if it lost the part."""
         keys, settings = self._keys, self._settings
         found = self._kv.read(ops.get(keys.joins(r), prefix=True, keys_only=True))
-        joined = {kv.key: kv.create_revision for kv in found.ranges[0]}
+        joined = {kv.key: kv.create_revision for kv in found.ranges[0] if _ours(kv)}
         # The joined nodes the policy does not admit (join key -> why), asked once each.
         refused = {key: why for key in joined if (why := self._refusal(r, key))}
         watch = self._kv.watch(keys.of_round(r), found.revision + 1)
@@ -432,7 +432,7 @@ class EtcdNativeHandler(RendezvousHandler):
             if event.deleted:
                 joined.pop(key, None)
                 refused.pop(key, None)
-            elif key not in joined:
+            elif key not in joined and _ours(event.kv):
                 joined[key] = event.kv.create_revision
                 if why := self._refusal(r, key):
                     refused[key] = why
@@ -521,8 +521,8 @@ class EtcdNativeHandler(RendezvousHandler):
 
     def _members_alive(self, r: int) -> bool:
         """Whether any member of round ``r`` still holds its join key (its lease lives)."""
-        return self._kv.read(ops.get(self._keys.joins(r), prefix=True, count_only=True)
-                             ).counts[0] > 0
+        found = self._kv.read(ops.get(self._keys.joins(r), prefix=True, keys_only=True))
+        return any(_ours(kv) for kv in found.ranges[0])
 
     def _round_moved(self, r: int) -> bool:
         found = self._kv.read(ops.get(self._keys.round)).ranges[0]
@@ -556,8 +556,8 @@ class EtcdNativeHandler(RendezvousHandler):
         try:
             result = self._kv.txn([], [ops.put(keys.left + self._node.encode(), b"",
                                                self._run.lease_id),
-                                       ops.get(keys.left, prefix=True, count_only=True)])
-            if result.counts[0] >= last.seal.world_size:
+                                       ops.get(keys.left, prefix=True, keys_only=True)])
+            if sum(_ours(kv) for kv in result.ranges[0]) >= last.seal.world_size:
                 self._run.delete_all()
         except RendezvousError as exc:
             log.warning("Could not delete the run's etcd keys (%s); they expire with their "
@@ -568,6 +568,14 @@ class EtcdNativeHandler(RendezvousHandler):
             raise RendezvousGracefulExitError(
                 f"The rendezvous of {self._settings.run_id} closed while this node was a spare.")
         raise RendezvousClosedError(f"The rendezvous of {self._settings.run_id} is closed.")
+
+
+def _ours(kv: ops.KeyValue) -> bool:
+    """Whether a node of the run wrote ``kv``: every key this handler writes carries a
+    lease (the node's own or the run's), so a key without one is a stray write (an
+    operator's ``etcdctl put``) and counts for nothing: not as a member, a waiting node
+    or a node gone."""
+    return kv.lease != 0
 
 
 def _name_of(node: str) -> str:
