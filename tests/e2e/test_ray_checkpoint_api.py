@@ -5,9 +5,9 @@ worker's death and the resume from a custom-named checkpoint."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import tempfile
+from typing import Any
 
 import pytest
 
@@ -20,11 +20,18 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180),
 SCORES = [1.0, 5.0, 4.0, 2.0]  # the last epoch's is not among the best two
 
 
+def _in_run(name: str) -> tuple[Any, str]:
+    """The run's filesystem and the path of its directory ``name`` (local disk or S3)."""
+    storage = et.get_context().get_storage()
+    return storage.storage_filesystem, f"{storage.experiment_fs_path}/{name}"
+
+
 def _copy_into_run(checkpoint: et.Checkpoint, dir_name: str) -> et.Checkpoint:
     """A checkpoint_upload_fn: the files into the run's directory ``dir_name``."""
-    target = os.path.join(et.get_context().get_storage().experiment_fs_path, dir_name)
-    shutil.copytree(checkpoint.path, target)
-    return et.Checkpoint(target)
+    fs, target = _in_run(dir_name)
+    fs.makedirs(target, exist_ok=True)
+    fs.put(f"{checkpoint.path}/epoch.txt", f"{target}/epoch.txt")
+    return et.Checkpoint(target, fs)
 
 
 def _named_epochs(config: dict) -> dict:
@@ -46,23 +53,26 @@ def _named_epochs(config: dict) -> dict:
         if epoch == 2 and rank == 1 and not os.path.exists(config["marker"]):
             open(config["marker"], "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
-        name, local = f"epoch_{epoch}", None
+        name, checkpoint = f"epoch_{epoch}", None
         mode = et.CheckpointUploadMode.SYNC if epoch % 2 else et.CheckpointUploadMode.ASYNC
         no_upload = config["how"] == "no_upload"
         if no_upload:
             mode = et.CheckpointUploadMode.NO_UPLOAD
-        if rank == 0:
-            local = (os.path.join(et.get_context().get_storage().experiment_fs_path, name)
-                     if no_upload else tempfile.mkdtemp())
-            os.makedirs(local, exist_ok=True)
+        if rank == 0 and no_upload:  # written into the run directory by hand
+            fs, path = _in_run(name)
+            fs.makedirs(path, exist_ok=True)
+            fs.pipe(f"{path}/epoch.txt", str(epoch).encode())
+            checkpoint = et.Checkpoint(path, fs)
+        elif rank == 0:
+            local = tempfile.mkdtemp()
             with open(os.path.join(local, "epoch.txt"), "w") as f:
                 f.write(str(epoch))
-        et.report({"score": SCORES[epoch], "epoch": epoch},
-                   checkpoint=local and et.Checkpoint.from_directory(local),
-                   checkpoint_dir_name=None if no_upload else name,
-                   checkpoint_upload_mode=mode,
-                   checkpoint_upload_fn=_copy_into_run if config["how"] == "upload_fn" else None)
-        if local is not None and os.path.exists(local):
+            checkpoint = et.Checkpoint.from_directory(local)
+        et.report({"score": SCORES[epoch], "epoch": epoch}, checkpoint=checkpoint,
+                  checkpoint_dir_name=None if no_upload else name,
+                  checkpoint_upload_mode=mode,
+                  checkpoint_upload_fn=_copy_into_run if config["how"] == "upload_fn" else None)
+        if checkpoint is not None and checkpoint.filesystem.exists(checkpoint.path):
             left_behind.append(epoch)
     listed = et.get_all_reported_checkpoints(et.CheckpointConsistencyMode.COMMITTED)
     return {"rank": rank, "left_behind": left_behind,
@@ -71,15 +81,15 @@ def _named_epochs(config: dict) -> dict:
 
 
 @pytest.mark.parametrize("how", ["default", "no_upload", "upload_fn"])
-def test_named_checkpoints_resume_retain_and_list_as_rays(storage_path, tmp_path, how):
+def test_named_checkpoints_resume_retain_and_list_as_rays(storage, tmp_path, how):
+    """On S3 the restart reads epoch_1 through the node's local tier, kept by index."""
     result = TorchTrainer(
         _named_epochs, train_loop_config={"starts": str(tmp_path / "starts"),
                                           "marker": str(tmp_path / "killed"),
                                           "how": how},
         scaling_config=et.ScalingConfig(num_workers=2),
-        run_config=et.RunConfig(
-            storage_path=storage_path, name="named",
-            failure_config=et.FailureConfig(max_failures=1),
+        run_config=storage.run_config(
+            "named", failure_config=et.FailureConfig(max_failures=1),
             checkpoint_config=et.CheckpointConfig(num_to_keep=2,
                                                   checkpoint_score_attribute="score"))).fit()
     # epoch_1 was committed before report() returned (SYNC; NO_UPLOAD and upload_fn
@@ -94,7 +104,9 @@ def test_named_checkpoints_resume_retain_and_list_as_rays(storage_path, tmp_path
     assert os.path.basename(result.checkpoint.path) == "epoch_3"
     assert sorted(os.path.basename(c.path) for c, _ in result.best_checkpoints) == [
         "epoch_1", "epoch_2"]
-    on_disk = sorted(n for n in os.listdir(result.path) if n.startswith("epoch_"))
+    result.filesystem.invalidate_cache()
+    on_disk = sorted(p.rsplit("/", 1)[-1] for p in result.filesystem.ls(result.path, detail=False)
+                     if p.rsplit("/", 1)[-1].startswith("epoch_"))
     assert on_disk == ["epoch_1", "epoch_2", "epoch_3"]
     assert list(result.metrics_dataframe["checkpoint_dir_name"]) == [
         "epoch_0", "epoch_1", "epoch_2", "epoch_3"]
