@@ -7,7 +7,7 @@ the way out, before anything is staged or uploaded.
 Example::
 
     args = ReportArgs.check({"loss": 0.5}, checkpoint, run=(fs, "/results/run"))
-    args.metrics, args.mode, args.delete_local   # ({'loss': 0.5}, ASYNC, True)
+    args.metrics, args.mode, args.delete_local   # ({'loss': 0.5}, ASYNC, False)
 """
 
 from __future__ import annotations
@@ -56,12 +56,16 @@ class ReportArgs:
 
     @classmethod
     def check(cls, metrics: Any, checkpoint: Any = None, dir_name: str | None = None,
-              mode: Any = CheckpointUploadMode.ASYNC, delete_local: bool | None = None,
+              mode: Any = None, delete_local: bool | None = None,
               upload_fn: Callable[..., Any] | None = None, validation: Any = False,
               run: tuple[fsspec.AbstractFileSystem, str] | None = None) -> ReportArgs:
         """The arguments checked; ``run`` is the run directory's filesystem and path
         (a ``NO_UPLOAD`` checkpoint must be one of its directories; a checkpoint
-        directory holding it must not be deleted)."""
+        directory holding it must not be deleted). ``mode`` None is our default, ASYNC,
+        which deletes nothing unless asked: Ray's default deletion applies to an ASYNC
+        asked for (Ray's default mode, SYNC, never deletes)."""
+        explicit = mode is not None
+        mode = CheckpointUploadMode.ASYNC if mode is None else mode
         clean = clean_metrics(metrics)
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
             raise ConfigError(f"report(checkpoint={checkpoint!r}) must be a Checkpoint.")
@@ -83,7 +87,7 @@ class ReportArgs:
         if dir_name is not None:
             check_dir_name(dir_name)
         if delete_local is None:
-            delete_local = mode.default_delete_local_checkpoint_after_upload()
+            delete_local = explicit and mode.default_delete_local_checkpoint_after_upload()
         if delete_local and checkpoint is not None and run and fsutil.is_local(run[0]):
             _refuse_deleting_the_run(checkpoint.path, run[1])
         return cls(clean, checkpoint, dir_name, mode, bool(delete_local), upload_fn)

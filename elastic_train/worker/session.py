@@ -190,7 +190,7 @@ class TrainSession:
     # report
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
                checkpoint_dir_name: str | None = None,
-               checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.ASYNC,
+               checkpoint_upload_mode: CheckpointUploadMode | None = None,
                delete_local_checkpoint_after_upload: bool | None = None,
                checkpoint_upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None,
                validation: Any = False) -> None:
@@ -349,7 +349,7 @@ def get_session() -> TrainSession:
 
 def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
            checkpoint_dir_name: str | None = None,
-           checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.ASYNC,
+           checkpoint_upload_mode: CheckpointUploadMode | None = None,
            delete_local_checkpoint_after_upload: bool | None = None,
            checkpoint_upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None,
            validation: Any = False) -> None:
@@ -359,12 +359,15 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
     Every rank must call it the same number of times. Rank 0's metrics are
     recorded; the checkpoint files of every rank that passes one are merged
     into one committed checkpoint. See :class:`CheckpointUploadMode` for when
-    the call returns (our default is ASYNC, Ray v2's SYNC). A checkpoint whose
+    the call returns (our default, None, is ASYNC; Ray v2's is SYNC). A checkpoint whose
     files are still being written (``Checkpoint.from_directory(d, written=future)``,
     e.g. from ``dcp.async_save``) does not wait for them: they go up once written.
 
-    ``delete_local_checkpoint_after_upload`` (default: True for ASYNC only, as
-    Ray's) deletes the reported directory. Ray deletes it once uploaded; here it
+    ``delete_local_checkpoint_after_upload`` deletes the reported directory. Its
+    default is Ray's, True for ASYNC only, but where Ray would apply it: for an
+    ASYNC passed explicitly. Left out, the mode is our ASYNC where Ray's is SYNC,
+    and Ray would keep the directory, so it is kept (a Ray script that removes
+    its directory after ``report()`` ports unchanged). Ray deletes it once uploaded; here it
     goes as soon as its files are staged -- before ``report()`` returns --, because
     the staged copy is what uploads, so a script that writes its next checkpoint
     into the same directory never races the deletion. Like Ray's, it wants each

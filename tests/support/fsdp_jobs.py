@@ -107,8 +107,8 @@ def _save(config: dict, model, optimizer, epoch: int, loss: torch.Tensor, digest
         return
     dcp.save(state, checkpoint_id=directory)
     et.report(metrics, checkpoint=et.Checkpoint.from_directory(directory),
-              checkpoint_upload_mode=config.get("upload_mode", "ASYNC"))
-    shutil.rmtree(directory)
+              checkpoint_upload_mode=config.get("upload_mode"))
+    shutil.rmtree(directory)  # as a Ray script would: the default mode keeps it
 
 
 def _save_in_writer_process(config: dict, state: dict, metrics: dict, epoch: int) -> None:

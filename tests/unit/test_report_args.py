@@ -6,13 +6,15 @@ from __future__ import annotations
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 
-from elastic_train import Checkpoint, ConfigError
+from elastic_train import Checkpoint, CheckpointUploadMode, ConfigError
 from elastic_train.worker.report_args import ReportArgs
 
 
-def test_delete_local_defaults_to_true_for_async_only(tmp_path):
+def test_delete_local_defaults_to_true_for_an_async_asked_for(tmp_path):
     checkpoint = Checkpoint.from_directory(str(tmp_path))
-    assert ReportArgs.check({}, checkpoint).delete_local
+    assert not ReportArgs.check({}, checkpoint).delete_local  # our ASYNC, where Ray's SYNC
+    assert ReportArgs.check({}, checkpoint).mode is CheckpointUploadMode.ASYNC
+    assert ReportArgs.check({}, checkpoint, mode="ASYNC").delete_local  # Ray's, asked for
     assert not ReportArgs.check({}, checkpoint, mode="SYNC").delete_local
     assert ReportArgs.check({}, checkpoint, mode="SYNC", delete_local=True).delete_local
 
@@ -20,7 +22,8 @@ def test_delete_local_defaults_to_true_for_async_only(tmp_path):
 def test_deleting_a_directory_that_holds_the_run_is_refused(tmp_path):
     checkpoint = Checkpoint.from_directory(str(tmp_path))
     with pytest.raises(ConfigError, match=r"would delete .*holds the run directory.*=False"):
-        ReportArgs.check({}, checkpoint, run=(LocalFileSystem(), str(tmp_path / "results" / "run")))
+        ReportArgs.check({}, checkpoint, mode="ASYNC",
+                         run=(LocalFileSystem(), str(tmp_path / "results" / "run")))
     ReportArgs.check({}, checkpoint, delete_local=False,
                      run=(LocalFileSystem(), str(tmp_path / "run")))
 

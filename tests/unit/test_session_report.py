@@ -167,10 +167,12 @@ def test_checkpoint_upload_fn_writes_the_files_and_the_commit_reads_them(session
                                                                          tmp_path):
     session, storage, _ = session_of_one
     upload = _copy_into_run(storage.run_path)
-    session.report({"loss": 0.5}, _checkpoint_dir(tmp_path, "c0"), checkpoint_upload_fn=upload)
+    session.report({"loss": 0.5}, _checkpoint_dir(tmp_path, "c0"), checkpoint_upload_fn=upload,
+                   checkpoint_upload_mode=et.CheckpointUploadMode.ASYNC)
     session.report({"loss": 0.4}, _checkpoint_dir(tmp_path, "c1"), checkpoint_dir_name="mine",
                    checkpoint_upload_fn=upload)
-    assert not (tmp_path / "c0").exists()  # ASYNC's default: deleted once uploaded
+    assert not (tmp_path / "c0").exists()  # an ASYNC asked for: deleted once uploaded
+    assert (tmp_path / "c1").exists()  # the default mode keeps it, as Ray's SYNC would
     assert [(m.name, m.files["model.pt"]["size"]) for m in storage.checkpoints.committed()] == [
         ("checkpoint_000000", 7), ("mine", 7)]
     elsewhere = et.Checkpoint(str(tmp_path / "elsewhere"))
