@@ -31,6 +31,7 @@ _EXPORTS = {
     "WorkerFailure": "elastic_train.errors",
     "PreemptionInfo": "elastic_train.worker.preemption",
     "RendezvousConfig": "elastic_train.rendezvous_config",
+    "StragglerConfig": "elastic_train.stragglers",
     "Result": "elastic_train.result",
     "CheckpointUploadMode": "elastic_train.worker.session",
     "get_checkpoint": "elastic_train.worker.session",
@@ -38,6 +39,7 @@ _EXPORTS = {
     "get_dataset_shard": "elastic_train.worker.session",
     "get_preemption_info": "elastic_train.worker.session",
     "report": "elastic_train.worker.session",
+    "step": "elastic_train.worker.session",
     "restart_in_process": "elastic_train.worker.script_restart",
 }
 
@@ -62,6 +64,7 @@ if TYPE_CHECKING:  # what static tools see
     )
     from elastic_train.rendezvous_config import RendezvousConfig
     from elastic_train.result import Result
+    from elastic_train.stragglers import StragglerConfig
     from elastic_train.worker.preemption import PreemptionInfo
     from elastic_train.worker.script_restart import restart_in_process
     from elastic_train.worker.session import (
@@ -71,6 +74,7 @@ if TYPE_CHECKING:  # what static tools see
         get_dataset_shard,
         get_preemption_info,
         report,
+        step,
     )
 
 

@@ -39,6 +39,7 @@ from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import dir_name
 from elastic_train.storage.uploader import UploadJob, listed_files
+from elastic_train.stragglers import step_fields
 from elastic_train.worker import preemption
 from elastic_train.worker.after_report import AFTER_REPORT, AfterReport
 from elastic_train.worker.backend import WorkerResources
@@ -47,6 +48,7 @@ from elastic_train.worker.joined_session import JoinedSession
 from elastic_train.worker.preemption import PreemptionInfo
 from elastic_train.worker.restore import resumable_state
 from elastic_train.worker.run_spec import RunSpec
+from elastic_train.worker.step_times import StepClock
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +122,7 @@ class TrainSession:
         self._preemption: PreemptionInfo | None = None
         self._joined: JoinedSession | None = None
         self._synced: CommitManifest | None = None  # the newest SYNC commit of the attempt
+        self.step_clock = StepClock()  # for the straggler scores (see .step_times)
         preemption.install()
         if join:
             self.join()
@@ -219,9 +222,11 @@ class TrainSession:
                  if checkpoint is not None else None)
         notice = preemption.local_notice()
         # Most reports carry metrics alone: then the ranks only learn that nobody
-        # has a checkpoint or a notice, and nothing else crosses the wire.
-        any_checkpoint, any_notice = joined.group.any_rank(files is not None,
-                                                           notice is not None)
+        # has a checkpoint or a notice, and each rank's step time and node.
+        (any_checkpoint, any_notice), each = joined.group.any_rank_and_each(
+            (files is not None, notice is not None),
+            (self.step_clock.report_begins(), self.env.node_rank))
+        row.update(step_fields([t for t, _ in each], [int(n) for _, n in each]))
         if any_checkpoint and joined.committer is not None:  # whichever rank holds files
             joined.committer.check_score(clean, joined.numbers.next_index)
         if any_checkpoint or any_notice:
@@ -238,6 +243,7 @@ class TrainSession:
             joined.committer.record_row(row)
         for hook in self._after_report:
             hook(joined.rows.iteration, self.env)
+        self.step_clock.report_ends()
 
     def _persist_checkpoint(self, gathered: list[tuple[list[str] | str | None, dict]],
                             checkpoint: Checkpoint | None, row: dict[str, Any],
@@ -372,6 +378,23 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
             "retention and resume). Drop the argument; to tell checkpoints apart, report the "
             "value as a metric or put it in the checkpoint with Checkpoint.set_metadata().")
     get_session().report(metrics, checkpoint, checkpoint_upload_mode)
+
+
+def step() -> None:
+    """Marks the end of one training step of this rank (optional; our addition).
+
+    With markers, a rank's straggler score (``slowest_rank_score`` in the metric
+    rows; see :mod:`elastic_train.stragglers`) compares time per step; without, time
+    per report. Local and cheap: a counter, no collective.
+
+    Example::
+
+        for batch in loader:
+            train_step(batch)
+            elastic_train.step()
+        elastic_train.report({"loss": loss})
+    """
+    get_session().step_clock.step()
 
 
 def get_checkpoint() -> Checkpoint | None:
