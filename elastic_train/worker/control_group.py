@@ -41,14 +41,15 @@ class ControlGroup:
                           ) -> tuple[tuple[bool, ...], list[tuple[float, ...]]]:
         """Each flag OR-ed over the ranks, and every rank's ``numbers`` (each >= 0), by
         rank, in the same one all_reduce: each rank writes its numbers into its own
-        slots of a zeroed tensor, so the MAX of the slots is every rank's numbers."""
+        slots, zeros elsewhere, so the MAX of the slots is every rank's numbers."""
         if self.world_size == 1:
             return flags, [numbers]
-        width, rank = len(numbers), dist.get_rank(self.group)
-        tensor = torch.zeros(len(flags) + self.world_size * width, dtype=torch.float64)
-        tensor[:len(flags)] = torch.tensor(flags, dtype=torch.float64)
-        start = len(flags) + rank * width
-        tensor[start:start + width] = torch.tensor(numbers, dtype=torch.float64)
+        width = len(numbers)
+        values = [*map(float, flags), *[0.0] * (self.world_size * width)]
+        start = len(flags) + dist.get_rank(self.group) * width
+        values[start:start + width] = numbers
+        # built as a list: cheaper than writing into the slices of a tensor
+        tensor = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
         values = tensor.tolist()
         each = values[len(flags):]
