@@ -1,11 +1,12 @@
 """The worker side of the public API: ``report``, ``get_checkpoint``, ``get_context``,
-``get_dataset_shard``, ``get_preemption_info``.
+``get_dataset_shard``, ``get_preemption_info``, ``step``.
 
 One :class:`TrainSession` lives in each worker process while the train
 function runs. The ranks agree, once per start, on the committed checkpoint the
 group resumes from (:mod:`.restore`: each checks its share, rank 0 decides), so
 that all ranks restore the same state. ``report()`` is collective: the ranks
-first learn whether any of them passes a checkpoint (one small all_reduce); if
+first learn whether any of them passes a checkpoint (one small all_reduce, which
+also carries each rank's step time for the straggler scores, :mod:`.step_times`); if
 one does, they agree on the file list (each file is uploaded by the lowest rank
 that has it) and upload; what rank 0 alone does -- the score check, the manifest,
 the metrics row, the commit and retention -- is its :mod:`.committer`'s. The
