@@ -31,6 +31,7 @@ _EXPORTS = {
     "WorkerFailure": "elastic_train.errors",
     "PreemptionInfo": "elastic_train.worker.preemption",
     "RendezvousConfig": "elastic_train.rendezvous_config",
+    "StragglerConfig": "elastic_train.stragglers",
     "Result": "elastic_train.result",
     "CheckpointConsistencyMode": "elastic_train.report_config",
     "CheckpointUploadMode": "elastic_train.report_config",
@@ -42,6 +43,7 @@ _EXPORTS = {
     "get_dataset_shard": "elastic_train.worker.session",
     "get_preemption_info": "elastic_train.worker.session",
     "report": "elastic_train.worker.session",
+    "step": "elastic_train.worker.session",
     "restart_in_process": "elastic_train.worker.script_restart",
 }
 
@@ -72,6 +74,7 @@ if TYPE_CHECKING:  # what static tools see
         ReportedCheckpointStatus,
     )
     from elastic_train.result import Result
+    from elastic_train.stragglers import StragglerConfig
     from elastic_train.worker.preemption import PreemptionInfo
     from elastic_train.worker.script_restart import restart_in_process
     from elastic_train.worker.session import (
@@ -81,6 +84,7 @@ if TYPE_CHECKING:  # what static tools see
         get_dataset_shard,
         get_preemption_info,
         report,
+        step,
     )
 
 

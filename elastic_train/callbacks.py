@@ -4,7 +4,11 @@ The driver watches the run directory while the workers train and calls
 ``after_report`` for every row rank 0 reports (``metrics`` is a one-element
 list: rank 0's row; Ray passes one dict per worker), in order, with its
 checkpoint once that checkpoint is committed (as in Ray Train), and
-``after_exception`` when the run fails. Built in: :class:`CSVLoggerCallback` (``progress.csv``) and
+``after_exception`` when the run fails. A row holds the user's metrics and the
+fields the project adds (:data:`elastic_train.metric_rows.AUTO_FIELDS`), among them
+each report's step time and straggler score (``step_time_s``, ``slowest_rank``,
+``slowest_rank_score``, ``slowest_node``; see :mod:`elastic_train.stragglers`).
+Built in: :class:`CSVLoggerCallback` (``progress.csv``) and
 :class:`TensorBoardLoggerCallback` (``tensorboard/``), both in the run directory.
 
 Example::

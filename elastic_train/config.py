@@ -36,6 +36,7 @@ from elastic_train.ray_arguments import (
     refuse_ray_arguments,
 )
 from elastic_train.rendezvous_config import RendezvousConfig
+from elastic_train.stragglers import StragglerConfig
 
 DEFAULT_STORAGE_PATH = os.path.join("~", "elastic_train_results")
 
@@ -425,6 +426,8 @@ class RunConfig:
             terminal), 2 also shows torch.distributed.elastic's agent logs.
         failure_config: Restart budget; see :class:`FailureConfig`.
         checkpoint_config: Retention; see :class:`CheckpointConfig`.
+        straggler_config: Our addition: when a node that stays slow is named in the
+            console and ``run.json``; see :class:`~elastic_train.StragglerConfig`.
         start_over: Our addition. A run stored under this name that cannot be
             continued -- it finished, or its train function changed (see
             :mod:`elastic_train.driver.resume_rules`) -- is refused by default. With
@@ -444,6 +447,7 @@ class RunConfig:
     storage_retry_timeout_s: float = 120.0
     failure_config: FailureConfig | None = None
     checkpoint_config: CheckpointConfig | None = None
+    straggler_config: StragglerConfig | None = None
     callbacks: list[Any] | None = None
     verbose: int = 1
     start_over: bool = False
@@ -453,6 +457,8 @@ class RunConfig:
             self.failure_config = FailureConfig()
         if self.checkpoint_config is None:
             self.checkpoint_config = CheckpointConfig()
+        if self.straggler_config is None:
+            self.straggler_config = StragglerConfig()
         if self.storage_path is None:
             self.storage_path = DEFAULT_STORAGE_PATH
         _require(
@@ -464,6 +470,11 @@ class RunConfig:
             "RunConfig.checkpoint_config",
             isinstance(self.checkpoint_config, CheckpointConfig),
             f"RunConfig.checkpoint_config={self.checkpoint_config!r} must be a CheckpointConfig.",
+        )
+        _require(
+            "RunConfig.straggler_config",
+            isinstance(self.straggler_config, StragglerConfig),
+            f"RunConfig.straggler_config={self.straggler_config!r} must be a StragglerConfig.",
         )
         _require(
             "RunConfig.storage_path",

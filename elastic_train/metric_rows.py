@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from elastic_train.errors import ConfigError
+from elastic_train.stragglers import STEP_FIELDS
 
 # Every field the project adds to a row, and what it holds.
 AUTO_FIELDS: dict[str, str] = {
@@ -36,9 +37,10 @@ AUTO_FIELDS: dict[str, str] = {
     "hostname": "rank 0's host",
     "pid": "rank 0's process id",
     "checkpoint_dir_name": "the checkpoint reported with the row (rows with one only)",
+    **STEP_FIELDS,  # the step times and straggler scores (see elastic_train.stragglers)
 }
 # The numbers among them that are ids or clock readings, not metrics of the training.
-NOT_METRICS = frozenset({"timestamp", "pid"})
+NOT_METRICS = frozenset({"timestamp", "pid", "slowest_rank", "slowest_node"})
 # What a chart of the run does not plot: those, and its step, training_iteration.
 NOT_PLOTTED = NOT_METRICS | {"training_iteration"}
 

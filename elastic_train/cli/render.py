@@ -57,7 +57,8 @@ def run_json(state: RunState, summary: RunSummary) -> str:
                                         "metrics": c.metrics, "best": c.index == best,
                                         "ranks": c.ranks, "size_bytes": c.size_bytes}
                                        for c in summary.checkpoints],
-                       "deleted_checkpoints": summary.deleted}, indent=2)
+                       "deleted_checkpoints": summary.deleted,
+                       "step_times": summary.step_times}, indent=2)
 
 
 def run_text(display_path: str, state: RunState, summary: RunSummary, log_dir: str) -> list[str]:
@@ -89,7 +90,22 @@ def run_text(display_path: str, state: RunState, summary: RunSummary, log_dir: s
         lines.append(f"goodput:  {summary.goodput:.1%}  ({summary.train_s:.1f} s of training "
                      f"kept, {summary.wall_s:.1f} s wall clock over all launches, "
                      f"{summary.redone_s:.1f} s redone after failures)")
-    return lines + checkpoint_lines(summary) + [f"logs:     {log_dir}"]
+    return (lines + step_lines(state, summary) + checkpoint_lines(summary)
+            + [f"logs:     {log_dir}"])
+
+
+def step_lines(state: RunState, summary: RunSummary) -> list[str]:
+    """The latest report's step times, and the nodes named stragglers (see
+    :mod:`elastic_train.stragglers`)."""
+    lines = []
+    steps = summary.step_times
+    if steps:
+        lines.append(f"steps:    {steps['step_time_s']:.3g} s median at the latest report; "
+                     f"slowest rank {steps['slowest_rank']} on node {steps['slowest_node']}: "
+                     f"{steps['slowest_rank_score']:.2f}x")
+    lines.append(f"stragglers: {len(state.stragglers)}")
+    lines += [f"  {when(s.since)}  {s.describe()}" for s in state.stragglers]
+    return lines
 
 
 def failure_line(failure: FailureRecord) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from elastic_train.config import CheckpointConfig
 from elastic_train.errors import ConfigError
@@ -11,6 +12,7 @@ from elastic_train.failure_kinds import FailureKind
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage.retention import CheckpointRecord, ranked
 from elastic_train.storage.run_state import FailureRecord, RestoreRecord, RunState
+from elastic_train.stragglers import STEP_FIELDS
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class RunSummary:
     train_s: float = 0.0
     wall_s: float = 0.0
     redone_s: float = 0.0
+    step_times: dict[str, Any] = field(default_factory=dict)  # the latest row's STEP_FIELDS
 
     @property
     def goodput(self) -> float | None:
@@ -68,7 +71,8 @@ class RunSummary:
                    int(rows[-1].get("training_iteration", 0)) if rows else 0, deleted,
                    recoveries=recoveries(state.failures, restores),
                    train_s=float(rows[-1].get("time_total_s", 0.0)) if rows else 0.0,
-                   wall_s=wall, redone_s=sum(r.recomputed_s for r in restores))
+                   wall_s=wall, redone_s=sum(r.recomputed_s for r in restores),
+                   step_times={k: rows[-1][k] for k in STEP_FIELDS if rows and k in rows[-1]})
 
     def best_label(self) -> str:
         if self.best is None:

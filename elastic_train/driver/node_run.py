@@ -179,7 +179,8 @@ class NodeRun:
                                    callbacks=self.plan.run_config.callbacks,
                                    verbose=self.plan.run_config.verbose,
                                    view=self.plan.view,
-                                   train_loop_config=self.plan.train_loop_config)
+                                   train_loop_config=self.plan.train_loop_config,
+                                   stragglers=self.plan.run_config.straggler_config)
         outcome = supervisor.run(self._agent_spec(entrypoint, args, worker_env))
         if outcome.failures or outcome.left is not None:
             raise self._failed(outcome, supervisor)

@@ -14,6 +14,11 @@ the reports after it wait with it. A checkpoint that never became visible (its
 upload was cut short; a later one is committed, or the run ended) is handed over
 as None with its metrics.
 
+Each new row also goes to a :class:`~elastic_train.stragglers.StragglerWatch`: a node
+that stays slow is named in a warning on the console and handed to ``on_straggler``
+(the run's record); the status line shows the latest row's slowest rank once its
+score reaches the threshold.
+
 ``verbose``: 0 shows nothing, 1 (default) shows progress, 2 also shows
 torch.distributed.elastic's own agent logs.
 """
@@ -24,6 +29,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from elastic_train.callbacks import RunContext, UserCallback
@@ -31,6 +37,7 @@ from elastic_train.checkpoint import Checkpoint
 from elastic_train.driver.console import Console, ConsoleView, LogTail
 from elastic_train.errors import WorkerFailure
 from elastic_train.metric_rows import user_metrics
+from elastic_train.stragglers import Straggler, StragglerConfig, StragglerWatch
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +60,9 @@ class RunMonitor:
     def __init__(self, context: RunContext, callbacks: list[UserCallback], log_dir: str,
                  verbose: int = 1, stream: TextIO | None = None,
                  view: ConsoleView | None = None, interval_s: float = 1.0,
-                 plain_every_s: float = 10.0, nproc_per_node: int = 1):
+                 plain_every_s: float = 10.0, nproc_per_node: int = 1,
+                 stragglers: StragglerConfig | None = None,
+                 on_straggler: Callable[[Straggler], None] | None = None):
         self.context = context
         self.callbacks = list(callbacks)
         self.verbose = verbose
@@ -74,6 +83,9 @@ class RunMonitor:
         self._uploading = 0  # reported checkpoints not committed yet
         self._last_plain = time.monotonic()  # the first plain line after plain_every_s
         self._shown = ""
+        self._straggler_config = stragglers or StragglerConfig()
+        self._stragglers = StragglerWatch(self._straggler_config)
+        self._on_straggler = on_straggler
 
     def _prefix(self, local_rank: int) -> str:
         rank = self._group_rank * self._nproc + local_rank
@@ -169,6 +181,17 @@ class RunMonitor:
             self._last_iteration = iteration
             self._last_row = row
             self._waiting.append(row)
+            self._watch_stragglers(row)
+
+    def _watch_stragglers(self, row: dict[str, Any]) -> None:
+        straggler = self._stragglers.observe(row)
+        if straggler is None:
+            return
+        logger.warning("Straggler: %s.", straggler.describe())
+        if self.verbose:
+            self.console.lines([f"[elastic-train] straggler: {straggler.describe()}"])
+        if self._on_straggler is not None:
+            self._on_straggler(straggler)
 
     def _hand_over(self, final: bool) -> None:
         """Calls ``after_report`` for the waiting rows, in order, each once its checkpoint
@@ -199,6 +222,9 @@ class RunMonitor:
             parts.append(f"iter {self._last_row.get('training_iteration')}")
             parts += [f"{k} {_format(v)}" for k, v in user_metrics(self._last_row).items()
                       if isinstance(v, (int, float, str))][:4]
+            score = self._last_row.get("slowest_rank_score")
+            if score is not None and score >= self._straggler_config.score_threshold:
+                parts.append(f"slowest rank {self._last_row['slowest_rank']} {score:.1f}x")
             if self._last_row.get("checkpoint_dir_name"):
                 parts.append(f"ckpt {self._last_row['checkpoint_dir_name']}")
         if self._uploading:

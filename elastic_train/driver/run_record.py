@@ -30,6 +30,7 @@ from elastic_train.storage.run_state import (
     RunState,
     RunStatus,
 )
+from elastic_train.stragglers import Straggler
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +171,11 @@ class RunRecord:
         if errors:
             self.state.zygote_errors.extend(errors)
             self._write(required=False)
+
+    def note_straggler(self, straggler: Straggler) -> None:
+        """Appends a node named slow (see :mod:`elastic_train.stragglers`)."""
+        self.state.stragglers.append(straggler)
+        self._write(required=False)
 
     def set_status(self, status: RunStatus, error: str | None = None,
                    no_progress: str | None = None) -> None:

@@ -23,6 +23,7 @@ from elastic_train.driver.run_record import RunRecord
 from elastic_train.errors import RendezvousLostError, WorkerFailure
 from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunStatus
+from elastic_train.stragglers import Straggler, StragglerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,8 @@ class RunSupervisor:
                  begin_record: Callable[[], RunRecord],
                  check_lease: Callable[[], None] | None = None,
                  callbacks: list[UserCallback] | None = None, verbose: int = 1,
-                 view: ConsoleView | None = None, train_loop_config: dict | None = None):
+                 view: ConsoleView | None = None, train_loop_config: dict | None = None,
+                 stragglers: StragglerConfig | None = None):
         self.storage = storage
         self.record: RunRecord | None = None
         self.train_loop_config = train_loop_config
@@ -50,13 +52,15 @@ class RunSupervisor:
         self.verbose = verbose
         self.view = view
         self.name = name
+        self.stragglers = stragglers
 
     def run(self, spec: AgentSpec) -> AgentOutcome:
         """Runs the agent; returns how it ended. Raises ``Interrupted`` on a signal."""
         context = RunContext(self.name, self.storage, self.train_loop_config)
         monitor = RunMonitor(context, self.callbacks, spec.log_dir,
                              verbose=self.verbose, view=self.view,
-                             nproc_per_node=spec.nproc_per_node)
+                             nproc_per_node=spec.nproc_per_node,
+                             stragglers=self.stragglers, on_straggler=self._note_straggler)
 
         def on_rendezvous(group_rank: int, nodes: int) -> None:
             if self.check_lease is not None:
@@ -105,6 +109,11 @@ class RunSupervisor:
         look (on the node that records the run; the others log them only)."""
         if self.record is not None:
             self.record.note_zygote_errors([e.to_json() for e in zygote.take_start_errors()])
+
+    def _note_straggler(self, straggler: Straggler) -> None:
+        """Records a node named slow in ``run.json`` (on the node that records the run)."""
+        if self.record is not None:
+            self.record.note_straggler(straggler)
 
     def _set_status(self, status: RunStatus, error: str | None = None) -> None:
         if self.record is not None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from elastic_train.errors import WorkerFailure
 from elastic_train.failure_kinds import FailureKind
+from elastic_train.stragglers import Straggler
 
 
 class RunStatus(str, enum.Enum):
@@ -120,6 +121,7 @@ class RunState:
     ``zygote_errors``: each worker zygote that failed to start (``time``, ``forked``:
     from the driver or as a new interpreter, ``error``: its traceback); its workers
     started as new interpreters instead (see :mod:`elastic_train.agent.zygote.server`).
+    ``stragglers``: each node named slow (see :mod:`elastic_train.stragglers`).
     """
 
     name: str = ""
@@ -133,6 +135,7 @@ class RunState:
     error: str | None = None
     no_progress: str | None = None
     zygote_errors: list[dict[str, Any]] = field(default_factory=list)
+    stragglers: list[Straggler] = field(default_factory=list)
 
     @property
     def is_finished(self) -> bool:
@@ -147,7 +150,8 @@ class RunState:
                    launches=[LaunchRecord.from_json(x) for x in data.get("launches", [])],
                    failures=[FailureRecord.from_json(x) for x in data.get("failures", [])],
                    error=data.get("error"), no_progress=data.get("no_progress"),
-                   zygote_errors=list(data.get("zygote_errors", [])))
+                   zygote_errors=list(data.get("zygote_errors", [])),
+                   stragglers=[Straggler.from_json(x) for x in data.get("stragglers", [])])
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -161,6 +165,8 @@ class RunState:
             data["no_progress"] = self.no_progress
         if self.zygote_errors:
             data["zygote_errors"] = self.zygote_errors
+        if self.stragglers:
+            data["stragglers"] = [x.to_json() for x in self.stragglers]
         return data
 
 

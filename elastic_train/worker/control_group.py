@@ -3,8 +3,8 @@
 The control group is a gloo process group beside the one the training uses
 (or the same group when that is gloo), so that the session's few messages --
 which checkpoint to resume from, who holds which checkpoint file, who got a
-preemption notice -- never queue behind the training's NCCL work. With one
-worker each collective answers at once.
+preemption notice, each rank's step time -- never queue behind the training's NCCL
+work. With one worker each collective answers at once.
 """
 
 from __future__ import annotations
@@ -33,13 +33,28 @@ class ControlGroup:
         return out
 
     def any_rank(self, *flags: bool) -> tuple[bool, ...]:
-        """Each flag OR-ed over the ranks: one all_reduce of a few integers, the
+        """Each flag OR-ed over the ranks: one all_reduce of a few numbers, the
         cheapest collective there is (an object gather is two, plus pickling)."""
+        return self.any_rank_and_each(flags, ())[0]
+
+    def any_rank_and_each(self, flags: tuple[bool, ...], numbers: tuple[float, ...]
+                          ) -> tuple[tuple[bool, ...], list[tuple[float, ...]]]:
+        """Each flag OR-ed over the ranks, and every rank's ``numbers`` (each >= 0), by
+        rank, in the same one all_reduce: each rank writes its numbers into its own
+        slots, zeros elsewhere, so the MAX of the slots is every rank's numbers."""
         if self.world_size == 1:
-            return flags
-        tensor = torch.tensor(flags, dtype=torch.int32)
+            return flags, [numbers]
+        width = len(numbers)
+        values = [*map(float, flags), *[0.0] * (self.world_size * width)]
+        start = len(flags) + dist.get_rank(self.group) * width
+        values[start:start + width] = numbers
+        # built as a list: cheaper than writing into the slices of a tensor
+        tensor = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
-        return tuple(bool(v) for v in tensor.tolist())
+        values = tensor.tolist()
+        each = values[len(flags):]
+        return (tuple(bool(v) for v in values[:len(flags)]),
+                [tuple(each[r * width:(r + 1) * width]) for r in range(self.world_size)])
 
     def barrier(self) -> None:
         """Returns once every rank has called it."""

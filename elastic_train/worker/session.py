@@ -1,11 +1,12 @@
 """The worker side of the public API: ``report``, ``get_checkpoint``, ``get_context``,
-``get_dataset_shard``, ``get_preemption_info``.
+``get_dataset_shard``, ``get_preemption_info``, ``step``.
 
 One :class:`TrainSession` lives in each worker process while the train
 function runs. The ranks agree, once per start, on the committed checkpoint the
 group resumes from (:mod:`.restore`: each checks its share, rank 0 decides), so
 that all ranks restore the same state. ``report()`` is collective: the ranks
-first learn whether any of them passes a checkpoint (one small all_reduce); if
+first learn whether any of them passes a checkpoint (one small all_reduce, which
+also carries each rank's step time for the straggler scores, :mod:`.step_times`); if
 one does, they agree on the file list (each file is uploaded by the lowest rank
 that has it) and upload; what rank 0 alone does -- the score check, the manifest,
 the metrics row, the commit and retention -- is its :mod:`.committer`'s. The
@@ -41,6 +42,7 @@ from elastic_train.report_config import (
 )
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage.uploader import BY_UPLOAD_FN, IN_PLACE, UploadJob, listed_files
+from elastic_train.stragglers import step_fields
 from elastic_train.worker import preemption
 from elastic_train.worker.after_report import AFTER_REPORT, AfterReport
 from elastic_train.worker.backend import WorkerResources
@@ -55,6 +57,7 @@ from elastic_train.worker.reported_checkpoints import (
 )
 from elastic_train.worker.restore import resumable_state
 from elastic_train.worker.run_spec import RunSpec
+from elastic_train.worker.step_times import StepClock
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +106,7 @@ class TrainSession:
         self._joined: JoinedSession | None = None
         self._synced: CommitManifest | None = None  # the newest SYNC commit of the attempt
         self._reported: int | None = None  # the newest checkpoint index this rank reported
+        self.step_clock = StepClock()  # for the straggler scores (see .step_times)
         preemption.install()
         if join:
             self.join()
@@ -211,9 +215,11 @@ class TrainSession:
                  else listed_files(checkpoint.path, checkpoint.written))
         notice = preemption.local_notice()
         # Most reports carry metrics alone: then the ranks only learn that nobody
-        # has a checkpoint or a notice, and nothing else crosses the wire.
-        any_checkpoint, any_notice = joined.group.any_rank(files is not None,
-                                                           notice is not None)
+        # has a checkpoint or a notice, and each rank's step time and node.
+        (any_checkpoint, any_notice), each = joined.group.any_rank_and_each(
+            (files is not None, notice is not None),
+            (self.step_clock.report_begins(), self.env.node_rank))
+        row.update(step_fields([t for t, _ in each], [int(n) for _, n in each]))
         if any_checkpoint and joined.committer is not None:  # whichever rank holds files
             joined.committer.check_score(args.metrics, joined.numbers.next_index)
             if args.dir_name is not None:  # claimed before any rank uploads into it
@@ -239,6 +245,7 @@ class TrainSession:
             joined.committer.record_row(row)
         for hook in self._after_report:
             hook(joined.rows.iteration, self.env)
+        self.step_clock.report_ends()
 
     def _persist_checkpoint(self, gathered: list[tuple[list[str] | str | None, dict]],
                             checkpoint: Checkpoint | None, row: dict[str, Any],
@@ -404,6 +411,23 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
     get_session().report(metrics, checkpoint, checkpoint_dir_name, checkpoint_upload_mode,
                          delete_local_checkpoint_after_upload, checkpoint_upload_fn,
                          validation)
+
+
+def step() -> None:
+    """Marks the end of one training step of this rank (optional; our addition).
+
+    With markers, a rank's straggler score (``slowest_rank_score`` in the metric
+    rows; see :mod:`elastic_train.stragglers`) compares time per step; without, time
+    per report. Local and cheap: a counter, no collective.
+
+    Example::
+
+        for batch in loader:
+            train_step(batch)
+            elastic_train.step()
+        elastic_train.report({"loss": loss})
+    """
+    get_session().step_clock.step()
 
 
 def get_checkpoint() -> Checkpoint | None:

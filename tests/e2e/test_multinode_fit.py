@@ -92,8 +92,10 @@ def test_two_drivers_form_one_job(storage_path, tmp_path):
     assert state["status"] == "finished" and len(state["launches"]) == 1
     run_dir = os.path.join(storage_path, name)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        iterations = [json.loads(line)["training_iteration"] for line in f]
-    assert iterations == list(range(1, epochs + 1))  # each report committed once
+        rows = [json.loads(line) for line in f]
+    assert [r["training_iteration"] for r in rows] == list(range(1, epochs + 1))  # once each
+    # one worker a node: the slowest rank's node is its node's group rank, sent with its time
+    assert all(r["slowest_node"] == r["slowest_rank"] for r in rows), rows
     assert sorted(p for p in os.listdir(run_dir) if p.startswith("checkpoint_")) == \
         [f"checkpoint_{i:06d}" for i in range(epochs)]
 

@@ -166,6 +166,8 @@ def train_mlp(config: dict) -> dict:
                     f.write(f"first_step {time.time()}\n")
             first_step = False
             time.sleep(config.get("step_sleep", 0))
+            if config.get("mark_steps"):
+                et.step()
             every = config.get("checkpoint_every_batches")
             if every and (batch + 1) % every == 0:
                 _report(config, model, optimizer, epoch, loss, epoch_done=False)
@@ -207,6 +209,9 @@ def _report(config: dict, model, optimizer, epoch: int, loss, epoch_done: bool,
     """Reports metrics with a checkpoint from rank 0 (and optional ballast from others);
     ``loss`` is a tensor, or the float a resumed checkpoint saved."""
     loss = float(loss)
+    slow = config.get("slow_rank")  # a straggler: {"rank": R, "sleep_s": S} before each report
+    if slow and et.get_context().get_world_rank() == slow["rank"]:
+        time.sleep(slow["sleep_s"])
     metrics = {"loss": loss, "epoch": epoch, "jit": jit,
                "score": config.get("scores", {}).get(str(epoch), float(epoch)),
                **{name: float(epoch) for name in config.get("extra_metrics", ())}}

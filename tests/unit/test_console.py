@@ -77,6 +77,26 @@ def test_status_line_counts_checkpoints_still_uploading(tmp_path):
     assert "uploading" not in monitor.status_line()
 
 
+def test_a_node_that_stays_slow_is_named_on_the_console_and_shown_in_the_status(tmp_path):
+    from elastic_train.callbacks import RunContext
+    from elastic_train.driver.run_monitor import RunMonitor
+    from elastic_train.storage import RunStorage
+    from elastic_train.stragglers import StragglerConfig, step_fields
+
+    storage = RunStorage.open(str(tmp_path / "results"), "run")
+    storage.ensure_writable()
+    storage.write_metrics([{"training_iteration": i, **step_fields([0.1, 0.3], [0, 1])}
+                           for i in (1, 2, 3)])
+    named, out = [], io.StringIO()
+    monitor = RunMonitor(RunContext("run", storage), [], str(tmp_path / "logs"),
+                         stream=out, stragglers=StragglerConfig(window=3),
+                         on_straggler=named.append)
+    monitor._poll_metrics()
+    assert [(s.node, s.rank, s.since_iteration) for s in named] == [(1, 1, 1)]
+    assert "straggler: node 1 (rank 1) steps 3.0x slower" in out.getvalue()
+    assert "slowest rank 1 3.0x" in monitor.status_line()
+
+
 class _Clock:
     def __init__(self):
         self.now = 0.0

@@ -46,3 +46,20 @@ def test_show_gives_each_checkpoint_its_size_and_ranks():
     state = RunState.from_json({"status": "running"})
     [shown] = json.loads(render.run_json(state, summary))["checkpoints"]
     assert (shown["ranks"], shown["size_bytes"]) == ([0, 1, 2, 3], 4 << 20)
+
+
+def test_show_gives_the_latest_step_times_and_the_stragglers():
+    from elastic_train.cli import render
+    from elastic_train.storage.run_state import RunState
+    from elastic_train.stragglers import Straggler, step_fields
+
+    state = RunState.from_json({"status": "running", "stragglers": [
+        Straggler(node=1, rank=3, score=2.5, since_iteration=4, since=0.0).to_json()]})
+    summary = RunSummary([], None, None, 9, [],
+                         step_times=step_fields([0.2, 0.2, 0.2, 0.5], [0, 0, 1, 1]))
+    lines = render.step_lines(state, summary)
+    assert lines[0] == ("steps:    0.2 s median at the latest report; "
+                        "slowest rank 3 on node 1: 2.50x")
+    assert lines[1] == "stragglers: 1"
+    assert "node 1 (rank 3) steps 2.5x slower than the median since iteration 4" in lines[2]
+    assert json.loads(render.run_json(state, summary))["stragglers"][0]["node"] == 1

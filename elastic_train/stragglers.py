@@ -1,0 +1,157 @@
+"""Straggler scores: how much slower each rank and node steps than the job's median.
+
+The rule, pure (no process, no clock): each report carries every rank's step time
+(:mod:`elastic_train.worker.step_times` measures it); a rank's *score* is its step
+time over the job's median (the lower median, so that in a job of two the slower
+rank is measured against the other, not against their mean). A node's score is its
+slowest rank's. :func:`step_fields` puts the median and the slowest rank and node in
+the report's metric row; :class:`StragglerWatch` reads those rows and names a node
+once it was the slowest, with a score at or above ``StragglerConfig.score_threshold``
+and at least ``min_excess_s`` slower than the median, in ``window`` reports in a row.
+
+Naming is all it does: replacing a straggler with a spare is opt-in work for when
+spares exist (issue #26), not done here.
+
+Example::
+
+    fields = step_fields([0.10, 0.11, 0.31], nodes=[0, 0, 1])
+    # {"step_time_s": 0.11, "slowest_rank": 2, "slowest_rank_score": 2.82, "slowest_node": 1}
+    watch = StragglerWatch(StragglerConfig(window=1))
+    watch.observe({**fields, "training_iteration": 7})  # Straggler(node=1, rank=2, ...)
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from elastic_train.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class StragglerConfig:
+    """When a slow node is named a straggler (our addition; Ray Train has none).
+
+    Args:
+        score_threshold: A report counts against a node when its slowest rank's step
+            time is at least this many times the job's median (default 1.5).
+        window: How many reports in a row must count against the same node before it
+            is named (default 5), so that one slow step (a checkpoint, a GC pause) is
+            not.
+        min_excess_s: And by at least this many seconds per step (default 0.05), so that
+            millisecond steps, whose ratios are mostly noise, name nobody.
+
+    Example::
+
+        RunConfig(straggler_config=StragglerConfig(score_threshold=2.0, window=10))
+    """
+
+    score_threshold: float = 1.5
+    window: int = 5
+    min_excess_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        def number(x: Any) -> bool:
+            return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+        if not (number(self.score_threshold) and self.score_threshold > 1):
+            raise ConfigError(
+                f"StragglerConfig.score_threshold={self.score_threshold!r} is invalid: use a "
+                "ratio to the median step time > 1, e.g. 1.5.",
+                field="StragglerConfig.score_threshold")
+        if not (isinstance(self.window, int) and not isinstance(self.window, bool)
+                and self.window >= 1):
+            raise ConfigError(
+                f"StragglerConfig.window={self.window!r} is invalid: use a number of "
+                "reports >= 1, e.g. 5.", field="StragglerConfig.window")
+        if not (number(self.min_excess_s) and self.min_excess_s >= 0):
+            raise ConfigError(
+                f"StragglerConfig.min_excess_s={self.min_excess_s!r} is invalid: use a "
+                "number of seconds >= 0, e.g. 0.05.", field="StragglerConfig.min_excess_s")
+
+
+# The fields :func:`step_fields` adds to a metric row, and what they hold.
+STEP_FIELDS: dict[str, str] = {
+    "step_time_s": "the job's median step time (the lower median over the ranks): "
+                   "per step() marker, or per report without markers",
+    "slowest_rank": "the rank with the longest step time",
+    "slowest_rank_score": "its step time over the median",
+    "slowest_node": "its node (group rank)",
+}
+
+
+def scores(step_times: Sequence[float]) -> list[float]:
+    """Each rank's step time over the job's lower median (1.0 where the median is 0)."""
+    median = statistics.median_low(step_times)
+    return [t / median if median > 0 else 1.0 for t in step_times]
+
+
+def step_fields(step_times: Sequence[float], nodes: Sequence[int]) -> dict[str, Any]:
+    """The row fields of one report: the median step time, and the slowest rank, its
+    score and its node (``nodes[rank]``)."""
+    rank_scores = scores(step_times)
+    slowest = max(range(len(step_times)), key=lambda r: (rank_scores[r], -r))
+    return {"step_time_s": statistics.median_low(step_times), "slowest_rank": slowest,
+            "slowest_rank_score": round(rank_scores[slowest], 3),
+            "slowest_node": nodes[slowest]}
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A node named slow: its slowest rank, that rank's latest score, and the first
+    iteration and time of the window that named it (as stored in ``run.json``)."""
+
+    node: int
+    rank: int
+    score: float
+    since_iteration: int
+    since: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Straggler:
+        return cls(node=int(data["node"]), rank=int(data["rank"]),
+                   score=float(data["score"]), since_iteration=int(data["since_iteration"]),
+                   since=float(data["since"]))
+
+    def describe(self) -> str:
+        return (f"node {self.node} (rank {self.rank}) steps {self.score:.1f}x slower than "
+                f"the median since iteration {self.since_iteration}")
+
+
+class StragglerWatch:
+    """Names a node that stays slow, from the rows in order; each node once per run of
+    slow reports (it is named again only after a report where it was not slow)."""
+
+    def __init__(self, config: StragglerConfig):
+        self.config = config
+        self._first: dict[str, Any] | None = None  # the first of the slow rows in a row
+        self._count = 0
+        self._named = False
+
+    def _slow(self, row: dict[str, Any]) -> bool:
+        score, median = row.get("slowest_rank_score"), row.get("step_time_s")
+        if score is None or median is None:
+            return False
+        return (score >= self.config.score_threshold
+                and (score - 1) * median >= self.config.min_excess_s)
+
+    def observe(self, row: dict[str, Any]) -> Straggler | None:
+        """The node this row names a straggler, or None."""
+        if not self._slow(row):
+            self._first = None
+            return None
+        if self._first is None or self._first["slowest_node"] != row["slowest_node"]:
+            self._first, self._count, self._named = row, 0, False
+        self._count += 1
+        if self._count < self.config.window or self._named:
+            return None
+        self._named = True
+        return Straggler(node=row["slowest_node"], rank=row["slowest_rank"],
+                         score=row["slowest_rank_score"],
+                         since_iteration=self._first.get("training_iteration", 0),
+                         since=float(self._first.get("timestamp", 0)))
