@@ -68,10 +68,10 @@ class ReportHooks:
             path = os.path.join(d, STATE_FILE)
             torch.save(state, path)
             saved = time.time()
+            size = os.path.getsize(path)  # an ASYNC asked for deletes the directory (Ray's)
             train.report(metrics, checkpoint=train.Checkpoint.from_directory(d),
                          checkpoint_upload_mode=self._mode)
             reported = time.time()
-            size = os.path.getsize(path)
         # total: everything the loop waited for, removing the temporary directory included
         self.log.emit("save", dt=saved - start, epoch=epoch, bytes=size)
         self.log.emit("report", dt=reported - saved, total=time.time() - start, epoch=epoch)
