@@ -211,14 +211,16 @@ class NodeLeftError(TrainingFailedError):
     Raised when the policy (:mod:`elastic_train.agent.node_policy`) sent the node away
     after a failure charged to it, or did not admit it to a round. The node stops its
     workers without closing the rendezvous: the other nodes go on without it.
-    ``node`` is its name, ``reason`` the policy's, ``cool_off_s`` how long the policy
-    asks that it be kept out (0: not said; nothing enforces it yet, see #26).
+    ``node`` is its name, ``reason`` the policy's, ``cool_off_s`` how long it is kept
+    out of the job (0: it may join again at once): recorded in the run directory, the
+    node is refused for that long even if its agent is started again
+    (:mod:`elastic_train.departures`).
     """
 
     def __init__(self, node: str, reason: str, cool_off_s: float = 0.0,
                  failures: list[WorkerFailure] | None = None, run_path: str | None = None):
-        cool_off = (f" Its policy asks for {cool_off_s:g} s of cooling off (not enforced yet: "
-                    "a node started again is admitted)." if cool_off_s else "")
+        cool_off = (f" It is not admitted again for {cool_off_s:g} s of cooling off, even if "
+                    "its agent is started again." if cool_off_s else "")
         super().__init__(f"Node {node} left the job: {reason}.{cool_off} The job's other "
                          "nodes, if any, go on without it.", failures=failures,
                          run_path=run_path)

@@ -31,6 +31,7 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
 from elastic_train.agent import node_policy, torch_compat
+from elastic_train.agent.cooling_off import CoolingOff
 from elastic_train.agent.failures import failures_of
 from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.agent.inprocess.restarts import InProcessSettings
@@ -43,6 +44,7 @@ from elastic_train.agent.restart_budget import RestartBudget
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.agent.zygote.preload import ImportWatch
 from elastic_train.config import FailureConfig
+from elastic_train.departures import Departure
 from elastic_train.errors import NodeLeftError, RendezvousLostError, WorkerFailure
 from elastic_train.rendezvous_backends import StateHome, lookup
 from elastic_train.rendezvous_config import RendezvousConfig
@@ -97,7 +99,10 @@ class AgentSpec:
     ``private_dir`` is this agent's own (the node's scratch directory): the
     in-process restart records and the workers' module lists go there, never
     beside the logs, which a later job on the same run shares while an earlier
-    one may still be writing (default: the log directory).
+    one may still be writing (default: the log directory). ``departures`` reads
+    the nodes that left the job (the run directory's, see
+    :mod:`elastic_train.departures`): with a node policy, a node still cooling off is
+    not admitted (:mod:`.cooling_off`; None: nothing keeps a node out).
     """
 
     entrypoint: str
@@ -115,6 +120,7 @@ class AgentSpec:
     staging_dir: str | None = None
     private_dir: str | None = None
     process: ProcessOptions = field(default_factory=ProcessOptions)
+    departures: Callable[[], list[Departure]] | None = None
 
 
 class Interrupted(Exception):
@@ -249,8 +255,11 @@ def _corrupt_state(rdzv: RendezvousConfig, exc: RendezvousStateError) -> Rendezv
 def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
     """torch's rendezvous handler (from its registry, by backend name) and our agent."""
     rdzv = spec.rendezvous
-    node = NodeStanding(node_policy.load(rdzv.conf.get(POLICY_SETTING) if rdzv.conf else None),
-                        node_name(spec.local_addr))
+    named = rdzv.conf.get(POLICY_SETTING) if rdzv.conf else None
+    policy = node_policy.load(named)
+    if named and spec.departures is not None:
+        policy = CoolingOff(policy, spec.departures)
+    node = NodeStanding(policy, node_name(spec.local_addr))
     params = RendezvousParameters(  # our etcd handler's sealer asks the same policy
         backend=rdzv.backend, endpoint=rdzv.endpoint, run_id=rdzv.run_id,
         min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, local_addr=spec.local_addr,

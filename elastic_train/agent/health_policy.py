@@ -5,8 +5,9 @@ checks (:mod:`.health_checks`) before the node joins a round and after every
 failure charged to it; a node whose check fails, or that was charged with
 ``failures_in_a_row`` failures one after the other, leaves the job
 (:class:`~elastic_train.errors.NodeLeftError`, naming the check and what it
-found, recorded in ``run.json``). The others go on without it (``--nnodes
-MIN:MAX``) or with a spare that takes its place.
+found, recorded in ``run.json``) and is not admitted again for ``cool_off_s``
+seconds (default 600), even if its agent is started again at once. The others go
+on without it (``--nnodes MIN:MAX``) or with a spare that takes its place.
 
 Its settings are class attributes, so a policy is named by its dotted path alone
 (as :func:`~.node_policy.load` builds it); change them in a subclass::
@@ -48,7 +49,7 @@ class HealthPolicy(NodePolicy):
     or after ``failures_in_a_row`` charged failures (0: never for that)."""
 
     failures_in_a_row: int = 2
-    cool_off_s: float = 600.0  # carried in the verdict; nothing enforces it yet (#26)
+    cool_off_s: float = 600.0  # how long a node that left stays out (see .cooling_off)
 
     def checks(self) -> Sequence[HealthCheck]:
         """The node's checks; by default its CUDA devices (none: nothing to check)."""
@@ -58,7 +59,7 @@ class HealthPolicy(NodePolicy):
         if not candidate.here:
             return ADMITTED
         failed = self._failed_check()
-        return ADMITTED if failed is None else refused(failed)
+        return ADMITTED if failed is None else refused(failed, self.cool_off_s)
 
     def after_failure(self, charged: ChargedFailures) -> NodeVerdict:
         if charged.kind is not FailureKind.FAILURE:

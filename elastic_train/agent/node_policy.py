@@ -36,9 +36,11 @@ How the issue on node health, exclusion and spares (#26) plugs in: the health ch
 are a policy, :class:`~.health_policy.HealthPolicy`, whose ``admit`` runs the node's
 checks (before joining, and in ``after_failure``: leave when one fails), and whose
 "K failures in a row" is ``after_failure`` on :attr:`ChargedFailures.in_a_row`.
-Still to come: the cooling-off period becomes a record in the rendezvous's state
-that ``admit`` reads (the candidate's name is the key); spares need no change here:
-a node that leaves is replaced by whoever waits.
+A node that leaves with a cooling-off period is recorded in the run directory
+(:mod:`elastic_train.departures`), and :class:`~.cooling_off.CoolingOff`, which wraps
+the job's policy, refuses it at both points above until the period is over (the
+candidate's name is the key); spares need no change here: a node that leaves is
+replaced by whoever waits (``--spares``).
 
 Example::
 
@@ -64,7 +66,7 @@ POLICY_SETTING = "node_policy"  # the rendezvous setting (``conf``) that names t
 @dataclass(frozen=True)
 class NodeVerdict:
     """What the policy says of a node: stay, or leave the job (why, and for how long it
-    should not be admitted again; what enforces that is the policy's ``admit``)."""
+    is not admitted again: :mod:`.cooling_off` enforces that, whatever the policy)."""
 
     leave: bool = False
     reason: str = ""
@@ -113,20 +115,24 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Admission:
-    """Whether a candidate is admitted; if not, why (one line, shown to the user)."""
+    """Whether a candidate is admitted; if not, why (one line, shown to the user), and,
+    for a node that refuses itself (a failed health check), how long it then stays out
+    (0: it may ask again at once)."""
 
     admitted: bool = True
     reason: str = ""
+    cool_off_s: float = 0.0
 
 
 ADMITTED = Admission()
 
 
-def refused(reason: str) -> Admission:
-    """The candidate is not admitted, for ``reason``."""
+def refused(reason: str, cool_off_s: float = 0.0) -> Admission:
+    """The candidate is not admitted, for ``reason``; a node refusing itself leaves the
+    job for ``cool_off_s``."""
     if not reason:
         raise ValueError("A refusal needs a reason to show.")
-    return Admission(False, reason)
+    return Admission(False, reason, cool_off_s)
 
 
 class NodePolicy:
@@ -196,4 +202,5 @@ class NodeStanding:
         """Before this node joins a round: NodeLeftError if the policy does not admit it."""
         admission = self.policy.admit(Candidate(self.node, here=True))
         if not admission.admitted:
-            raise NodeLeftError(self.node, f"not admitted: {admission.reason}")
+            raise NodeLeftError(self.node, f"not admitted: {admission.reason}",
+                                admission.cool_off_s)

@@ -95,8 +95,8 @@ def run_text(display_path: str, state: RunState, summary: RunSummary, log_dir: s
 
 
 def step_lines(state: RunState, summary: RunSummary) -> list[str]:
-    """The latest report's step times, and the nodes named stragglers (see
-    :mod:`elastic_train.stragglers`)."""
+    """The latest report's step times, the nodes named stragglers (see
+    :mod:`elastic_train.stragglers`) and those that left the job."""
     lines = []
     steps = summary.step_times
     if steps:
@@ -105,6 +105,9 @@ def step_lines(state: RunState, summary: RunSummary) -> list[str]:
                      f"{steps['slowest_rank_score']:.2f}x")
     lines.append(f"stragglers: {len(state.stragglers)}")
     lines += [f"  {when(s.since)}  {s.describe()}" for s in state.stragglers]
+    if state.departures:  # see elastic_train.departures
+        lines.append(f"left:     {len(state.departures)} node(s)")
+        lines += [f"  {when(d.left_at)}  {d.describe()}" for d in state.departures]
     return lines
 
 

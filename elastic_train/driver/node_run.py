@@ -208,6 +208,7 @@ class NodeRun:
             min_nodes=min_nodes, max_nodes=max_nodes, monitor_interval=plan.monitor_interval,
             log_dir=log_dir, agent_logs=plan.run_config.verbose >= 2, local_addr=plan.local_addr,
             process=plan.process, staging_dir=self.staging_dir, private_dir=self.scratch,
+            departures=plan.storage.read_departures,
             worker_env={**self.worker_plan().write(self.scratch), **worker_env})
 
     def worker_plan(self) -> WorkerPlan:

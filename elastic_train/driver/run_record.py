@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from elastic_train.agent.restart_budget import Decision
+from elastic_train.departures import Departure
 from elastic_train.driver.resume_rules import SpecChange, refusal, spec_changes
 from elastic_train.errors import ConfigError, StorageError, WorkerFailure
 from elastic_train.storage import RunStorage
@@ -176,6 +177,16 @@ class RunRecord:
         """Appends a node named slow (see :mod:`elastic_train.stragglers`)."""
         self.state.stragglers.append(straggler)
         self._write(required=False)
+
+    def note_departures(self, departures: list[Departure]) -> list[Departure]:
+        """Adds the nodes that left the job (read from the run directory, see
+        :mod:`elastic_train.departures`) that ``run.json`` does not list yet; returns them."""
+        known = set(self.state.departures)
+        new = [d for d in departures if d not in known]
+        if new:
+            self.state.departures.extend(new)
+            self._write(required=False)
+        return new
 
     def set_status(self, status: RunStatus, error: str | None = None,
                    no_progress: str | None = None) -> None:

@@ -1,14 +1,17 @@
 """Runs this node's agent for a run and wires its events to the record and the live view.
 
 :class:`RunSupervisor` wires the agent's events to the run's record
-(``run.json``: failures, final status) and to the live view and callbacks
-(:class:`~elastic_train.driver.run_monitor.RunMonitor`), and uploads the workers' logs
-to remote storage when the run ends.
+(``run.json``: failures, nodes that left, final status) and to the live view and
+callbacks (:class:`~elastic_train.driver.run_monitor.RunMonitor`), records this
+node's own departure where every node's admission reads it
+(:mod:`elastic_train.departures`), and uploads the workers' logs to remote storage
+when the run ends.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from elastic_train.agent.api import AgentEvents, AgentOutcome, AgentSpec, Interrupted, run_agent
@@ -17,10 +20,11 @@ from elastic_train.agent.no_progress_guard import Progress
 from elastic_train.agent.restart_budget import Decision
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.callbacks import RunContext, UserCallback
+from elastic_train.departures import Departure
 from elastic_train.driver.console import ConsoleView
 from elastic_train.driver.run_monitor import RunMonitor
 from elastic_train.driver.run_record import RunRecord
-from elastic_train.errors import RendezvousLostError, WorkerFailure
+from elastic_train.errors import NodeLeftError, RendezvousLostError, StorageError, WorkerFailure
 from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunStatus
 from elastic_train.stragglers import Straggler, StragglerConfig
@@ -71,6 +75,7 @@ class RunSupervisor:
             elif self.record is not None:
                 self.record.note_rendezvous()
             self._note_zygote_errors()
+            self._note_departures()
 
         def on_failure(failures: list[WorkerFailure], decision: Decision,
                        cause: WorkerFailure | None = None) -> None:
@@ -102,7 +107,34 @@ class RunSupervisor:
             self._note_zygote_errors()
             monitor.stop()
             self._upload_logs(spec.log_dir)
+        if outcome.left is not None and outcome.left.cool_off_s > 0:
+            self._record_departure(outcome.left)
+        self._note_departures()
         return outcome
+
+    def _record_departure(self, left: NodeLeftError) -> None:
+        """This node left with a cooling-off period: recorded in the run directory, where
+        every admission reads it (see :mod:`elastic_train.departures`)."""
+        departure = Departure(left.node, left.reason, time.time(), left.cool_off_s)
+        try:
+            self.storage.write_departure(departure)
+        except StorageError:
+            logger.warning("Could not record in %s that %s; it may be admitted again before "
+                           "its cooling-off period is over.", self.storage.display_path,
+                           departure.describe(), exc_info=True)
+
+    def _note_departures(self) -> None:
+        """On the node that records the run: the nodes that left since the last look go
+        into ``run.json`` and onto the console (which node, why, for how long)."""
+        if self.record is None:
+            return
+        try:
+            departures = self.storage.read_departures()
+        except StorageError:
+            logger.warning("Could not read which nodes left the job", exc_info=True)
+            return
+        for departure in self.record.note_departures(departures):
+            logger.warning("%s.", departure.describe())
 
     def _note_zygote_errors(self) -> None:
         """Records in ``run.json`` the worker zygotes that failed to start since the last

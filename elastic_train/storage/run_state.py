@@ -19,6 +19,7 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from elastic_train.departures import Departure
 from elastic_train.errors import WorkerFailure
 from elastic_train.failure_kinds import FailureKind
 from elastic_train.stragglers import Straggler
@@ -122,6 +123,8 @@ class RunState:
     from the driver or as a new interpreter, ``error``: its traceback); its workers
     started as new interpreters instead (see :mod:`elastic_train.agent.zygote.server`).
     ``stragglers``: each node named slow (see :mod:`elastic_train.stragglers`).
+    ``departures``: each node that left the job on its node policy's word, and for how
+    long it is kept out (see :mod:`elastic_train.departures`).
     """
 
     name: str = ""
@@ -136,6 +139,7 @@ class RunState:
     no_progress: str | None = None
     zygote_errors: list[dict[str, Any]] = field(default_factory=list)
     stragglers: list[Straggler] = field(default_factory=list)
+    departures: list[Departure] = field(default_factory=list)
 
     @property
     def is_finished(self) -> bool:
@@ -151,7 +155,8 @@ class RunState:
                    failures=[FailureRecord.from_json(x) for x in data.get("failures", [])],
                    error=data.get("error"), no_progress=data.get("no_progress"),
                    zygote_errors=list(data.get("zygote_errors", [])),
-                   stragglers=[Straggler.from_json(x) for x in data.get("stragglers", [])])
+                   stragglers=[Straggler.from_json(x) for x in data.get("stragglers", [])],
+                   departures=[Departure.from_json(x) for x in data.get("departures", [])])
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -167,6 +172,8 @@ class RunState:
             data["zygote_errors"] = self.zygote_errors
         if self.stragglers:
             data["stragglers"] = [x.to_json() for x in self.stragglers]
+        if self.departures:
+            data["departures"] = [x.to_json() for x in self.departures]
         return data
 
 

@@ -7,6 +7,7 @@
     metrics.jsonl      one line per report() of rank 0
     checkpoint_NNNNNN/ committed checkpoints (see checkpoint_store)
     logs/              per-rank logs
+    departures/        nodes that left on their node policy's word (one JSON file each)
 
 The run directory is the source of truth for resuming: a new attempt reads
 its checkpoints and metrics from here, never from memory. One job at a time
@@ -25,10 +26,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import quote
 
 import cloudpickle
 import fsspec
 
+from elastic_train.departures import Departure
 from elastic_train.errors import ConfigError, StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import CheckpointStore
@@ -48,6 +51,7 @@ RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
 RESTORES_FILE = "restores.json"
 TRAINABLE_FILE = "trainable.pkl"
+DEPARTURES_DIR = "departures"
 RUN_FORMAT_VERSION = 1
 # A metric row is appended at every report(): its lease check may be this old.
 _ROW_FENCE_AGE_S = 2.0
@@ -266,6 +270,34 @@ class RunStorage:
         entries = [e.to_json() for e in [*self.read_restores(), entry]]
         self._retry("writing restores.json", lambda: fsutil.write_json_atomic(
             self.fs, self._path(RESTORES_FILE), entries))
+
+    # departures/: who left the job and until when it is kept out (see departures.py)
+    def write_departure(self, departure: Departure) -> None:
+        """Records that a node left; replaces its earlier departure, if any."""
+        self._fenced("writing a departure")
+        path = fsutil.join(self._path(DEPARTURES_DIR), quote(departure.node, safe="") + ".json")
+        self._retry("writing a departure", lambda: fsutil.write_json_atomic(
+            self.fs, path, departure.to_json()))
+
+    def read_departures(self) -> list[Departure]:
+        """Every node that left the job, oldest first (a file that is not a departure is
+        skipped with a warning: admission must not fail on it)."""
+        directory = self._path(DEPARTURES_DIR)
+
+        def read() -> list[Departure]:
+            found = []
+            for name in sorted(fsutil.names_in(self.fs, directory)):
+                try:
+                    found.append(Departure.from_json(fsutil.read_json(
+                        self.fs, fsutil.join(directory, name))))
+                except FileNotFoundError:
+                    continue
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    logger.warning("Skipping %s/%s/%s: not a departure (%r).",
+                                   self.display_path, DEPARTURES_DIR, name, exc)
+            return found
+
+        return sorted(self._retry("reading departures", read), key=lambda d: d.left_at)
 
     # trainable.pkl: the pickled RunSpec, so restore(path) needs no code
     def write_trainable(self, data: bytes) -> None:

@@ -120,8 +120,8 @@ def test_a_node_policy_sends_the_node_away_after_two_failures_in_a_row(storage_p
                   "--crash-always", *restart)
     out, _ = proc.communicate(timeout=150)
     assert proc.returncode == 1, out
-    left = ("Node 127.0.0.1 left the job: 2 failures in a row. Its policy asks for 60 s "
-            "of cooling off")
+    left = ("Node 127.0.0.1 left the job: 2 failures in a row. It is not admitted again "
+            "for 60 s of cooling off")
     assert left in out
     state = run_state(storage_path, "leaves")
     assert state["status"] == "failed" and left in state["error"]

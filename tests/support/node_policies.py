@@ -61,3 +61,20 @@ class SickFromTheStart(HealthPolicy):
 
     def checks(self):
         return [CommandCheck(("sh", "-c", 'echo "GPU 3 fell off the bus" >&2; exit 1'))]
+
+
+SICK_FILE = "ET_TEST_SICK_FILE"  # a path: the node's check fails while it exists
+SHORT_COOL_OFF_S = 12.0
+
+
+class SickWhileMarked(HealthPolicy):
+    """The built-in health policy with one check, failing while the file named by
+    ``$ET_TEST_SICK_FILE`` exists, no limit on failures in a row, and a cooling-off
+    period short enough for a test to see it end."""
+
+    failures_in_a_row = 0
+    cool_off_s = SHORT_COOL_OFF_S
+
+    def checks(self):
+        return [CommandCheck(("sh", "-c", f'test ! -e "${SICK_FILE}" || '
+                              '{ echo "marked sick" >&2; exit 1; }'))]

@@ -151,6 +151,7 @@ def test_the_health_policy_checks_only_its_own_node_before_a_round():
     assert policy.admit(Candidate("node1")) is ADMITTED and policy.runs == 0  # the sealer's
     admission = policy.admit(Candidate("node0", here=True))
     assert not admission.admitted and policy.runs == 1
+    assert admission.cool_off_s == 600.0  # a node refusing itself leaves for the period
     assert admission.reason.startswith("health check '") and "it returned False" in admission.reason
 
 

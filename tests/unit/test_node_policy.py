@@ -106,7 +106,9 @@ def test_the_agent_turns_a_leave_verdict_into_a_stop_of_this_node_alone():
 def test_the_message_names_the_node_the_reason_and_the_cool_off():
     message = str(NodeLeftError("node7", "2 failures in a row", cool_off_s=600))
     assert message.startswith("Node node7 left the job: 2 failures in a row.")
-    assert "asks for 600 s of cooling off (not enforced yet" in message
+    assert "It is not admitted again for 600 s of cooling off, even if its agent is started " \
+           "again." in message
+    assert "cooling off" not in str(NodeLeftError("node7", "2 failures in a row"))
 
 
 def _sealed_with_a_second_joiner(policy: object | None):
