@@ -11,6 +11,7 @@ from typing import Any
 
 from elastic_train.config import DEFAULT_STORAGE_PATH, FailureConfig
 from elastic_train.errors import ConfigError
+from elastic_train.stragglers import StragglerConfig
 
 START_OVER_HELP = ("if the run stored under --name cannot be continued (it finished, or its "
                    "script or arguments changed), move it aside to <name>.<status>-<UTC "
@@ -91,8 +92,8 @@ def refuse_print_completion(parser: argparse.ArgumentParser) -> None:
 
 
 def add_our_flags(parser: argparse.ArgumentParser) -> None:
-    """Ours: hangs, in-process restarts, the no-progress guard, preemption, the console,
-    storage, checkpoints, starting over, dry run."""
+    """Ours: hangs, in-process restarts, the no-progress guard, preemption, stragglers,
+    the console, storage, checkpoints, starting over, dry run."""
     ours = parser.add_argument_group("elastic-train (every flag with a value can also be "
                                      "set as PET_<FLAG>)")
     flag(ours, "max-failures", type=int, dest="max_restarts",
@@ -120,6 +121,16 @@ def add_our_flags(parser: argparse.ArgumentParser) -> None:
          default=defaults.max_preemption_failures,
          help="restarts after preemptions, not charged to --max-restarts (default -1: "
               "unlimited)")
+    stragglers = StragglerConfig()
+    flag(ours, "straggler-threshold", type=float, default=stragglers.score_threshold,
+         help="name a node a straggler when its slowest rank's step time is at least this "
+              f"many times the job's median (default {stragglers.score_threshold:g})")
+    flag(ours, "straggler-window", type=int, default=stragglers.window,
+         help="how many reports in a row a node must be that slow before it is named "
+              f"(default {stragglers.window})")
+    flag(ours, "straggler-min-excess", type=float, default=stragglers.min_excess_s,
+         help="and by at least this many seconds per step over the median, so that "
+              f"millisecond steps name nobody (default {stragglers.min_excess_s:g})")
     flag(ours, "quiet", action="store_true", help="no live status line")
     flag(ours, "verbose", action="store_true",
          help="also show torch.distributed.elastic's agent logs")

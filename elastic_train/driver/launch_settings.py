@@ -37,9 +37,11 @@ from elastic_train.redaction import redact_conf, redacted_options
 from elastic_train.rendezvous_backends import TORCHRUN_DEFAULT, lookup
 from elastic_train.rendezvous_config import RendezvousConfig, parse_rdzv_conf
 from elastic_train.storage.filesystem import options_from_flags
+from elastic_train.stragglers import StragglerConfig
 
 SCRIPT_WORKER = "elastic_train.worker.script_worker"
 _FAILURE = FailureConfig()  # the API's defaults, which launch's flags share
+_STRAGGLERS = StragglerConfig()
 DEFAULT_GRACE_S = _FAILURE.preemption_grace_s
 
 # The setting each config field gets its value from: an error about the field names it.
@@ -50,6 +52,9 @@ _FIELD_SETTINGS = {
     "FailureConfig.max_preemption_failures": "max_preemption_failures",
     "FailureConfig.unwind_timeout_s": "unwind_timeout",
     "FailureConfig.max_restarts_without_progress": "max_restarts_without_progress",
+    "StragglerConfig.score_threshold": "straggler_threshold",
+    "StragglerConfig.window": "straggler_window",
+    "StragglerConfig.min_excess_s": "straggler_min_excess",
     "CheckpointConfig.num_to_keep": "num_to_keep",
     "CheckpointConfig.checkpoint_score_attribute": "checkpoint_score_attribute",
     "CheckpointConfig.checkpoint_score_order": "checkpoint_score_order",
@@ -117,6 +122,9 @@ class LaunchSettings:
     no_restart_in_process: bool = False
     unwind_timeout: float = _FAILURE.unwind_timeout_s
     max_restarts_without_progress: int = _FAILURE.max_restarts_without_progress
+    straggler_threshold: float = _STRAGGLERS.score_threshold
+    straggler_window: int = _STRAGGLERS.window
+    straggler_min_excess: float = _STRAGGLERS.min_excess_s
     quiet: bool = False
     verbose: bool = False
     storage_path: str = DEFAULT_STORAGE_PATH
@@ -269,6 +277,9 @@ class LaunchSettings:
             storage_options=options_from_flags(self.storage_option),
             checkpoint_config=self.checkpoint, start_over=self.start_over,
             verbose=0 if self.quiet else (2 if self.verbose else 1),
+            straggler_config=StragglerConfig(score_threshold=self.straggler_threshold,
+                                             window=self.straggler_window,
+                                             min_excess_s=self.straggler_min_excess),
             failure_config=FailureConfig(
                 max_failures=self.max_restarts, hang_timeout_s=self.hang_timeout,
                 max_preemption_failures=self.max_preemption_failures,

@@ -4,7 +4,7 @@
                      [--slow-below-world N] [--slow-until-world N] [--forget-optimizer]
                      [--context-on-rank0-first]
                      [--restartable] [--crash-how raise|exit|sigkill] [--crash-always]
-                     [--crash-before-checkpoint] [--crash-file PATH]
+                     [--crash-before-checkpoint] [--crash-file PATH] [--slow-rank R:S]
 
 It initialises its own process group (as under torchrun), uses
 elastic_train.get_checkpoint()/report() for resume, and records each start
@@ -58,6 +58,8 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--crash-file", default=None,
                         help="once PATH exists and holds this node's ET_TEST_NODE, the node's "
                              "worker raises at its next epoch, once (OUT/crashed: its rank)")
+    parser.add_argument("--slow-rank", default=None, metavar="RANK:SECONDS",
+                        help="rank RANK sleeps SECONDS more each epoch (a straggler)")
     return parser.parse_args()
 
 
@@ -77,6 +79,14 @@ def _crash_here(crash_file: str, marker: str) -> bool:
     except FileNotFoundError:
         return False
     return node == os.environ.get("ET_TEST_NODE") and not os.path.exists(marker)
+
+
+def _straggling(slow_rank: str | None, rank: int) -> float:
+    """The extra sleep of ``rank`` per epoch that ``--slow-rank RANK:SECONDS`` asks for."""
+    if not slow_rank:
+        return 0.0
+    slow, seconds = slow_rank.split(":")
+    return float(seconds) if int(slow) == rank else 0.0
 
 
 def main() -> None:
@@ -140,7 +150,7 @@ def main() -> None:
             raise ConnectionRefusedError(111, "Connection refused")
         slow = world < args.slow_below_world or (
             world < args.slow_until_world and not os.path.exists(full))
-        time.sleep(args.sleep + (1.0 if slow else 0.0))
+        time.sleep(args.sleep + (1.0 if slow else 0.0) + _straggling(args.slow_rank, rank))
         with tempfile.TemporaryDirectory() as d:
             ckpt = None
             if rank == 0:

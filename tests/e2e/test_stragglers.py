@@ -64,3 +64,21 @@ def test_a_slow_rank_is_named_and_a_steady_run_names_nobody(storage_path, caplog
     assert RunStorage.open(storage_path, "steady").read_run_state().stragglers == []
     assert "Straggler" not in caplog.text
     assert "stragglers: 0" in show(storage_path, "steady")
+
+
+def test_launch_flags_name_a_slow_rank(storage_path, tmp_path):
+    """Under ``elastic-train launch`` the straggler flags set the watch: with
+    ``--straggler-window 2``, rank 1 of a script that sleeps 0.4 s more per epoch there is
+    named on the console and in run.json."""
+    launched = subprocess.run(
+        [*CLI, "launch", "--nproc-per-node", "2", "--straggler-window", "2",
+         "--straggler-threshold", "1.5", "--storage-path", storage_path, "--name", "slow",
+         os.path.join(REPO, "tests", "e2e", "launch_script.py"), str(tmp_path), "5",
+         "--slow-rank", "1:0.4"],
+        cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    assert "Straggler: node 0 (rank 1) steps" in launched.stderr, launched.stderr
+    state = RunStorage.open(storage_path, "slow").read_run_state()
+    [straggler] = state.stragglers
+    assert (straggler.node, straggler.rank) == (0, 1)
+    assert state.spec["launch"]["straggler_window"] == 2

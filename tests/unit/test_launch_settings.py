@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+import elastic_train as et
 from elastic_train.cli.launch_command import main_launch
 from elastic_train.platforms import SLURM_PORT_BASE
 from tests.support.paths import REPO
@@ -143,6 +144,12 @@ def test_flags_we_do_not_honour_get_a_note(capsys):
     ([SCRIPT], {"PET_UNWIND_TIMEOUT": "0"}, ["PET_UNWIND_TIMEOUT:", "unwind_timeout_s=0"]),
     (["--max-restarts-without-progress", "0", SCRIPT], {},
      ["--max-restarts-without-progress:", "max_restarts_without_progress=0", "-1"]),
+    (["--straggler-window", "0", SCRIPT], {},
+     ["--straggler-window: StragglerConfig.window=0 is invalid", ">= 1"]),
+    ([SCRIPT], {"PET_STRAGGLER_THRESHOLD": "0.9"},
+     ["PET_STRAGGLER_THRESHOLD: StragglerConfig.score_threshold=0.9 is invalid", "> 1"]),
+    (["--straggler-min-excess", "-1", SCRIPT], {},
+     ["--straggler-min-excess: StragglerConfig.min_excess_s=-1.0 is invalid"]),
     (["--rdzv-backend", "etcd", SCRIPT], {"SLURM_JOB_ID": "5", "SLURM_JOB_NUM_NODES": "2",
                                           "SLURM_JOB_NODELIST": "n[1-2]"},
      ["--rdzv-endpoint is required for --rdzv-backend etcd"]),  # Slurm's is a c10d store
@@ -169,6 +176,20 @@ def test_in_process_and_no_progress_flags_set_the_failure_config(monkeypatch, ar
     failure = launched[0].run_config.failure_config
     assert (failure.restart_in_process, failure.unwind_timeout_s,
             failure.max_restarts_without_progress) == expected
+
+
+@pytest.mark.parametrize("argv, env, expected", [
+    ([SCRIPT], {}, et.StragglerConfig()),
+    (["--straggler-threshold", "2", "--straggler-window", "3", "--straggler-min-excess", "0",
+      SCRIPT], {}, et.StragglerConfig(score_threshold=2.0, window=3, min_excess_s=0.0)),
+    ([SCRIPT], {"PET_STRAGGLER_WINDOW": "7"}, et.StragglerConfig(window=7)),
+])
+def test_straggler_flags_set_the_straggler_config(monkeypatch, argv, env, expected):
+    launched = []
+    monkeypatch.setattr("elastic_train.driver.launch_run.launch",
+                        lambda settings, argv: launched.append(settings) or 0)
+    assert main_launch(argv, env) == 0
+    assert launched[0].run_config.straggler_config == expected
 
 
 def test_debug_shows_the_traceback(capsys):
