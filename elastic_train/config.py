@@ -79,6 +79,13 @@ class ScalingConfig:
         rendezvous: Our addition: where the nodes meet, a
             :class:`RendezvousConfig` (torchrun's ``--rdzv-*``); needed when
             the job spans more than one node.
+        spare_nodes: Our addition (Ray Train has no spares): how many *hot spares*
+            the job has (``elastic-train launch --spares``): nodes beyond its size
+            (``max`` nodes) that wait parked and take a lost node's place at the next
+            rendezvous, so the world size is kept. Start them as every other node, with
+            the same settings: the first nodes to meet train, the others wait (torch's
+            own mechanism for nodes beyond ``--nnodes MAX``). Needs an elastic
+            rendezvous (``c10d``, ``etcd``, ``etcd-v3``). Default 0.
 
     Across nodes, run the same driver script on every node; the settings map
     to torchrun's flags as ``--nproc-per-node = num_workers_per_node``,
@@ -102,6 +109,7 @@ class ScalingConfig:
     resources_per_worker: dict[str, float] | None = None
     num_workers_per_node: int | None = None
     rendezvous: RendezvousConfig | None = None
+    spare_nodes: int = 0
 
     def __post_init__(self) -> None:
         if self.num_workers is None:
@@ -116,6 +124,7 @@ class ScalingConfig:
             ">= 1, or (min, max) with 1 <= min <= max, e.g. ScalingConfig(num_workers=2).",
         )
         self._check_nodes()
+        self._check_spares()
         _require(
             "ScalingConfig.resources_per_worker",
             self.resources_per_worker is None or isinstance(self.resources_per_worker, dict),
@@ -193,6 +202,26 @@ class ScalingConfig:
             self.rendezvous.check_multi_node(
                 f"ScalingConfig(num_workers={self.num_workers!r}, "
                 f"num_workers_per_node={per_node})")
+
+    def _check_spares(self) -> None:
+        spares = self.spare_nodes
+        _require(
+            "ScalingConfig.spare_nodes",
+            isinstance(spares, int) and not isinstance(spares, bool) and spares >= 0,
+            f"ScalingConfig.spare_nodes={spares!r} is invalid: use a number of nodes >= 0 "
+            "(0: no spares), e.g. spare_nodes=1.",
+        )
+        rdzv = self.rendezvous
+        _require(
+            "ScalingConfig.spare_nodes",
+            not spares or (rdzv is not None and rdzv.is_elastic and not rdzv.is_local
+                           and not rdzv.missing_for_multi_node()),
+            f"ScalingConfig.spare_nodes={spares!r} needs a rendezvous that every node joins, "
+            "where the spares wait to take a lost node's place: an elastic backend with an "
+            "endpoint and a run id, e.g. RendezvousConfig(backend='etcd', "
+            "endpoint='etcd-host:2379', run_id='job42') (launch: --rdzv-backend etcd "
+            "--rdzv-endpoint HOST:PORT --rdzv-id ID), the same on every node.",
+        )
 
     def without_secrets(self) -> ScalingConfig:
         """This config without the rendezvous password, for what is stored (run.json,

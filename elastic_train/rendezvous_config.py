@@ -17,6 +17,8 @@ from elastic_train.platforms import derived_settings
 from elastic_train.redaction import public_options
 from elastic_train.rendezvous_backends import DEFAULT, lookup
 
+LOCAL_ENDPOINT = "127.0.0.1:0"  # a store of one node's own, on a free port
+
 
 def parse_rdzv_conf(value: str, source: str = "--rdzv-conf") -> dict[str, object]:
     """``"k1=v1,k2=v2"`` -> dict, numbers converted; ``source`` names the flag or variable."""
@@ -133,8 +135,14 @@ class RendezvousConfig:
     def single_node(cls, name: str) -> RendezvousConfig:
         """A job on this node alone: a c10d store of its own on a free local port, under a
         fresh run id (``PET_RDZV_*`` are not read: they describe a multi-node job)."""
-        return cls(backend=DEFAULT, endpoint="127.0.0.1:0",
+        return cls(backend=DEFAULT, endpoint=LOCAL_ENDPOINT,
                    run_id=f"{name}-{uuid.uuid4().hex[:8]}", conf={})
+
+    @property
+    def is_local(self) -> bool:
+        """Whether this is a store of this node's own on a free local port (as
+        :meth:`single_node` makes): no other node can join it."""
+        return self.endpoint == LOCAL_ENDPOINT
 
     @property
     def is_elastic(self) -> bool:

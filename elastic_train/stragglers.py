@@ -9,8 +9,8 @@ the report's metric row; :class:`StragglerWatch` reads those rows and names a no
 once it was the slowest, with a score at or above ``StragglerConfig.score_threshold``
 and at least ``min_excess_s`` slower than the median, in ``window`` reports in a row.
 
-Naming is all it does: replacing a straggler with a spare is opt-in work for when
-spares exist (issue #26), not done here.
+Naming is all it does: replacing a straggler with a spare (``ScalingConfig.spare_nodes``)
+is opt-in work still to come (issue #26).
 
 Example::
 

@@ -92,12 +92,16 @@ def refuse_print_completion(parser: argparse.ArgumentParser) -> None:
 
 
 def add_our_flags(parser: argparse.ArgumentParser) -> None:
-    """Ours: hangs, in-process restarts, the no-progress guard, preemption, stragglers,
+    """Ours: spares, hangs, in-process restarts, the no-progress guard, preemption, stragglers,
     the console, storage, checkpoints, starting over, dry run."""
     ours = parser.add_argument_group("elastic-train (every flag with a value can also be "
                                      "set as PET_<FLAG>)")
     flag(ours, "max-failures", type=int, dest="max_restarts",
          help="Ray-style alias of --max-restarts")
+    flag(ours, "spares", type=int, default=0, metavar="N",
+         help="hot spares: N more nodes than --nnodes' MAX are started with the same "
+              "command; they wait parked and take a lost node's place, so the world size is "
+              "kept (needs an elastic --rdzv-backend; default 0)")
     flag(ours, "hang-timeout", type=float, default=None,
          help="restart the job when a worker makes no progress (no report or batch) for "
               "this many seconds")

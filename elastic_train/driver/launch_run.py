@@ -63,7 +63,7 @@ def continuing_command(settings: LaunchSettings, argv: list[str]) -> list[str]:
 def report(settings: LaunchSettings) -> dict[str, Any]:
     """``--dry-run``: the settings this launch would use, each with where it came from."""
     rdzv = settings.rendezvous
-    single = rdzv.endpoint == "127.0.0.1:0" and not settings.rdzv_endpoint
+    single = rdzv.is_local and not settings.rdzv_endpoint
     static = not rdzv.is_elastic
 
     def entry(value: Any, source: str) -> dict[str, Any]:
@@ -78,6 +78,7 @@ def report(settings: LaunchSettings) -> dict[str, Any]:
         "nnodes": entry(nodes, settings.source("nnodes")),
         "nproc_per_node": {**entry(settings.workers_per_node, settings.source("nproc_per_node")),
                            "given": settings.nproc_per_node},
+        "spares": entry(settings.spares, settings.source("spares")),
         "rdzv_backend": entry(rdzv.backend, local if single else settings.source("rdzv_backend")),
         "rdzv_endpoint": entry(rdzv.endpoint, local if single else endpoint_source),
         "rdzv_id": entry(rdzv.run_id, local if single else settings.source("rdzv_id")),

@@ -35,7 +35,7 @@ from elastic_train.driver.console import ConsoleView
 from elastic_train.errors import ConfigError
 from elastic_train.redaction import redact_conf, redacted_options
 from elastic_train.rendezvous_backends import TORCHRUN_DEFAULT, lookup
-from elastic_train.rendezvous_config import RendezvousConfig, parse_rdzv_conf
+from elastic_train.rendezvous_config import LOCAL_ENDPOINT, RendezvousConfig, parse_rdzv_conf
 from elastic_train.storage.filesystem import options_from_flags
 from elastic_train.stragglers import StragglerConfig
 
@@ -47,6 +47,7 @@ DEFAULT_GRACE_S = _FAILURE.preemption_grace_s
 # The setting each config field gets its value from: an error about the field names it.
 _FIELD_SETTINGS = {
     "ScalingConfig.num_workers_per_node": "nproc_per_node",
+    "ScalingConfig.spare_nodes": "spares",
     "FailureConfig.max_failures": "max_restarts",
     "FailureConfig.hang_timeout_s": "hang_timeout",
     "FailureConfig.max_preemption_failures": "max_preemption_failures",
@@ -116,6 +117,7 @@ class LaunchSettings:
     signals_to_handle: str = DEFAULT_SIGNALS
     shutdown_timeout: int | None = None
     virtual_local_rank: bool = False
+    spares: int = 0
     hang_timeout: float | None = None
     preemption_grace: float | None = None
     max_preemption_failures: int = _FAILURE.max_preemption_failures
@@ -216,7 +218,7 @@ class LaunchSettings:
             # The platform's endpoint is a node's store; etcd needs one given.
             given = "" if self._from_platform("rdzv_endpoint") \
                 and not backend.endpoint_is_node_store else self.rdzv_endpoint
-            endpoint = given or ("127.0.0.1:0" if self.max_nodes == 1 else "")
+            endpoint = given or (LOCAL_ENDPOINT if self._meeting == 1 else "")
             self._check_elastic_job(backend.name, endpoint)
             source = self.named("rdzv_endpoint")
         else:
@@ -225,7 +227,7 @@ class LaunchSettings:
             conf.setdefault("rank", self.node_rank)
             source = self.named("rdzv_endpoint") if self.rdzv_endpoint \
                 else f"{self.named('master_addr')}/{self.named('master_port')}"
-        run_id = self.rdzv_id if self.rdzv_id != "none" or self.max_nodes > 1 \
+        run_id = self.rdzv_id if self.rdzv_id != "none" or self._meeting > 1 \
             else f"single-{uuid.uuid4().hex[:12]}"
         try:
             return RendezvousConfig(backend=backend.name, endpoint=endpoint, run_id=run_id,
@@ -233,13 +235,19 @@ class LaunchSettings:
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
 
+    @property
+    def _meeting(self) -> int:
+        """How many nodes may meet at the rendezvous: the job's, and its spares."""
+        return self.max_nodes + max(self.spares, 0)
+
     def _check_elastic_job(self, backend: str, endpoint: str) -> None:
-        if self.max_nodes == 1:
+        if self._meeting == 1:
             return
+        spares = f" and {self.named('spares')}={self.spares}" if self.spares > 0 else ""
         if not endpoint:
             raise ConfigError(f"--rdzv-endpoint is required for --rdzv-backend {backend} with "
-                              f"{self.named('nnodes')}={self.nnodes}, e.g. --rdzv-endpoint "
-                              "host0:29400.")
+                              f"{self.named('nnodes')}={self.nnodes}{spares}, e.g. "
+                              "--rdzv-endpoint host0:29400.")
         if self.rdzv_id == "none":
             raise ConfigError(
                 "--rdzv-id is required with more than one node: every node of one job "
@@ -251,7 +259,7 @@ class LaunchSettings:
         """The run's name and where it came from."""
         if self.name:
             return self.name, self.source("name")
-        if self.rdzv_id != "none" and (self.max_nodes > 1 or self._from_platform("rdzv_id")):
+        if self.rdzv_id != "none" and (self._meeting > 1 or self._from_platform("rdzv_id")):
             return self.rdzv_id, f"rdzv_id ({self.source('rdzv_id')})"
         if self.max_nodes > 1:  # a static job given no id: every node knows its master
             name = rules.endpoint_name(self.rendezvous.endpoint)
@@ -266,7 +274,8 @@ class LaunchSettings:
                    self.max_nodes * self.workers_per_node)
         self.scaling = ScalingConfig(
             num_workers=workers if self.min_nodes < self.max_nodes else workers[0],
-            num_workers_per_node=self.workers_per_node, rendezvous=self.rendezvous)
+            num_workers_per_node=self.workers_per_node, rendezvous=self.rendezvous,
+            spare_nodes=self.spares)
         self.checkpoint = CheckpointConfig(
             num_to_keep=self.num_to_keep,
             checkpoint_score_attribute=self.checkpoint_score_attribute,

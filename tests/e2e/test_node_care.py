@@ -110,3 +110,47 @@ def test_a_node_sent_away_is_refused_while_it_cools_off_and_admitted_after(
     assert "marked sick" in recorded["reason"] and state["status"] == "finished"
     assert "Node localhost left the job: health check" in logs[0]
     assert "not admitted again for 12 s, until" in logs[0]
+
+
+def parked(endpoint: str, run_id: str) -> bool:
+    """Whether a spare waits in our etcd handler (``r/<round>/s/<node>``)."""
+    return any(b"/s/" in k for k in run_keys(endpoint, run_id))
+
+
+@pytest.mark.timeout(300)
+def test_a_spare_takes_a_lost_nodes_place_and_the_world_size_is_kept(etcd_endpoint: str,
+                                                                     tmp_path) -> None:
+    """``--nnodes 2 --spares 1`` with three agents: two train, the third waits parked. One
+    of the two is SIGKILLed (its worker dies with it): the job goes on at world size 2
+    with the spare, resumes from its latest checkpoint and finishes; its history has
+    every iteration once."""
+    flags = ("--nnodes", "2", "--spares", "1", "--max-restarts", 3)
+    script = (40, "--sleep", 0.3)
+    names = ("127.0.0.1", "localhost", "spare")
+
+    def start(i: int):
+        return agent(etcd_endpoint, "spares", tmp_path, tmp_path / f"node{i}.log",
+                     names[i] if i < 2 else "127.0.0.1", flags, script)
+
+    procs = [start(0)]
+    try:
+        assert wait_until(lambda: sealed(etcd_endpoint, "spares"), 60)
+        procs.append(start(1))
+        assert wait_until(lambda: worlds(tmp_path) == [2], 90), \
+            (tmp_path / "node1.log").read_text()[-2000:]
+        procs.append(start(2))
+        assert wait_until(lambda: parked(etcd_endpoint, "spares"), 90), \
+            (tmp_path / "node2.log").read_text()[-2000:]
+        assert worlds(tmp_path) == [2], "the spare joined a job that had its nodes"
+        procs[1].kill()  # the node is lost: its worker dies with its agent
+        procs[1].wait()
+        codes = [procs[0].wait(180), procs[2].wait(60)]
+    finally:
+        for proc in procs:
+            stop_process(proc)
+    logs = [(tmp_path / f"node{i}.log").read_text() for i in (0, 2)]
+    assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    assert worlds(tmp_path) == [2, 2], worlds(tmp_path)  # never fewer than 2 workers
+    rows = RunStorage.open(str(tmp_path / "runs"), "spares").read_metrics()
+    assert [r["training_iteration"] for r in rows] == list(range(1, 41))
+    assert {r["world_size"] for r in rows} == {2}

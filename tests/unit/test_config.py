@@ -41,6 +41,19 @@ BAD = [
     pytest.param(lambda: ScalingConfig(num_workers=4, num_workers_per_node=2,
                                        rendezvous=RendezvousConfig(endpoint="h:1")),
                  ["RendezvousConfig(run_id=", "--rdzv-id"], id="nodes-need-run-id"),
+    pytest.param(lambda: ScalingConfig(spare_nodes=-1), ["spare_nodes=-1", ">= 0"],
+                 id="spares-negative"),
+    pytest.param(lambda: ScalingConfig(spare_nodes=True), ["spare_nodes=True"],
+                 id="spares-bool"),
+    pytest.param(lambda: ScalingConfig(spare_nodes=1), ["spare_nodes=1", "every node joins",
+                                                        "--rdzv-backend etcd"],
+                 id="spares-need-a-rendezvous"),
+    pytest.param(lambda: ScalingConfig(spare_nodes=1,
+                                       rendezvous=RendezvousConfig.single_node("fit")),
+                 ["spare_nodes=1", "endpoint and a run id"], id="spares-not-on-a-local-store"),
+    pytest.param(lambda: ScalingConfig(spare_nodes=1, rendezvous=RendezvousConfig(
+        backend="etcd", endpoint="h:2379")), ["spare_nodes=1", "run id"],
+                 id="spares-need-a-run-id"),
     pytest.param(lambda: ScalingConfig(rendezvous="etcd:2379"),
                  ["rendezvous='etcd:2379'", "RendezvousConfig"], id="rendezvous-type"),
     pytest.param(lambda: RendezvousConfig(backend="static"),
@@ -190,3 +203,12 @@ def test_rendezvous_settings_come_from_torchruns_environment(monkeypatch):
     monkeypatch.setenv("PET_RDZV_CONF", "novalue")
     with pytest.raises(ConfigError, match="PET_RDZV_CONF item 'novalue'"):
         RendezvousConfig()
+
+
+def test_spare_nodes_on_an_elastic_rendezvous():
+    """Spares (our addition) wait in a rendezvous every node joins; they are not workers."""
+    rendezvous = RendezvousConfig(backend="etcd", endpoint="h:2379", run_id="job42")
+    scaling = ScalingConfig(num_workers=4, num_workers_per_node=2, rendezvous=rendezvous,
+                            spare_nodes=1)
+    assert scaling.spare_nodes == 1 and scaling.nodes == (2, 2)
+    assert ScalingConfig().spare_nodes == 0

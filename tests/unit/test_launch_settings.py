@@ -144,6 +144,14 @@ def test_flags_we_do_not_honour_get_a_note(capsys):
     ([SCRIPT], {"PET_UNWIND_TIMEOUT": "0"}, ["PET_UNWIND_TIMEOUT:", "unwind_timeout_s=0"]),
     (["--max-restarts-without-progress", "0", SCRIPT], {},
      ["--max-restarts-without-progress:", "max_restarts_without_progress=0", "-1"]),
+    (["--spares", "1", SCRIPT], {}, ["--spares: ScalingConfig.spare_nodes=1 needs a "
+                                     "rendezvous that every node joins"]),
+    (["--spares", "1", "--rdzv-backend", "etcd", SCRIPT], {},
+     ["--rdzv-endpoint is required", "--spares=1"]),
+    (["--spares", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", SCRIPT], {},
+     ["--rdzv-id is required"]),
+    (["--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", "h:1", "--rdzv-id", "j",
+      SCRIPT], {"PET_SPARES": "-1"}, ["PET_SPARES: ScalingConfig.spare_nodes=-1"]),
     (["--straggler-window", "0", SCRIPT], {},
      ["--straggler-window: StragglerConfig.window=0 is invalid", ">= 1"]),
     ([SCRIPT], {"PET_STRAGGLER_THRESHOLD": "0.9"},
@@ -190,6 +198,16 @@ def test_straggler_flags_set_the_straggler_config(monkeypatch, argv, env, expect
                         lambda settings, argv: launched.append(settings) or 0)
     assert main_launch(argv, env) == 0
     assert launched[0].run_config.straggler_config == expected
+
+
+def test_spares_join_the_jobs_rendezvous_and_are_not_counted_as_nodes(capsys):
+    """``--spares 1`` with one node on etcd: the spare makes it a job of several nodes (its
+    id names the run on every node); the job's size stays --nnodes."""
+    report = dry_run(capsys, ["--spares", "1", "--rdzv-backend", "etcd", "--rdzv-endpoint",
+                              "h:2379", "--rdzv-id", "job42", SCRIPT])
+    assert report["spares"] == (1, "--spares")
+    assert report["nnodes"][0] == 1 and report["rdzv_endpoint"][0] == "h:2379"
+    assert report["name"][0] == "job42"
 
 
 def test_debug_shows_the_traceback(capsys):
