@@ -35,10 +35,15 @@ KINDS = ("worker_sigkill", "worker_raise", "worker_hang", "kill_during_upload",
          "etcd_restart", "node_sigterm", "corrupt_rdzv_state", "clock_skew",
          "sigterm_then_restart",
          "second_driver", "stale_lookups",  # these two: writer_faults.py
-         "power_cut_commit", "hostile_manifest")  # these two: storage_faults.py
+         "power_cut_commit", "hostile_manifest",  # these two: storage_faults.py
+         "health_check_fails", "node_fails_twice", "straggler",  # these: node_faults.py
+         "node_lost_with_spare")
 STORAGE_KINDS = ("power_cut_commit", "hostile_manifest")
+# node_faults.py's (its NODE_KINDS): three agents at most, drawn by the long and all
+# profiles only, so that CI's short profile costs what it did.
+NODE_KINDS = ("health_check_fails", "node_fails_twice", "straggler", "node_lost_with_spare")
 LAUNCH_KINDS = ("agent_sigkill", "etcd_restart", "node_sigterm", "corrupt_rdzv_state",
-                "clock_skew")
+                "clock_skew", *NODE_KINDS)
 LAUNCH_SCRIPT = "tests/e2e/launch_script.py"  # its digest does not depend on the world size
 BATCHES_PER_EPOCH = 6  # jobs.make_dataset(): 96 rows, 2 ranks, batches of 8
 NUM_TO_KEEP = 2
@@ -262,6 +267,10 @@ def run_trial(trial: Trial, storage: StorageUnderTest, tmp_path, through: Storag
     helper = None
     if trial.kind == "driver_sigkill_restore":
         return _driver_kill_trial(trial, storage, tmp_path, name)
+    if trial.kind in NODE_KINDS:
+        from tests.chaos.node_faults import run_node_trial  # it builds on this module
+
+        return run_node_trial(trial, storage, tmp_path, name)
     if trial.kind in LAUNCH_KINDS:
         return _launch_trial(trial, storage, tmp_path, name)
     if trial.kind in ("second_driver", "stale_lookups"):

@@ -4,7 +4,8 @@
                      [--slow-below-world N] [--slow-until-world N] [--forget-optimizer]
                      [--context-on-rank0-first]
                      [--restartable] [--crash-how raise|exit|sigkill] [--crash-always]
-                     [--crash-before-checkpoint] [--crash-file PATH] [--slow-rank R:S]
+                     [--crash-before-checkpoint] [--crash-file PATH] [--crash-times N]
+                     [--slow-rank R:S]
 
 It initialises its own process group (as under torchrun), uses
 elastic_train.get_checkpoint()/report() for resume, and records each start
@@ -58,6 +59,9 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--crash-file", default=None,
                         help="once PATH exists and holds this node's ET_TEST_NODE, the node's "
                              "worker raises at its next epoch, once (OUT/crashed: its rank)")
+    parser.add_argument("--crash-times", type=int, default=1,
+                        help="with --crash-file: the node's worker raises this many times, "
+                             "once per attempt (OUT/crashed: a line per crash)")
     parser.add_argument("--slow-rank", default=None, metavar="RANK:SECONDS",
                         help="rank RANK sleeps SECONDS more each epoch (a straggler)")
     return parser.parse_args()
@@ -71,14 +75,21 @@ def _skew_clock() -> None:
         time.time = lambda: real() + skew
 
 
-def _crash_here(crash_file: str, marker: str) -> bool:
-    """Whether the test asked this node (``ET_TEST_NODE``) to crash, and nobody has yet."""
+def _crash_here(crash_file: str, marker: str, times: int) -> bool:
+    """Whether the test asked this node (``ET_TEST_NODE``) to crash, and it has crashed
+    fewer than ``times`` times."""
     try:
         with open(crash_file) as f:
             node = f.read().strip()
     except FileNotFoundError:
         return False
-    return node == os.environ.get("ET_TEST_NODE") and not os.path.exists(marker)
+    if node != os.environ.get("ET_TEST_NODE"):
+        return False
+    try:
+        with open(marker) as f:
+            return len(f.read().splitlines()) < times
+    except FileNotFoundError:
+        return True
 
 
 def _straggling(slow_rank: str | None, rank: int) -> float:
@@ -141,9 +152,9 @@ def main() -> None:
             if args.crash_how == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"crash at epoch {epoch}")
-        if args.crash_file and _crash_here(args.crash_file, marker):
-            with open(marker, "w") as f:
-                f.write(str(rank))
+        if args.crash_file and _crash_here(args.crash_file, marker, args.crash_times):
+            with open(marker, "a") as f:
+                f.write(f"{rank}\n")
             raise RuntimeError(f"crash on node {os.environ['ET_TEST_NODE']} (rank {rank}) "
                                f"at epoch {epoch}")
         if epoch == args.refused_at and rank == 0:
