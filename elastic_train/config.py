@@ -251,6 +251,11 @@ class ScalingConfig:
         return self.min_workers // self.workers_per_node, self.max_workers // self.workers_per_node
 
     @property
+    def spans_nodes(self) -> bool:
+        """Whether more than one node meets at the rendezvous (the job's, or a spare)."""
+        return self.nodes[1] + self.spare_nodes > 1
+
+    @property
     def gpus_per_worker(self) -> float:
         """GPUs each worker gets: ``resources_per_worker['GPU']``, or 1 with ``use_gpu``."""
         if not self.use_gpu:

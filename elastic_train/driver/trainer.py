@@ -216,7 +216,7 @@ class DataParallelTrainer:
     def _experiment_name(self) -> str:
         if self.run_config.name:
             return self.run_config.name
-        if self.scaling_config.nodes[1] > 1:  # every node must pick the same name
+        if self.scaling_config.spans_nodes:  # every node must pick the same name
             return self.scaling_config.rendezvous.run_id
         return f"{type(self).__name__}_{time.strftime('%Y-%m-%d_%H-%M-%S')}"
 

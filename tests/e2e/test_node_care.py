@@ -55,6 +55,7 @@ def sealed(endpoint: str, run_id: str) -> bool:
     return any(k.endswith(b"/c/sealer") for k in run_keys(endpoint, run_id))
 
 
+@pytest.mark.long  # 30-60 s here: a 12 s cooling-off period, four agent starts
 @pytest.mark.timeout(300)
 def test_a_node_sent_away_is_refused_while_it_cools_off_and_admitted_after(
         etcd_endpoint: str, tmp_path) -> None:
@@ -123,6 +124,7 @@ def parked(endpoint: str, run_id: str) -> bool:
     return any(b"/s/" in k for k in run_keys(endpoint, run_id))
 
 
+@pytest.mark.long  # ~40 s here: three agents, a restart
 @pytest.mark.timeout(300)
 def test_a_spare_takes_a_lost_nodes_place_and_the_world_size_is_kept(etcd_endpoint: str,
                                                                      tmp_path) -> None:

@@ -210,5 +210,8 @@ def test_spare_nodes_on_an_elastic_rendezvous():
     rendezvous = RendezvousConfig(backend="etcd", endpoint="h:2379", run_id="job42")
     scaling = ScalingConfig(num_workers=4, num_workers_per_node=2, rendezvous=rendezvous,
                             spare_nodes=1)
-    assert scaling.spare_nodes == 1 and scaling.nodes == (2, 2)
-    assert ScalingConfig().spare_nodes == 0
+    assert scaling.spare_nodes == 1 and scaling.nodes == (2, 2) and scaling.spans_nodes
+    one = ScalingConfig(num_workers=2, num_workers_per_node=2, rendezvous=rendezvous,
+                        spare_nodes=1)
+    assert one.nodes == (1, 1) and one.spans_nodes  # the spare meets it: a shared name
+    assert ScalingConfig().spare_nodes == 0 and not ScalingConfig().spans_nodes

@@ -191,6 +191,15 @@ def test_fit_does_not_name_the_callers_run_config(tmp_path):
     assert run_config.name is None
 
 
+def test_a_one_node_job_with_a_spare_is_named_by_its_rendezvous_id(tmp_path):
+    """Every node of it (the spare too) must pick the same run name, as across nodes."""
+    rendezvous = et.RendezvousConfig(backend="etcd", endpoint="h:2379", run_id="job42")
+    trainer = TorchTrainer(lambda: None, run_config=et.RunConfig(
+        storage_path=str(tmp_path)), scaling_config=et.ScalingConfig(
+        num_workers=2, num_workers_per_node=2, rendezvous=rendezvous, spare_nodes=1))
+    assert trainer._experiment_name() == "job42"
+
+
 def test_mistyped_bucket_is_rejected_not_created(s3_endpoint):
     """s3fs's makedirs would create the bucket of a typo; the driver names it instead.
     A missing prefix inside an existing bucket is created by the first write."""
