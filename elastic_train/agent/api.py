@@ -255,7 +255,7 @@ def _corrupt_state(rdzv: RendezvousConfig, exc: RendezvousStateError) -> Rendezv
 def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
     """torch's rendezvous handler (from its registry, by backend name) and our agent."""
     rdzv = spec.rendezvous
-    named = rdzv.conf.get(POLICY_SETTING) if rdzv.conf else None
+    named = node_policy.named_in(rdzv.conf)
     policy = node_policy.load(named)
     if named and spec.departures is not None:
         policy = CoolingOff(policy, spec.departures)

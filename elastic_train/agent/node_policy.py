@@ -55,7 +55,9 @@ from __future__ import annotations
 
 import importlib
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from elastic_train.errors import ConfigError, NodeLeftError, WorkerFailure
 from elastic_train.failure_kinds import FailureKind
@@ -155,6 +157,11 @@ def node_name(local_addr: str | None) -> str:
     """A node's name for the policy: the address it gives the rendezvous
     (``--local-addr``), else its fully qualified host name, as the rendezvous names it."""
     return local_addr or socket.getfqdn()
+
+
+def named_in(conf: Mapping[str, Any] | None) -> NodePolicy | str | None:
+    """The policy the rendezvous settings name (None: the job has none)."""
+    return (conf or {}).get(POLICY_SETTING) or None
 
 
 def load(path: NodePolicy | str | None) -> NodePolicy:

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from elastic_train.agent import node_policy
 from elastic_train.agent.api import AgentEvents, AgentOutcome, AgentSpec, Interrupted, run_agent
 from elastic_train.agent.inprocess.restarts import Recovery
 from elastic_train.agent.no_progress_guard import Progress
@@ -57,9 +58,12 @@ class RunSupervisor:
         self.view = view
         self.name = name
         self.stragglers = stragglers
+        self.departures_kept = False  # whether the job has a node policy (set by run)
 
     def run(self, spec: AgentSpec) -> AgentOutcome:
         """Runs the agent; returns how it ended. Raises ``Interrupted`` on a signal."""
+        # Only a job with a node policy sends nodes away: the others never look for any.
+        self.departures_kept = node_policy.named_in(spec.rendezvous.conf) is not None
         context = RunContext(self.name, self.storage, self.train_loop_config)
         monitor = RunMonitor(context, self.callbacks, spec.log_dir,
                              verbose=self.verbose, view=self.view,
@@ -126,7 +130,7 @@ class RunSupervisor:
     def _note_departures(self) -> None:
         """On the node that records the run: the nodes that left since the last look go
         into ``run.json`` and onto the console (which node, why, for how long)."""
-        if self.record is None:
+        if self.record is None or not self.departures_kept:
             return
         try:
             departures = self.storage.read_departures()
