@@ -43,6 +43,7 @@ from elastic_train.report_config import (
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage.uploader import BY_UPLOAD_FN, IN_PLACE, UploadJob, listed_files
 from elastic_train.stragglers import step_fields
+from elastic_train.validation_config import ValidationTaskConfig
 from elastic_train.worker import preemption
 from elastic_train.worker.after_report import AFTER_REPORT, AfterReport
 from elastic_train.worker.backend import WorkerResources
@@ -54,6 +55,7 @@ from elastic_train.worker.reported_checkpoints import (
     checked_wait,
     reported_checkpoints,
     wait_until_committed,
+    wait_until_validated,
 )
 from elastic_train.worker.restore import resumable_state
 from elastic_train.worker.run_spec import RunSpec
@@ -123,7 +125,8 @@ class TrainSession:
         if self._joined is None:
             self._joined = JoinedSession.join(
                 self.storage, self.env, self.spec.run_config.checkpoint_config,
-                self._control_group(), self._staging_dir, self._created_at)
+                self._control_group(), self._staging_dir, self._created_at,
+                self.spec.validation_config)
         return self._joined
 
     def _control_group(self) -> Any:
@@ -205,7 +208,8 @@ class TrainSession:
         args = ReportArgs.check(metrics, checkpoint, checkpoint_dir_name,
                                 checkpoint_upload_mode, delete_local_checkpoint_after_upload,
                                 checkpoint_upload_fn, validation,
-                                (self.storage.fs, self.storage.run_path))
+                                (self.storage.fs, self.storage.run_path),
+                                has_validation_fn=self.spec.validation_config is not None)
         mode = args.mode
         joined = self.join()
         joined.uploader.raise_if_failed()
@@ -221,24 +225,28 @@ class TrainSession:
             (self.step_clock.report_begins(), self.env.node_rank))
         row.update(step_fields([t for t, _ in each], [int(n) for _, n in each]))
         if any_checkpoint and joined.committer is not None:  # whichever rank holds files
-            joined.committer.check_score(args.metrics, joined.numbers.next_index)
+            joined.committer.check_score(args.metrics, joined.numbers.next_index,
+                                         validating=bool(args.validation))
             if args.dir_name is not None:  # claimed before any rank uploads into it
                 joined.committer.claim(joined.numbers.next_index, args.dir_name, args.in_place)
         if any_checkpoint or any_notice:
             states = ({key: it.state_dict() for key, it in self._resumables.items()}
                       if any_checkpoint else {})
-            gathered = joined.group.all_gather((files, states, notice, args.dir_name))
-            if self._note_preemption([n for _, _, n, _ in gathered]) is not None:
+            gathered = joined.group.all_gather((files, states, notice, args.dir_name,
+                                                args.validation))
+            if self._note_preemption([n for _, _, n, _, _ in gathered]) is not None:
                 mode = CheckpointUploadMode.SYNC  # the node may go any moment: commit now
-            if any(f in (IN_PLACE, BY_UPLOAD_FN) for f, _, _, _ in gathered):
+            if any(f in (IN_PLACE, BY_UPLOAD_FN) for f, _, _, _, _ in gathered):
                 mode = CheckpointUploadMode.SYNC  # the commit reads the files in place
             if any_checkpoint:
                 if (name := gathered[0][3]) is not None:  # rank 0's name, as Ray's
                     self.storage.checkpoints.adopt(joined.numbers.next_index, name)
                 row["checkpoint_dir_name"] = self.storage.checkpoints.name(
                     joined.numbers.next_index)
-                self._persist_checkpoint([(f, s) for f, s, _, _ in gathered], checkpoint, row,
-                                         mode, args.upload_fn)
+                # As Ray's: the validation of the first rank that reported a checkpoint.
+                validation = next(v for f, _, _, _, v in gathered if f is not None)
+                self._persist_checkpoint([(f, s) for f, s, _, _, _ in gathered], checkpoint,
+                                         row, mode, args.upload_fn, validation)
                 if args.delete_local and checkpoint is not None and checkpoint.written is None:
                     shutil.rmtree(checkpoint.path, ignore_errors=True)  # staged: not needed
         if joined.committer is not None:
@@ -250,12 +258,17 @@ class TrainSession:
     def _persist_checkpoint(self, gathered: list[tuple[list[str] | str | None, dict]],
                             checkpoint: Checkpoint | None, row: dict[str, Any],
                             mode: CheckpointUploadMode,
-                            upload_fn: Callable[[Checkpoint, str], Checkpoint] | None) -> None:
+                            upload_fn: Callable[[Checkpoint, str], Checkpoint] | None,
+                            validation: bool | ValidationTaskConfig = False) -> None:
         """Each file goes up from the lowest rank that has it (or by the rank's
-        ``upload_fn``, on this thread); rank 0 commits after all."""
+        ``upload_fn``, on this thread); rank 0 commits after all, and then has the
+        checkpoint validated when ``validation`` asks for it."""
         joined = self.join()
         index = self._reported = joined.numbers.reserve()
-        manifest = (joined.committer.manifest(index, row, [states for _, states in gathered])
+        task = (self.spec.validation_config.task(validation)
+                if validation and self.spec.validation_config is not None else None)
+        manifest = (joined.committer.manifest(index, row, [states for _, states in gathered],
+                                              task)
                     if joined.committer is not None else None)
         job = UploadJob.plan(index, [files for files, _ in gathered], self.env.rank, manifest)
         if upload_fn is not None and checkpoint is not None:
@@ -277,15 +290,22 @@ class TrainSession:
         :mod:`.reported_checkpoints`); not collective."""
         deadline = checked_wait(consistency_mode, timeout_s)
         if self._joined is not None and self._reported is not None:
-            wait_until_committed(self.storage.checkpoints, self._reported,
-                                 self._joined.uploader.raise_if_failed, deadline)
+            committed = wait_until_committed(self.storage.checkpoints, self._reported,
+                                             self._joined.uploader.raise_if_failed, deadline)
+            if committed and CheckpointConsistencyMode(
+                    consistency_mode) is CheckpointConsistencyMode.VALIDATED:
+                wait_until_validated(self.storage.checkpoints, deadline)
         return reported_checkpoints(self.storage.checkpoints,
                                     self.spec.run_config.checkpoint_config)
 
     def finish(self) -> None:
-        """Waits for pending uploads and commits (the run ends only when they are stored)."""
+        """Waits for pending uploads and commits (the run ends only when they are
+        stored), then, on rank 0, for the validations asked for (as Ray's controller
+        waits for them before it shuts down)."""
         if self._joined is not None:
             self._joined.uploader.close()
+            if (committer := self._joined.committer) and committer.validations is not None:
+                committer.validations.close()
 
     def uploads_in_flight(self) -> bool:
         """Whether a reported checkpoint of this rank is not uploaded (and, on rank 0,
@@ -304,6 +324,9 @@ class TrainSession:
         joined = self._joined
         if joined is None:
             return
+        if joined.committer is not None and joined.committer.validations is not None:
+            # Killed, left pending: the next attempt (or a restore) validates them again.
+            joined.committer.validations.abandon()
         if not finish_uploads:
             if joined.committer is not None:
                 joined.committer.cancel()
