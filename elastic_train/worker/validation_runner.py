@@ -199,8 +199,19 @@ def _read_outcome(name: str, result_path: str, returncode: int) -> Outcome:
     return Outcome("VALIDATION_FAILED", {}, result["error"])
 
 
+# torch.distributed.elastic's description of a worker's place in the job: the validation
+# process holds none (a validation function may start a TorchTrainer of its own, as Ray's
+# guide's distributed validation does, and fit() refuses to run inside a worker).
+_WORKER_PLACE = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                 "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE",
+                 "MASTER_ADDR", "MASTER_PORT")
+
+
 def _child_environment() -> dict[str, str]:
-    """The worker's environment, its ``sys.path`` as ``PYTHONPATH``: the validation
-    function's module imports in the new interpreter as it did here."""
-    return {**os.environ,
-            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p) or os.getcwd()}
+    """The worker's environment less its place in the job (devices kept), its
+    ``sys.path`` as ``PYTHONPATH``: the validation function's module imports in the new
+    interpreter as it did here."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in _WORKER_PLACE and not k.startswith("TORCHELASTIC_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p) or os.getcwd()
+    return env
