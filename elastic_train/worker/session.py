@@ -422,8 +422,14 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
     into ``<run>/<dir_name>`` itself and returns ``Checkpoint`` of that directory;
     anything else is a ConfigError. Unlike Ray's, which may run it in the
     background, it runs before ``report()`` returns, and the commit then reads every
-    file once for its size and CRC-32. ``validation`` is refused, with the way out
-    (see :mod:`.report_args`).
+    file once for its size and CRC-32.
+
+    ``validation`` (Ray's): True, or a ``ValidationTaskConfig`` whose ``fn_kwargs``
+    override the trainer's ``ValidationConfig`` defaults, validates the checkpoint
+    once committed, in a process of its own on rank 0's node, while training goes on
+    (see :mod:`.validation_runner`); what the function returns is merged into the
+    checkpoint's metrics row. As in Ray, it needs a checkpoint on the rank that passes
+    it (ranks without one pass False) and a trainer with ``validation_config``.
 
     Example::
 
@@ -465,9 +471,10 @@ def get_all_reported_checkpoints(
     """The run's checkpoints that retention kept, plus the latest, each with the
     metrics row reported with it (Ray 2.60's function).
 
-    Waits until every checkpoint this rank reported is committed (``COMMITTED``;
-    ``VALIDATED``, the default, waits for the same, as no validation runs here yet),
-    or until ``timeout_s`` passed -- then it lists what is committed, as Ray does.
+    Waits until every checkpoint this rank reported is committed (``COMMITTED``), and
+    with ``VALIDATED``, the default, until no checkpoint waits for its asynchronous
+    validation either; or until ``timeout_s`` passed -- then it lists what is there,
+    as Ray does. Each one's ``status`` says how its validation stands.
     Not collective: any rank may call it any number of times. The list is in Ray's
     order: by report, or worst to best with ``CheckpointConfig.checkpoint_score_attribute``.
 
