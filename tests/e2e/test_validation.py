@@ -15,8 +15,10 @@ import time
 import pytest
 
 import elastic_train as et
+from elastic_train import collective
 from elastic_train.storage import RunStorage
 from elastic_train.torch import TorchTrainer
+from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.usefixtures("no_leaked_processes")]
@@ -112,22 +114,27 @@ def _sleepy_validation(checkpoint: et.Checkpoint, times_file: str, sleep_s: floa
 
 
 def _steps_while_validating(config: dict) -> list:
-    """One checkpoint with a slow validation, then 60 steps of 0.1 s, each reported;
-    returns when each step's report returned (rank 0)."""
+    """One checkpoint with a slow validation, then steps of 0.1 s, each reported, until
+    the validation has ended (rank 0 tells the others); returns when each step's report
+    returned (rank 0)."""
     checkpoint = _checkpoint_of(0)
     et.report({"step": 0}, checkpoint=checkpoint, validation=checkpoint is not None)
     times = []
-    for step in range(1, 60):
+    for step in range(1, 1200):
         time.sleep(0.1)
         et.report({"step": step})
         times.append(time.time())
+        ended = os.path.exists(config["times_file"]) and "end" in open(config["times_file"]).read()
+        if collective.broadcast_from_rank_zero(ended):
+            break
     return times
 
 
 def test_training_steps_go_on_while_a_slow_validation_runs(tmp_path):
     times_file = str(tmp_path / "validation_times")
     result = TorchTrainer(
-        _steps_while_validating, scaling_config=et.ScalingConfig(num_workers=2),
+        _steps_while_validating, train_loop_config={"times_file": times_file},
+        scaling_config=et.ScalingConfig(num_workers=2),
         validation_config=et.ValidationConfig(_sleepy_validation, et.ValidationTaskConfig(
             fn_kwargs={"times_file": times_file, "sleep_s": 3.0})),
         run_config=et.RunConfig(name="slow", storage_path=str(tmp_path / "results"))).fit()
@@ -190,3 +197,46 @@ def test_validation_without_a_validation_config_fails_the_report(tmp_path):
         TorchTrainer(train, scaling_config=et.ScalingConfig(num_workers=1),
                      run_config=et.RunConfig(name="none",
                                              storage_path=str(tmp_path / "results"))).fit()
+
+
+def _noted_validation(checkpoint: et.Checkpoint, log: str, sleep_s: float) -> dict:
+    """Notes each start and end, by the checkpoint's epoch."""
+    epoch = _epoch_of(checkpoint)
+    with open(log, "a") as f:
+        f.write(f"start {epoch}\n")
+    time.sleep(sleep_s)
+    with open(log, "a") as f:
+        f.write(f"end {epoch}\n")
+    return {"val_epoch": epoch}
+
+
+def _fails_while_validating(config: dict) -> None:
+    """Epoch 0's checkpoint is committed (SYNC) and its slow validation starts; then the
+    first attempt fails on every rank. The next resumes after epoch 0 and reports epoch 1."""
+    start = 0 if (ckpt := et.get_checkpoint()) is None else _epoch_of(ckpt) + 1
+    for epoch in range(start, 2):
+        checkpoint = _checkpoint_of(epoch)
+        et.report({"epoch": epoch}, checkpoint=checkpoint,
+                  checkpoint_upload_mode=et.CheckpointUploadMode.SYNC,
+                  validation=checkpoint is not None)
+        if start == 0:  # the first attempt (the next one resumes from epoch 0)
+            assert wait_until(lambda: os.path.exists(config["log"]), 60)  # it runs now
+            raise RuntimeError("the attempt fails while a validation runs")
+
+
+def test_a_validation_cut_short_by_a_restart_runs_again_in_the_next_attempt(tmp_path):
+    log = str(tmp_path / "validations")
+    result = TorchTrainer(
+        _fails_while_validating, train_loop_config={"log": log},
+        scaling_config=et.ScalingConfig(num_workers=2),
+        validation_config=et.ValidationConfig(_noted_validation, et.ValidationTaskConfig(
+            fn_kwargs={"log": log, "sleep_s": 2.0})),
+        run_config=et.RunConfig(name="restarted", storage_path=str(tmp_path / "results"),
+                                failure_config=et.FailureConfig(max_failures=1))).fit()
+    # epoch 0's first validation was killed with its attempt, then run again
+    assert open(log).read().split("\n")[:-1] == [
+        "start 0", "start 0", "end 0", "start 1", "end 1"]
+    committed = RunStorage(result.filesystem, result.path).checkpoints.committed()
+    assert [(m.metrics["val_epoch"], m.validation["status"]) for m in committed] == [
+        (0, "VALIDATED"), (1, "VALIDATED")]
+    assert list(result.metrics_dataframe["val_epoch"]) == [0, 1]
