@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from elastic_train import pickling
 from elastic_train.checkpoint import Checkpoint
+from elastic_train.worker import heartbeat
 from elastic_train.worker.validation_process import VALIDATION_PROCESS
 
 if TYPE_CHECKING:
@@ -108,10 +109,14 @@ class ValidationRunner:
             self.submit(manifest)
 
     def close(self) -> None:
-        """Waits until every queued validation has ended (the end of the run)."""
+        """Waits until every queued validation has ended (the end of the run). Training
+        is over then, so the wait counts as this rank's progress for the agent's hang
+        watch (``FailureConfig.hang_timeout_s``); during training it never does."""
         if self._thread is not None:
             self._queue.put(None)
-            self._thread.join()
+            while self._thread.is_alive():
+                self._thread.join(1.0)
+                heartbeat.beat()
             self._thread = None
 
     def abandon(self) -> None:
