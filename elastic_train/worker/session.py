@@ -30,7 +30,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.context import StorageInfo, TrainContext, WorkerEnv
@@ -62,6 +62,17 @@ from elastic_train.worker.run_spec import RunSpec
 from elastic_train.worker.step_times import StepClock
 
 logger = logging.getLogger(__name__)
+
+
+class _RankShare(NamedTuple):
+    """What each rank tells the others in a ``report()`` with a checkpoint or a notice."""
+
+    files: list[str] | str | None  # its file list (or how its files come), None: none
+    states: dict[str, Any]  # its data iterators' positions
+    notice: tuple[int, str, float] | None  # its preemption notice
+    dir_name: str | None  # the checkpoint_dir_name it asked for
+    validation: bool | ValidationTaskConfig  # the validation it asked for
+
 
 _session: TrainSession | None = None
 _session_factory: Callable[[], TrainSession] | None = None
@@ -232,20 +243,20 @@ class TrainSession:
         if any_checkpoint or any_notice:
             states = ({key: it.state_dict() for key, it in self._resumables.items()}
                       if any_checkpoint else {})
-            gathered = joined.group.all_gather((files, states, notice, args.dir_name,
-                                                args.validation))
-            if self._note_preemption([n for _, _, n, _, _ in gathered]) is not None:
+            gathered: list[_RankShare] = joined.group.all_gather(
+                _RankShare(files, states, notice, args.dir_name, args.validation))
+            if self._note_preemption([g.notice for g in gathered]) is not None:
                 mode = CheckpointUploadMode.SYNC  # the node may go any moment: commit now
-            if any(f in (IN_PLACE, BY_UPLOAD_FN) for f, _, _, _, _ in gathered):
+            if any(g.files in (IN_PLACE, BY_UPLOAD_FN) for g in gathered):
                 mode = CheckpointUploadMode.SYNC  # the commit reads the files in place
             if any_checkpoint:
-                if (name := gathered[0][3]) is not None:  # rank 0's name, as Ray's
+                if (name := gathered[0].dir_name) is not None:  # rank 0's name, as Ray's
                     self.storage.checkpoints.adopt(joined.numbers.next_index, name)
                 row["checkpoint_dir_name"] = self.storage.checkpoints.name(
                     joined.numbers.next_index)
                 # As Ray's: the validation of the first rank that reported a checkpoint.
-                validation = next(v for f, _, _, _, v in gathered if f is not None)
-                self._persist_checkpoint([(f, s) for f, s, _, _, _ in gathered], checkpoint,
+                validation = next(g.validation for g in gathered if g.files is not None)
+                self._persist_checkpoint([(g.files, g.states) for g in gathered], checkpoint,
                                          row, mode, args.upload_fn, validation)
                 if args.delete_local and checkpoint is not None and checkpoint.written is None:
                     shutil.rmtree(checkpoint.path, ignore_errors=True)  # staged: not needed
