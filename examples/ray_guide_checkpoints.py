@@ -33,6 +33,7 @@ directory ``<run>/<dir_name>`` itself, which must not exist before (see
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -169,9 +170,8 @@ def run_restore(run_config: train.RunConfig) -> train.Result:
         restore_train_func,
         train_loop_config={"num_epochs": 5},
         scaling_config=ScalingConfig(num_workers=2),
-        run_config=train.RunConfig(
-            name=run_config.name, storage_path=run_config.storage_path,
-            failure_config=train.FailureConfig(max_failures=1)),
+        run_config=dataclasses.replace(  # the guide's RunConfig(failure_config=...)
+            run_config, failure_config=train.FailureConfig(max_failures=1)),
     )
     return trainer.fit()
 
