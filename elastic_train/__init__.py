@@ -33,6 +33,9 @@ _EXPORTS = {
     "RendezvousConfig": "elastic_train.rendezvous_config",
     "StragglerConfig": "elastic_train.stragglers",
     "Result": "elastic_train.result",
+    "ValidationConfig": "elastic_train.validation_config",
+    "ValidationFn": "elastic_train.validation_config",
+    "ValidationTaskConfig": "elastic_train.validation_config",
     "CheckpointConsistencyMode": "elastic_train.report_config",
     "CheckpointUploadMode": "elastic_train.report_config",
     "ReportedCheckpoint": "elastic_train.report_config",
@@ -75,6 +78,11 @@ if TYPE_CHECKING:  # what static tools see
     )
     from elastic_train.result import Result
     from elastic_train.stragglers import StragglerConfig
+    from elastic_train.validation_config import (
+        ValidationConfig,
+        ValidationFn,
+        ValidationTaskConfig,
+    )
     from elastic_train.worker.preemption import PreemptionInfo
     from elastic_train.worker.script_restart import restart_in_process
     from elastic_train.worker.session import (

@@ -400,9 +400,11 @@ class CheckpointConfig:
     Args:
         num_to_keep: Keep at most this many checkpoints, ranked by
             ``checkpoint_score_attribute`` (or by recency without one). The
-            latest checkpoint is always kept as well, so a run can resume.
+            latest checkpoint is always kept as well, so a run can resume, and
+            so is one whose asynchronous validation is pending.
             ``None`` keeps all.
-        checkpoint_score_attribute: A metric reported with each checkpoint.
+        checkpoint_score_attribute: A metric reported with each checkpoint, or one
+            its asynchronous validation returns (``report(validation=...)``).
         checkpoint_score_order: ``"max"`` (default, as in Ray) or ``"min"``.
     """
 

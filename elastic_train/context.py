@@ -65,6 +65,12 @@ class StorageInfo:
     experiment_fs_path: str
     storage_filesystem: Any
 
+    def build_checkpoint_path_from_name(self, checkpoint_name: str) -> str:
+        """``<experiment_fs_path>/<checkpoint_name>``: where a checkpoint of that name lives
+        in the run (Ray's ``StorageContext`` method; e.g. for ``NO_UPLOAD`` checkpoints
+        written into the run directory)."""
+        return f"{self.experiment_fs_path.rstrip('/')}/{checkpoint_name}"
+
 
 @dataclass(frozen=True)
 class TrainContext:

@@ -66,6 +66,11 @@ TORCH_TRAINER = {
     "dataset_config": (None, "datasets are torch Datasets that get_dataset_shard() splits "
                              "across ranks; there is no Ray Data to configure"),
 }
+VALIDATION_CONFIG = {
+    "ray_remote_kwargs": (None, "the validation function runs in a process of its own on "
+                                "rank 0's node, with that worker's devices; there is no Ray "
+                                "task to size"),
+}
 
 
 def refuse_ray_arguments(table: dict[str, tuple[Any, str]]) -> Callable[[T], T]:

@@ -61,8 +61,8 @@ class CheckpointConsistencyMode(str, enum.Enum):
     """What ``get_all_reported_checkpoints()`` waits for before it lists (Ray's names).
 
     ``COMMITTED``: the checkpoints of every ``report()`` this rank made are committed.
-    ``VALIDATED`` (the default): also validated. No validation runs here yet
-    (``report(validation=...)`` is refused), so the two wait for the same.
+    ``VALIDATED`` (the default): also no checkpoint of the run waits for its
+    asynchronous validation (``report(validation=...)``; Ray's rule).
     """
 
     COMMITTED = "COMMITTED"
@@ -70,9 +70,15 @@ class CheckpointConsistencyMode(str, enum.Enum):
 
 
 class ReportedCheckpointStatus(str, enum.Enum):
-    """Where a reported checkpoint stands (Ray's names). Every checkpoint listed
-    here is ``COMMITTED``: the validation states are Ray's, for when asynchronous
-    validation comes."""
+    """Where a reported checkpoint stands (Ray's names).
+
+    ``COMMITTED``: stored, no validation asked for. ``PENDING_VALIDATION``: stored, its
+    validation queued or running. ``VALIDATED``: the validation returned; its metrics
+    are merged into the checkpoint's. ``VALIDATION_TIMEOUT``: it outlived
+    ``ValidationTaskConfig.timeout_s`` and was killed. ``VALIDATION_FAILED``: it raised
+    or returned no dict (the manifest keeps the traceback). The metrics of the last two
+    are the training's, as reported.
+    """
 
     COMMITTED = "COMMITTED"
     PENDING_VALIDATION = "PENDING_VALIDATION"

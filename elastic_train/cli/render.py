@@ -55,7 +55,8 @@ def run_json(state: RunState, summary: RunSummary) -> str:
                        "checkpoints": [{"index": c.index,
                                         "training_iteration": c.training_iteration,
                                         "metrics": c.metrics, "best": c.index == best,
-                                        "ranks": c.ranks, "size_bytes": c.size_bytes}
+                                        "ranks": c.ranks, "size_bytes": c.size_bytes,
+                                        "validation": c.validation.get("status")}
                                        for c in summary.checkpoints],
                        "deleted_checkpoints": summary.deleted,
                        "step_times": summary.step_times}, indent=2)
@@ -140,8 +141,9 @@ def checkpoint_lines(summary: RunSummary) -> list[str]:
     for c in summary.checkpoints:
         shown = user_metrics(c.metrics)
         mark = "*" if c.index == best else " "
+        validation = f"  {c.validation['status']}" if c.validation else ""
         lines.append(f"{mark} {c.name}  iteration {c.training_iteration}  "
-                     f"{c.describe_contents()}  {shown}")
+                     f"{c.describe_contents()}  {shown}{validation}")
     if best is not None:
         lines.append(f"  (* best: {summary.best_label()})")
     if summary.deleted:

@@ -37,6 +37,7 @@ from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.result import Result
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.validation_config import ValidationConfig
 from elastic_train.worker import user_code
 from elastic_train.worker.backend import BackendConfig
 from elastic_train.worker.fit_worker import FIT_WORKER, read_return_value
@@ -94,7 +95,8 @@ def _trainer_arguments(spec: RunSpec) -> dict[str, Any]:
     """The keyword arguments every trainer takes, from a stored spec."""
     return {"train_loop_config": spec.train_loop_config, "scaling_config": spec.scaling_config,
             "run_config": spec.run_config, "datasets": spec.datasets,
-            "resume_from_checkpoint": spec.resume_from_checkpoint, "metadata": spec.metadata}
+            "resume_from_checkpoint": spec.resume_from_checkpoint, "metadata": spec.metadata,
+            "validation_config": spec.validation_config}
 
 
 class DataParallelTrainer:
@@ -115,6 +117,7 @@ class DataParallelTrainer:
         datasets: dict[str, Any] | None = None,
         resume_from_checkpoint: Checkpoint | None = None,
         metadata: dict[str, Any] | None = None,
+        validation_config: ValidationConfig | None = None,
     ):
         check_train_function(train_loop_per_worker)
         self.train_loop_per_worker = train_loop_per_worker
@@ -127,6 +130,8 @@ class DataParallelTrainer:
         self.resume_from_checkpoint = _expect(resume_from_checkpoint, Checkpoint,
                                               "resume_from_checkpoint")
         self.metadata = dict(_expect(metadata, dict, "metadata") or {})
+        self.validation_config = _expect(validation_config, ValidationConfig,
+                                         "validation_config")
         self._replaces_function = False  # set by restore() when given a new train function
         self._validate()
 
@@ -255,6 +260,7 @@ class DataParallelTrainer:
             run_config=dataclasses.replace(stored_config, callbacks=[]),  # driver-side only
             experiment_name=name, datasets=self.datasets,
             resume_from_checkpoint=start, metadata=self.metadata,
+            validation_config=self.validation_config,
         )
         pickled = self._pickle(spec)
         plan = NodePlan(
@@ -307,7 +313,8 @@ class DataParallelTrainer:
             return pickling.dumps(spec)
         except Exception as exc:
             raise ConfigError(
-                f"The train function, its config or the datasets cannot be pickled ({exc!r}); "
+                "The train function, its config, the datasets or the validation function "
+                f"cannot be pickled ({exc!r}); "
                 "workers receive them pickled. Move unpicklable objects (locks, open files, "
                 "clients) into the train function."
             ) from exc

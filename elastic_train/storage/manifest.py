@@ -24,6 +24,9 @@ from typing import Any
 from elastic_train.errors import ConfigError, CorruptManifestError
 from elastic_train.storage.checkpoint_names import check_dir_name, dir_name
 
+VALIDATION_STATES = ("PENDING_VALIDATION", "VALIDATED", "VALIDATION_TIMEOUT",
+                     "VALIDATION_FAILED")
+
 
 @dataclass
 class CommitManifest:
@@ -39,6 +42,11 @@ class CommitManifest:
     # The directory's name when report(checkpoint_dir_name=...) gave one; "" for
     # checkpoint_NNNNNN (and in markers written before names could be chosen).
     checkpoint_dir_name: str = ""
+    # Its asynchronous validation, when the report asked for one (see
+    # elastic_train.worker.validation_runner): {"status": "PENDING_VALIDATION" |
+    # "VALIDATED" | "VALIDATION_TIMEOUT" | "VALIDATION_FAILED", "task": {"fn_kwargs",
+    # "timeout_s"}, "error": why it failed}; {} when none was asked for.
+    validation: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: Any) -> CommitManifest:
@@ -62,6 +70,9 @@ class CommitManifest:
                 check_dir_name(manifest.checkpoint_dir_name)
             except ConfigError:
                 _expect(False, f"checkpoint_dir_name={manifest.checkpoint_dir_name!r}")
+        _expect(isinstance(manifest.validation, dict) and (
+            not manifest.validation or manifest.validation.get("status") in VALIDATION_STATES),
+            f"validation={manifest.validation!r}")
         for rel, info in manifest.files.items():
             check_relpath(rel)
             _expect(isinstance(info, dict) and _is_int(info.get("size"), 0)
@@ -73,6 +84,11 @@ class CommitManifest:
     def name(self) -> str:
         """The checkpoint directory's name in the run."""
         return self.checkpoint_dir_name or dir_name(self.index)
+
+    @property
+    def validation_pending(self) -> bool:
+        """Whether the checkpoint waits for its asynchronous validation."""
+        return self.validation.get("status") == "PENDING_VALIDATION"
 
     @property
     def size_bytes(self) -> int:

@@ -2,7 +2,9 @@
 
 Given the committed checkpoints (index and metrics, oldest first), say which to
 delete: keep the ``num_to_keep`` best by the score attribute (or the most
-recent without one) and always the latest, so a run can resume. A checkpoint
+recent without one) and always the latest, so a run can resume, and every one whose
+asynchronous validation is still pending (as Ray's manager keeps them: the validation
+may make it one of the best). A checkpoint
 whose metrics lack the score attribute -- one committed before a resume changed
 ``checkpoint_score_attribute`` -- ranks below every scored one (the newest first
 among such), so the ranking never fails: ``report()`` refuses a *new* checkpoint
@@ -11,7 +13,7 @@ without the attribute before it is uploaded (:func:`score_of`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,10 +69,13 @@ def ranked(records: Sequence[CheckpointRecord], config: CheckpointConfig
     return sorted(records, key=key)
 
 
-def to_delete(records: Sequence[CheckpointRecord], config: CheckpointConfig) -> list[int]:
-    """Indices of the checkpoints retention removes (never the latest)."""
+def to_delete(records: Sequence[CheckpointRecord], config: CheckpointConfig,
+              pending: Collection[int] = ()) -> list[int]:
+    """Indices of the checkpoints retention removes (never the latest, never one of
+    ``pending``: those waiting for their validation)."""
     if config.num_to_keep is None or not records:
         return []
     latest = max(r.index for r in records)
     keep = {r.index for r in ranked(records, config)[: config.num_to_keep]} | {latest}
+    keep |= set(pending)
     return sorted(r.index for r in records if r.index not in keep)

@@ -24,6 +24,7 @@ from elastic_train.driver.trainer import DataParallelTrainer, _trainer_arguments
 from elastic_train.errors import ConfigError
 from elastic_train.ray_arguments import TORCH_TRAINER, refuse_ray_arguments
 from elastic_train.torch.config import TorchConfig
+from elastic_train.validation_config import ValidationConfig
 from elastic_train.worker.run_spec import RunSpec
 
 
@@ -44,6 +45,9 @@ class TorchTrainer(DataParallelTrainer):
             a fresh run.
         metadata: JSON-serialisable dict, available as
             ``get_context().get_metadata()``.
+        validation_config: The function ``report(..., validation=...)`` validates
+            checkpoints with, asynchronously (Ray's, see
+            :class:`elastic_train.ValidationConfig`).
     """
 
     def __init__(
@@ -57,6 +61,7 @@ class TorchTrainer(DataParallelTrainer):
         datasets: dict[str, Any] | None = None,
         resume_from_checkpoint: Checkpoint | None = None,
         metadata: dict[str, Any] | None = None,
+        validation_config: ValidationConfig | None = None,
     ):
         if torch_config is not None and not isinstance(torch_config, TorchConfig):
             raise ConfigError(f"torch_config={torch_config!r} must be a TorchConfig.")
@@ -69,6 +74,7 @@ class TorchTrainer(DataParallelTrainer):
             datasets=datasets,
             resume_from_checkpoint=resume_from_checkpoint,
             metadata=metadata,
+            validation_config=validation_config,
         )
 
     @classmethod

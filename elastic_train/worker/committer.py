@@ -17,7 +17,12 @@ that follows is rank 0's, and lives here:
    descriptions into the manifest and writes the commit marker
    (:meth:`~elastic_train.storage.CheckpointStore.commit`);
 6. top-k retention (:mod:`elastic_train.storage.retention`) over the committed
-   checkpoints it keeps a record of.
+   checkpoints it keeps a record of;
+7. asynchronous validation's outcome (:mod:`.validation_runner` runs it): a committed
+   checkpoint reported with ``validation=`` is handed to the runner, kept by retention
+   while pending, and once validated its metrics are merged into its manifest and its
+   ``metrics.jsonl`` row (same-named keys overwritten, as Ray's) before retention ranks
+   again -- so a validation metric can be the score attribute.
 
 Example::
 
@@ -27,6 +32,7 @@ Example::
     ...  # the owners upload and mark their files of checkpoint ``index``
     committer.commit(manifest, owner_ranks=[0, 1])  # on rank 0's upload thread
     committer.record_row(row)
+    committer.finish_validation(manifest, Outcome("VALIDATED", {"val_loss": 0.1}))
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from elastic_train.storage.retention import CheckpointRecord, score_of, to_delet
 if TYPE_CHECKING:
     from elastic_train.config import CheckpointConfig
     from elastic_train.storage import RunStorage
+    from elastic_train.worker.validation_runner import Outcome, ValidationRunner
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +61,10 @@ class Committer:
 
     ``history`` are the metric rows the attempt goes on from (rewritten whole on stores
     without append); ``committed`` the checkpoints already committed (oldest first),
-    which retention weighs with the new ones.
+    which retention weighs with the new ones. ``validations`` runs the validations
+    (set by the session when the trainer has a ``validation_config``). The training
+    thread (rows), the upload thread (commits) and the validation thread (outcomes)
+    all change the rows and the records: one lock orders them.
     """
 
     def __init__(self, storage: RunStorage, config: CheckpointConfig,
@@ -66,16 +76,22 @@ class Committer:
         self._history = list(history)
         self._committed = list(committed)
         self._cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self._pending: set[int] = set()  # committed, waiting for their validation
+        self.validations: ValidationRunner | None = None
 
     @property
     def committed(self) -> list[CheckpointRecord]:
         """The committed checkpoints retention has not deleted, oldest first."""
         return list(self._committed)
 
-    def check_score(self, metrics: dict[str, Any], index: int) -> None:
+    def check_score(self, metrics: dict[str, Any], index: int, validating: bool = False
+                    ) -> None:
         """Fails the ``report()`` of checkpoint ``index`` whose metrics lack the score
-        attribute (or hold no number there), before anything is uploaded."""
-        if self.config.checkpoint_score_attribute:
+        attribute (or hold no number there), before anything is uploaded -- unless the
+        checkpoint is ``validating``: its validation may bring the attribute (without it,
+        it ranks last, as Ray ranks a missing score)."""
+        if self.config.checkpoint_score_attribute and not validating:
             score_of(CheckpointRecord(index, metrics), self.config)
 
     def claim(self, index: int, name: str, in_place: bool = False) -> None:
@@ -86,21 +102,28 @@ class Committer:
 
     @staticmethod
     def manifest(index: int, row: dict[str, Any],
-                 worker_states: Sequence[dict[str, Any]]) -> CommitManifest:
+                 worker_states: Sequence[dict[str, Any]],
+                 validation_task: dict[str, Any] | None = None) -> CommitManifest:
         """The manifest of checkpoint ``index`` reported with ``row`` (whose
         ``checkpoint_dir_name`` is its directory); ``worker_states`` holds every rank's
-        resume state, by rank. Its files are filled in at the commit, from the owners'
-        upload markers."""
+        resume state, by rank; ``validation_task`` the validation asked for
+        (``{"fn_kwargs", "timeout_s"}``), if any. Its files are filled in at the commit,
+        from the owners' upload markers. Its metrics are ``row`` itself, so a validation
+        that ends before the row is recorded is in the row too."""
         name = row.get("checkpoint_dir_name", dir_name(index))
+        validation = ({"status": "PENDING_VALIDATION", "task": validation_task}
+                      if validation_task is not None else {})
         return CommitManifest(index=index, training_iteration=row["training_iteration"],
                               metrics=row, files={}, world_size=len(worker_states),
                               worker_states={str(r): s for r, s in enumerate(worker_states)},
-                              checkpoint_dir_name="" if name == dir_name(index) else name)
+                              checkpoint_dir_name="" if name == dir_name(index) else name,
+                              validation=validation)
 
     def record_row(self, row: dict[str, Any]) -> None:
         """Appends the report's row to ``metrics.jsonl``."""
-        self._history.append(row)
-        self.storage.append_metrics(row, self._history)
+        with self._lock:
+            self._history.append(row)
+            self.storage.append_metrics(row, self._history)
 
     def commit(self, manifest: CommitManifest, owner_ranks: Sequence[int],
                in_place: bool = False) -> None:
@@ -111,10 +134,44 @@ class Committer:
         self._wait_for_owners(manifest.index, owner_ranks)
         manifest.files = (self.store.describe_in_place(manifest.index) if in_place else
                           self.store.uploaded_files(manifest.index, list(owner_ranks)))
-        self.store.commit(manifest)
-        self.store.clear_upload_marks(manifest.index)
-        self._committed.append(CheckpointRecord(manifest.index, manifest.metrics))
-        self._apply_retention()
+        with self._lock:
+            self.store.commit(manifest)
+            self.store.clear_upload_marks(manifest.index)
+            self._committed.append(CheckpointRecord(manifest.index, manifest.metrics))
+            if manifest.validation_pending and self.validations is not None:
+                self._pending.add(manifest.index)
+                self.validations.submit(manifest)
+            self._apply_retention()
+
+    def requeue_validations(self) -> None:
+        """Hands the validations an earlier attempt left pending to :attr:`validations`
+        (at the start of an attempt; one listing of the run directory)."""
+        pending = [m for m in self.store.committed() if m.validation_pending]
+        with self._lock:
+            self._pending.update(m.index for m in pending)
+        if self.validations is not None:
+            self.validations.requeue(pending)
+
+    def finish_validation(self, manifest: CommitManifest, outcome: Outcome) -> None:
+        """Records how checkpoint ``manifest``'s validation ended: its status (and, when
+        it failed, why) in the manifest; when VALIDATED, its metrics merged into the
+        manifest's and the checkpoint's row, which ``metrics.jsonl`` is rewritten with
+        (same-named keys overwritten, as Ray's); then retention ranks again."""
+        with self._lock:
+            manifest.validation = {**manifest.validation, "status": outcome.status,
+                                   **({"error": outcome.error} if outcome.error else {})}
+            manifest.metrics.update(outcome.metrics)
+            self.store.commit(manifest)  # the marker again, now with the outcome
+            rows = [r for r in self._history
+                    if r.get("checkpoint_dir_name") == manifest.name]
+            for row in rows:
+                row.update(outcome.metrics)
+            if rows and outcome.metrics:
+                self.storage.write_metrics(self._history)
+            self._committed = [CheckpointRecord(r.index, manifest.metrics)
+                               if r.index == manifest.index else r for r in self._committed]
+            self._pending.discard(manifest.index)
+            self._apply_retention()
 
     def cancel(self) -> None:
         """Stops a commit waiting for other ranks' uploads (the attempt is over)."""
@@ -142,7 +199,7 @@ class Committer:
             delay = min(delay * 2, 0.5)
 
     def _apply_retention(self) -> None:
-        for index in to_delete(self._committed, self.config):
+        for index in to_delete(self._committed, self.config, self._pending):
             try:
                 self.store.delete(index)
             except Exception:

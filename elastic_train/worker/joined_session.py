@@ -3,12 +3,15 @@
 :meth:`JoinedSession.join` is the whole join (collective, once per attempt): the
 ranks agree on the restore point (:mod:`.restore`), and from it each rank builds
 its report rows (:mod:`elastic_train.metric_rows`), its checkpoint numbering and
-its background uploader; rank 0 also its :class:`~.committer.Committer`. The result
+its background uploader; rank 0 also its :class:`~.committer.Committer` and, when the
+trainer has a ``validation_config``, its :class:`~.validation_runner.ValidationRunner`
+(which first takes the validations an earlier attempt left pending). The result
 is one frozen object, so no part of the session exists half-built.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,11 +20,13 @@ from elastic_train.storage.uploader import CheckpointUploader
 from elastic_train.worker.committer import Committer
 from elastic_train.worker.control_group import ControlGroup
 from elastic_train.worker.restore import agree_on_restore_point
+from elastic_train.worker.validation_runner import ValidationRunner
 
 if TYPE_CHECKING:
     from elastic_train.config import CheckpointConfig
     from elastic_train.context import WorkerEnv
     from elastic_train.storage import CommitManifest, RunStorage
+    from elastic_train.validation_config import ValidationConfig
 
 
 @dataclass
@@ -61,13 +66,20 @@ class JoinedSession:
 
     @classmethod
     def join(cls, storage: RunStorage, env: WorkerEnv, config: CheckpointConfig,
-             control_group: Any, staging_dir: str, started_at: float) -> JoinedSession:
+             control_group: Any, staging_dir: str, started_at: float,
+             validation: ValidationConfig | None = None) -> JoinedSession:
         """Agrees with the other ranks on the restore point (collective) and builds the
-        attempt's parts from it; ``started_at`` is when the session began."""
+        attempt's parts from it; ``started_at`` is when the session began, ``validation``
+        the trainer's validation settings."""
         group = ControlGroup(env.world_size, control_group)
         point = agree_on_restore_point(storage, group, env.rank)
         committer = Committer(storage, config, point.kept_rows, point.committed) \
             if env.rank == 0 else None
+        if committer is not None and validation is not None:
+            committer.validations = ValidationRunner(
+                validation, storage.checkpoints, committer.finish_validation,
+                os.path.join(os.path.dirname(staging_dir), "validations"))
+            committer.requeue_validations()
         uploader = CheckpointUploader(storage.checkpoints, env.rank, staging_dir,
                                       commit=committer.commit if committer else None)
         return cls(group=group, restored=point.manifest,

@@ -25,6 +25,7 @@ from elastic_train.metric_rows import clean_metrics
 from elastic_train.report_config import CheckpointUploadMode
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_names import check_dir_name
+from elastic_train.validation_config import ValidationTaskConfig, check_validation
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class ReportArgs:
         delete_local: Whether the checkpoint's local directory goes once uploaded.
         upload_fn: ``checkpoint_upload_fn``: writes the checkpoint into the run
             directory itself (None: the default upload).
+        validation: ``validation``: False, True (the trainer's ``ValidationConfig``
+            defaults) or a ``ValidationTaskConfig``.
     """
 
     metrics: dict[str, Any]
@@ -48,6 +51,7 @@ class ReportArgs:
     mode: CheckpointUploadMode
     delete_local: bool
     upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None
+    validation: bool | ValidationTaskConfig = False
 
     @property
     def in_place(self) -> bool:
@@ -58,10 +62,12 @@ class ReportArgs:
     def check(cls, metrics: Any, checkpoint: Any = None, dir_name: str | None = None,
               mode: Any = None, delete_local: bool | None = None,
               upload_fn: Callable[..., Any] | None = None, validation: Any = False,
-              run: tuple[fsspec.AbstractFileSystem, str] | None = None) -> ReportArgs:
+              run: tuple[fsspec.AbstractFileSystem, str] | None = None,
+              has_validation_fn: bool = False) -> ReportArgs:
         """The arguments checked; ``run`` is the run directory's filesystem and path
         (a ``NO_UPLOAD`` checkpoint must be one of its directories; a checkpoint
-        directory holding it must not be deleted). ``mode`` None is our default, ASYNC,
+        directory holding it must not be deleted); ``has_validation_fn``: whether the
+        trainer has a ``validation_config``. ``mode`` None is our default, ASYNC,
         which deletes nothing unless asked: Ray's default deletion applies to an ASYNC
         asked for (Ray's default mode, SYNC, never deletes)."""
         explicit = mode is not None
@@ -75,7 +81,7 @@ class ReportArgs:
             raise ConfigError(f"report(checkpoint_upload_mode={mode!r}): use one of "
                               f"{[m.name for m in CheckpointUploadMode]}, e.g. "
                               "CheckpointUploadMode.SYNC.") from None
-        _refuse_unsupported(validation, checkpoint)
+        validation = _check_validation(validation, checkpoint, has_validation_fn)
         if upload_fn is not None:
             _check_upload_fn(upload_fn, mode, checkpoint)
         if mode is CheckpointUploadMode.NO_UPLOAD and checkpoint is not None:
@@ -90,7 +96,8 @@ class ReportArgs:
             delete_local = explicit and mode.default_delete_local_checkpoint_after_upload()
         if delete_local and checkpoint is not None and run and fsutil.is_local(run[0]):
             _refuse_deleting_the_run(checkpoint.path, run[1])
-        return cls(clean, checkpoint, dir_name, mode, bool(delete_local), upload_fn)
+        return cls(clean, checkpoint, dir_name, mode, bool(delete_local), upload_fn,
+                   validation)
 
 
 def _run_directory(checkpoint: Checkpoint, dir_name: str | None, delete_local: bool | None,
@@ -135,15 +142,20 @@ def _check_upload_fn(upload_fn: Any, mode: CheckpointUploadMode, checkpoint: Any
                           "files must be written before report(); wait for the future first.")
 
 
-def _refuse_unsupported(validation: Any, checkpoint: Any) -> None:
+def _check_validation(validation: Any, checkpoint: Any, has_validation_fn: bool
+                      ) -> bool | ValidationTaskConfig:
+    """Ray's checks of ``report(validation=...)``: a checkpoint to validate, and a
+    trainer that has a function to validate it with."""
+    validation = check_validation(validation)
     if validation and checkpoint is None:
         raise ConfigError(f"report(validation={validation!r}) needs a checkpoint to "
                           "validate: pass checkpoint=... or drop validation.")
-    if validation:
+    if validation and not has_validation_fn:
         raise ConfigError(
-            f"report(validation={validation!r}) is not supported yet (asynchronous "
-            "validation is to come): validate in the train function and report the "
-            "metrics with the checkpoint, or validate Result.best_checkpoints after fit().")
+            f"report(validation={validation!r}): `validation_config` was not set on the "
+            "trainer, but a validation was requested. Pass TorchTrainer(..., "
+            "validation_config=ValidationConfig(fn)), or drop validation.")
+    return validation
 
 
 def _refuse_deleting_the_run(checkpoint_path: str, run_path: str) -> None:

@@ -5,7 +5,10 @@ Ray asks its controller, which keeps the checkpoints its manager has not deleted
 in the run directory are that set -- retention deletes the others and never the
 latest --, so any rank reads them from storage, without a collective. Before it
 reads, it waits (up to ``timeout_s``) until the newest checkpoint this rank
-reported is committed; on a timeout it lists what is committed then, as Ray does.
+reported is committed -- with ``VALIDATED``, also until no checkpoint of the run
+waits for its validation (Ray's predicate: no pending validation at all); on a
+timeout it lists what is there then, as Ray does. Each checkpoint's status is its
+manifest's (``COMMITTED`` when no validation was asked for).
 
 Example::
 
@@ -31,7 +34,7 @@ from elastic_train.storage.retention import CheckpointRecord, ranked
 
 if TYPE_CHECKING:
     from elastic_train.config import CheckpointConfig
-    from elastic_train.storage import CheckpointStore
+    from elastic_train.storage import CheckpointStore, CommitManifest
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +73,26 @@ def wait_until_committed(store: CheckpointStore, index: int,
     return True
 
 
+def wait_until_validated(store: CheckpointStore, deadline: float | None) -> bool:
+    """Waits until no committed checkpoint is ``PENDING_VALIDATION``; False once
+    ``deadline`` passed first."""
+    delay = 0.05
+    while pending := [m.name for m in store.committed() if m.validation_pending]:
+        if deadline is not None and time.monotonic() >= deadline:
+            logger.info("get_all_reported_checkpoints(): %s not validated yet; listing "
+                        "what is.", ", ".join(pending))
+            return False
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        time.sleep(delay if left is None else min(delay, left))
+        delay = min(delay * 2, 0.5)
+    return True
+
+
+def status_of(manifest: CommitManifest) -> ReportedCheckpointStatus:
+    """The checkpoint's status: its validation's, else ``COMMITTED``."""
+    return ReportedCheckpointStatus(manifest.validation.get("status", "COMMITTED"))
+
+
 def reported_checkpoints(store: CheckpointStore, config: CheckpointConfig
                          ) -> list[ReportedCheckpoint]:
     """The committed checkpoints in Ray's order: by report without a score attribute,
@@ -78,5 +101,5 @@ def reported_checkpoints(store: CheckpointStore, config: CheckpointConfig
     records = [CheckpointRecord(m.index, m.metrics) for m in manifests.values()]
     return [ReportedCheckpoint(
         committed_checkpoint(store.path(r.index), store.fs, manifests[r.index]),
-        manifests[r.index].metrics, ReportedCheckpointStatus.COMMITTED)
+        manifests[r.index].metrics, status_of(manifests[r.index]))
         for r in reversed(ranked(records, config))]

@@ -11,6 +11,7 @@ from typing import Any
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.config import RunConfig, ScalingConfig
 from elastic_train.errors import ConfigError
+from elastic_train.validation_config import ValidationConfig
 from elastic_train.worker.backend import BackendConfig
 
 
@@ -55,6 +56,7 @@ class RunSpec:
     datasets: dict[str, Any] = field(default_factory=dict)
     resume_from_checkpoint: Checkpoint | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    validation_config: ValidationConfig | None = None
 
     def call_train_function(self) -> Any:
         """Calls the train function with a copy of ``train_loop_config``: an attempt after

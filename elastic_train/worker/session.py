@@ -30,7 +30,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.context import StorageInfo, TrainContext, WorkerEnv
@@ -43,6 +43,7 @@ from elastic_train.report_config import (
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage.uploader import BY_UPLOAD_FN, IN_PLACE, UploadJob, listed_files
 from elastic_train.stragglers import step_fields
+from elastic_train.validation_config import ValidationTaskConfig
 from elastic_train.worker import preemption
 from elastic_train.worker.after_report import AFTER_REPORT, AfterReport
 from elastic_train.worker.backend import WorkerResources
@@ -54,12 +55,24 @@ from elastic_train.worker.reported_checkpoints import (
     checked_wait,
     reported_checkpoints,
     wait_until_committed,
+    wait_until_validated,
 )
 from elastic_train.worker.restore import resumable_state
 from elastic_train.worker.run_spec import RunSpec
 from elastic_train.worker.step_times import StepClock
 
 logger = logging.getLogger(__name__)
+
+
+class _RankShare(NamedTuple):
+    """What each rank tells the others in a ``report()`` with a checkpoint or a notice."""
+
+    files: list[str] | str | None  # its file list (or how its files come), None: none
+    states: dict[str, Any]  # its data iterators' positions
+    notice: tuple[int, str, float] | None  # its preemption notice
+    dir_name: str | None  # the checkpoint_dir_name it asked for
+    validation: bool | ValidationTaskConfig  # the validation it asked for
+
 
 _session: TrainSession | None = None
 _session_factory: Callable[[], TrainSession] | None = None
@@ -123,7 +136,8 @@ class TrainSession:
         if self._joined is None:
             self._joined = JoinedSession.join(
                 self.storage, self.env, self.spec.run_config.checkpoint_config,
-                self._control_group(), self._staging_dir, self._created_at)
+                self._control_group(), self._staging_dir, self._created_at,
+                self.spec.validation_config)
         return self._joined
 
     def _control_group(self) -> Any:
@@ -205,7 +219,8 @@ class TrainSession:
         args = ReportArgs.check(metrics, checkpoint, checkpoint_dir_name,
                                 checkpoint_upload_mode, delete_local_checkpoint_after_upload,
                                 checkpoint_upload_fn, validation,
-                                (self.storage.fs, self.storage.run_path))
+                                (self.storage.fs, self.storage.run_path),
+                                has_validation_fn=self.spec.validation_config is not None)
         mode = args.mode
         joined = self.join()
         joined.uploader.raise_if_failed()
@@ -221,24 +236,28 @@ class TrainSession:
             (self.step_clock.report_begins(), self.env.node_rank))
         row.update(step_fields([t for t, _ in each], [int(n) for _, n in each]))
         if any_checkpoint and joined.committer is not None:  # whichever rank holds files
-            joined.committer.check_score(args.metrics, joined.numbers.next_index)
+            joined.committer.check_score(args.metrics, joined.numbers.next_index,
+                                         validating=bool(args.validation))
             if args.dir_name is not None:  # claimed before any rank uploads into it
                 joined.committer.claim(joined.numbers.next_index, args.dir_name, args.in_place)
         if any_checkpoint or any_notice:
             states = ({key: it.state_dict() for key, it in self._resumables.items()}
                       if any_checkpoint else {})
-            gathered = joined.group.all_gather((files, states, notice, args.dir_name))
-            if self._note_preemption([n for _, _, n, _ in gathered]) is not None:
+            gathered: list[_RankShare] = joined.group.all_gather(
+                _RankShare(files, states, notice, args.dir_name, args.validation))
+            if self._note_preemption([g.notice for g in gathered]) is not None:
                 mode = CheckpointUploadMode.SYNC  # the node may go any moment: commit now
-            if any(f in (IN_PLACE, BY_UPLOAD_FN) for f, _, _, _ in gathered):
+            if any(g.files in (IN_PLACE, BY_UPLOAD_FN) for g in gathered):
                 mode = CheckpointUploadMode.SYNC  # the commit reads the files in place
             if any_checkpoint:
-                if (name := gathered[0][3]) is not None:  # rank 0's name, as Ray's
+                if (name := gathered[0].dir_name) is not None:  # rank 0's name, as Ray's
                     self.storage.checkpoints.adopt(joined.numbers.next_index, name)
                 row["checkpoint_dir_name"] = self.storage.checkpoints.name(
                     joined.numbers.next_index)
-                self._persist_checkpoint([(f, s) for f, s, _, _ in gathered], checkpoint, row,
-                                         mode, args.upload_fn)
+                # As Ray's: the validation of the first rank that reported a checkpoint.
+                validation = next(g.validation for g in gathered if g.files is not None)
+                self._persist_checkpoint([(g.files, g.states) for g in gathered], checkpoint,
+                                         row, mode, args.upload_fn, validation)
                 if args.delete_local and checkpoint is not None and checkpoint.written is None:
                     shutil.rmtree(checkpoint.path, ignore_errors=True)  # staged: not needed
         if joined.committer is not None:
@@ -250,12 +269,17 @@ class TrainSession:
     def _persist_checkpoint(self, gathered: list[tuple[list[str] | str | None, dict]],
                             checkpoint: Checkpoint | None, row: dict[str, Any],
                             mode: CheckpointUploadMode,
-                            upload_fn: Callable[[Checkpoint, str], Checkpoint] | None) -> None:
+                            upload_fn: Callable[[Checkpoint, str], Checkpoint] | None,
+                            validation: bool | ValidationTaskConfig = False) -> None:
         """Each file goes up from the lowest rank that has it (or by the rank's
-        ``upload_fn``, on this thread); rank 0 commits after all."""
+        ``upload_fn``, on this thread); rank 0 commits after all, and then has the
+        checkpoint validated when ``validation`` asks for it."""
         joined = self.join()
         index = self._reported = joined.numbers.reserve()
-        manifest = (joined.committer.manifest(index, row, [states for _, states in gathered])
+        task = (self.spec.validation_config.task(validation)
+                if validation and self.spec.validation_config is not None else None)
+        manifest = (joined.committer.manifest(index, row, [states for _, states in gathered],
+                                              task)
                     if joined.committer is not None else None)
         job = UploadJob.plan(index, [files for files, _ in gathered], self.env.rank, manifest)
         if upload_fn is not None and checkpoint is not None:
@@ -277,15 +301,22 @@ class TrainSession:
         :mod:`.reported_checkpoints`); not collective."""
         deadline = checked_wait(consistency_mode, timeout_s)
         if self._joined is not None and self._reported is not None:
-            wait_until_committed(self.storage.checkpoints, self._reported,
-                                 self._joined.uploader.raise_if_failed, deadline)
+            committed = wait_until_committed(self.storage.checkpoints, self._reported,
+                                             self._joined.uploader.raise_if_failed, deadline)
+            if committed and CheckpointConsistencyMode(
+                    consistency_mode) is CheckpointConsistencyMode.VALIDATED:
+                wait_until_validated(self.storage.checkpoints, deadline)
         return reported_checkpoints(self.storage.checkpoints,
                                     self.spec.run_config.checkpoint_config)
 
     def finish(self) -> None:
-        """Waits for pending uploads and commits (the run ends only when they are stored)."""
+        """Waits for pending uploads and commits (the run ends only when they are
+        stored), then, on rank 0, for the validations asked for (as Ray's controller
+        waits for them before it shuts down)."""
         if self._joined is not None:
             self._joined.uploader.close()
+            if (committer := self._joined.committer) and committer.validations is not None:
+                committer.validations.close()
 
     def uploads_in_flight(self) -> bool:
         """Whether a reported checkpoint of this rank is not uploaded (and, on rank 0,
@@ -304,6 +335,9 @@ class TrainSession:
         joined = self._joined
         if joined is None:
             return
+        if joined.committer is not None and joined.committer.validations is not None:
+            # Killed, left pending: the next attempt (or a restore) validates them again.
+            joined.committer.validations.abandon()
         if not finish_uploads:
             if joined.committer is not None:
                 joined.committer.cancel()
@@ -399,8 +433,14 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
     into ``<run>/<dir_name>`` itself and returns ``Checkpoint`` of that directory;
     anything else is a ConfigError. Unlike Ray's, which may run it in the
     background, it runs before ``report()`` returns, and the commit then reads every
-    file once for its size and CRC-32. ``validation`` is refused, with the way out
-    (see :mod:`.report_args`).
+    file once for its size and CRC-32.
+
+    ``validation`` (Ray's): True, or a ``ValidationTaskConfig`` whose ``fn_kwargs``
+    override the trainer's ``ValidationConfig`` defaults, validates the checkpoint
+    once committed, in a process of its own on rank 0's node, while training goes on
+    (see :mod:`.validation_runner`); what the function returns is merged into the
+    checkpoint's metrics row. As in Ray, it needs a checkpoint on the rank that passes
+    it (ranks without one pass False) and a trainer with ``validation_config``.
 
     Example::
 
@@ -442,9 +482,10 @@ def get_all_reported_checkpoints(
     """The run's checkpoints that retention kept, plus the latest, each with the
     metrics row reported with it (Ray 2.60's function).
 
-    Waits until every checkpoint this rank reported is committed (``COMMITTED``;
-    ``VALIDATED``, the default, waits for the same, as no validation runs here yet),
-    or until ``timeout_s`` passed -- then it lists what is committed, as Ray does.
+    Waits until every checkpoint this rank reported is committed (``COMMITTED``), and
+    with ``VALIDATED``, the default, until no checkpoint waits for its asynchronous
+    validation either; or until ``timeout_s`` passed -- then it lists what is there,
+    as Ray does. Each one's ``status`` says how its validation stands.
     Not collective: any rank may call it any number of times. The list is in Ray's
     order: by report, or worst to best with ``CheckpointConfig.checkpoint_score_attribute``.
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 
-from elastic_train import Checkpoint, CheckpointUploadMode, ConfigError
+from elastic_train import Checkpoint, CheckpointUploadMode, ConfigError, ValidationTaskConfig
 from elastic_train.worker.report_args import ReportArgs
 
 
@@ -35,7 +35,10 @@ def test_deleting_a_directory_that_holds_the_run_is_refused(tmp_path):
     ({"dir_name": "checkpoint_000004"}, r"is a default name, whose number another"),
     ({"upload_fn": "s3://x"}, r"checkpoint_upload_fn='s3://x'\) must be a function"),
     ({"upload_fn": print, "mode": "NO_UPLOAD"}, r"NO_UPLOAD uploads nothing.*drop one"),
-    ({"validation": True}, r"validation=True.*not supported yet.*validate in the train"),
+    ({"validation": True}, r"validation=True\): `validation_config` was not set on the "
+                           r"trainer.*ValidationConfig\(fn\)"),
+    ({"validation": "yes", "has_validation_fn": True},
+     r"validation='yes'\): pass True.*ValidationTaskConfig"),
 ])
 def test_what_is_not_supported_or_valid_is_refused_with_the_way_out(tmp_path, kwargs, match):
     with pytest.raises(ConfigError, match=match):
@@ -45,6 +48,16 @@ def test_what_is_not_supported_or_valid_is_refused_with_the_way_out(tmp_path, kw
 def test_validation_without_a_checkpoint_is_refused_as_rays_is():
     with pytest.raises(ConfigError, match=r"validation=True\) needs a checkpoint"):
         ReportArgs.check({"loss": 1.0}, validation=True)
+
+
+def test_validation_is_kept_as_asked_with_a_validation_fn(tmp_path):
+    checkpoint = Checkpoint.from_directory(str(tmp_path))
+    task = ValidationTaskConfig(fn_kwargs={"split": "val"})
+    assert ReportArgs.check({}, checkpoint, validation=task,
+                            has_validation_fn=True).validation is task
+    assert ReportArgs.check({}, checkpoint, validation=True,
+                            has_validation_fn=True).validation is True
+    assert ReportArgs.check({}, checkpoint).validation is False
 
 
 def test_a_bad_upload_mode_names_the_value():

@@ -63,3 +63,19 @@ def test_show_gives_the_latest_step_times_and_the_stragglers():
     assert lines[1] == "stragglers: 1"
     assert "node 1 (rank 3) steps 2.5x slower than the median since iteration 4" in lines[2]
     assert json.loads(render.run_json(state, summary))["stragglers"][0]["node"] == 1
+
+
+def test_show_gives_each_checkpoints_validation_status():
+    from elastic_train.cli import render
+    from elastic_train.storage import CommitManifest
+    from elastic_train.storage.run_state import RunState
+
+    validated = CommitManifest(1, 2, {"val": 0.9}, {}, world_size=1,
+                               validation={"status": "VALIDATED", "task": {}})
+    plain = CommitManifest(2, 3, {"loss": 0.5}, {}, world_size=1)
+    summary = RunSummary([validated, plain], None, None, 3, [])
+    first, second = [x for x in render.checkpoint_lines(summary) if "checkpoint_" in x]
+    assert first.endswith("{'val': 0.9}  VALIDATED") and second.endswith("{'loss': 0.5}")
+    shown = json.loads(render.run_json(RunState.from_json({"status": "running"}),
+                                       summary))["checkpoints"]
+    assert [c["validation"] for c in shown] == ["VALIDATED", None]
