@@ -1,5 +1,5 @@
 """The node's storage settings in this process: its local tier's directory, whether
-uploads are kept there, and the run's storage retry budget.
+uploads are kept there, the run's storage retry budget and the node's replica server.
 
 Storage never reads the environment. A worker sets these values once, as it starts,
 from its worker plan (:func:`elastic_train.worker.worker_plan.install`); what reads
@@ -21,11 +21,14 @@ class NodeSettings:
         keep_uploads: Whether the uploader keeps its staged files in the tier
             (``ELASTIC_TRAIN_LOCAL_TIER=0`` turns it off).
         retry_budget_s: ``RunConfig.storage_retry_timeout_s`` (None: the default).
+        replica_url: Where this node's replica server serves its tier ("": none; see
+            :mod:`.peer_replicas`).
     """
 
     tier_root: str | None = None
     keep_uploads: bool = True
     retry_budget_s: float | None = None
+    replica_url: str = ""
 
 
 _current = NodeSettings()

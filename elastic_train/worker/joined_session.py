@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from elastic_train.metric_rows import ReportRows
+from elastic_train.storage import node_settings
+from elastic_train.storage.peer_replicas import PeerRing
 from elastic_train.storage.uploader import CheckpointUploader
 from elastic_train.worker.committer import Committer
 from elastic_train.worker.control_group import ControlGroup
@@ -37,6 +39,18 @@ class CheckpointNumbers:
         index = self.next_index
         self.next_index += 1
         return index
+
+
+def peer_ring(group: ControlGroup, env: WorkerEnv, config: CheckpointConfig
+              ) -> PeerRing | None:
+    """Where every node serves its tier (collective in a multi-node job that asked for
+    peer copies; see :mod:`elastic_train.storage.peer_replicas`); None when no node does."""
+    if config.peer_replicas == 0 or env.world_size == env.local_world_size:
+        return None
+    gathered = group.all_gather((env.node_rank, node_settings.current().replica_url))
+    if not any(url for _, url in gathered):
+        return None
+    return PeerRing.of(env.node_rank, gathered, config.peer_replicas, env.local_world_size)
 
 
 @dataclass(frozen=True)
@@ -65,11 +79,13 @@ class JoinedSession:
         """Agrees with the other ranks on the restore point (collective) and builds the
         attempt's parts from it; ``started_at`` is when the session began."""
         group = ControlGroup(env.world_size, control_group)
-        point = agree_on_restore_point(storage, group, env.rank)
+        ring = peer_ring(group, env, config)
+        point = agree_on_restore_point(storage, group, env.rank, ring)
         committer = Committer(storage, config, point.kept_rows, point.committed) \
             if env.rank == 0 else None
         uploader = CheckpointUploader(storage.checkpoints, env.rank, staging_dir,
-                                      commit=committer.commit if committer else None)
+                                      commit=committer.commit if committer else None,
+                                      peers=ring)
         return cls(group=group, restored=point.manifest,
                    rows=ReportRows(point.training_iteration, point.time_before_restore_s,
                                    started_at),
