@@ -12,6 +12,10 @@ tier, the default retry budget.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from elastic_train.storage.peer_replicas import PeerRing
 
 
 @dataclass(frozen=True)
@@ -23,12 +27,15 @@ class NodeSettings:
         retry_budget_s: ``RunConfig.storage_retry_timeout_s`` (None: the default).
         replica_url: Where this node's replica server serves its tier ("": none; see
             :mod:`.peer_replicas`).
+        peers: Every node's replica server, as the ranks agreed at this attempt's start
+            (None: no copies on peers).
     """
 
     tier_root: str | None = None
     keep_uploads: bool = True
     retry_budget_s: float | None = None
     replica_url: str = ""
+    peers: PeerRing | None = None
 
 
 _current = NodeSettings()
@@ -40,6 +47,7 @@ def current() -> NodeSettings:
 
 
 def use(settings: NodeSettings) -> None:
-    """Makes ``settings`` this process's node settings (a worker, at its start)."""
+    """Makes ``settings`` this process's node settings (a worker, at its start, and
+    with the attempt's ``peers`` as its ranks join)."""
     global _current
     _current = settings

@@ -21,14 +21,12 @@ import os
 from collections.abc import Callable
 
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage import peer_replicas
 from elastic_train.storage.checkpoint_store import (
     CheckpointStore,
     file_matches,
 )
 from elastic_train.storage.local_tier import LocalTier, copy_checked
 from elastic_train.storage.manifest import CommitManifest
-from elastic_train.storage.peer_replicas import PeerRing
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +38,12 @@ def assigned_files(manifest: CommitManifest, rank: int, world_size: int) -> list
 
 
 def check_share(store: CheckpointStore, manifest: CommitManifest, rank: int, world_size: int,
-                tier: LocalTier | None, peers: PeerRing | None = None) -> list[str]:
+                tier: LocalTier | None) -> list[str]:
     """The files of this rank's share that do not match the manifest.
 
     On local disk the files are read in place. On a remote store each file is
     taken from the node's local tier when a good copy is there, else from a peer
-    node's copy (``peers``, see :mod:`.peer_replicas`), else downloaded into it
+    node's copy (see :mod:`.peer_replicas`), else downloaded into the tier
     (streamed and checked on the way when there is no tier).
     """
     fs, path = store.fs, store.path(manifest.index)
@@ -61,15 +59,11 @@ def check_share(store: CheckpointStore, manifest: CommitManifest, rank: int, wor
     entry = tier.entry(fs, path, manifest.index)
     with entry.locked(fcntl.LOCK_SH):
         return [rel for rel in rels
-                if tier.local_file(entry, rel, manifest.files[rel]) is None
-                and (peers is None or peer_replicas.fetch(peers, entry, rel,
-                                                          manifest.files[rel]) is None)
-                and tier.download(fs, path, entry, rel, manifest.files[rel]) is None]
+                if tier.obtain(fs, path, entry, rel, manifest.files[rel]) is None]
 
 
 def choose_intact(store: CheckpointStore, manifests: list[CommitManifest], rank: int,
-                  world_size: int, all_ok: Callable[[bool], bool],
-                  peers: PeerRing | None = None) -> CommitManifest | None:
+                  world_size: int, all_ok: Callable[[bool], bool]) -> CommitManifest | None:
     """The newest of ``manifests`` (oldest first) that every rank found intact.
 
     Collective: every rank calls it with the same manifests; ``all_ok(mine)``
@@ -79,7 +73,7 @@ def choose_intact(store: CheckpointStore, manifests: list[CommitManifest], rank:
     tier = LocalTier.of_node()
     chosen = None
     for manifest in reversed(manifests):
-        bad = check_share(store, manifest, rank, world_size, tier, peers)
+        bad = check_share(store, manifest, rank, world_size, tier)
         if bad:
             logger.warning("Checkpoint %s is damaged: files not matching its manifest: %s.",
                            manifest.name, ", ".join(bad[:5]))

@@ -43,7 +43,6 @@ from elastic_train.storage.checkpoint_store import (
 )
 from elastic_train.storage.local_tier import LocalTier
 from elastic_train.storage.manifest import CommitManifest
-from elastic_train.storage.peer_replicas import PeerRing
 from elastic_train.storage.upload_progress import (
     ProgressReporter,
     UploadCancelled,
@@ -154,15 +153,13 @@ class CheckpointUploader:
 
     def __init__(self, store: CheckpointStore, rank: int, staging_root: str,
                  commit: Callable[[CommitManifest, list[int], bool], None] | None = None,
-                 max_pending: int = 1, tier: LocalTier | None = None,
-                 peers: PeerRing | None = None):
+                 max_pending: int = 1, tier: LocalTier | None = None):
         self.store = store
         self.rank = rank
         self.staging_root = staging_root
         self.commit = commit
         # Remote stores only: a local run directory is its own local copy.
         self.tier = None if store.adapter.is_local else tier or LocalTier.for_uploads()
-        self.peers = peers if self.tier is not None else None
         self._queue: queue.Queue[UploadJob | None] = queue.Queue(maxsize=max_pending)
         self._done: dict[int, str | None] = {}
         self._queued = 0  # jobs submitted and not done yet
@@ -298,8 +295,8 @@ class CheckpointUploader:
             if job.relpaths:
                 self.tier.keep(store.fs, store.path(job.index), job.staged_dir, job.relpaths,
                                job.index)
-                if self.peers is not None:
-                    peer_replicas.send(self.peers, self.tier.entry(
+                if self.tier.peers is not None:
+                    peer_replicas.send(self.tier.peers, self.tier.entry(
                         store.fs, store.path(job.index), job.index), files)
             committed = job.index if job.manifest is not None else None
             self.tier.supersede(store.fs, store.run_path, lambda index: index == committed

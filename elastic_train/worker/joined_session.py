@@ -9,7 +9,7 @@ is one frozen object, so no part of the session exists half-built.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from elastic_train.metric_rows import ReportRows
@@ -41,13 +41,14 @@ class CheckpointNumbers:
         return index
 
 
-def peer_ring(group: ControlGroup, env: WorkerEnv, config: CheckpointConfig
-              ) -> PeerRing | None:
-    """Where every node serves its tier (collective in a multi-node job that asked for
-    peer copies; see :mod:`elastic_train.storage.peer_replicas`); None when no node does."""
+def peer_ring(group: ControlGroup, env: WorkerEnv, config: CheckpointConfig,
+              replica_url: str) -> PeerRing | None:
+    """Where every node serves its tier, this node at ``replica_url`` (collective in a
+    multi-node job that asked for peer copies; see
+    :mod:`elastic_train.storage.peer_replicas`); None when no node does."""
     if config.peer_replicas == 0 or env.world_size == env.local_world_size:
         return None
-    gathered = group.all_gather((env.node_rank, node_settings.current().replica_url))
+    gathered = group.all_gather((env.node_rank, replica_url))
     if not any(url for _, url in gathered):
         return None
     return PeerRing.of(env.node_rank, gathered, config.peer_replicas, env.local_world_size)
@@ -79,13 +80,14 @@ class JoinedSession:
         """Agrees with the other ranks on the restore point (collective) and builds the
         attempt's parts from it; ``started_at`` is when the session began."""
         group = ControlGroup(env.world_size, control_group)
-        ring = peer_ring(group, env, config)
-        point = agree_on_restore_point(storage, group, env.rank, ring)
+        settings = node_settings.current()
+        node_settings.use(replace(settings, peers=peer_ring(group, env, config,
+                                                             settings.replica_url)))
+        point = agree_on_restore_point(storage, group, env.rank)
         committer = Committer(storage, config, point.kept_rows, point.committed) \
             if env.rank == 0 else None
         uploader = CheckpointUploader(storage.checkpoints, env.rank, staging_dir,
-                                      commit=committer.commit if committer else None,
-                                      peers=ring)
+                                      commit=committer.commit if committer else None)
         return cls(group=group, restored=point.manifest,
                    rows=ReportRows(point.training_iteration, point.time_before_restore_s,
                                    started_at),

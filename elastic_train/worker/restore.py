@@ -33,7 +33,6 @@ from typing import Any
 
 from elastic_train.errors import StorageError
 from elastic_train.storage import CommitManifest, RunStorage
-from elastic_train.storage.peer_replicas import PeerRing
 from elastic_train.storage.restore_check import choose_intact
 from elastic_train.storage.retention import CheckpointRecord
 from elastic_train.storage.run_state import RestoreRecord
@@ -128,13 +127,12 @@ def resumable_state(manifest: CommitManifest, rank: int, world_size: int,
     return state and {"epoch": state["epoch"], "batch": 0}
 
 
-def agree_on_restore_point(storage: RunStorage, group: ControlGroup, rank: int,
-                           peers: PeerRing | None = None) -> RestorePoint:
+def agree_on_restore_point(storage: RunStorage, group: ControlGroup,
+                           rank: int) -> RestorePoint:
     """The restore point every rank of ``group`` resumes from (collective).
 
     Rank 0 sweeps the run directory; all ranks check their share of the newest
-    committed checkpoint (what their node lacks from ``peers`` first, when given)
-    and fall back together (see
+    committed checkpoint and fall back together (see
     :func:`~elastic_train.storage.restore_check.choose_intact`); rank 0 decides and
     trims the history past the point, and every rank learns it.
     """
@@ -142,7 +140,7 @@ def agree_on_restore_point(storage: RunStorage, group: ControlGroup, rank: int,
     removed, manifests = group.broadcast(swept)
     storage.checkpoints.remember(manifests)  # custom directory names, on every rank
     chosen = choose_intact(storage.checkpoints, manifests, rank, group.world_size,
-                           lambda ok: not group.any_rank(not ok)[0], peers)
+                           lambda ok: not group.any_rank(not ok)[0])
     point = load_restore_point(storage, group.world_size, manifests, chosen, removed) \
         if rank == 0 else None
     shared = group.broadcast(point.for_every_rank() if point is not None else None)

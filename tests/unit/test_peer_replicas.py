@@ -76,7 +76,7 @@ def tier(tmp_path, monkeypatch):
 SHARE = {"__0_0.distcp": os.urandom(300_000), "nested/extra.pt": b"x" * 1000}
 
 
-def test_uploaded_files_reach_the_peer_and_restore_from_it_without_the_store(
+def test_sent_files_reach_the_peer_and_restore_from_it_without_the_store(
         store, tier, peer, tmp_path):
     peer_tier, url = peer
     m = committed(store, 0, tmp_path, {0: SHARE})
@@ -90,7 +90,7 @@ def test_uploaded_files_reach_the_peer_and_restore_from_it_without_the_store(
     LocalTier(tier.root).prune(store.fs, store.run_path, lambda index: False)
     for rel in SHARE:
         store.fs.rm(f"{store.path(0)}/{rel}")
-    assert check_share(store, m, 0, 1, tier, ring_0) == []
+    assert check_share(store, m, 0, 1, LocalTier(tier.root, peers=ring_0)) == []
     for rel, data in SHARE.items():
         with open(os.path.join(entry.verified, rel), "rb") as f:
             assert f.read() == data
@@ -105,7 +105,8 @@ def _staged(tmp_path, name):
 def test_the_uploader_sends_after_the_upload(store, tier, peer, tmp_path):
     peer_tier, url = peer
     ring = PeerRing.of(0, [(0, ""), (1, url)], 1, 1)
-    uploader = CheckpointUploader(store, 0, str(tmp_path / "staging"), peers=ring)
+    uploader = CheckpointUploader(store, 0, str(tmp_path / "staging"),
+                                  tier=LocalTier(str(tmp_path / "tier"), peers=ring))
     write_files(tmp_path / "src", SHARE)
     uploader.submit(UploadJob.plan(0, [list(SHARE)], 0), str(tmp_path / "src"))
     uploader.close()
@@ -124,7 +125,7 @@ def test_a_corrupted_copy_on_the_peer_falls_back_to_the_store(store, tier, peer,
     entry = tier.entry(store.fs, store.path(0), 0)
     assert fetch(ring, entry, "__0_0.distcp", m.files["__0_0.distcp"]) is None
     assert not os.path.exists(os.path.join(entry.verified, "__0_0.distcp"))
-    assert check_share(store, m, 0, 1, tier, ring) == []  # from the store
+    assert check_share(store, m, 0, 1, LocalTier(tier.root, peers=ring)) == []  # the store
     with open(os.path.join(entry.verified, "__0_0.distcp"), "rb") as f:
         assert f.read() == SHARE["__0_0.distcp"]
 
@@ -132,7 +133,7 @@ def test_a_corrupted_copy_on_the_peer_falls_back_to_the_store(store, tier, peer,
 def test_no_peer_at_all_falls_back_to_the_store(store, tier, tmp_path):
     m = committed(store, 0, tmp_path, {0: SHARE})
     ring = PeerRing.of(0, [(0, ""), (1, "http://127.0.0.1:9")], 1, 1)  # nothing listens
-    assert check_share(store, m, 0, 1, tier, ring) == []
+    assert check_share(store, m, 0, 1, LocalTier(tier.root, peers=ring)) == []
 
 
 def test_replicas_are_pruned_with_the_tier(store, peer, tmp_path):
@@ -173,3 +174,18 @@ def test_the_server_keeps_only_matching_bodies_and_serves_only_the_tier(peer, tm
         assert _request(url, "GET", bad)[0] == 404, bad
         assert _request(url, "PUT", bad, b"data", {"X-Crc32": "adf3f363"})[0] == 400, bad
     assert not os.path.exists(tmp_path / "peer_tier" / "secret")
+
+
+def test_a_whole_checkpoint_read_takes_another_nodes_files_from_that_node(
+        store, tier, peer, tmp_path):
+    """``Checkpoint.as_directory()`` on node 0 of a file node 1 wrote (rank 1): node 1's
+    own kept copy serves it, the store is not read."""
+    peer_tier, url = peer
+    m = committed(store, 0, tmp_path, {1: SHARE})
+    peer_tier.keep(store.fs, store.path(0), _staged(tmp_path, "own"), list(SHARE), 0)
+    for rel in SHARE:
+        store.fs.rm(f"{store.path(0)}/{rel}")
+    ring = PeerRing.of(0, [(0, ""), (1, url)], 1, 1)
+    with LocalTier(tier.root, peers=ring).local_copy(store.fs, store.path(0), m) as d:
+        with open(os.path.join(d, "__0_0.distcp"), "rb") as f:
+            assert f.read() == SHARE["__0_0.distcp"]
