@@ -58,8 +58,9 @@ def entry_and_file(root: str, url_path: str) -> tuple[TierEntry, str] | None:
 
 
 def stored_copy(entry: TierEntry, rel: str) -> str | None:
-    """The tier's copy of ``rel``: verified first, else kept; None without one."""
-    for base in (entry.verified, entry.kept):
+    """The tier's copy of ``rel``: verified first, else kept (verified again: the node
+    moves a kept copy there once it checked it); None without one."""
+    for base in (entry.verified, entry.kept, entry.verified):
         path = confined(base, rel)
         if os.path.isfile(path):
             return path
