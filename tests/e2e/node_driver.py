@@ -12,7 +12,8 @@ arguments: the storage seen through a node's NFS caches), and
 ``storage_options`` (``endpoint_url`` replaced by ``$NODE_STORAGE_ENDPOINT`` when set:
 each node through a proxy of its own), ``checkpoint`` (``CheckpointConfig`` arguments)
 and ``train`` (more of ``train_mlp``'s config). Rank 0 writes its driver's pid to
-``OUT_DIR/rank0.driver`` and its node's local tier to ``OUT_DIR/tier.0`` at every start;
+``OUT_DIR/rank0.driver``, and rank R its node's local tier to ``OUT_DIR/tier.R``, at every
+start;
 the driver prints ``DIGEST <hex>`` at the end.
 """
 
@@ -38,11 +39,12 @@ NODE_ENDPOINT = "NODE_STORAGE_ENDPOINT"  # this node's endpoint_url (its own pro
 
 
 def train(config):
-    if et.get_context().get_world_rank() == 0:
+    rank = et.get_context().get_world_rank()
+    if rank == 0:
         with open(os.path.join(config["out_dir"], "rank0.driver"), "w") as f:
             f.write(os.environ[DRIVER_PID])
-        with open(os.path.join(config["out_dir"], "tier.0"), "w") as f:  # node 0's tier
-            f.write(node_settings.current().tier_root or "")
+    with open(os.path.join(config["out_dir"], f"tier.{rank}"), "w") as f:  # its node's tier
+        f.write(node_settings.current().tier_root or "")
     return jobs.train_mlp(config)
 
 
