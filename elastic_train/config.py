@@ -375,8 +375,9 @@ class CheckpointConfig:
             also go to this many peer nodes (the next ones in node-rank order, a
             ring), so that a replacement node, or one whose disk was wiped, restores
             its share from a peer over the network instead of the store (see
-            :mod:`elastic_train.storage.peer_replicas`). ``0`` turns it off.
-            ``elastic-train launch --peer-replicas K``.
+            :mod:`elastic_train.storage.peer_replicas`); each node's disk then also
+            holds K other nodes' shares of the newest checkpoint. ``0`` turns it
+            off. ``elastic-train launch --peer-replicas K``.
 
     Example::
 

@@ -29,6 +29,7 @@ import contextlib
 import http.server
 import os
 import re
+import select
 import socket
 import subprocess
 import sys
@@ -40,6 +41,7 @@ from elastic_train.errors import CorruptManifestError
 from elastic_train.storage.local_tier import TierEntry, confined
 
 CHUNK = 1 << 20
+START_TIMEOUT_S = 30.0
 _PATH_RE = re.compile(r"^/([0-9a-f]{16})/(checkpoint_\d{6,})/(.+)$")
 
 
@@ -148,18 +150,22 @@ def host_for(local_addr: str | None, rendezvous_endpoint: str | None) -> str:
     return socket.getfqdn()
 
 
-def start(root: str, host: str) -> tuple[subprocess.Popen, str]:
+def start(root: str, host: str, timeout_s: float = START_TIMEOUT_S
+          ) -> tuple[subprocess.Popen, str]:
     """Starts this node's server on ``root`` (created if missing), bound to ``host``;
-    returns the process and its URL (``http://host:port``)."""
+    returns the process and its URL (``http://host:port``). In a session of its own, so
+    that a Ctrl-C at the terminal reaches the driver only (it stops the server)."""
     os.makedirs(root, exist_ok=True)
     proc = subprocess.Popen(
         [sys.executable, "-m", __name__, root, host, str(os.getpid())],
-        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    line = proc.stdout.readline() if proc.stdout else ""
+        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    line = proc.stdout.readline() if ready else ""
     if not line.startswith("PORT "):
-        proc.kill()
-        proc.wait()
-        raise OSError(f"the replica server did not start on {host} (it said {line!r})")
+        stop(proc)
+        raise OSError(f"the replica server did not start on {host} within {timeout_s:g} s "
+                      f"(it said {line!r})")
     bracketed = f"[{host}]" if ":" in host else host
     return proc, f"http://{bracketed}:{int(line.split()[1])}"
 
