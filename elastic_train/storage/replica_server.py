@@ -101,11 +101,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._empty(404)
             return
         with open(path, "rb") as f:  # open: a prune that removes it now does not cut it
+            size = os.fstat(f.fileno()).st_size
             self.send_response(200)
-            self.send_header("Content-Length", str(os.fstat(f.fileno()).st_size))
+            self.send_header("Content-Length", str(size))
             self.end_headers()
-            while chunk := f.read(CHUNK):
-                self.wfile.write(chunk)
+            self.wfile.flush()
+            self.connection.sendfile(f)  # in the kernel where it can: no copies through Python
 
     def do_PUT(self) -> None:  # noqa: N802
         found = entry_and_file(self.root, self.path)
