@@ -37,6 +37,7 @@ import contextlib
 import http.client
 import logging
 import os
+import threading
 import urllib.parse
 import uuid
 import zlib
@@ -106,28 +107,31 @@ def _connect(url: str) -> http.client.HTTPConnection:
     return http.client.HTTPConnection(parts.hostname, parts.port, timeout=TIMEOUT_S)
 
 
-def send(ring: PeerRing, entry: TierEntry, files: dict[str, dict[str, Any]]) -> None:
+def send(ring: PeerRing, entry: TierEntry, files: dict[str, dict[str, Any]],
+         cancelled: threading.Event | None = None) -> None:
     """Sends this rank's ``files`` (rel -> manifest info) of ``entry`` from the tier to
-    the K successors of this node; a peer that fails is named in a warning."""
+    the K successors of this node, until ``cancelled`` is set (an in-process restart
+    waits for no more than the file being sent); a peer that fails is named in a
+    warning."""
     for node in ring.successors(ring.node):
         url = ring.urls.get(node)
         if not url:
             continue
         try:
-            _send_to(url, ring, entry, files)
+            _send_to(url, ring, entry, files, cancelled or threading.Event())
         except (OSError, http.client.HTTPException) as exc:
             logger.warning("Could not copy checkpoint files to node %d (%s): %s; a "
                            "replacement of this node will read them from the store.",
                            node, url, exc)
 
 
-def _send_to(url: str, ring: PeerRing, entry: TierEntry,
-             files: dict[str, dict[str, Any]]) -> None:
+def _send_to(url: str, ring: PeerRing, entry: TierEntry, files: dict[str, dict[str, Any]],
+             cancelled: threading.Event) -> None:
     conn = _connect(url)
     try:
         for rel, info in sorted(files.items()):
             path = stored_copy(entry, rel)
-            if path is None:  # pruned meanwhile: a newer checkpoint is committed
+            if path is None or cancelled.is_set():  # pruned meanwhile, or abandoned
                 return
             with open(path, "rb") as f:
                 conn.request("PUT", ring.url_path(entry, rel), body=f, headers={

@@ -297,7 +297,7 @@ class CheckpointUploader:
                                job.index)
                 if self.tier.peers is not None:
                     peer_replicas.send(self.tier.peers, self.tier.entry(
-                        store.fs, store.path(job.index), job.index), files)
+                        store.fs, store.path(job.index), job.index), files, self._abandoned)
             committed = job.index if job.manifest is not None else None
             self.tier.supersede(store.fs, store.run_path, lambda index: index == committed
                                 or store.is_committed(store.name(index)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import threading
 import urllib.parse
 import uuid
 
@@ -189,3 +190,16 @@ def test_a_whole_checkpoint_read_takes_another_nodes_files_from_that_node(
     with LocalTier(tier.root, peers=ring).local_copy(store.fs, store.path(0), m) as d:
         with open(os.path.join(d, "__0_0.distcp"), "rb") as f:
             assert f.read() == SHARE["__0_0.distcp"]
+
+
+def test_an_abandoned_upload_sends_no_more_files(store, peer, tmp_path):
+    """An in-process restart abandons the uploader: its send stops before the next file."""
+    peer_tier, url = peer
+    m = committed(store, 0, tmp_path, {0: SHARE})
+    src = LocalTier(str(tmp_path / "sender"))
+    src.keep(store.fs, store.path(0), _staged(tmp_path, "x"), list(SHARE), 0)
+    cancelled = threading.Event()
+    cancelled.set()
+    send(PeerRing.of(0, [(0, ""), (1, url)], 1, 1), src.entry(store.fs, store.path(0), 0),
+         m.files, cancelled)
+    assert not os.path.exists(peer_tier.entry(store.fs, store.path(0), 0).kept)
