@@ -30,12 +30,12 @@ import elastic_train as et
 from elastic_train.storage import node_settings
 from elastic_train.torch import TorchTrainer
 from tests.support import jobs, stale_fs
+from tests.support.peer_faults import NODE_ENDPOINT
 
 cloudpickle.register_pickle_by_value(jobs)
 
 
 DRIVER_PID = "NODE_DRIVER_PID"  # set by the driver, inherited by its workers
-NODE_ENDPOINT = "NODE_STORAGE_ENDPOINT"  # this node's endpoint_url (its own proxy)
 
 
 def train(config):

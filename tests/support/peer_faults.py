@@ -26,6 +26,7 @@ from tests.support.nodes import node_drivers, node_log
 from tests.support.servers import TcpProxy
 
 SUFFIX = ".kept"
+NODE_ENDPOINT = "NODE_STORAGE_ENDPOINT"  # a node driver's endpoint_url (its own proxy)
 
 
 def tier_files(root: str) -> dict[str, bytes]:
@@ -66,7 +67,7 @@ def wipe_tier(peer: str, out_dir: str) -> None:
                 if url:
                     _put(url, "/" + name, bad)
     with open(os.path.join(out_dir, "wiped.json"), "w") as f:
-        json.dump({"time": wiped_at, "endpoint": os.environ.get("NODE_STORAGE_ENDPOINT", ""),
+        json.dump({"time": wiped_at, "endpoint": os.environ.get(NODE_ENDPOINT, ""),
                    "held": sorted(held)}, f)
 
 
@@ -118,7 +119,7 @@ def run_two_nodes(storage, tmp_path, rendezvous: dict, fault: dict, **settings) 
     settings = {"storage": storage.url, "storage_options": storage.options,
                 "out_dir": str(out_dir), "max_failures": 1, "rendezvous": rendezvous,
                 "nodes": [2, 2], "fault": {**fault, "out_dir": str(out_dir)}, **settings}
-    envs = [{"NODE_STORAGE_ENDPOINT": f"http://127.0.0.1:{p.port}"} for p in proxies]
+    envs = [{NODE_ENDPOINT: f"http://127.0.0.1:{p.port}"} for p in proxies]
     try:
         with node_drivers(settings, tmp_path, envs) as procs:
             codes = [proc.wait(200) for proc in procs]
