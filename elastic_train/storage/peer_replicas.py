@@ -15,7 +15,9 @@ node's server (:class:`PeerRing`, gathered with the restore agreement):
   learn nothing, and a copy is used only once a committed manifest says it matches
   (as the node's own kept files). A copy of a checkpoint that never commits goes
   with the entry, at the next prune. A send that fails is a warning: the checkpoint
-  is in the store.
+  is in the store. The send is part of the rank's upload job, so it never holds up a
+  training step; a ``report()`` waits for it only as it waits for a slow upload (at
+  most one job uploading and one queued).
 * **Pruning.** Copies live in the peer's tier as any kept file, so they go when the
   tier drops the entry (a newer checkpoint committed, a restart that resumes from
   another one, the node's run ending).

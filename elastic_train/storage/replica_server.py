@@ -142,7 +142,9 @@ def serve(root: str, host: str) -> None:
 def host_for(local_addr: str | None, rendezvous_endpoint: str | None) -> str:
     """The address a node's server binds and its peers use: the node's ``local_addr``;
     else loopback when the nodes meet at a loopback endpoint (all on this machine);
-    else the node's name, as torch's agent names it."""
+    else the node's name, as torch's agent names it (where that name resolves to a
+    loopback address, give ``launch --local-addr``: peers cannot reach it, and restore
+    from the store)."""
     if local_addr:
         return local_addr
     host = urllib.parse.urlsplit(f"//{rendezvous_endpoint or ''}").hostname or ""
