@@ -24,6 +24,7 @@ from bench.gpu_figure import gpu
 from bench.measure import FaultPlan, Sample, measure, phase_order
 from bench.nodes_figure import nodes
 from bench.overhead_figure import overhead
+from bench.peer_figure import peer_restore
 from bench.profiles import Profile
 from bench.recovery_figure import recovery
 from bench.rendezvous_figure import rendezvous
@@ -345,7 +346,8 @@ FIGURE_FUNCTIONS: dict[str, Callable[[Suite], list[Table]]] = {
     "cold_start": cold_start, "steps": steps, "checkpoint": checkpoint,
     "recovery": recovery, "memory": memory, "scaling": scaling, "storage": storage,
     "rendezvous": rendezvous, "rendezvous_scale": rendezvous_scale,
-    "shard_reads": shard_reads, "local_tier": local_tier, "overhead": overhead,
+    "shard_reads": shard_reads, "peer_restore": peer_restore, "local_tier": local_tier,
+    "overhead": overhead,
     "nodes": nodes, "soak": soak, "gpu": gpu,
 }
 

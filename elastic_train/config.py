@@ -406,11 +406,24 @@ class CheckpointConfig:
         checkpoint_score_attribute: A metric reported with each checkpoint, or one
             its asynchronous validation returns (``report(validation=...)``).
         checkpoint_score_order: ``"max"`` (default, as in Ray) or ``"min"``.
+        peer_replicas: Our addition to Ray (Ray keeps no node-local copies): with a
+            remote store and more than one node, each node's uploaded checkpoint files
+            also go to this many peer nodes (the next ones in node-rank order, a
+            ring), so that a replacement node, or one whose disk was wiped, restores
+            its share from a peer over the network instead of the store (see
+            :mod:`elastic_train.storage.peer_replicas`); each node's disk then also
+            holds K other nodes' shares of the newest checkpoint. ``0`` turns it
+            off. ``elastic-train launch --peer-replicas K``.
+
+    Example::
+
+        CheckpointConfig(num_to_keep=2, peer_replicas=1)
     """
 
     num_to_keep: int | None = None
     checkpoint_score_attribute: str | None = None
     checkpoint_score_order: str = "max"
+    peer_replicas: int = 1
 
     def __post_init__(self) -> None:
         _require(
@@ -434,6 +447,14 @@ class CheckpointConfig:
                 and self.checkpoint_score_attribute),
             f"CheckpointConfig.checkpoint_score_attribute={self.checkpoint_score_attribute!r} "
             "is invalid: use the name of a reported metric, or None.",
+        )
+        _require(
+            "CheckpointConfig.peer_replicas",
+            isinstance(self.peer_replicas, int) and not isinstance(self.peer_replicas, bool)
+            and self.peer_replicas >= 0,
+            f"CheckpointConfig.peer_replicas={self.peer_replicas!r} is invalid: use the number "
+            "of peer nodes that keep a copy of each node's checkpoint files (an integer >= 0; "
+            "0 turns copies off), e.g. CheckpointConfig(peer_replicas=1).",
         )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from elastic_train.config import DEFAULT_STORAGE_PATH, FailureConfig
+from elastic_train.config import DEFAULT_STORAGE_PATH, CheckpointConfig, FailureConfig
 from elastic_train.errors import ConfigError
 from elastic_train.stragglers import StragglerConfig
 
@@ -150,6 +150,9 @@ def add_our_flags(parser: argparse.ArgumentParser) -> None:
     flag(ours, "num-to-keep", type=int, default=None, help="checkpoints to keep")
     flag(ours, "checkpoint-score-attribute", default=None)
     flag(ours, "checkpoint-score-order", default="max", choices=("max", "min"))
+    flag(ours, "peer-replicas", type=int, default=CheckpointConfig().peer_replicas,
+         help="peer nodes that keep a copy of each node's checkpoint files, for a "
+              "replacement node to restore from (default 1; 0: none)")
     flag(ours, "start-over", action="store_true", help=START_OVER_HELP)
     flag(ours, "dry-run", action="store_true",
          help="print the settings this launch would use and where each came from (flag, "

@@ -59,6 +59,7 @@ _FIELD_SETTINGS = {
     "CheckpointConfig.num_to_keep": "num_to_keep",
     "CheckpointConfig.checkpoint_score_attribute": "checkpoint_score_attribute",
     "CheckpointConfig.checkpoint_score_order": "checkpoint_score_order",
+    "CheckpointConfig.peer_replicas": "peer_replicas",
     "RunConfig.name": "name",
     "RunConfig.storage_path": "storage_path",
     "RendezvousConfig.backend": "rdzv_backend",
@@ -67,6 +68,7 @@ _FIELD_SETTINGS = {
 # "checkpoint_config"; --start-over applies to one launch only; the sources are
 # where the values came from on this node, and storage options may hold credentials.
 _NOT_RECORDED = ("num_to_keep", "checkpoint_score_attribute", "checkpoint_score_order",
+                 "peer_replicas",
                  "start_over", "sources", "storage_option")
 
 
@@ -135,6 +137,7 @@ class LaunchSettings:
     num_to_keep: int | None = None
     checkpoint_score_attribute: str | None = None
     checkpoint_score_order: str = "max"
+    peer_replicas: int = CheckpointConfig().peer_replicas
     start_over: bool = False
     sources: dict[str, str] = field(default_factory=dict)
     # Resolved by __post_init__:
@@ -279,7 +282,8 @@ class LaunchSettings:
         self.checkpoint = CheckpointConfig(
             num_to_keep=self.num_to_keep,
             checkpoint_score_attribute=self.checkpoint_score_attribute,
-            checkpoint_score_order=self.checkpoint_score_order)
+            checkpoint_score_order=self.checkpoint_score_order,
+            peer_replicas=self.peer_replicas)
         name, self.name_source = self._name()
         self.run_config = RunConfig(
             name=name, storage_path=self.storage_path,

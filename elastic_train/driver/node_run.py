@@ -28,6 +28,7 @@ import logging
 import os
 import shutil
 import socket
+import subprocess
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -43,7 +44,7 @@ from elastic_train.driver.run_record import RunRecord
 from elastic_train.driver.supervisor import RunSupervisor
 from elastic_train.errors import NoProgressError, PreemptionError, TrainingFailedError
 from elastic_train.rendezvous_config import RendezvousConfig
-from elastic_train.storage import RunStorage
+from elastic_train.storage import RunStorage, replica_server
 from elastic_train.storage.run_state import RunStatus
 from elastic_train.worker import user_code
 from elastic_train.worker.worker_plan import WorkerPlan
@@ -125,6 +126,8 @@ class NodeRun:
         self.scratch = ""
         self.lease: RunLease | None = None
         self.user_roots: tuple[str, ...] = ()
+        self.replicas: subprocess.Popen | None = None
+        self.replica_url = ""
 
     def __enter__(self) -> NodeRun:
         plan = self.plan
@@ -144,13 +147,35 @@ class NodeRun:
         self.lease = RunLease.acquire(plan.storage, plan.rendezvous, self._description())
         plan.storage.use_fence(self.lease.token)
         self.scratch = scratch.make(scratch.NODE_PREFIX)
+        self._start_replica_server()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if self.replicas is not None:
+            replica_server.stop(self.replicas)
         shutil.rmtree(self.scratch, ignore_errors=True)
         if self.lease is not None:
             self.lease.release()
+
+    @property
+    def tier_root(self) -> str:
+        """The node's local tier (:mod:`elastic_train.storage.local_tier`)."""
+        return os.path.join(self.scratch, "checkpoint_cache")
+
+    def _start_replica_server(self) -> None:
+        """Serves the node's tier to its peers (:mod:`elastic_train.storage.peer_replicas`)
+        when the job may have several nodes, a remote store and copies asked for."""
+        plan = self.plan
+        if (plan.storage.is_local or plan.scaling.nodes[1] < 2
+                or plan.run_config.checkpoint_config.peer_replicas == 0
+                or not env_vars.Switches.from_environ().local_tier):
+            return
+        host = replica_server.host_for(plan.local_addr, plan.rendezvous.endpoint)
+        try:
+            self.replicas, self.replica_url = replica_server.start(self.tier_root, host)
+        except OSError as exc:
+            logger.warning("No copies of checkpoint files on this node's peers: %s", exc)
 
     def _description(self) -> str:
         """Who holds the run, as a second job's refusal names it."""
@@ -217,7 +242,7 @@ class NodeRun:
         return WorkerPlan(
             run_name=run_config.name, checkpoint_config=run_config.checkpoint_config,
             staging_dir=self.staging_dir,
-            tier_root=os.path.join(self.scratch, "checkpoint_cache"),
+            tier_root=self.tier_root, replica_url=self.replica_url,
             keep_uploads=env_vars.Switches.from_environ().local_tier,
             storage_retry_s=run_config.storage_retry_timeout_s,
             lease_token=self.lease.token if self.lease else None, user_roots=self.user_roots)

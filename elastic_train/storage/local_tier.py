@@ -46,7 +46,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import fsspec
 
@@ -57,6 +57,9 @@ from elastic_train.storage.checkpoint_store import MARKER, dir_name, file_matche
 from elastic_train.storage.manifest import CommitManifest, check_relpath
 from elastic_train.storage.retry import RetryPolicy, run_policy
 from elastic_train.storage.stores import adapter_for
+
+if TYPE_CHECKING:
+    from elastic_train.storage.peer_replicas import PeerRing
 
 logger = logging.getLogger(__name__)
 
@@ -158,15 +161,19 @@ class LocalTier:
             state = torch.load(os.path.join(d, "state.pt"))
     """
 
-    def __init__(self, root: str, retry: RetryPolicy | None = None):
+    def __init__(self, root: str, retry: RetryPolicy | None = None,
+                 peers: PeerRing | None = None):
         self.root = root
         self.retry = retry or RetryPolicy()
+        self.peers = peers
 
     @classmethod
     def of_node(cls) -> LocalTier | None:
-        """The tier of this node's run, as its workers see it; None elsewhere."""
-        root = node_settings.current().tier_root
-        return cls(root, run_policy()) if root else None
+        """The tier of this node's run, as its workers see it, with the peers that hold
+        copies of its files; None elsewhere."""
+        settings = node_settings.current()
+        return cls(settings.tier_root, run_policy(), settings.peers) \
+            if settings.tier_root else None
 
     @classmethod
     def for_uploads(cls) -> LocalTier | None:
@@ -262,6 +269,22 @@ class LocalTier:
             os.replace(kept, verified)
         return verified
 
+    def from_peers(self, entry: TierEntry, rel: str, info: dict[str, Any]) -> str | None:
+        """A verified copy of ``rel`` fetched from a peer node into the entry; None without
+        peers, or when none has a copy that matches ``info``."""
+        if self.peers is None:
+            return None
+        from elastic_train.storage import peer_replicas  # it builds on this module
+
+        return peer_replicas.fetch(self.peers, entry, rel, info)
+
+    def obtain(self, fs: fsspec.AbstractFileSystem, path: str, entry: TierEntry, rel: str,
+               info: dict[str, Any]) -> str | None:
+        """A verified copy of ``rel`` in the entry: the node's own, else a peer's, else
+        downloaded from the store; None when none matches ``info``."""
+        return (self.local_file(entry, rel, info) or self.from_peers(entry, rel, info)
+                or self.download(fs, path, entry, rel, info))
+
     def download(self, fs: fsspec.AbstractFileSystem, path: str, entry: TierEntry, rel: str,
                  info: dict[str, Any] | None) -> str | None:
         """Fetches ``rel`` of checkpoint ``path`` into the entry; None (nothing kept) when
@@ -312,8 +335,7 @@ class LocalTier:
               manifest: CommitManifest | None) -> None:
         files = manifest.files if manifest is not None else {}
         bad = [rel for rel, info in files.items()
-               if self.local_file(entry, rel, info) is None
-               and self.download(fs, path, entry, rel, info) is None]
+               if self.obtain(fs, path, entry, rel, info) is None]
         if bad:
             raise StorageError(f"{fsutil.display_path(fs, path)}: files not matching the "
                                f"checkpoint's manifest: {', '.join(bad[:5])}")

@@ -1,5 +1,5 @@
 """The node's storage settings in this process: its local tier's directory, whether
-uploads are kept there, and the run's storage retry budget.
+uploads are kept there, the run's storage retry budget and the node's replica server.
 
 Storage never reads the environment. A worker sets these values once, as it starts,
 from its worker plan (:func:`elastic_train.worker.worker_plan.install`); what reads
@@ -12,6 +12,10 @@ tier, the default retry budget.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from elastic_train.storage.peer_replicas import PeerRing
 
 
 @dataclass(frozen=True)
@@ -21,11 +25,17 @@ class NodeSettings:
         keep_uploads: Whether the uploader keeps its staged files in the tier
             (``ELASTIC_TRAIN_LOCAL_TIER=0`` turns it off).
         retry_budget_s: ``RunConfig.storage_retry_timeout_s`` (None: the default).
+        replica_url: Where this node's replica server serves its tier ("": none; see
+            :mod:`.peer_replicas`).
+        peers: Every node's replica server, as the ranks agreed at this attempt's start
+            (None: no copies on peers).
     """
 
     tier_root: str | None = None
     keep_uploads: bool = True
     retry_budget_s: float | None = None
+    replica_url: str = ""
+    peers: PeerRing | None = None
 
 
 _current = NodeSettings()
@@ -37,6 +47,7 @@ def current() -> NodeSettings:
 
 
 def use(settings: NodeSettings) -> None:
-    """Makes ``settings`` this process's node settings (a worker, at its start)."""
+    """Makes ``settings`` this process's node settings (a worker, at its start, and
+    with the attempt's ``peers`` as its ranks join)."""
     global _current
     _current = settings

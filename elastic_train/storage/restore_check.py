@@ -42,8 +42,9 @@ def check_share(store: CheckpointStore, manifest: CommitManifest, rank: int, wor
     """The files of this rank's share that do not match the manifest.
 
     On local disk the files are read in place. On a remote store each file is
-    taken from the node's local tier when a good copy is there, else downloaded
-    into it (streamed and checked on the way when there is no tier).
+    taken from the node's local tier when a good copy is there, else from a peer
+    node's copy (see :mod:`.peer_replicas`), else downloaded into the tier
+    (streamed and checked on the way when there is no tier).
     """
     fs, path = store.fs, store.path(manifest.index)
     rels = assigned_files(manifest, rank, world_size)
@@ -58,8 +59,7 @@ def check_share(store: CheckpointStore, manifest: CommitManifest, rank: int, wor
     entry = tier.entry(fs, path, manifest.index)
     with entry.locked(fcntl.LOCK_SH):
         return [rel for rel in rels
-                if tier.local_file(entry, rel, manifest.files[rel]) is None
-                and tier.download(fs, path, entry, rel, manifest.files[rel]) is None]
+                if tier.obtain(fs, path, entry, rel, manifest.files[rel]) is None]
 
 
 def choose_intact(store: CheckpointStore, manifests: list[CommitManifest], rank: int,

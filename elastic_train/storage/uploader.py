@@ -31,8 +31,10 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from elastic_train.errors import ConfigError, StorageError
+from elastic_train.storage import peer_replicas
 from elastic_train.storage.checkpoint_store import (
     CheckpointStore,
     describe_files,
@@ -232,8 +234,8 @@ class CheckpointUploader:
             error = None
             try:
                 if not self._abandoned.is_set():
-                    self._process(job)
-                    self._keep(job)
+                    files = self._process(job)
+                    self._keep(job, files)
             except UploadCancelled:
                 pass  # abandoned: what went up stays uncommitted
             except Exception as exc:  # surfaced by the next report() or close()
@@ -259,11 +261,14 @@ class CheckpointUploader:
         shutil.move(job.source_dir, job.staged_dir)  # a rename on the same file system
         job.relpaths = list_directory(job.staged_dir)
 
-    def _process(self, job: UploadJob) -> None:
+    def _process(self, job: UploadJob) -> dict[str, dict[str, Any]]:
+        """Uploads the job's files (then commits, on rank 0); returns what they are
+        (size, CRC-32, rank: the manifest's entries)."""
         if job.in_place and self.rank in job.owner_ranks:  # the commit reads the files
             self.store.mark_uploaded(job.index, self.rank, {})
         if job.relpaths is None:
             self._take_over(job)
+        files: dict[str, dict[str, Any]] = {}
         if job.relpaths:
             # Checksums of the staged copy: exactly the bytes uploaded, and computed
             # here rather than in report(), which then only copies.
@@ -277,10 +282,12 @@ class CheckpointUploader:
             self.store.mark_uploaded(job.index, self.rank, files)
         if job.manifest is not None and not self._abandoned.is_set():
             self.commit(job.manifest, job.owner_ranks, job.in_place)
+        return files
 
-    def _keep(self, job: UploadJob) -> None:
+    def _keep(self, job: UploadJob, files: dict[str, dict[str, Any]]) -> None:
         """Moves the uploaded files into the node's local tier, for a restart on this
-        node, and drops what the tier holds of checkpoints now superseded."""
+        node, sends them to the node's peers (:mod:`.peer_replicas`), and drops what the
+        tier holds of checkpoints now superseded."""
         if self.tier is None:
             return
         store = self.store
@@ -288,6 +295,9 @@ class CheckpointUploader:
             if job.relpaths:
                 self.tier.keep(store.fs, store.path(job.index), job.staged_dir, job.relpaths,
                                job.index)
+                if self.tier.peers is not None:
+                    peer_replicas.send(self.tier.peers, self.tier.entry(
+                        store.fs, store.path(job.index), job.index), files, self._abandoned)
             committed = job.index if job.manifest is not None else None
             self.tier.supersede(store.fs, store.run_path, lambda index: index == committed
                                 or store.is_committed(store.name(index)))

@@ -12,10 +12,12 @@ is one frozen object, so no part of the session exists half-built.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from elastic_train.metric_rows import ReportRows
+from elastic_train.storage import node_settings
+from elastic_train.storage.peer_replicas import PeerRing
 from elastic_train.storage.uploader import CheckpointUploader
 from elastic_train.worker.committer import Committer
 from elastic_train.worker.control_group import ControlGroup
@@ -42,6 +44,19 @@ class CheckpointNumbers:
         index = self.next_index
         self.next_index += 1
         return index
+
+
+def peer_ring(group: ControlGroup, env: WorkerEnv, config: CheckpointConfig,
+              replica_url: str) -> PeerRing | None:
+    """Where every node serves its tier, this node at ``replica_url`` (collective in a
+    multi-node job that asked for peer copies; see
+    :mod:`elastic_train.storage.peer_replicas`); None when no node does."""
+    if config.peer_replicas == 0 or env.world_size == env.local_world_size:
+        return None
+    gathered = group.all_gather((env.node_rank, replica_url))
+    if not any(url for _, url in gathered):
+        return None
+    return PeerRing.of(env.node_rank, gathered, config.peer_replicas, env.local_world_size)
 
 
 @dataclass(frozen=True)
@@ -72,6 +87,9 @@ class JoinedSession:
         attempt's parts from it; ``started_at`` is when the session began, ``validation``
         the trainer's validation settings."""
         group = ControlGroup(env.world_size, control_group)
+        settings = node_settings.current()
+        node_settings.use(replace(settings, peers=peer_ring(group, env, config,
+                                                             settings.replica_url)))
         point = agree_on_restore_point(storage, group, env.rank)
         committer = Committer(storage, config, point.kept_rows, point.committed) \
             if env.rank == 0 else None

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from elastic_train.checkpoint import Checkpoint
+from elastic_train.checkpoint import Checkpoint, committed_checkpoint
 from elastic_train.context import StorageInfo, TrainContext, WorkerEnv
 from elastic_train.errors import StorageError
 from elastic_train.report_config import (
@@ -187,7 +187,11 @@ class TrainSession:
     def get_checkpoint(self) -> Checkpoint | None:
         latest = self._latest()
         if latest is not None:
-            return Checkpoint(self.storage.checkpoints.path(latest.index), self.storage.fs)
+            # with its manifest, which the ranks agreed on: read again, it may be missed by
+            # a listing this process cached before the commit (s3fs), and without it
+            # the node's tier and its peers' copies would go unused
+            return committed_checkpoint(self.storage.checkpoints.path(latest.index),
+                                        self.storage.fs, latest)
         return self.spec.resume_from_checkpoint
 
     # preemption notices

@@ -49,6 +49,8 @@ class WorkerPlan:
             refused once a newer job holds it (None: unfenced).
         user_roots: The directories of the user's own code as the driver decided
             them (:mod:`elastic_train.worker.user_code`).
+        replica_url: The node's replica server (:mod:`elastic_train.storage.replica_server`;
+            "": none).
     """
 
     run_name: str
@@ -59,6 +61,7 @@ class WorkerPlan:
     storage_retry_s: float
     lease_token: int | None
     user_roots: tuple[str, ...]
+    replica_url: str = ""
 
     def write(self, directory: str) -> dict[str, str]:
         """Writes the plan into ``directory`` (private to the node's driver); returns
@@ -78,7 +81,8 @@ class WorkerPlan:
         """The values storage takes from the plan (see :mod:`.node_settings`)."""
         return node_settings.NodeSettings(tier_root=self.tier_root,
                                           keep_uploads=self.keep_uploads,
-                                          retry_budget_s=self.storage_retry_s)
+                                          retry_budget_s=self.storage_retry_s,
+                                          replica_url=self.replica_url)
 
 
 @functools.cache

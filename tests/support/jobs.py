@@ -88,6 +88,11 @@ def _inject_one(fault: dict, epoch: int, batch: int) -> None:
             f.write(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGTERM)
         return
+    if how == "wipe_tier":  # this node's disk wiped; its peers' copies kept, lost or bad
+        from tests.support.peer_faults import wipe_tier
+
+        wipe_tier(fault["peer"], fault["out_dir"])
+        raise RuntimeError(f"injected failure after wiping the node's tier at epoch {epoch}")
     if how == "wait_for_kill":  # the test SIGKILLs us from outside
         with open(fault["pid_file"], "w") as f:
             f.write(str(os.getpid()))

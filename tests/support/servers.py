@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -155,21 +156,28 @@ def _free_port_pair(offset: int) -> int:
                 return port
 
 
+_REQUEST_LINE = re.compile(rb"(GET|PUT|POST|HEAD|DELETE) (/\S*) HTTP/1\.[01]\r\n")
+
+
 class TcpProxy:
     """Forwards 127.0.0.1:port to a target; ``cut()`` makes the endpoint refuse
     and drop connections (a storage outage), ``restore()`` brings it back.
     ``upload_bytes_per_s`` caps what all connections together send to the target
-    (a slow link: uploads progress steadily, but take long). ``downloaded_between``
-    counts the bytes it passed from the target to clients."""
+    (a slow link: uploads progress steadily, but take long), ``download_bytes_per_s``
+    what they receive from it (a node's share of a store's bandwidth).
+    ``downloaded_between`` counts the bytes it passed from the target to clients;
+    ``requests`` lists the HTTP requests clients sent (time, method, path)."""
 
-    def __init__(self, target_port: int, upload_bytes_per_s: float | None = None):
+    def __init__(self, target_port: int, upload_bytes_per_s: float | None = None,
+                 download_bytes_per_s: float | None = None):
         self.target_port = target_port
         self.port = free_port()
-        self.upload_bytes_per_s = upload_bytes_per_s
-        self._link_free_at = 0.0
+        self._rates = {True: upload_bytes_per_s, False: download_bytes_per_s}
+        self._link_free_at = {True: 0.0, False: 0.0}
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
         self._received: list[tuple[float, int]] = []  # (time, bytes) sent to clients
+        self.requests: list[tuple[float, str, str]] = []
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self.restore()
@@ -219,20 +227,34 @@ class TcpProxy:
         with self._lock:
             return sum(n for t, n in self._received if start <= t <= end)
 
-    def _pace(self, size: int) -> None:
-        """Waits until the capped link has carried ``size`` more bytes."""
+    def _pace(self, size: int, upload: bool) -> None:
+        """Waits until the capped link (one each way) has carried ``size`` more bytes."""
         with self._lock:
             now = time.monotonic()
-            self._link_free_at = max(self._link_free_at, now) + size / self.upload_bytes_per_s
-            wait = self._link_free_at - now
-        time.sleep(wait)
+            free_at = max(self._link_free_at[upload], now) + size / self._rates[upload]
+            self._link_free_at[upload] = free_at
+        time.sleep(free_at - now)
+
+    def _note_requests(self, carry: bytes, data: bytes) -> bytes:
+        """Records the request lines in ``data`` (``carry``: the end of what came
+        before on the connection, so a line split between reads is seen once)."""
+        text = carry + data
+        for match in _REQUEST_LINE.finditer(text):
+            if match.end() > len(carry):
+                with self._lock:
+                    self.requests.append((time.time(), match.group(1).decode(),
+                                          match.group(2).decode(errors="replace")))
+        return text[-4096:]
 
     def _pipe(self, src: socket.socket, dst: socket.socket, upload: bool) -> None:
-        paced = upload and self.upload_bytes_per_s is not None
+        paced = self._rates[upload] is not None
+        carry = b""
         try:
             while data := src.recv(16384 if paced else 65536):
+                if upload:
+                    carry = self._note_requests(carry, data)
                 if paced:
-                    self._pace(len(data))
+                    self._pace(len(data), upload)
                 dst.sendall(data)
                 if not upload:
                     with self._lock:

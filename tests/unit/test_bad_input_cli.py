@@ -41,6 +41,8 @@ CASES = [
     ("master-port", ["launch", "--rdzv-backend", "static", "--master-port", "99999", SCRIPT],
      ["--master-addr/--master-port", "'127.0.0.1:99999'", "0 to 65535"]),
     ("num-to-keep", ["launch", "--num-to-keep", "0", SCRIPT], ["--num-to-keep", "num_to_keep=0"]),
+    ("peer-replicas", ["launch", "--peer-replicas", "-1", SCRIPT],
+     ["--peer-replicas", "peer_replicas=-1", ">= 0"]),
     ("name-slash", ["launch", "--name", "a/b", SCRIPT], ["--name", "'a/b'"]),
     ("storage-protocol", ["launch", "--storage-path", "nosuchproto://bucket/x", SCRIPT],
      ["'nosuchproto://bucket/x'", "Protocol not known"]),

@@ -1,0 +1,138 @@
+"""Faults on a node's local tier and on its peers' copies of it (peer replicas), and the
+two-node job they are tried on (the e2e tests and the chaos kind ``replica_lost``).
+
+:func:`wipe_tier` runs inside a worker (``tests.support.jobs``'s ``wipe_tier`` fault).
+A node's tier holds ``<run group>/checkpoint_NNNNNN[.kept]/<file>``; the same file of
+the same checkpoint has the same path in every node's tier, so what one node holds
+names what its peers' copies are. :func:`run_two_nodes` runs the job: two
+``tests.e2e.node_driver`` processes (one worker each) on S3, each node through a
+:class:`~tests.support.servers.TcpProxy` of its own that records its requests.
+"""
+
+from __future__ import annotations
+
+import glob
+import http.client
+import json
+import os
+import shutil
+import time
+import urllib.parse
+import zlib
+from dataclasses import dataclass
+
+from elastic_train.storage import node_settings
+from tests.support.nodes import node_drivers, node_log
+from tests.support.servers import TcpProxy
+
+SUFFIX = ".kept"
+NODE_ENDPOINT = "NODE_STORAGE_ENDPOINT"  # a node driver's endpoint_url (its own proxy)
+
+
+def tier_files(root: str) -> dict[str, bytes]:
+    """Every file the tier at ``root`` holds, by ``group/checkpoint_NNNNNN/file`` (kept
+    and verified copies alike), with its bytes."""
+    found = {}
+    for directory, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(directory, name)
+            group, entry, *rel = os.path.relpath(path, root).split(os.sep)
+            if rel and entry.startswith("checkpoint_") and ".part-" not in name:
+                with open(path, "rb") as f:
+                    found["/".join([group, entry.removesuffix(SUFFIX), *rel])] = f.read()
+    return found
+
+
+def wipe_tier(peer: str, out_dir: str) -> None:
+    """Removes this node's whole tier (a wiped disk) and does ``peer`` to the copies its
+    peers hold of its files: ``keep`` them, ``lose`` them (deleted from the other nodes'
+    tiers, whose roots the ranks wrote to ``out_dir/tier.<rank>``) or ``corrupt`` them
+    (a first byte flipped, sent through the peers' own replica servers). Writes
+    ``out_dir/wiped.json``: when, this node's ``$NODE_STORAGE_ENDPOINT`` and what the
+    tier held."""
+    settings = node_settings.current()
+    wiped_at = time.time()
+    held = tier_files(settings.tier_root)
+    shutil.rmtree(settings.tier_root)
+    if peer == "lose":
+        for path in glob.glob(os.path.join(out_dir, "tier.*")):
+            with open(path) as f:
+                root = f.read()
+            if root != settings.tier_root:
+                _remove_copies(root, held)
+    elif peer == "corrupt":
+        for name, data in held.items():
+            bad = bytes([data[0] ^ 0xFF]) + data[1:]
+            for url in settings.peers.urls.values():
+                if url:
+                    _put(url, "/" + name, bad)
+    with open(os.path.join(out_dir, "wiped.json"), "w") as f:
+        json.dump({"time": wiped_at, "endpoint": os.environ.get(NODE_ENDPOINT, ""),
+                   "held": sorted(held)}, f)
+
+
+def _remove_copies(root: str, names: dict[str, bytes]) -> None:
+    for name in names:
+        group, entry, rel = name.split("/", 2)
+        for base in (entry, entry + SUFFIX):
+            path = os.path.join(root, group, base, rel)
+            if os.path.exists(path):
+                os.remove(path)
+
+
+def _put(url: str, path: str, data: bytes) -> None:
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        conn.request("PUT", path, body=data, headers={"X-Crc32": f"{zlib.crc32(data):08x}"})
+        assert conn.getresponse().status == 201
+    finally:
+        conn.close()
+
+
+@dataclass
+class TwoNodes:
+    """How the job ended: exit codes, the final digest rank 0's driver printed, and what
+    the wiped node read from the store after the wipe (None: no wipe happened)."""
+
+    codes: list[int]
+    logs: list[str]
+    digest: str | None
+    held: list[str]
+    store_reads: list[str] | None
+
+
+def data_gets(proxy: TcpProxy, since: float) -> list[str]:
+    """The checkpoint files (not commit markers) a node read from the store since."""
+    return [path for at, method, path in proxy.requests
+            if at >= since and method == "GET" and "/checkpoint_" in path
+            and ".commit.json" not in path and "list-type" not in path]
+
+
+def run_two_nodes(storage, tmp_path, rendezvous: dict, fault: dict, **settings) -> TwoNodes:
+    """Runs the job of ``tests.e2e.node_driver`` (``settings`` added to its own) on two
+    nodes with ``fault`` (a ``wipe_tier`` one, whose ``out_dir`` is ``tmp_path/out``)."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    target = int(storage.options["endpoint_url"].rsplit(":", 1)[1])
+    proxies = [TcpProxy(target), TcpProxy(target)]
+    settings = {"storage": storage.url, "storage_options": storage.options,
+                "out_dir": str(out_dir), "max_failures": 1, "rendezvous": rendezvous,
+                "nodes": [2, 2], "fault": {**fault, "out_dir": str(out_dir)}, **settings}
+    envs = [{NODE_ENDPOINT: f"http://127.0.0.1:{p.port}"} for p in proxies]
+    try:
+        with node_drivers(settings, tmp_path, envs) as procs:
+            codes = [proc.wait(200) for proc in procs]
+    finally:
+        for proxy in proxies:
+            proxy.cut()
+    logs = [node_log(tmp_path, i) for i in (0, 1)]
+    digests = [line.split()[1] for log in logs for line in log.splitlines()
+               if line.startswith("DIGEST") and line.split()[1] != "None"]
+    wiped_file = out_dir / "wiped.json"
+    if not wiped_file.exists():
+        return TwoNodes(codes, logs, digests[0] if digests else None, [], None)
+    wiped = json.loads(wiped_file.read_text())
+    node = next(p for p in proxies if p.port == int(wiped["endpoint"].rsplit(":", 1)[1]))
+    return TwoNodes(codes, logs, digests[0] if digests else None, wiped["held"],
+                    data_gets(node, wiped["time"]))

@@ -1,0 +1,205 @@
+"""Peer copies of the local tier: ring order, a real replica server process, copies sent
+by the uploader, restored before the store, checked against the manifest, pruned with
+the tier (fsspec's in-memory store stands in for the remote one)."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import threading
+import urllib.parse
+import uuid
+
+import fsspec
+import pytest
+
+from elastic_train.storage import CheckpointStore, replica_server
+from elastic_train.storage.checkpoint_store import list_directory
+from elastic_train.storage.local_tier import LocalTier
+from elastic_train.storage.peer_replicas import PeerRing, fetch, send
+from elastic_train.storage.restore_check import check_share
+from elastic_train.storage.uploader import CheckpointUploader, UploadJob
+from tests.support.node_settings import use_node_settings
+from tests.unit.test_local_tier import committed, write_files
+
+
+@pytest.mark.parametrize(("nodes", "copies", "node", "expected"), [
+    (2, 1, 0, [1]), (2, 1, 1, [0]), (4, 1, 3, [0]), (4, 2, 2, [3, 0]),
+    (3, 5, 0, [1, 2]),  # never more than the other nodes
+    (1, 1, 0, []),      # alone: nobody to copy to
+])
+def test_successors_follow_the_ring_of_node_ranks(nodes, copies, node, expected):
+    ring = PeerRing.of(node, [(n, f"http://n{n}") for n in range(nodes)], copies, 1)
+    assert ring.successors(node) == expected
+
+
+def test_holders_are_the_writers_successors_then_the_writer_never_this_node():
+    gathered = [(n, f"http://n{n}") for n in range(4) for _ in range(2)]  # 2 ranks a node
+    ring = PeerRing.of(1, gathered, 1, 2)
+    assert ring.holders(writer_rank=1) == [0]  # node 0's copy would be here, on node 1
+    assert ring.holders(writer_rank=5) == [3, 2]  # rank 5 is on node 2
+    assert PeerRing.of(1, [(0, ""), (1, "u"), (2, "")], 1, 1).holders(0) == []  # no servers
+
+
+@pytest.mark.parametrize(("local_addr", "endpoint", "expected"), [
+    ("10.0.0.5", "etcd:2379", "10.0.0.5"), (None, "127.0.0.1:29500", "127.0.0.1"),
+    (None, "localhost:2379", "127.0.0.1"),
+])
+def test_the_server_binds_where_peers_reach_the_node(local_addr, endpoint, expected):
+    assert replica_server.host_for(local_addr, endpoint) == expected
+
+
+@pytest.fixture
+def store():
+    fs = fsspec.filesystem("memory")
+    run = f"/peer-test-{uuid.uuid4().hex}/run"
+    yield CheckpointStore(fs, run)
+    if fs.exists(run):
+        fs.rm(run, recursive=True)
+
+
+@pytest.fixture
+def peer(tmp_path):
+    """Node 1: a replica server (its own process) on a tier of its own."""
+    root = str(tmp_path / "peer_tier")
+    proc, url = replica_server.start(root, "127.0.0.1")
+    yield LocalTier(root), url
+    replica_server.stop(proc)
+
+
+@pytest.fixture
+def tier(tmp_path, monkeypatch):
+    """Node 0's tier, as its workers see it."""
+    use_node_settings(monkeypatch, tier_root=str(tmp_path / "tier"))
+    return LocalTier.of_node()
+
+
+SHARE = {"__0_0.distcp": os.urandom(300_000), "nested/extra.pt": b"x" * 1000}
+
+
+def test_sent_files_reach_the_peer_and_restore_from_it_without_the_store(
+        store, tier, peer, tmp_path):
+    peer_tier, url = peer
+    m = committed(store, 0, tmp_path, {0: SHARE})
+    ring_0 = PeerRing.of(0, [(0, ""), (1, url)], 1, 1)
+    entry = tier.entry(store.fs, store.path(0), 0)
+    tier.keep(store.fs, store.path(0), _staged(tmp_path, "a"), list(SHARE), 0)
+    send(ring_0, entry, m.files)
+    replica = peer_tier.entry(store.fs, store.path(0), 0)
+    assert list_directory(replica.kept) == sorted(SHARE)  # unchecked until used
+    # Node 0's disk is wiped and the store loses the files: the peer alone has them.
+    LocalTier(tier.root).prune(store.fs, store.run_path, lambda index: False)
+    for rel in SHARE:
+        store.fs.rm(f"{store.path(0)}/{rel}")
+    assert check_share(store, m, 0, 1, LocalTier(tier.root, peers=ring_0)) == []
+    for rel, data in SHARE.items():
+        with open(os.path.join(entry.verified, rel), "rb") as f:
+            assert f.read() == data
+
+
+def _staged(tmp_path, name):
+    staged = tmp_path / f"staged-{name}"
+    write_files(staged, SHARE)
+    return str(staged)
+
+
+def test_the_uploader_sends_after_the_upload(store, tier, peer, tmp_path):
+    peer_tier, url = peer
+    ring = PeerRing.of(0, [(0, ""), (1, url)], 1, 1)
+    uploader = CheckpointUploader(store, 0, str(tmp_path / "staging"),
+                                  tier=LocalTier(str(tmp_path / "tier"), peers=ring))
+    write_files(tmp_path / "src", SHARE)
+    uploader.submit(UploadJob.plan(0, [list(SHARE)], 0), str(tmp_path / "src"))
+    uploader.close()
+    replica = peer_tier.entry(store.fs, store.path(0), 0)
+    for rel, data in SHARE.items():
+        with open(os.path.join(replica.kept, rel), "rb") as f:
+            assert f.read() == data
+
+
+def test_a_corrupted_copy_on_the_peer_falls_back_to_the_store(store, tier, peer, tmp_path):
+    peer_tier, url = peer
+    m = committed(store, 0, tmp_path, {0: SHARE})
+    replica = peer_tier.entry(store.fs, store.path(0), 0)
+    write_files(replica.kept, {**SHARE, "__0_0.distcp": b"rot" + SHARE["__0_0.distcp"][3:]})
+    ring = PeerRing.of(0, [(0, ""), (1, url)], 1, 1)
+    entry = tier.entry(store.fs, store.path(0), 0)
+    assert fetch(ring, entry, "__0_0.distcp", m.files["__0_0.distcp"]) is None
+    assert not os.path.exists(os.path.join(entry.verified, "__0_0.distcp"))
+    assert check_share(store, m, 0, 1, LocalTier(tier.root, peers=ring)) == []  # the store
+    with open(os.path.join(entry.verified, "__0_0.distcp"), "rb") as f:
+        assert f.read() == SHARE["__0_0.distcp"]
+
+
+def test_no_peer_at_all_falls_back_to_the_store(store, tier, tmp_path):
+    m = committed(store, 0, tmp_path, {0: SHARE})
+    ring = PeerRing.of(0, [(0, ""), (1, "http://127.0.0.1:9")], 1, 1)  # nothing listens
+    assert check_share(store, m, 0, 1, LocalTier(tier.root, peers=ring)) == []
+
+
+def test_replicas_are_pruned_with_the_tier(store, peer, tmp_path):
+    peer_tier, url = peer
+    ring = PeerRing.of(0, [(0, ""), (1, url)], 1, 1)
+    for index in (0, 1):
+        m = committed(store, index, tmp_path, {0: SHARE})
+        src = LocalTier(str(tmp_path / "sender"))
+        src.keep(store.fs, store.path(index), _staged(tmp_path, str(index)), list(SHARE), index)
+        send(ring, src.entry(store.fs, store.path(index), index), m.files)
+    # the receiving node's own uploader supersedes as its next upload is done
+    peer_tier.supersede(store.fs, store.run_path, lambda index: index == 1)
+    group = os.path.dirname(peer_tier.entry(store.fs, store.path(0), 0).base)
+    assert sorted(os.listdir(group)) == ["checkpoint_000001.kept"]
+
+
+def _request(url, method, path, body=b"", headers=None):
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def test_the_server_keeps_only_matching_bodies_and_serves_only_the_tier(peer, tmp_path):
+    peer_tier, url = peer
+    path = "/0123456789abcdef/checkpoint_000003/a.pt"
+    assert _request(url, "PUT", path, b"data", {"X-Crc32": "00000000"})[0] == 400
+    assert _request(url, "GET", path)[0] == 404
+    assert _request(url, "PUT", path, b"data", {"X-Crc32": "adf3f363"})[0] == 201
+    assert _request(url, "GET", path) == (200, b"data")
+    (tmp_path / "secret").write_text("outside the tier")
+    for bad in ("/0123456789abcdef/checkpoint_000003/../../../secret", "/secret",
+                "/0123456789abcdef/other/a.pt"):
+        assert _request(url, "GET", bad)[0] == 404, bad
+        assert _request(url, "PUT", bad, b"data", {"X-Crc32": "adf3f363"})[0] == 400, bad
+    assert not os.path.exists(tmp_path / "peer_tier" / "secret")
+
+
+def test_a_whole_checkpoint_read_takes_another_nodes_files_from_that_node(
+        store, tier, peer, tmp_path):
+    """``Checkpoint.as_directory()`` on node 0 of a file node 1 wrote (rank 1): node 1's
+    own kept copy serves it, the store is not read."""
+    peer_tier, url = peer
+    m = committed(store, 0, tmp_path, {1: SHARE})
+    peer_tier.keep(store.fs, store.path(0), _staged(tmp_path, "own"), list(SHARE), 0)
+    for rel in SHARE:
+        store.fs.rm(f"{store.path(0)}/{rel}")
+    ring = PeerRing.of(0, [(0, ""), (1, url)], 1, 1)
+    with LocalTier(tier.root, peers=ring).local_copy(store.fs, store.path(0), m) as d:
+        with open(os.path.join(d, "__0_0.distcp"), "rb") as f:
+            assert f.read() == SHARE["__0_0.distcp"]
+
+
+def test_an_abandoned_upload_sends_no_more_files(store, peer, tmp_path):
+    """An in-process restart abandons the uploader: its send stops before the next file."""
+    peer_tier, url = peer
+    m = committed(store, 0, tmp_path, {0: SHARE})
+    src = LocalTier(str(tmp_path / "sender"))
+    src.keep(store.fs, store.path(0), _staged(tmp_path, "x"), list(SHARE), 0)
+    cancelled = threading.Event()
+    cancelled.set()
+    send(PeerRing.of(0, [(0, ""), (1, url)], 1, 1), src.entry(store.fs, store.path(0), 0),
+         m.files, cancelled)
+    assert not os.path.exists(peer_tier.entry(store.fs, store.path(0), 0).kept)
