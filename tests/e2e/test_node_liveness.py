@@ -56,8 +56,8 @@ def test_a_lost_node_is_known_gone_at_once_and_charged_to_no_survivor(
     try:
         for i, log in enumerate(logs):
             procs.append(_agent(i, name, backend_args, out_dir, storage_path, log, restart))
-            if i == 0 and backend == "c10d":
-                time.sleep(2)  # node 0 hosts the c10d store: it is never the one killed
+            if i == 0:  # node 0 writes the run (and hosts c10d's store): never the one killed
+                time.sleep(2)
         assert wait_until(lambda: starts(out_dir)[:1] == [(0, 3)], 120)
         assert wait_until(lambda: os.path.exists(os.path.join(
             storage_path, name, "checkpoint_000002", ".commit.json")), 90)
@@ -72,10 +72,10 @@ def test_a_lost_node_is_known_gone_at_once_and_charged_to_no_survivor(
         for log in logs:
             log.close()
     outputs = [(tmp_path / f"node{i}.log").read_text() for i in range(2)]
-    for out in outputs:  # each survivor: the loss was free
+    for out in outputs:  # each survivor knew; the loss was free (the run's writer says so)
         assert "Worker group failed (failure)" not in out, out[-4000:]
-        assert "Worker group failed (peer)" in out, out[-4000:]
-        assert "The node(s) of group rank [2] are gone" in out, out[-4000:]
+        assert "] are gone: their agents do not answer." in out, out[-4000:]
+    assert any("Worker group failed (peer)" in out for out in outputs), outputs
     state = run_state(storage_path, name)
     assert state["status"] == "finished"
     lost = [f for f in state["failures"] if f["time"] >= killed_at]
