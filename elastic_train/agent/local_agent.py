@@ -114,6 +114,8 @@ class TrainAgent(LocalElasticAgent):
     by :func:`elastic_train.agent.api.run_agent`); the rest is torch's.
     """
 
+    liveness: NodeLiveness | None = None  # which nodes of the round are known gone
+
     def __init__(self, *args: Any, options: AgentOptions, events: AgentEvents, **kwargs: Any):
         super().__init__(*args, **torch_compat.agent_options(options.shutdown_timeout),
                          **kwargs)
@@ -134,7 +136,6 @@ class TrainAgent(LocalElasticAgent):
         self._generation = ""
         self._stopped: set[int] = set()
         self._beacon: Beacon | None = None
-        self.liveness: NodeLiveness | None = None  # which nodes of the round are known gone
         # The root cause on the node at fault for the last failed attempt, when another
         # node is (until the next rendezvous): what this node ends with if the job does.
         self.peer_root: WorkerFailure | None = None
