@@ -145,10 +145,8 @@ def lose(handler: RendezvousHandler) -> None:
     """The node dies: whatever keeps it alive in the rendezvous stops, nothing is sent."""
     if hasattr(handler, "_stop_heartbeats"):  # torch's DynamicRendezvousHandler
         handler._stop_heartbeats()
-    else:  # ours: its lease is no longer refreshed, its watches end
-        handler._lease.stop(revoke=False)
-        if handler._last is not None:
-            handler._stop_waiting(handler._last)
+    else:  # ours: its leases (the node's, its liveness record's) are no longer refreshed,
+        handler.release()  # its watches end
 
 
 def part(backend: str, nodes: int, endpoint: str, timeout_s: float, run_id: str,
