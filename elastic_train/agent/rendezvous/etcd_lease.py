@@ -121,9 +121,12 @@ class _Refresher:
             by_endpoint: dict[str, list[NodeLease]] = {}
             for lease in due:
                 by_endpoint.setdefault(lease._kv.client.base_url, []).append(lease)
-            for group in by_endpoint.values():
-                for start in range(0, len(group), self.BATCH):
-                    self._pool.submit(self._refresh, group[start:start + self.BATCH])
+            try:
+                for group in by_endpoint.values():
+                    for start in range(0, len(group), self.BATCH):
+                        self._pool.submit(self._refresh, group[start:start + self.BATCH])
+            except RuntimeError:  # the interpreter is exiting: its pools take no more work
+                return
 
     def _refresh(self, leases: list[NodeLease]) -> None:
         try:
