@@ -24,8 +24,8 @@ writes keys of its own, and learns what others did from watches:
   torch's redundancy list. A dead node is simply absent from the next round
   (scale-down): nobody waits for its heartbeat to expire.
 - Each node that joined round R keeps a *liveness record* ``r/R/l/<node>`` under a
-  lease of its own with a short TTL (``liveness_ttl``, default 1 s, refreshed 4
-  times a TTL; etcd raises a TTL below its minimum, 1.5 x its election timeout:
+  lease of its own with a short TTL (``liveness_ttl``, default 1 s, refreshed 3
+  times a TTL, as etcd's own clients do; etcd raises a TTL below its minimum, 1.5 x its election timeout:
   2 s with etcd's defaults), until it leaves R. So the sealer of round R+1 need
   not wait for the last call once every member of R that is still alive has
   joined: with ``min_nodes`` joined and no liveness record of R left, it seals at
@@ -171,7 +171,7 @@ class EtcdNativeHandler(RendezvousHandler):
                                 also=self._run.refresh, also_every=self._run.refresh_interval,
                                 also_key=(client.base_url, self._run.lease_id))
         self._alive = NodeLease(self._kv, self._settings.liveness_ttl,
-                                self._settings.liveness_ttl / 4, f"{self._node} (liveness)")
+                                self._settings.liveness_ttl / 3, f"{self._node} (liveness)")
         self._round_hint = 0
         self._spare = False
         self._last: _Membership | None = None
