@@ -144,11 +144,13 @@ class TrainAgent(LocalElasticAgent):
         previous = worker_group.group_world_size
         self.options.node.check_admitted()
         super()._rendezvous(worker_group)
-        if self._beacon is None:
+        nodes = worker_group.group_world_size or 1
+        if nodes > 1 and self._beacon is None:  # a single node has nobody to lose
             self._beacon = Beacon(worker_group.spec.local_addr or socket.getfqdn())
-        self.liveness = NodeLiveness(worker_group.store, worker_group.group_rank or 0,
-                                     worker_group.group_world_size or 1, self._beacon)
-        self.liveness.publish()
+        self.liveness = None if self._beacon is None else NodeLiveness(
+            worker_group.store, worker_group.group_rank or 0, nodes, self._beacon)
+        if self.liveness is not None:
+            self.liveness.publish()
         self.peer_root = None
         self._rendezvous_count += 1
         if previous is not None and worker_group.group_world_size != previous:

@@ -23,14 +23,15 @@ writes keys of its own, and learns what others did from watches:
   round of ``max_nodes`` waits as a spare (``r/R+1/s/<node>``), not counted, as
   torch's redundancy list. A dead node is simply absent from the next round
   (scale-down): nobody waits for its heartbeat to expire.
-- Each node that joined round R keeps a *liveness record* ``r/R/l/<node>`` under a
-  lease of its own with a short TTL (``liveness_ttl``, default 1 s, refreshed 3
-  times a TTL, as etcd's own clients do; etcd raises a TTL below its minimum, 1.5 x its election timeout:
-  2 s with etcd's defaults), until it leaves R. So the sealer of round R+1 need
-  not wait for the last call once every member of R that is still alive has
-  joined: with ``min_nodes`` joined and no liveness record of R left, it seals at
-  once. A lost node's record is gone within its TTL; a live node that is slow to
-  come keeps its record, and the last call still bounds the wait for it.
+- Each node that joined round R keeps a *liveness record* ``r/R/l/<node>``
+  (written in its join's transaction) under a lease of its own with a short TTL
+  (``liveness_ttl``, default 1 s, refreshed 3 times a TTL, as etcd's clients
+  do; etcd raises a TTL below its minimum, 1.5 x its election timeout: 2 s with
+  etcd's defaults), until it leaves R. So the sealer of round R+1 need not wait
+  for the last call once every member of R that is still alive has joined: with
+  ``min_nodes`` joined and no liveness record of R left, it seals at once. A lost
+  node's record is gone within its TTL; a live node that is slow to come keeps
+  its record, and the last call still bounds the wait for it.
 - Closing writes ``run/closed`` (and into the current round, for its watchers).
 - The sealer counts and seals only the nodes its node policy admits
   (:mod:`elastic_train.agent.node_policy`; it admits itself: its agent asked before
@@ -273,6 +274,7 @@ class EtcdNativeHandler(RendezvousHandler):
             ops.txn([ops.absent(keys.round)], [ops.put(keys.round, b"0", self._run.lease_id)])]
         result = self._with_lease(lease, [ops.absent(keys.seal(r)), ops.absent(keys.closed)], [
             *before, ops.put(keys.join(r, me), b"", lease), ops.delete(keys.spare(r, me)),
+            ops.put(keys.live(r, me), b"", self._alive.id),
             ops.txn([ops.absent(keys.sealer(r))], [ops.put(keys.sealer(r), me.encode(), lease)]),
             ops.get(keys.round)], [*before, ops.get(keys.round), ops.get(keys.closed),
                                    ops.get(keys.seal(r)),
@@ -283,7 +285,6 @@ class EtcdNativeHandler(RendezvousHandler):
             return self._not_joined(r, result)
         if not self._in_current_round(r, result.ranges[0]):
             return None
-        self._record_alive(r)
         self._spare = False
         joined = result.revision
         if result.nested[-1]:
@@ -296,18 +297,6 @@ class EtcdNativeHandler(RendezvousHandler):
         if rank is None:
             raise _Late(seal, seal.revision)
         return _Membership(r, rank, seal)
-
-    def _record_alive(self, r: int) -> None:
-        """Writes this node's liveness record of round ``r`` (see the module doc). Without
-        it (etcd failed, or the liveness lease expired and is renewed) the next round's
-        sealer only does not wait for this node before its last call."""
-        lease = self._alive.id
-        try:
-            self._kv.txn([], [ops.put(self._keys.live(r, self._node), b"", lease)])
-        except RendezvousConnectionError as exc:
-            if "lease not found" in str(exc):
-                self._alive.renew(lease)
-            log.debug("No liveness record for round %d (%s).", r, exc)
 
     def _leave_ops(self, leaving: _Membership) -> list[dict]:
         """Leaving round ``leaving.round``: its join key and liveness record go, the next
@@ -334,14 +323,18 @@ class EtcdNativeHandler(RendezvousHandler):
 
     def _with_lease(self, lease: int, compare: list[dict], success: list[dict],
                     failure: list[dict] | None = None) -> ops.TxnResult | None:
-        """A transaction writing with this node's ``lease``; None if the lease had expired
-        (it is renewed: the caller starts over)."""
+        """A transaction writing with this node's ``lease`` (and its liveness lease); None
+        if a lease had expired (it is renewed: the caller starts over)."""
         try:
             return self._kv.txn(compare, success, failure)
         except RendezvousConnectionError as exc:
             if "lease not found" not in str(exc):
                 raise
-            self._lease.renew(lease)
+            alive = self._alive.id
+            if self._kv.keep_alive([alive]).get(alive, 0) <= 0:
+                self._alive.renew(alive)
+            if self._kv.keep_alive([lease]).get(lease, 0) <= 0:
+                self._lease.renew(lease)
             return None
 
     def _not_joined(self, r: int, result: ops.TxnResult) -> _Membership | None:
