@@ -23,11 +23,11 @@ writes keys of its own, and learns what others did from watches:
   round of ``max_nodes`` waits as a spare (``r/R+1/s/<node>``), not counted, as
   torch's redundancy list. A dead node is simply absent from the next round
   (scale-down): nobody waits for its heartbeat to expire.
-- Each node that joined round R keeps a *liveness record* ``r/R/l/<node>``
-  (written in its join's transaction) under a lease of its own with a short TTL
-  (``liveness_ttl``, default 1 s, refreshed 3 times a TTL, as etcd's clients
-  do; etcd raises a TTL below its minimum, 1.5 x its election timeout: 2 s with
-  etcd's defaults), until it leaves R. So the sealer of round R+1 need not wait
+- Each node that joined round R keeps a *liveness record* ``r/R/l/<node>`` under
+  a lease of its own with a short TTL (``liveness_ttl``, default 1 s; etcd raises
+  a TTL below its minimum, 1.5 x its election timeout: 2 s with etcd's
+  defaults), refreshed 3 times in the TTL etcd granted, as etcd's clients do,
+  until it leaves R. So the sealer of round R+1 need not wait
   for the last call once every member of R that is still alive has joined: with
   ``min_nodes`` joined and no liveness record of R left, it seals at once. A lost
   node's record is gone within its TTL; a live node that is slow to come keeps
@@ -171,8 +171,8 @@ class EtcdNativeHandler(RendezvousHandler):
                                 self._settings.keep_alive_interval, self._node,
                                 also=self._run.refresh, also_every=self._run.refresh_interval,
                                 also_key=(client.base_url, self._run.lease_id))
-        self._alive = NodeLease(self._kv, self._settings.liveness_ttl,
-                                self._settings.liveness_ttl / 3, f"{self._node} (liveness)")
+        self._alive = NodeLease(self._kv, self._settings.liveness_ttl, 0.0,
+                                f"{self._node} (liveness)", refreshes_per_ttl=3)
         self._round_hint = 0
         self._spare = False
         self._last: _Membership | None = None
@@ -274,7 +274,6 @@ class EtcdNativeHandler(RendezvousHandler):
             ops.txn([ops.absent(keys.round)], [ops.put(keys.round, b"0", self._run.lease_id)])]
         result = self._with_lease(lease, [ops.absent(keys.seal(r)), ops.absent(keys.closed)], [
             *before, ops.put(keys.join(r, me), b"", lease), ops.delete(keys.spare(r, me)),
-            ops.put(keys.live(r, me), b"", self._alive.id),
             ops.txn([ops.absent(keys.sealer(r))], [ops.put(keys.sealer(r), me.encode(), lease)]),
             ops.get(keys.round)], [*before, ops.get(keys.round), ops.get(keys.closed),
                                    ops.get(keys.seal(r)),
@@ -285,6 +284,7 @@ class EtcdNativeHandler(RendezvousHandler):
             return self._not_joined(r, result)
         if not self._in_current_round(r, result.ranges[0]):
             return None
+        self._record_alive(r)
         self._spare = False
         joined = result.revision
         if result.nested[-1]:
@@ -297,6 +297,20 @@ class EtcdNativeHandler(RendezvousHandler):
         if rank is None:
             raise _Late(seal, seal.revision)
         return _Membership(r, rank, seal)
+
+    def _record_alive(self, r: int) -> None:
+        """Writes this node's liveness record of round ``r`` (see the module doc), under its
+        liveness lease: a request of its own, so that an expired liveness lease (renewed
+        here) never fails a join. Without the record (etcd failed) the next round's
+        sealer only does not wait for this node before its last call."""
+        lease = self._alive.id
+        try:
+            self._kv.txn([], [ops.put(self._keys.live(r, self._node), b"", lease)])
+        except RendezvousConnectionError as exc:
+            if "lease not found" in str(exc):
+                self._alive.renew(lease)
+            log.warning("No liveness record of this node for round %d (%s); the next round "
+                        "may be sealed without waiting for it.", r, exc)
 
     def _leave_ops(self, leaving: _Membership) -> list[dict]:
         """Leaving round ``leaving.round``: its join key and liveness record go, the next
@@ -323,18 +337,14 @@ class EtcdNativeHandler(RendezvousHandler):
 
     def _with_lease(self, lease: int, compare: list[dict], success: list[dict],
                     failure: list[dict] | None = None) -> ops.TxnResult | None:
-        """A transaction writing with this node's ``lease`` (and its liveness lease); None
-        if a lease had expired (it is renewed: the caller starts over)."""
+        """A transaction writing with this node's ``lease``; None if the lease had expired
+        (it is renewed: the caller starts over)."""
         try:
             return self._kv.txn(compare, success, failure)
         except RendezvousConnectionError as exc:
             if "lease not found" not in str(exc):
                 raise
-            alive = self._alive.id
-            if self._kv.keep_alive([alive]).get(alive, 0) <= 0:
-                self._alive.renew(alive)
-            if self._kv.keep_alive([lease]).get(lease, 0) <= 0:
-                self._lease.renew(lease)
+            self._lease.renew(lease)
             return None
 
     def _not_joined(self, r: int, result: ops.TxnResult) -> _Membership | None:
