@@ -19,7 +19,9 @@ heartbeat 1 s x 3 for torch's handler, torch's 5 s x 3 for ours) with
 
 Prints one JSON line: the times (null if not complete within TIMEOUT_S), the
 ranks and world sizes seen, and -- for the etcd backends -- the requests and
-bytes etcd served during each phase, from its own metrics.
+bytes etcd served during each phase, from its own metrics, and its steady load
+while the formed job runs (``idle_per_s``: requests, bytes and lease refreshes
+per second over ``IDLE_S`` seconds between the phases).
 """
 
 from __future__ import annotations
@@ -42,9 +44,11 @@ from elastic_train.agent.rendezvous.registry import register as register_backend
 from elastic_train.rendezvous_backends import lookup
 
 
-def etcd_counters(endpoint: str) -> tuple[int, int]:
-    """(gRPC calls started, bytes received + sent) so far, from etcd's /metrics; health
-    checks excluded. A call through etcd's HTTP gateway is one gRPC call."""
+def etcd_counters(endpoint: str) -> tuple[int, int, int]:
+    """(gRPC calls started, bytes received + sent, lease refreshes) so far, from etcd's
+    /metrics; health checks excluded. A call through etcd's HTTP gateway is one gRPC
+    call; a lease refresh is one keep-alive message (a process's batch of refreshes is
+    one call of many messages, where real nodes send one message each)."""
     with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10) as response:
         text = response.read().decode()
     calls = sum(float(m.group(2)) for m in re.finditer(
@@ -52,7 +56,13 @@ def etcd_counters(endpoint: str) -> tuple[int, int]:
         text, re.M))
     size = sum(float(m.group(1)) for m in re.finditer(
         r"^etcd_network_client_grpc_(?:received|sent)_bytes_total (\S+)", text, re.M))
-    return int(calls), int(size)
+    refreshes = sum(float(m.group(1)) for m in re.finditer(
+        r'^grpc_server_msg_received_total\{grpc_method="LeaseKeepAlive"[^}]*\} (\S+)',
+        text, re.M))
+    return int(calls), int(size), int(refreshes)
+
+
+IDLE_S = 10.0  # how long the formed job is left alone to measure etcd's steady load
 
 
 def make_handlers(backend: str, nodes: int, endpoint: str, timeout_s: float, run_id: str,
@@ -145,10 +155,8 @@ def lose(handler: RendezvousHandler) -> None:
     """The node dies: whatever keeps it alive in the rendezvous stops, nothing is sent."""
     if hasattr(handler, "_stop_heartbeats"):  # torch's DynamicRendezvousHandler
         handler._stop_heartbeats()
-    else:  # ours: its lease is no longer refreshed, its watches end
-        handler._lease.stop(revoke=False)
-        if handler._last is not None:
-            handler._stop_waiting(handler._last)
+    else:  # ours: its leases (the node's, its liveness record's) are no longer refreshed,
+        handler.release()  # its watches end
 
 
 def part(backend: str, nodes: int, endpoint: str, timeout_s: float, run_id: str,
@@ -193,14 +201,23 @@ def main(backend: str, nodes: int, endpoint: str, timeout_s: float) -> dict[str,
         for proc in procs[1:]:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
         result: dict[str, object] = {"backend": backend, "nodes": nodes, "processes": parts}
-        counters = [etcd_counters(endpoint) if backend != "c10d" else (0, 0)]
+        def count() -> tuple[int, int, int]:
+            return etcd_counters(endpoint) if backend != "c10d" else (0, 0, 0)
+
+        counters = [count()]
         for phase, command in (("form", "FORM"), ("reform", "LOSE")):
             result[phase] = _phase(procs, command, nodes - (command == "LOSE"))
-            counters.append(etcd_counters(endpoint) if backend != "c10d" else (0, 0))
+            counters.append(count())
             result[phase + "_cost"] = [(b - a) / nodes for a, b in
                                        zip(counters[-2], counters[-1], strict=True)]
             if result[phase]["seconds"] is None:  # type: ignore[index]
                 break
+            if phase == "form":  # etcd's load while the job runs: the nodes' refreshes
+                time.sleep(IDLE_S)
+                idle = count()
+                result["idle_per_s"] = [(b - a) / IDLE_S for a, b in
+                                        zip(counters[-1], idle, strict=True)]
+                counters.append(idle)
         return result
     finally:
         for proc in procs:

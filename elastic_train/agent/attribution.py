@@ -19,7 +19,11 @@ and the node at fault is:
    to the lowest group rank;
 3. otherwise nobody: a node that does not tell within ``wait_s`` left the job
    (a membership change, not a failure) or is slow to see its failure; it
-   settles its own case when it does.
+   settles its own case when it does. Nobody waits for a node known gone
+   (:mod:`.node_liveness`): the exchange ends once every node that has not told
+   is, and an attempt in which a node was lost is charged to none of the
+   survivors -- their workers' errors are what the loss caused -- unless one of
+   theirs ended by itself (rule 1).
 
 So every failed attempt in which all nodes took part is charged to some node:
 a rank that fails the same way in every attempt ends the job within its
@@ -29,8 +33,8 @@ Example::
 
     exchange = FailureExchange(store, generation)
     mine = exchange.announce(NodeReport.of(group_rank=0, observed=observe(result)))
-    others = exchange.share(mine, nodes=2)
-    at_fault = charged(mine, others, nodes=2)    # None: nobody
+    others = exchange.share(mine, nodes=2, gone=liveness.gone)
+    at_fault = charged(mine, others, nodes=2, lost=liveness.gone())  # None: nobody
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,14 +93,16 @@ class NodeReport:
                    math.inf if announced is None else float(announced))
 
 
-def charged(mine: NodeReport, others: Sequence[NodeReport], nodes: int) -> NodeReport | None:
-    """The node at fault for the attempt (rules in the module doc), or None for nobody."""
+def charged(mine: NodeReport, others: Sequence[NodeReport], nodes: int,
+            lost: Iterable[int] = ()) -> NodeReport | None:
+    """The node at fault for the attempt (rules in the module doc), or None for nobody;
+    ``lost``: the group ranks known gone."""
     if mine.own:
         return mine
     culprits = [o for o in others if o.own]
     if culprits:
         return min(culprits, key=lambda o: o.group_rank)
-    if len(others) < nodes - 1:
+    if len(others) < nodes - 1 or set(lost) - {mine.group_rank}:
         return None
     return min([mine, *others], key=lambda o: (o.first, o.announced, o.group_rank))
 
@@ -104,11 +110,13 @@ def charged(mine: NodeReport, others: Sequence[NodeReport], nodes: int) -> NodeR
 class FailureExchange:
     """The reports of one generation of the group, through the rendezvous ``store``."""
 
-    def __init__(self, store: Any, generation: str, wait_s: float = 3.0, poll_s: float = 0.05):
+    def __init__(self, store: Any, generation: str, wait_s: float = 3.0, poll_s: float = 0.05,
+                 gone_every_s: float = 0.1):
         self.store = store
         self.prefix = f"elastic_train/failed/{generation}/"
         self.wait_s = wait_s
         self.poll_s = poll_s
+        self.gone_every_s = gone_every_s
 
     def announce(self, mine: NodeReport) -> NodeReport:
         """``mine`` with its place in the order in which the nodes tell (unchanged if
@@ -120,23 +128,32 @@ class FailureExchange:
             logger.debug("Failure order unavailable (%r).", exc)
             return mine
 
-    def share(self, mine: NodeReport, nodes: int) -> list[NodeReport]:
+    def share(self, mine: NodeReport, nodes: int,
+              gone: Callable[[Iterable[int]], set[int]] | None = None) -> list[NodeReport]:
         """Tells ``mine`` (announce it first: see :meth:`announce`); returns the other
-        nodes' reports, waiting for them (up to ``wait_s``) unless ``mine`` settles
-        the case alone. An unreachable store (its host is gone) yields what was read
-        so far."""
+        nodes' reports, waiting for them (up to ``wait_s``, and not for the nodes that
+        ``gone(ranks)`` says of ``ranks`` are gone, asked every ``gone_every_s``) unless
+        ``mine`` settles the case alone. An unreachable store (its host is gone)
+        yields what was read so far."""
         others: dict[int, NodeReport] = {}
         try:
             self.store.set(f"{self.prefix}{mine.group_rank}", mine.to_json())
             deadline = time.monotonic() + self.wait_s
+            ask_at = time.monotonic() + self.poll_s  # the first look may find them all
             while not mine.own and len(others) < nodes - 1 \
                     and not any(o.own for o in others.values()):
-                for rank in set(range(nodes)) - {mine.group_rank} - set(others):
+                missing = set(range(nodes)) - {mine.group_rank} - set(others)
+                for rank in missing:
                     key = f"{self.prefix}{rank}"
                     if self.store.check([key]):
                         others[rank] = NodeReport.from_json(self.store.get(key))
+                missing -= set(others)
                 if time.monotonic() > deadline:
                     break
+                if gone is not None and missing and time.monotonic() >= ask_at:
+                    if missing <= gone(missing):
+                        break
+                    ask_at = time.monotonic() + self.gone_every_s
                 time.sleep(self.poll_s)
         except Exception as exc:  # noqa: BLE001 -- the rendezvous will tell what is wrong
             logger.debug("Failure reports unavailable (%r); deciding alone.", exc)

@@ -20,6 +20,9 @@
    fault (:mod:`.attribution`); the others restart for free, and a lost node
    is a membership change (counted in ``membership_changes``), not a failure
    of the job. On a single node every failure is the node's own and is charged.
+   Nobody waits for a node known gone, and a lost node's failure is charged to
+   none of the survivors (:mod:`.node_liveness`: each agent's beacon, probed by
+   the others; :attr:`TrainAgent.liveness` answers for the current round).
 4. A failure after a preemption notice (see :mod:`elastic_train.worker.preemption`)
    spends the preemption budget (``FailureConfig.max_preemption_failures``)
    instead of the restart budget.
@@ -56,11 +59,13 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import (
+    DEFAULT_ROLE,
     RunResult,
     WorkerGroup,
     WorkerState,
@@ -74,6 +79,7 @@ from elastic_train.agent.failures import failures_of, observe
 from elastic_train.agent.inprocess.controller import AgentHooks, InProcessController
 from elastic_train.agent.inprocess.restarts import Recovery
 from elastic_train.agent.no_progress_guard import signature
+from elastic_train.agent.node_liveness import Beacon, NodeLiveness
 from elastic_train.agent.node_policy import NodeVerdict
 from elastic_train.agent.options import AgentEvents, AgentOptions
 from elastic_train.agent.restart_budget import Decision, RestartBudget
@@ -108,13 +114,16 @@ class TrainAgent(LocalElasticAgent):
     by :func:`elastic_train.agent.api.run_agent`); the rest is torch's.
     """
 
+    liveness: NodeLiveness | None = None  # which nodes of the round are known gone
+
     def __init__(self, *args: Any, options: AgentOptions, events: AgentEvents, **kwargs: Any):
         super().__init__(*args, **torch_compat.agent_options(options.shutdown_timeout),
                          **kwargs)
         self.options, self.events = options, events
         self._in_process = InProcessController(options.in_process, AgentHooks(
             decide=self._decide_in_process, check_hangs=self._check_hangs,
-            preempted=self._preempted, recovered=self._recovered, command=self._command),
+            preempted=self._preempted, recovered=self._recovered, command=self._command,
+            gone=lambda: self.liveness.gone() if self.liveness is not None else set()),
             options.staging_dir) if options.in_process is not None else None
         self.last_failures: list[WorkerFailure] = []
         self.no_progress: str | None = None
@@ -126,6 +135,7 @@ class TrainAgent(LocalElasticAgent):
         self.membership_changes = 0
         self._generation = ""
         self._stopped: set[int] = set()
+        self._beacon: Beacon | None = None
         # The root cause on the node at fault for the last failed attempt, when another
         # node is (until the next rendezvous): what this node ends with if the job does.
         self.peer_root: WorkerFailure | None = None
@@ -134,6 +144,13 @@ class TrainAgent(LocalElasticAgent):
         previous = worker_group.group_world_size
         self.options.node.check_admitted()
         super()._rendezvous(worker_group)
+        nodes = worker_group.group_world_size or 1
+        if nodes > 1 and self._beacon is None:  # a single node has nobody to lose
+            self._beacon = Beacon(worker_group.spec.local_addr or socket.getfqdn())
+        self.liveness = None if self._beacon is None else NodeLiveness(
+            worker_group.store, worker_group.group_rank or 0, nodes, self._beacon)
+        if self.liveness is not None:
+            self.liveness.publish()
         self.peer_root = None
         self._rendezvous_count += 1
         if previous is not None and worker_group.group_world_size != previous:
@@ -280,8 +297,10 @@ class TrainAgent(LocalElasticAgent):
             return FailureKind.FAILURE
         exchange = FailureExchange(worker_group.store, self._generation)
         mine = exchange.announce(NodeReport.of(worker_group.group_rank, observe(result)))
-        others = exchange.share(mine, nodes)
-        at_fault = charged(mine, others, nodes)
+        liveness = self.liveness
+        others = exchange.share(mine, nodes, liveness.gone if liveness is not None else None)
+        at_fault = charged(mine, others, nodes,
+                           liveness.gone() if liveness is not None else ())
         if at_fault is mine:
             return FailureKind.FAILURE
         self.peer_root = at_fault.root if at_fault is not None else None
@@ -290,6 +309,14 @@ class TrainAgent(LocalElasticAgent):
     def _preempted(self) -> bool:
         notice_dir = self.options.notice_dir
         return notice_dir is not None and preemption.marked(notice_dir)
+
+    def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        """torch's run; then this agent's beacon closes (see :mod:`.node_liveness`)."""
+        try:
+            return super().run(role)
+        finally:
+            if self._beacon is not None:
+                self._beacon.close()
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._shutdown(signal.SIGKILL, timeout=30)

@@ -103,10 +103,8 @@ def nodes(etcd_endpoint: str) -> Iterator[Callable[..., Nodes]]:
 
 
 def lose(handler: EtcdNativeHandler) -> None:
-    """The node dies: its lease is no longer refreshed, nothing more is sent."""
-    handler._lease.stop(revoke=False)
-    if handler._last is not None:
-        handler._stop_waiting(handler._last)
+    """The node dies: its leases are no longer refreshed, nothing more is sent."""
+    handler.release()
     handler._lease = None  # type: ignore[assignment]
 
 
@@ -210,6 +208,30 @@ def test_a_lost_node_is_not_waited_for(nodes) -> None:
     again = Joins(handlers[:2]).wait()
     assert again.worlds() == {2} and again.ranks() == [0, 1]
     assert time.monotonic() - started < 6
+
+
+def test_the_survivors_seal_once_every_live_member_came(nodes) -> None:
+    """A lost node's liveness record is gone within its TTL (etcd's minimum: 2 s with its
+    defaults): the survivors seal then, not after the last call (here 30 s)."""
+    run = nodes(2, 3, last_call_timeout=30)
+    handlers = run.add(3)
+    assert Joins(handlers).wait(60).worlds() == {3}  # max_nodes: no last call
+    lose(handlers[2])
+    started = time.monotonic()
+    again = Joins(handlers[:2]).wait(40)
+    assert again.worlds() == {2} and again.ranks() == [0, 1]
+    assert time.monotonic() - started < 6
+
+
+def test_a_live_member_still_to_come_is_waited_for_until_the_last_call(nodes) -> None:
+    """A member of the last round that is alive but has not come yet keeps its liveness
+    record: the others wait for it, at most the last call."""
+    run = nodes(2, 3, last_call_timeout=4)
+    handlers = run.add(3)
+    assert Joins(handlers).wait().worlds() == {3}
+    started = time.monotonic()
+    again = Joins(handlers[:2]).wait(40)
+    assert again.worlds() == {2} and time.monotonic() - started >= 3.9
 
 
 def test_a_dead_sealer_is_replaced(nodes) -> None:

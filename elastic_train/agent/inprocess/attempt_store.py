@@ -13,7 +13,10 @@ under ``elastic_train/inproc/<attempt>/``, so attempts never read each other's:
 - ``master_port`` (of attempt N+1): where rank 0 hosts the next ``env://`` store,
   chosen by group rank 0's agent (``launch``).
 
-On a single node nothing is written: there is nobody to tell.
+On a single node nothing is written: there is nobody to tell. No wait here
+goes on for a node known gone (``gone()``: the group ranks known gone, from
+:class:`~elastic_train.agent.node_liveness.NodeLiveness`, asked at most every
+``GONE_EVERY_S``).
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from collections.abc import Callable
 
 from torch.distributed.elastic.agent.server.api import WorkerGroup
 
+from elastic_train.agent.node_liveness import nobody
 from elastic_train.errors import WorkerFailure
 
 _KEYS = "elastic_train/inproc"
+GONE_EVERY_S = 0.1
 
 
 def _key(attempt: int, name: str) -> str:
@@ -55,11 +60,14 @@ def announce(group: WorkerGroup, attempt: int, root: WorkerFailure | None,
         group.store.set(_key(attempt, "primary"), "1")
 
 
-def failed_by_itself_elsewhere(group: WorkerGroup, attempt: int, wait_s: float) -> bool:
-    """Whether some node says, within ``wait_s``, that it failed by itself in ``attempt``."""
+def failed_by_itself_elsewhere(group: WorkerGroup, attempt: int, wait_s: float,
+                               gone: Callable[[], set[int]] = nobody) -> bool:
+    """Whether some node says, within ``wait_s``, that it failed by itself in ``attempt``,
+    or is known gone (a lost node failed by itself, and cannot say so)."""
     deadline = time.monotonic() + wait_s
+    ask = _every(GONE_EVERY_S)
     while True:
-        if group.store.check([_key(attempt, "primary")]):
+        if group.store.check([_key(attempt, "primary")]) or ask() and gone():
             return True
         if time.monotonic() >= deadline:
             return False
@@ -81,20 +89,34 @@ def share_port(group: WorkerGroup, target: int, port: int | None) -> int | None:
 
 
 def all_ready(group: WorkerGroup, attempt: int, timeout_s: float,
-              others_joining: Callable[[], bool]) -> bool:
+              others_joining: Callable[[], bool], gone: Callable[[], set[int]] = nobody) -> bool:
     """The agents' barrier: every node's workers are ready for attempt ``attempt + 1``.
-    False when a node gave up, a node is waiting to join, or ``timeout_s`` passed."""
+    False when a node gave up, a node is waiting to join, a node is known gone, or
+    ``timeout_s`` passed."""
     key = _key(attempt + 1, "ready")
     group.store.add(key, 1)
     nodes = group.group_world_size or 1
     deadline = time.monotonic() + timeout_s
-    next_look = 0.0
+    look, ask = _every(0.5), _every(GONE_EVERY_S)
     while group.store.add(key, 0) < nodes:
         if group.store.check([_key(attempt, "stop")]) or time.monotonic() > deadline:
             return False
-        if time.monotonic() >= next_look:  # a rendezvous round: new processes anyway
-            next_look = time.monotonic() + 0.5
-            if others_joining():
-                return False
+        if look() and others_joining():  # a rendezvous round: new processes anyway
+            return False
+        if ask() and gone():
+            return False
         time.sleep(0.01)
     return True
+
+
+def _every(interval_s: float) -> Callable[[], bool]:
+    """True at the first call, then once ``interval_s`` passed since the last True."""
+    due = [0.0]
+
+    def now_due() -> bool:
+        if time.monotonic() < due[0]:
+            return False
+        due[0] = time.monotonic() + interval_s
+        return True
+
+    return now_due

@@ -39,6 +39,7 @@ from elastic_train.agent.inprocess.restarts import (
     Recovery,
     Seen,
 )
+from elastic_train.agent.node_liveness import nobody
 from elastic_train.agent.restart_budget import Decision
 from elastic_train.agent.worker_slots import replace_worker
 from elastic_train.errors import WorkerFailure
@@ -73,6 +74,8 @@ class AgentHooks:
         recovered: ``(group, recovery)`` after an in-process restart.
         command: The worker command now (``entrypoint, args``; a new zygote if the
             last one died), for a replacement process.
+        gone: The group ranks of the current round known gone
+            (:class:`~elastic_train.agent.node_liveness.NodeLiveness`).
     """
 
     decide: Callable[[WorkerGroup, list[WorkerFailure], FailureKind, WorkerFailure | None],
@@ -81,6 +84,7 @@ class AgentHooks:
     preempted: Callable[[], bool]
     recovered: Callable[[WorkerGroup, Recovery], None]
     command: Callable[[], tuple[str, tuple[str, ...]]]
+    gone: Callable[[], set[int]] = nobody
 
 
 class InProcessController:
@@ -95,7 +99,7 @@ class InProcessController:
         self._hooks = hooks
         self._staging_dir = staging_dir
         self.restarts = InProcessRestarts(settings.directory, settings.unwind_timeout_s,
-                                          self._replace, self._failure_of)
+                                          self._replace, self._failure_of, hooks.gone)
         self.state = RestartState.IDLE
         self._processes: Any = None  # torch's process context of the running group
         self._env: dict[str, str] = {}

@@ -44,6 +44,7 @@ from torch.distributed.elastic.agent.server.api import Worker, WorkerGroup
 
 from elastic_train import env_vars
 from elastic_train.agent.inprocess import attempt_store
+from elastic_train.agent.node_liveness import nobody
 from elastic_train.agent.worker_slots import kill
 from elastic_train.errors import WorkerFailure
 from elastic_train.worker import restart_channel as channel
@@ -119,12 +120,15 @@ class InProcessRestarts:
 
     ``replace(worker, env)`` starts a new process in a worker's slot (see
     :mod:`.worker_slots`); ``failure_of(worker, exitcode)`` describes a dead
-    worker from its error file.
+    worker from its error file; ``gone()``: the group ranks known gone
+    (:mod:`elastic_train.agent.node_liveness`), never waited for.
     """
 
     def __init__(self, directory: str, unwind_timeout_s: float,
                  replace: Callable[[Worker, dict[str, str]], int],
-                 failure_of: Callable[[Worker, int], WorkerFailure]):
+                 failure_of: Callable[[Worker, int], WorkerFailure],
+                 gone: Callable[[], set[int]] = nobody):
+        self._gone = gone
         self.directory = directory
         self.unwind_timeout_s = unwind_timeout_s
         self._replace = replace
@@ -210,7 +214,9 @@ class InProcessRestarts:
     def interrupt(self, group: WorkerGroup, failed: FailedAttempt) -> bool:
         """Tells the other nodes and stops every local worker still in the attempt.
         Returns whether the failure is this node's own (some node must pay for it: when
-        no node says it failed by itself within a second, this one does)."""
+        no node says it failed by itself within a second, this one does). While a node
+        is known gone, only a local worker killed by a signal is: the rest is what the
+        loss caused, charged to nobody who survived it."""
         attempt_store.announce(group, self.attempt,
                                failed.failures[0] if failed.failures else None, failed.primary)
         for worker in group.workers:
@@ -218,10 +224,14 @@ class InProcessRestarts:
             if record is not None and record.stage is Stage.RUNNING \
                     and record.attempt == self.attempt:
                 _signal(record.pid, channel.ABORT_SIGNAL)
-        if failed.primary or not attempt_store.several(group):
+        if not attempt_store.several(group):
+            return True
+        if self._gone():
+            return any(f.exitcode < 0 for f in failed.failures)
+        if failed.primary:
             return True
         return not attempt_store.failed_by_itself_elsewhere(group, self.attempt,
-                                                            PEER_PRIMARY_WAIT_S)
+                                                            PEER_PRIMARY_WAIT_S, self._gone)
 
     def give_up(self, group: WorkerGroup, pcontext: Any) -> None:
         """This node stops (its budget is spent): the other nodes must not wait for it.
@@ -265,7 +275,8 @@ class InProcessRestarts:
             if port is not None:
                 attempt_store.share_port(group, target, port)
             if not attempt_store.all_ready(group, self.attempt, self.unwind_timeout_s +
-                                           AGENT_BARRIER_EXTRA_S, others_joining):
+                                           AGENT_BARRIER_EXTRA_S, others_joining,
+                                           self._gone):
                 return None
             if own_store:
                 port = attempt_store.share_port(group, target, port)

@@ -16,7 +16,9 @@ log = logging.getLogger(__name__)
 
 
 class NodeLease:
-    """Grants a lease of ``ttl`` seconds, refreshed every ``interval`` seconds until :meth:`stop`.
+    """Grants a lease of ``ttl`` seconds, refreshed every ``interval`` seconds until :meth:`stop`
+    (with ``refreshes_per_ttl``: that many times in the TTL etcd granted, which may be
+    longer than ``ttl``: etcd's minimum).
 
     A node whose refreshes stopped for ``ttl`` seconds (it died, or was starved or
     cut off that long) loses the lease, and with it every key written with it; etcd
@@ -34,12 +36,12 @@ class NodeLease:
 
     def __init__(self, kv: EtcdKV, ttl: int, interval: float, name: str,
                  also: Callable[[], None] | None = None, also_every: float = 0.0,
-                 also_key: Hashable = None) -> None:
+                 also_key: Hashable = None, refreshes_per_ttl: int | None = None) -> None:
         self._kv = kv
         self.ttl = ttl
-        self.interval = interval
         self.name = name
-        self.id, _ = kv.grant(ttl)
+        self.id, granted = kv.grant(ttl)
+        self.interval = granted / refreshes_per_ttl if refreshes_per_ttl else interval
         self.renewals = 0
         self._also, self._also_every, self._also_key = also, also_every, also_key
         self._also_at = time.monotonic() + also_every
@@ -121,9 +123,12 @@ class _Refresher:
             by_endpoint: dict[str, list[NodeLease]] = {}
             for lease in due:
                 by_endpoint.setdefault(lease._kv.client.base_url, []).append(lease)
-            for group in by_endpoint.values():
-                for start in range(0, len(group), self.BATCH):
-                    self._pool.submit(self._refresh, group[start:start + self.BATCH])
+            try:
+                for group in by_endpoint.values():
+                    for start in range(0, len(group), self.BATCH):
+                        self._pool.submit(self._refresh, group[start:start + self.BATCH])
+            except RuntimeError:  # the interpreter is exiting: its pools take no more work
+                return
 
     def _refresh(self, leases: list[NodeLease]) -> None:
         try:

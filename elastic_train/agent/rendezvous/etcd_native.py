@@ -23,6 +23,15 @@ writes keys of its own, and learns what others did from watches:
   round of ``max_nodes`` waits as a spare (``r/R+1/s/<node>``), not counted, as
   torch's redundancy list. A dead node is simply absent from the next round
   (scale-down): nobody waits for its heartbeat to expire.
+- Each node that joined round R keeps a *liveness record* ``r/R/l/<node>`` under
+  a lease of its own with a short TTL (``liveness_ttl``, default 1 s; etcd raises
+  a TTL below its minimum, 1.5 x its election timeout: 2 s with etcd's
+  defaults), refreshed 3 times in the TTL etcd granted, as etcd's clients do,
+  until it leaves R. So the sealer of round R+1 need not wait
+  for the last call once every member of R that is still alive has joined: with
+  ``min_nodes`` joined and no liveness record of R left, it seals at once. A lost
+  node's record is gone within its TTL; a live node that is slow to come keeps
+  its record, and the last call still bounds the wait for it.
 - Closing writes ``run/closed`` (and into the current round, for its watchers).
 - The sealer counts and seals only the nodes its node policy admits
   (:mod:`elastic_train.agent.node_policy`; it admits itself: its agent asked before
@@ -82,6 +91,7 @@ from elastic_train.errors import NodeLeftError
 log = logging.getLogger(__name__)
 
 DEFAULT_RUN_LEASE_TTL = 30
+_ALIVE_EVERY_S = 0.1  # how often a sealer with min_nodes asks whether every live member came
 
 
 @dataclass
@@ -140,8 +150,9 @@ class EtcdNativeHandler(RendezvousHandler):
     ``keep_alive_interval``, ``keep_alive_max_attempt`` (torch's meanings and
     defaults) and ``read_timeout`` (the c10d store's, default 60 s), plus those of
     the etcd connection (:func:`~.etcd_v3.create_client`: endpoint, TLS, auth,
-    ``timeout``, ``outage_timeout``) and ``lease_ttl`` (the run's keys outlive its
-    last node by this many seconds, default 30).
+    ``timeout``, ``outage_timeout``), ``lease_ttl`` (the run's keys outlive its
+    last node by this many seconds, default 30) and ``liveness_ttl`` (a lost node's
+    liveness record is gone after this many seconds, default 1; see the module doc).
     """
 
     def __init__(self, params: RendezvousParameters) -> None:
@@ -160,6 +171,8 @@ class EtcdNativeHandler(RendezvousHandler):
                                 self._settings.keep_alive_interval, self._node,
                                 also=self._run.refresh, also_every=self._run.refresh_interval,
                                 also_key=(client.base_url, self._run.lease_id))
+        self._alive = NodeLease(self._kv, self._settings.liveness_ttl, 0.0,
+                                f"{self._node} (liveness)", refreshes_per_ttl=3)
         self._round_hint = 0
         self._spare = False
         self._last: _Membership | None = None
@@ -233,6 +246,7 @@ class EtcdNativeHandler(RendezvousHandler):
             self._stop_waiting(self._last)
             self._count_out(self._last)
         self._lease.stop(revoke=True)
+        self._alive.stop(revoke=True)
         self._run.close()
         self._last = None
         return closed
@@ -244,6 +258,7 @@ class EtcdNativeHandler(RendezvousHandler):
         if self._last is not None:
             self._stop_waiting(self._last)
         self._lease.stop(revoke=False)
+        self._alive.stop(revoke=False)
         self._run.close()
 
     # --- joining a round --------------------------------------------------------------------
@@ -269,6 +284,7 @@ class EtcdNativeHandler(RendezvousHandler):
             return self._not_joined(r, result)
         if not self._in_current_round(r, result.ranges[0]):
             return None
+        self._record_alive(r)
         self._spare = False
         joined = result.revision
         if result.nested[-1]:
@@ -282,10 +298,25 @@ class EtcdNativeHandler(RendezvousHandler):
             raise _Late(seal, seal.revision)
         return _Membership(r, rank, seal)
 
+    def _record_alive(self, r: int) -> None:
+        """Writes this node's liveness record of round ``r`` (see the module doc), under its
+        liveness lease: a request of its own, so that an expired liveness lease (renewed
+        here) never fails a join. Without the record (etcd failed) the next round's
+        sealer only does not wait for this node before its last call."""
+        lease = self._alive.id
+        try:
+            self._kv.txn([], [ops.put(self._keys.live(r, self._node), b"", lease)])
+        except RendezvousConnectionError as exc:
+            if "lease not found" in str(exc):
+                self._alive.renew(lease)
+            log.warning("No liveness record of this node for round %d (%s); the next round "
+                        "may be sealed without waiting for it.", r, exc)
+
     def _leave_ops(self, leaving: _Membership) -> list[dict]:
-        """Leaving round ``leaving.round``: its join key goes, the next round opens."""
+        """Leaving round ``leaving.round``: its join key and liveness record go, the next
+        round opens."""
         keys, r = self._keys, leaving.round
-        return [ops.delete(keys.join(r, self._node)),
+        return [ops.delete(keys.join(r, self._node)), ops.delete(keys.live(r, self._node)),
                 ops.txn([ops.value_is(keys.round, b"%d" % r)],
                         [ops.put(keys.round, b"%d" % (r + 1), self._run.lease_id)])]
 
@@ -301,7 +332,7 @@ class EtcdNativeHandler(RendezvousHandler):
     def _undo_join(self, r: int) -> None:
         """Takes this node out of round ``r``: its join key, and the sealer's part if held."""
         keys, me = self._keys, self._node
-        self._kv.txn([], [ops.delete(keys.join(r, me)), ops.txn(
+        self._kv.txn([], [ops.delete(keys.join(r, me)), ops.delete(keys.live(r, me)), ops.txn(
             [ops.value_is(keys.sealer(r), me.encode())], [ops.delete(keys.sealer(r))])])
 
     def _with_lease(self, lease: int, compare: list[dict], success: list[dict],
@@ -389,9 +420,11 @@ class EtcdNativeHandler(RendezvousHandler):
     # --- sealing a round --------------------------------------------------------------------
 
     def _seal(self, r: int, deadline: float, renewals: int) -> Seal | None:
-        """As round ``r``'s sealer: follows its joins and seals it with ``max_nodes``, or
-        ``min_nodes`` for ``last_call_timeout`` seconds, counting only the nodes its node
-        policy admits; None if it lost the part."""
+        """As round ``r``'s sealer: follows its joins and seals it with ``max_nodes``, with
+        ``min_nodes`` once no live member of round r-1 is still to come (no liveness
+        record of r-1 left, asked every ``_ALIVE_EVERY_S``), or with ``min_nodes`` for
+        ``last_call_timeout`` seconds, counting only the nodes its node policy admits;
+        None if it lost the part."""
         keys, settings = self._keys, self._settings
         found = self._kv.read(ops.get(keys.joins(r), prefix=True, keys_only=True))
         joined = {kv.key: kv.create_revision for kv in found.ranges[0] if _ours(kv)}
@@ -399,6 +432,7 @@ class EtcdNativeHandler(RendezvousHandler):
         refused = {key: why for key in joined if (why := self._refusal(r, key))}
         watch = self._kv.watch(keys.of_round(r), found.revision + 1)
         enough_since: float | None = None
+        ask_at = 0.0  # when to ask next whether every live member of round r-1 came
         try:
             while True:
                 now = time.monotonic()
@@ -407,12 +441,16 @@ class EtcdNativeHandler(RendezvousHandler):
                     enough_since = None
                 elif enough_since is None:
                     enough_since = now
-                if admitted >= settings.max_nodes or enough_since is not None \
+                all_came = False
+                if enough_since is not None and now >= ask_at and r > 0:
+                    ask_at = now + _ALIVE_EVERY_S
+                    all_came = self._all_alive_joined(r, joined, refused)
+                if admitted >= settings.max_nodes or all_came or enough_since is not None \
                         and now >= enough_since + settings.last_call_timeout:
                     return self._publish(r, {key: rev for key, rev in joined.items()
                                              if key not in refused}, refused)
-                last_call = None if enough_since is None \
-                    else enough_since + settings.last_call_timeout
+                last_call = None if enough_since is None else min(
+                    enough_since + settings.last_call_timeout, now + _ALIVE_EVERY_S)
                 events = self._next(watch, r, deadline, until=last_call)
                 if self._lease.renewals != renewals:
                     return None
@@ -422,6 +460,23 @@ class EtcdNativeHandler(RendezvousHandler):
                         return seal
         finally:
             watch.cancel()
+
+    def _all_alive_joined(self, r: int, joined: dict[bytes, int],
+                          refused: dict[bytes, str]) -> bool:
+        """Whether every member of round r-1 still alive has left it (joined round r): no
+        liveness record of r-1 is left. If so, the joins of round r read with that answer
+        are added to the sealer's view (its watch may not have shown them yet)."""
+        keys = self._keys
+        found = self._kv.read(ops.get(keys.lives(r - 1), prefix=True, count_only=True),
+                              ops.get(keys.joins(r), prefix=True, keys_only=True))
+        if found.counts[0]:
+            return False
+        for kv in found.ranges[1]:
+            if kv.key not in joined and _ours(kv):
+                joined[kv.key] = kv.create_revision
+                if why := self._refusal(r, kv.key):
+                    refused[kv.key] = why
+        return True
 
     def _follow(self, r: int, event: ops.Event, joined: dict[bytes, int],
                 refused: dict[bytes, str]) -> Seal | None:
@@ -499,6 +554,7 @@ class EtcdNativeHandler(RendezvousHandler):
         waits = [ops.put(keys.spare(r + 1, self._node), b"", lease)] if self._spare else [
             ops.put(keys.join(r + 1, self._node), b"", lease),
             ops.put(keys.waiting, b"%d" % (r + 1), self._run.lease_id)]
+        waits.append(ops.delete(keys.live(r, self._node)))  # no member of round r
         if self._with_lease(lease, [], waits) is None:
             return
         watch = self._kv.watch(keys.run, revision + 1)

@@ -31,6 +31,7 @@ class Settings:
     keep_alive_max_attempt: int = 3
     store_timeout: float = 60.0
     local_addr: str = ""
+    liveness_ttl: int = 1
 
     @staticmethod
     def of(params: RendezvousParameters) -> Settings:
@@ -47,7 +48,8 @@ class Settings:
             keep_alive_interval=seconds("keep_alive_interval", 5),
             keep_alive_max_attempt=int(seconds("keep_alive_max_attempt", 3)),
             store_timeout=seconds("read_timeout", 60),
-            local_addr=params.local_addr or socket.getfqdn())
+            local_addr=params.local_addr or socket.getfqdn(),
+            liveness_ttl=max(1, round(seconds("liveness_ttl", 1))))
 
     @property
     def lease_ttl(self) -> int:
@@ -90,6 +92,13 @@ class Keys:
     def refused(self, r: int, node: str) -> bytes:
         """Why the sealer of round ``r`` left ``node`` out (its node policy's reason)."""
         return self.ctl(r) + b"refused/" + node.encode()
+
+    def lives(self, r: int) -> bytes:
+        """The liveness records of round ``r``'s joined nodes that have not left it."""
+        return self.of_round(r) + b"l/"
+
+    def live(self, r: int, node: str) -> bytes:
+        return self.lives(r) + node.encode()
 
     def spare(self, r: int, node: str) -> bytes:
         return self.of_round(r) + b"s/" + node.encode()
