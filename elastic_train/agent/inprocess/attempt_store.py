@@ -81,9 +81,10 @@ def share_port(group: WorkerGroup, target: int, port: int | None) -> int | None:
 
 
 def all_ready(group: WorkerGroup, attempt: int, timeout_s: float,
-              others_joining: Callable[[], bool]) -> bool:
+              membership_changed: Callable[[], bool]) -> bool:
     """The agents' barrier: every node's workers are ready for attempt ``attempt + 1``.
-    False when a node gave up, a node is waiting to join, or ``timeout_s`` passed."""
+    False when a node gave up, ``membership_changed()`` (a node is waiting to join, or is
+    known gone: asked twice a second), or ``timeout_s`` passed (a node that never came)."""
     key = _key(attempt + 1, "ready")
     group.store.add(key, 1)
     nodes = group.group_world_size or 1
@@ -92,9 +93,9 @@ def all_ready(group: WorkerGroup, attempt: int, timeout_s: float,
     while group.store.add(key, 0) < nodes:
         if group.store.check([_key(attempt, "stop")]) or time.monotonic() > deadline:
             return False
-        if time.monotonic() >= next_look:  # a rendezvous round: new processes anyway
+        if time.monotonic() >= next_look:  # the nodes must rendezvous again
             next_look = time.monotonic() + 0.5
-            if others_joining():
+            if membership_changed():
                 return False
         time.sleep(0.01)
     return True
