@@ -1,9 +1,9 @@
 """A node lost under ``launch`` with the wrapper: the survivors keep their processes.
 
-Three agents (``--nnodes 2:3``, one worker each); one node's whole process group (agent,
-zygote, worker) is SIGKILLed. The surviving workers leave the attempt, their agents
-rendezvous again without the lost node and hand them their new ranks: they form the
-world-2 group in the same processes and continue from the last commit.
+One node's whole process group (agent, zygote, workers) is SIGKILLed. The surviving
+workers leave the attempt, their agents rendezvous again without the lost node and hand
+them their new ranks: they form the smaller group in the same processes and continue
+from the last commit.
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_leaked_processes")]
 EPOCHS = 14
 
 
-def _node(args: list, log) -> subprocess.Popen:
-    """An agent in its own process group, so that the node can be killed whole."""
+def _node(args: list, log, node: int = 0) -> subprocess.Popen:
+    """An agent in its own process group, so that the node can be killed whole; its
+    workers see ``ET_TEST_NODE=node``."""
     return subprocess.Popen([*CLI, "launch", *map(str, args)], cwd=REPO, text=True,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "ET_TEST_NODE": str(node)})
 
 
 def _kill_node(proc: subprocess.Popen) -> None:
@@ -38,9 +40,18 @@ def _kill_node(proc: subprocess.Popen) -> None:
     proc.wait(30)
 
 
+def _ranks(out_dir) -> list[tuple[int, int, int, int]]:
+    """(rank, world size, pid, node) of every rank's every start (launch_script.py)."""
+    path = out_dir / "ranks"
+    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()] \
+        if path.exists() else []
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("backend", ["c10d", "etcd"])
 def test_lost_node_survivors_keep_their_processes(request, storage_path, tmp_path, backend):
+    """Three agents (``--nnodes 2:3``, one worker each); a node that is not the c10d
+    store's host is lost."""
     if backend == "etcd":
         backend_args = ["--rdzv-backend", "etcd", "--rdzv-endpoint",
                         request.getfixturevalue("etcd_endpoint")]
@@ -84,3 +95,44 @@ def test_lost_node_survivors_keep_their_processes(request, storage_path, tmp_pat
     assert list(rows["epoch"]) == list(range(EPOCHS))  # resumed from the last commit
     state = run_state(storage_path, name)
     assert state["status"] == "finished"
+
+
+@pytest.mark.timeout(180)
+def test_lost_rank_0_node_survivors_take_the_lower_ranks(etcd_endpoint, storage_path, tmp_path):
+    """Two agents of two workers each (``--nnodes 1:2``, etcd); the node holding rank 0
+    is lost. The other node's two processes become ranks 0 and 1 of a world of 2 (their
+    rank 0 hosts the new group's store) and finish the run."""
+    name = "lost-rank0"
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    logs = [open(tmp_path / f"node{i}.log", "w") for i in range(2)]  # noqa: SIM115
+    procs = [_node(["--nnodes", "1:2", "--nproc-per-node", 2, "--rdzv-backend", "etcd",
+                    "--rdzv-endpoint", etcd_endpoint, "--rdzv-id", name, "--max-restarts", 2,
+                    "--unwind-timeout", 2, "--storage-path", storage_path, SCRIPT, out_dir,
+                    EPOCHS, "--sleep", 0.3, "--restartable"], log, node)
+             for node, log in enumerate(logs)]
+    try:
+        assert wait_until(lambda: starts(out_dir)[:1] == [(0, 4)], 90)
+        assert wait_until(lambda: len(_ranks(out_dir)) == 4, 30)
+        lost_node = next(node for rank, _, _, node in _ranks(out_dir) if rank == 0)
+        lost, survivor = procs[lost_node], procs[1 - lost_node]
+        survivors = {pid for _, _, pid, node in _ranks(out_dir) if node != lost_node}
+        commit = os.path.join(storage_path, name, "checkpoint_000002", ".commit.json")
+        assert wait_until(lambda: os.path.exists(commit), 60)
+        _kill_node(lost)
+        code = survivor.wait(120)
+    finally:
+        for proc in procs:
+            stop_process(proc)
+        for log in logs:
+            log.close()
+    node_log = (tmp_path / f"node{1 - lost_node}.log").read_text()[-3000:]
+    assert code == 0, node_log
+    assert len(survivors) == 2, _ranks(out_dir)
+    after = _ranks(out_dir)[4:]
+    assert after and {world for _, world, _, _ in after} == {2}, _ranks(out_dir)
+    assert {rank for rank, _, _, _ in after} == {0, 1}
+    assert {pid for _, _, pid, _ in after} == survivors, node_log  # the same two processes
+    rows = Result.from_path(os.path.join(storage_path, name)).metrics_dataframe
+    assert list(rows["epoch"]) == list(range(EPOCHS))
+    assert run_state(storage_path, name)["status"] == "finished"
