@@ -156,8 +156,10 @@ class TrainAgent(LocalElasticAgent):
 
     @staticmethod
     def _membership_changed(worker_group: WorkerGroup) -> bool:
-        """Whether the job's nodes must rendezvous again: a node is waiting to join.
-        (A node known gone is the other reason, where the agent learns it.)"""
+        """Whether the job's nodes must rendezvous again, asked twice a second while the
+        agents wait for each other after a failure: a node is waiting to join. A node
+        known gone is the other reason; a liveness signal joins here, and the survivors
+        then stop waiting for the lost node at once (else after ``unwind_timeout_s`` + 5 s)."""
         return worker_group.spec.rdzv_handler.num_nodes_waiting() > 0
 
     def _agree_on_generation(self, worker_group: WorkerGroup) -> str:
