@@ -46,7 +46,7 @@ class Profile:
     figures: tuple[str, ...] = field(default=FIGURES)
     rendezvous_agents: tuple[int, ...] = (2, 4, 8, 16)
     rendezvous_launchers: tuple[str, ...] = ("torchrun", "torchrun-unshared", "c10d", "etcd",
-                                             "etcd-v3")
+                                             "etcd-v3", "c10d-wrapped", "etcd-wrapped")
     rendezvous_recovery: bool = True
     scale_nodes: tuple[int, ...] = (8, 32, 64, 128, 256, 512, 1024)
     scale_backends: tuple[str, ...] = ("c10d", "etcd-v3", "etcd")

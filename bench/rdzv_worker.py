@@ -5,7 +5,11 @@
                                    exists; rank 0 appends "<time> <world size>" to
                                    OUT_DIR/starts when its process starts and to
                                    OUT_DIR/steps after its first all-reduce, at every
-                                   (re)start
+                                   (re)start; every process appends its pid to OUT_DIR/pids
+    rdzv_worker.py OUT_DIR restartable
+                                   ``train`` in a main function wrapped by
+                                   ``@elastic_train.restart_in_process``: rank 0's
+                                   "starts" line is written as each attempt starts
 
 ``stamp`` imports nothing heavy, so the time to form the job is the agents' own;
 ``train`` notices a lost peer the way training does, in a collective.
@@ -41,11 +45,27 @@ def train(out_dir: str) -> None:
     dist.destroy_process_group()
 
 
+def _started(out_dir: str) -> None:
+    if os.environ.get("RANK") == "0":
+        _append(os.path.join(out_dir, "starts"), f"{time.time()} {os.environ['WORLD_SIZE']}")
+
+
 if __name__ == "__main__":
     out, mode = sys.argv[1:3]
     if mode == "stamp":
         _append(os.path.join(out, "starts"), str(time.time()))
+    elif mode == "restartable":
+        import elastic_train
+
+        _append(os.path.join(out, "pids"), str(os.getpid()))
+
+        @elastic_train.restart_in_process
+        def main() -> None:
+            _started(out)  # each attempt: the survivors' processes run on
+            train(out)
+
+        main()
     else:
-        if os.environ.get("RANK") == "0":  # before importing torch
-            _append(os.path.join(out, "starts"), f"{time.time()} {os.environ['WORLD_SIZE']}")
+        _append(os.path.join(out, "pids"), str(os.getpid()))
+        _started(out)  # before importing torch
         train(out)

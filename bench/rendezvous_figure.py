@@ -63,6 +63,8 @@ class Launcher:
     settings: str  # the recovery-relevant rendezvous settings, for the table
     env: tuple[tuple[str, str], ...] = ()
     forms: bool = True  # also a row of the forming table (not only of recovery)
+    backend: str = ""  # elastic-train's --rdzv-backend, when it is not the key
+    worker: str = "train"  # the recovery worker's mode (see bench.rdzv_worker)
 
     def command(self, nnodes: str, endpoint: str, run_id: str, out_dir: str, mode: str,
                 storage: str, rdzv_conf: str = "") -> list[str]:
@@ -77,7 +79,8 @@ class Launcher:
         if self.key.startswith("torchrun"):
             return [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d",
                     *flags, *worker]
-        backend = ["--rdzv-backend", self.key if self.key.startswith("etcd") else "c10d"]
+        backend = ["--rdzv-backend", self.backend or (
+            self.key if self.key.startswith("etcd") else "c10d")]
         return [sys.executable, "-m", "elastic_train.cli", "launch", *backend, *flags,
                 "--storage-path", storage, *worker]
 
@@ -93,8 +96,16 @@ ET_ETCD = Launcher("etcd", "elastic-train launch, etcd (ours, native)",
                    "lease 5 s x 3, last call 2 s")
 ET_ETCD_V3 = Launcher("etcd-v3", "elastic-train launch, etcd-v3 (torch's dynamic handler)",
                       "heartbeat 1 s x 3, last call 2 s")
-ETCD_LAUNCHERS = (ET_ETCD, ET_ETCD_V3)
-LAUNCHERS = {x.key: x for x in (TORCHRUN, TORCHRUN_UNSHARED, ET_C10D, *ETCD_LAUNCHERS)}
+ET_C10D_WRAPPED = Launcher("c10d-wrapped", "elastic-train launch, c10d, @restart_in_process",
+                           "heartbeat 1 s x 3, last call 2 s", forms=False, backend="c10d",
+                           worker="restartable")
+ET_ETCD_WRAPPED = Launcher("etcd-wrapped",
+                           "elastic-train launch, etcd (ours, native), @restart_in_process",
+                           "lease 5 s x 3, last call 2 s", forms=False, backend="etcd",
+                           worker="restartable")
+ETCD_LAUNCHERS = (ET_ETCD, ET_ETCD_V3, ET_ETCD_WRAPPED)
+LAUNCHERS = {x.key: x for x in (TORCHRUN, TORCHRUN_UNSHARED, ET_C10D, ET_C10D_WRAPPED,
+                                *ETCD_LAUNCHERS)}
 
 
 @dataclass(frozen=True)
@@ -104,6 +115,7 @@ class Recovery:
 
     restarted: float | None = None
     resumed: float | None = None
+    new_processes: int | None = None  # worker processes started on the surviving nodes
     error: str = ""
 
 
@@ -210,12 +222,14 @@ def recover(launcher: Launcher, endpoint: str, timeout_s: float) -> Recovery:
     """Times from SIGKILLing one of 3 agents (and its worker) to the survivors' restart."""
     with _job(launcher, "2:3", endpoint) as job:
         steps, starts = os.path.join(job.out, "steps"), os.path.join(job.out, "starts")
-        job.start("train")
+        pids = os.path.join(job.out, "pids")
+        job.start(launcher.worker)
         time.sleep(1.5)  # the first agent binds the c10d endpoint: it hosts the store
-        job.start("train", 2)
+        job.start(launcher.worker, 2)
         if not _wait_for(lambda: any(w == "3" for _, w in _lines(steps)), timeout_s):
             return Recovery(error=f"the 3 agents did not form a job: ...{job.tail()}")
         time.sleep(1.0)
+        before = len(_lines(pids))
         killed_at = time.time()
         job.kill_node(2)
 
@@ -225,7 +239,7 @@ def recover(launcher: Launcher, endpoint: str, timeout_s: float) -> Recovery:
             return min(times) if times else None
 
         _wait_for(lambda: after_kill(steps) is not None, RECOVERY_WITHIN_S)
-        result = Recovery(after_kill(starts), after_kill(steps))
+        result = Recovery(after_kill(starts), after_kill(steps), len(_lines(pids)) - before)
         open(os.path.join(job.out, "stop"), "w").close()
         if result.resumed is not None and not job.wait(60):
             return Recovery(error=f"the survivors did not exit cleanly: ...{job.tail()}")
@@ -327,7 +341,7 @@ def _recovery_table(usable: list[Launcher], recovered: dict[str, list[Recovery]]
     table = Table("Figure 8b: recovery -- 1 of 3 agents SIGKILLed with its worker → the "
                   "survivors' worker restarted, and their first all-reduce (s)",
                   ["launcher, backend", "worker restarted", "training resumed",
-                   "rendezvous settings", "target (ours)"])
+                   "new worker processes", "rendezvous settings", "target (ours)"])
     for launcher in usable:
         runs = recovered.get(launcher.key, [])
         resumed = Summary.of([r.resumed for r in runs])
@@ -339,7 +353,8 @@ def _recovery_table(usable: list[Launcher], recovered: dict[str, list[Recovery]]
             f"{OUR_RECOVERY_TARGET.describe()} s " \
             f"{OUR_RECOVERY_TARGET.verdict(resumed.median if resumed.ok else None)}"
         table.add(launcher.label, Summary.of([r.restarted for r in runs]).fmt(2), cell,
-                  launcher.settings, verdict)
+                  Summary.of([r.new_processes for r in runs]).fmt(0), launcher.settings,
+                  verdict)
     table.notes += [
         "`--nnodes 2:3`; workers all-reduce a flag every 50 ms (gloo) and notice the lost "
         "peer in that collective; the killed agent is never the c10d store's host.",
@@ -347,6 +362,10 @@ def _recovery_table(usable: list[Launcher], recovered: dict[str, list[Recovery]]
         "the failed group, rendezvous); 'training resumed': its first all-reduce, after "
         "the worker's start-up (torchrun: a new interpreter importing torch; elastic-train: "
         "a fork of its zygote) and the gloo group's set-up on this machine.",
+        "@restart_in_process rows: the worker's main is wrapped; 'worker restarted' is the "
+        "start of rank 0's next attempt in its own process, after the agents' wait for the "
+        "lost node (--unwind-timeout + 5 s, 10 + 5 by default) and their rendezvous. 'new "
+        "worker processes': started on the surviving nodes after the kill.",
         "torch's default agent store is shared by every round: a restarted group can hang in "
         "init_process_group on the previous round's keys (the issue's trap); "
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 avoids it, as elastic-train launch does.",

@@ -43,9 +43,15 @@
    workers (torch's process context would stop them all at the first death), charges
    the failure, lets the survivors unwind and start the next attempt, and
    starts a new process only in the slot of a worker that died, hung or lost
-   its device. It falls back to torch's restart of the whole group when it
-   cannot (a live worker that cannot restart in process, another node that
-   gave up or is joining).
+   its device. It leaves the failure to torch's monitoring when a live worker
+   cannot restart in process (a script without the wrapper).
+9. When the job's membership changes during an in-process restart (a node is
+   gone, gave up or is waiting to join), torch's restart of the group is only
+   its rendezvous: the workers wait in their processes, and the new round's
+   ranks, world size, store and generation are handed to them
+   (:meth:`~elastic_train.agent.inprocess.controller.InProcessController.reform`);
+   only a slot whose process ended gets a new one. Where a rendezvous backend
+   keeps one store for every round (static), torch restarts the whole group.
 
 Everything else -- rendezvous, spawning, monitoring, restart budget,
 membership changes, shutdown -- is torch.distributed.elastic's own.
@@ -123,6 +129,7 @@ class TrainAgent(LocalElasticAgent):
         self._in_process = InProcessController(options.in_process, AgentHooks(
             decide=self._decide_in_process, check_hangs=self._check_hangs,
             preempted=self._preempted, recovered=self._recovered, command=self._command,
+            membership_changed=self._membership_changed, can_reform=self._store_per_round,
             gone=lambda: self.liveness.gone() if self.liveness is not None else set()),
             options.staging_dir) if options.in_process is not None else None
         self.last_failures: list[WorkerFailure] = []
@@ -158,13 +165,26 @@ class TrainAgent(LocalElasticAgent):
         if self.events.on_rendezvous is not None:
             self.events.on_rendezvous(worker_group.group_rank, worker_group.group_world_size)
 
+    @staticmethod
+    def _store_per_round(worker_group: WorkerGroup) -> bool:
+        """Whether each rendezvous round of the group's backend has a store of its own."""
+        return lookup(worker_group.spec.rdzv_handler.get_backend(),
+                      "rdzv_handler").store_per_round
+
+    @staticmethod
+    def _membership_changed(worker_group: WorkerGroup) -> bool:
+        """Whether the job's nodes must rendezvous again, asked twice a second while the
+        agents wait for each other after a failure: a node is waiting to join. A node
+        known gone (:attr:`liveness`, asked separately and more often) is the other
+        reason; without it the survivors wait ``unwind_timeout_s`` + 5 s for a lost node."""
+        return worker_group.spec.rdzv_handler.num_nodes_waiting() > 0
+
     def _agree_on_generation(self, worker_group: WorkerGroup) -> str:
         # A store prefixed by its round (dynamic rendezvous) needs one key per round
         # (restart counts differ between nodes: free restarts, late joiners). The
         # static store is shared by every round, and there every node re-rendezvouses
         # at each restart, so they count alike.
-        backend = lookup(worker_group.spec.rdzv_handler.get_backend(), "rdzv_handler")
-        key = ("elastic_train/generation/0" if backend.store_per_round
+        key = ("elastic_train/generation/0" if self._store_per_round(worker_group)
                else f"elastic_train/generation/{self._rendezvous_count}")
         store = worker_group.store
         if worker_group.group_rank == 0:
@@ -200,6 +220,20 @@ class TrainAgent(LocalElasticAgent):
             self._in_process.started(self._pcontext, env)
         self._stop_rest_at_once()
         return pids
+
+    def _restart_workers(self, worker_group: WorkerGroup) -> None:
+        """torch's restart of the group (stop, rendezvous, start); with the workers parked
+        for a new world, the rendezvous alone (departure 9)."""
+        if self._in_process is None or not self._in_process.parked:
+            return super()._restart_workers(worker_group)
+        self._rendezvous(worker_group)
+        generation = self._generation = self._agree_on_generation(worker_group)
+        if self.options.staging_dir is not None:  # staged under the old world's ranks
+            shutil.rmtree(self.options.staging_dir, ignore_errors=True)
+        self._in_process.reform(worker_group, generation,
+                                worker_group.spec.max_restarts - self._remaining_restarts)
+        worker_group.state = WorkerState.HEALTHY
+        return None
 
     def _command(self) -> tuple[str, tuple[str, ...]]:
         """The worker command now: asked for again at every start and replacement (e.g. a

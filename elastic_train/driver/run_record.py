@@ -160,10 +160,13 @@ class RunRecord:
 
     def note_recovery(self, replaced: dict[int, str]) -> None:
         """The group restarted in process: the latest failure's recovery time, and the
-        ranks that got a new process."""
+        ranks that got a new process. After a membership change the nodes rendezvoused
+        first (:meth:`note_rendezvous` closed the time), and the workers kept their
+        processes all the same."""
         failures = self.state.failures
-        if failures and failures[-1].rendezvous_at is None:
-            failures[-1].rendezvous_at = time.time()
+        if failures and failures[-1].restart != IN_PROCESS:
+            if failures[-1].rendezvous_at is None:
+                failures[-1].rendezvous_at = time.time()
             failures[-1].restart, failures[-1].replaced = IN_PROCESS, dict(replaced)
             self._write(required=False)
 

@@ -6,7 +6,9 @@ for ``launch`` scripts whose main function is wrapped by
 (:func:`run_attempts`) instead of running the train function once:
 
 1. It waits until its agent lets the attempt start (``go.json``, see
-   :mod:`.restart_channel`), says it is ``running`` and calls the attempt.
+   :mod:`.restart_channel`), says it is ``running`` and calls the attempt. When
+   a node was lost or joined meanwhile, the go gives it its place in the new
+   world (rank, world size, store): the attempt forms the new group.
 2. When the train function raises, the worker cuts its process groups'
    connections and tears the groups down at once (:mod:`.group_sockets`) -- a
    peer blocked in a collective with it gets an error instead of waiting for
@@ -161,15 +163,18 @@ def _run_one(attempt: Callable[[], T]) -> tuple[bool, T | None, FailureNote | No
         return False, None, describe(exc)
 
 
-def _enter(directory: str, rank: int, attempt: int) -> None:
-    """Waits for the agent's go for ``attempt`` and gives the attempt its environment."""
+def _enter(directory: str, attempt: int) -> tuple[int, int]:
+    """Waits for the agent's go for ``attempt`` and gives the attempt its environment
+    (after a membership change: a new rank, world size, store and generation, and the
+    new world's attempt number). Returns the attempt it entered, and this worker's rank."""
     if attempt > 0:
-        go = channel.wait_for_go(directory, attempt)
-        os.environ["TORCHELASTIC_RESTART_COUNT"] = str(go.restart_count)
-        if go.master_port is not None:
-            os.environ["MASTER_PORT"] = str(go.master_port)
-    os.environ[env_vars.ATTEMPT] = str(attempt)
+        go = channel.wait_for_go(directory, attempt,
+                                 env_vars.AgentFacts.from_environ().generation)
+        os.environ.update(go.environ(int(os.environ["LOCAL_RANK"])))
+        attempt = go.attempt
+    rank = int(os.environ["RANK"])
     channel.write_record(directory, rank, WorkerRecord(attempt, Stage.RUNNING, os.getpid()))
+    return attempt, rank
 
 
 def run_attempts(attempt: Callable[[], T], release: Callable[[bool], None]) -> T:
@@ -183,10 +188,9 @@ def run_attempts(attempt: Callable[[], T], release: Callable[[bool], None]) -> T
     facts = env_vars.AgentFacts.from_environ()
     directory, number = facts.inprocess_dir, facts.attempt
     assert directory is not None, "run_attempts needs in-process restarts (see enabled())"
-    rank = int(os.environ["RANK"])
     signal.signal(channel.ABORT_SIGNAL, _on_abort)
     while True:
-        _enter(directory, rank, number)
+        number, rank = _enter(directory, number)
         group_sockets.forget()
         ok, value, failure = _run_one(attempt)
         if ok:

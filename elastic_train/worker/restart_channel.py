@@ -3,6 +3,8 @@
 The agent gives every worker a directory (``ELASTIC_TRAIN_INPROCESS_DIR``).
 Each worker writes its own ``rank<R>.json``; the agent writes ``verdict.json``
 and ``go.json``. All are replaced atomically, so a reader never sees half a record.
+When the job's membership changes, the agent clears the directory while every
+worker waits, and its ``go.json`` names the worker's new rank (:class:`NewWorld`).
 
 A worker's record says where it stands in which attempt:
 
@@ -42,6 +44,7 @@ from dataclasses import asdict, dataclass
 
 from fsspec.implementations.local import LocalFileSystem
 
+from elastic_train import env_vars
 from elastic_train.storage import filesystem as fsutil
 
 ABORT_SIGNAL = signal.SIGUSR2  # the agent's "leave this attempt" (relayed by the zygote client)
@@ -93,15 +96,65 @@ class WorkerRecord:
 
 
 @dataclass(frozen=True)
+class NewWorld:
+    """The node's place in the world a new rendezvous round formed (the job's membership
+    changed): what torch would give new workers in their environment. Worker
+    ``LOCAL_RANK`` gets rank ``base_rank + LOCAL_RANK``, as torch assigns them. The
+    generation is the new round's, so the group the workers form shares no key with the
+    old world's (see :mod:`elastic_train.context`)."""
+
+    generation: str
+    group_rank: int
+    group_world_size: int
+    base_rank: int
+    world_size: int
+    base_role_rank: int
+    role_world_size: int
+    master_addr: str
+
+    def environ(self, local_rank: int) -> dict[str, str]:
+        """The environment of worker ``local_rank`` in this world."""
+        return {"RANK": str(self.base_rank + local_rank), "WORLD_SIZE": str(self.world_size),
+                "ROLE_RANK": str(self.base_role_rank + local_rank),
+                "ROLE_WORLD_SIZE": str(self.role_world_size),
+                "GROUP_RANK": str(self.group_rank),
+                "GROUP_WORLD_SIZE": str(self.group_world_size),
+                "MASTER_ADDR": self.master_addr, env_vars.GENERATION: self.generation}
+
+
+@dataclass(frozen=True)
 class Go:
     """The agent's ``go.json``: attempt ``attempt`` may start; its workers see
     ``TORCHELASTIC_RESTART_COUNT=restart_count`` and, when the workers host their own
     store (``launch``: rank 0's ``env://`` store), ``MASTER_PORT=master_port``: a new port
-    per attempt, so that a store the last attempt left behind is never joined again."""
+    per attempt, so that a store the last attempt left behind is never joined again.
+
+    With ``world``, the job's membership changed: the waiting workers take their place in
+    the new world (its attempts count from 0 again, on every node alike) instead of
+    waiting for the attempt they expected."""
 
     attempt: int
     restart_count: int
     master_port: int | None = None
+    world: NewWorld | None = None
+
+    def lets(self, attempt: int, generation: str | None) -> bool:
+        """Whether a worker of ``generation`` waiting for ``attempt`` may start now."""
+        return self.attempt >= attempt or (
+            self.world is not None and self.world.generation != generation)
+
+    def environ(self, local_rank: int) -> dict[str, str]:
+        """What worker ``local_rank`` changes in its environment to start this attempt."""
+        env = {"TORCHELASTIC_RESTART_COUNT": str(self.restart_count),
+               env_vars.ATTEMPT: str(self.attempt)}
+        if self.master_port is not None:
+            env["MASTER_PORT"] = str(self.master_port)
+        return env if self.world is None else {**env, **self.world.environ(local_rank)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Go:
+        world = data.get("world")
+        return cls(**{**data, "world": NewWorld(**world) if world else None})
 
 
 @dataclass(frozen=True)
@@ -143,7 +196,7 @@ def write_go(directory: str, go: Go) -> None:
 
 def read_go(directory: str) -> Go | None:
     data = _read(os.path.join(directory, GO_FILE))
-    return Go(**data) if data else None
+    return Go.from_json(data) if data else None
 
 
 def write_verdict(directory: str, verdict: Verdict) -> None:
@@ -161,10 +214,12 @@ def wait_for_verdict(directory: str, attempt: int, poll_s: float = 0.005) -> boo
         time.sleep(poll_s)
 
 
-def wait_for_go(directory: str, attempt: int, poll_s: float = 0.005) -> Go:
-    """Blocks until the agent lets ``attempt`` (or a later one) start. A worker that is
-    not let go is stopped by its agent, so this needs no timeout of its own."""
-    while (go := read_go(directory)) is None or go.attempt < attempt:
+def wait_for_go(directory: str, attempt: int, generation: str | None = None,
+                poll_s: float = 0.005) -> Go:
+    """Blocks until the agent lets ``attempt`` (or a later one) start, or names a new
+    world (see :meth:`Go.lets`). A worker that is not let go is stopped by its agent, so
+    this needs no timeout of its own."""
+    while (go := read_go(directory)) is None or not go.lets(attempt, generation):
         time.sleep(poll_s)
     return go
 

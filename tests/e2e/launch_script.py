@@ -9,7 +9,8 @@
 
 It initialises its own process group (as under torchrun), uses
 elastic_train.get_checkpoint()/report() for resume, and records each start
-(epoch and world size) in OUT_DIR/starts; rank 0 prints the final digest.
+(epoch and world size) in OUT_DIR/starts, and every rank's (rank, world size,
+pid, ET_TEST_NODE) in OUT_DIR/ranks; rank 0 prints the final digest.
 With --restartable its main function is wrapped by @elastic_train.restart_in_process.
 """
 
@@ -136,6 +137,8 @@ def main() -> None:
             open(full, "w").close()
     with open(os.path.join(args.out, f"pid-{os.getpid()}"), "w") as f:
         f.write(str(os.getpid()))
+    with open(os.path.join(args.out, "ranks"), "a") as f:
+        f.write(f"{rank} {world} {os.getpid()} {os.environ.get('ET_TEST_NODE', '-')}\n")
     for epoch in range(start, args.epochs):
         gen = torch.Generator().manual_seed(epoch)
         x = torch.randn(8, 4, generator=gen)

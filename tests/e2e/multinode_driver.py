@@ -3,8 +3,9 @@
 Usage: python -m tests.e2e.multinode_driver STORAGE NAME OUT_DIR BACKEND ENDPOINT MIN MAX EPOCHS
 
 Each node runs one worker; the job has MIN to MAX nodes. At every (re)start rank 0
-appends the world size to OUT_DIR/worlds and the start epoch to OUT_DIR/starts; at
-the end the driver prints a RESULT line (last iteration, checkpoint, return value).
+appends the world size to OUT_DIR/worlds and the start epoch to OUT_DIR/starts, and
+every rank its rank and pid to OUT_DIR/pids; at the end the driver prints a RESULT
+line (last iteration, checkpoint, return value).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ if __name__ == "__main__":
         train,
         train_loop_config={"epochs": int(epochs), "step_sleep": 0.05,
                            "starts_file": os.path.join(out_dir, "starts"),
-                           "worlds_file": os.path.join(out_dir, "worlds")},
+                           "worlds_file": os.path.join(out_dir, "worlds"),
+                           "pids_file": os.path.join(out_dir, "pids")},
         scaling_config=scaling,
         run_config=et.RunConfig(storage_path=storage, name=name,
                                 failure_config=et.FailureConfig(max_failures=1)),

@@ -104,8 +104,9 @@ def test_two_drivers_form_one_job(storage_path, tmp_path):
 def test_killed_driver_leaves_the_other_training_at_the_smaller_size(
         etcd_endpoint, storage_path, tmp_path):
     """The driver that owns run.json (group rank 0, with global rank 0) is SIGKILLed:
-    the other re-forms the job alone (num_workers=(1, 2)), takes run.json over,
-    resumes from the latest checkpoint and finishes; no etcd key of the run is left."""
+    the other re-forms the job alone (num_workers=(1, 2)) with its worker in the same
+    process (now rank 0), takes run.json over, resumes from the latest checkpoint and
+    finishes; no etcd key of the run is left."""
     name = "fit2-kill"
     out_dir, procs, logs = _start_two(tmp_path, storage_path, name, "etcd", etcd_endpoint,
                                       (1, 2), 6)
@@ -122,6 +123,11 @@ def test_killed_driver_leaves_the_other_training_at_the_smaller_size(
     attempts = _attempts(out_dir)
     assert attempts[0] == (0, 2) and attempts[-1][1] == 1, attempts
     assert attempts[-1][0] >= 2, attempts  # resumed from a checkpoint, not from scratch
+    pids = [tuple(map(int, line.split())) for line in (out_dir / "pids").read_text()
+            .splitlines()]
+    survivor_pid = next(pid for rank, pid in pids if rank == 1)
+    assert pids[-1] == (0, survivor_pid), pids  # the survivor's worker kept its process
+    assert len({pid for _, pid in pids}) == 2, pids
     assert _results(tmp_path) == ["iteration=6 checkpoint=checkpoint_000005 world=1"]
     state = _run_json(storage_path, name)
     assert state["status"] == "finished"

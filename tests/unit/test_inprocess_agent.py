@@ -121,3 +121,26 @@ def test_an_unhealthy_device_is_a_failure_of_the_attempt(restarts, monkeypatch):
     seen = restarts.poll(group(), context({0: None, 1: None})).failed
     assert isinstance(seen, FailedAttempt)
     assert "unhealthy" in seen.failures[0].message
+
+
+def test_a_new_world_clears_the_old_records_and_refills_only_dead_slots(tmp_path):
+    """After a membership change: the old world's records go, the live workers keep their
+    processes and get their ranks through the go, a dead slot gets a new process."""
+    started: list[tuple[int, dict]] = []
+    restarts = InProcessRestarts(str(tmp_path), 10.0, failure_of=died,
+                                 replace=lambda w, env: started.append((w.local_rank, env)))
+    restarts.begin(restart_count=0)
+    restarts.attempt = 4
+    record(restarts, 0, 5, Stage.READY, note(primary=False))
+    workers = [SimpleNamespace(local_rank=r, global_rank=2 + r) for r in (0, 1)]
+    new_group = SimpleNamespace(workers=workers, master_port=29600)
+    processes = context({0: None, 1: -9})
+    processes.envs = {0: {"RANK": "0"}, 1: {"RANK": "1"}}
+    world = channel.NewWorld("g2", 1, 2, 2, 4, 2, 4, "node0")
+    recovery = restarts.reform(new_group, processes, world, restart_count=2)
+    assert recovery.attempt == 0 and recovery.replaced == {3: "its process ended"}
+    assert channel.read_record(restarts.directory, 0) is None  # no stale failure
+    assert channel.read_go(restarts.directory) == channel.Go(0, 2, 29600, world)
+    assert [lr for lr, _ in started] == [1] and started[0][1]["RANK"] == "3"
+    assert processes.envs[0]["RANK"] == "2"  # what a later replacement starts with
+    assert restarts.attempt == 0

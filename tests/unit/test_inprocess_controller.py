@@ -35,6 +35,7 @@ class Steps:
     own: bool = True
     recovery: Recovery | None = field(default_factory=lambda: Recovery(1))
     gave_up: bool = False
+    reformed: list = field(default_factory=list)
 
     def poll(self, group, processes) -> Look:
         return self.look
@@ -45,8 +46,12 @@ class Steps:
     def give_up(self, group, processes) -> None:
         self.gave_up = True
 
-    def recover(self, group, processes, others_joining) -> Recovery | None:
+    def recover(self, group, processes, membership_changed) -> Recovery | None:
         return self.recovery
+
+    def reform(self, group, processes, world, restart_count) -> Recovery:
+        self.reformed.append((world, restart_count))
+        return Recovery(0, {1: "its process ended"})
 
 
 @dataclass
@@ -58,6 +63,7 @@ class Agent:
     decided: list[tuple[FailureKind, WorkerFailure | None]] = field(default_factory=list)
     recovered: list[Recovery] = field(default_factory=list)
     hang_checks: int = 0
+    can_reform: bool = False
 
     def hooks(self) -> AgentHooks:
         def decide(group, failures, kind, peer_root) -> Decision:
@@ -70,7 +76,9 @@ class Agent:
         return AgentHooks(decide=decide, check_hangs=check_hangs,
                           preempted=lambda: self.preempted,
                           recovered=lambda group, recovery: self.recovered.append(recovery),
-                          command=lambda: ("python", ()))
+                          command=lambda: ("python", ()),
+                          membership_changed=lambda group: False,
+                          can_reform=lambda group: self.can_reform)
 
 
 @pytest.fixture
@@ -139,3 +147,24 @@ def test_a_group_that_cannot_recover_falls_back_to_new_processes(tmp_path, agent
     made = controller(tmp_path, agent, Steps(FAILED, recovery=None))
     assert made.watch(GROUP).state is WorkerState.FAILED
     assert made.state is RestartState.FELL_BACK and agent.recovered == []
+
+
+def test_a_changed_membership_parks_the_workers_for_their_new_ranks(tmp_path, agent):
+    agent.can_reform = True
+    steps = Steps(FAILED, recovery=None)
+    made = controller(tmp_path, agent, steps)
+    assert made.watch(GROUP).state is WorkerState.FAILED  # torch's restart: a rendezvous
+    assert made.parked and made.state is RestartState.PARKED and agent.recovered == []
+
+    made._processes = SimpleNamespace(pids=lambda: {0: 500, 1: 501})
+    workers = [SimpleNamespace(local_rank=lr, global_rank=2 + lr, role_rank=2 + lr,
+                               world_size=4, role_world_size=4, id=None) for lr in (0, 1)]
+    group = SimpleNamespace(workers=workers, group_rank=1, group_world_size=2,
+                            master_addr="node0")
+    made.reform(group, "gen2", restart_count=1)
+    [(world, count)] = steps.reformed
+    assert count == 1 and world.generation == "gen2" and world.environ(1)["RANK"] == "3"
+    assert world.environ(0)["GROUP_RANK"] == "1" and world.environ(0)["WORLD_SIZE"] == "4"
+    assert [w.id for w in workers] == [500, 501]  # what torch's monitoring compares
+    assert agent.recovered == [Recovery(0, {1: "its process ended"})]
+    assert made.state is RestartState.RUNNING and not made.parked

@@ -10,7 +10,7 @@ import pytest
 
 from elastic_train.worker import inprocess
 from elastic_train.worker import restart_channel as channel
-from elastic_train.worker.restart_channel import FailureNote, Go, Stage, WorkerRecord
+from elastic_train.worker.restart_channel import FailureNote, Go, NewWorld, Stage, WorkerRecord
 
 
 def test_records_round_trip(tmp_path):
@@ -28,6 +28,34 @@ def test_wait_for_go_returns_for_this_attempt_or_a_later_one(tmp_path):
     started = time.monotonic()
     assert channel.wait_for_go(str(tmp_path), 2) == Go(3, 5, 29999)
     assert time.monotonic() - started >= 0.09
+
+
+WORLD = NewWorld(generation="g2", group_rank=1, group_world_size=2, base_rank=2,
+                 world_size=4, base_role_rank=2, role_world_size=4, master_addr="node0")
+
+
+def test_a_new_world_lets_a_waiting_worker_of_the_old_one_go(tmp_path):
+    """After a membership change the new world's attempts count from 0: its go lets a
+    worker of another generation go, whatever attempt it waited for -- and only that."""
+    go = Go(0, 3, 29500, WORLD)
+    channel.write_go(str(tmp_path), go)
+    assert channel.read_go(str(tmp_path)) == go
+    assert go.lets(5, "g1") and not go.lets(1, "g2") and go.lets(0, "g2")
+    assert not Go(0, 3).lets(5, "g1")
+    assert channel.wait_for_go(str(tmp_path), 5, "g1") == go
+
+
+def test_a_new_world_gives_each_worker_its_rank(tmp_path):
+    env = Go(0, 3, 29500, WORLD).environ(local_rank=1)
+    assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                                "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT",
+                                "TORCHELASTIC_RESTART_COUNT", "ELASTIC_TRAIN_ATTEMPT",
+                                "ELASTIC_TRAIN_GENERATION")} == {
+        "RANK": "3", "WORLD_SIZE": "4", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2",
+        "ROLE_RANK": "3", "MASTER_ADDR": "node0", "MASTER_PORT": "29500",
+        "TORCHELASTIC_RESTART_COUNT": "3", "ELASTIC_TRAIN_ATTEMPT": "0",
+        "ELASTIC_TRAIN_GENERATION": "g2"}
+    assert "RANK" not in Go(2, 3).environ(local_rank=1)  # the same world: ranks stay
 
 
 def test_clear_forgets_the_previous_group(tmp_path):

@@ -161,3 +161,25 @@ def test_a_free_restart_after_a_peers_failure_is_not_told_as_no_restarts_left(tm
     peer, own = (r.getMessage() for r in caplog.records[-2:])
     assert "restarting, not charged to this node (no restart(s) of its own left)" in peer
     assert own.endswith("; no restart(s) left.")
+
+
+def test_a_re_form_after_a_lost_node_is_recorded_as_in_process(tmp_path):
+    """A lost node: the agents rendezvous again (which closes the failure's time as for
+    new processes), then hand the waiting workers their new ranks: the failure says
+    in-process, and which rank got a new process."""
+    from elastic_train.agent.restart_budget import RestartBudget
+    from elastic_train.errors import WorkerFailure
+    from elastic_train.failure_kinds import FailureKind
+    from elastic_train.storage.run_state import IN_PROCESS, NEW_PROCESSES
+
+    run = make_storage("local", tmp_path, None).run("run")
+    record = RunRecord.begin(run, "run", FIT)
+    failure = WorkerFailure(rank=0, local_rank=0, pid=1, exitcode=1, message="peer gone",
+                            traceback=None)
+    record.record_failure([failure], RestartBudget(max_failures=2).charge(FailureKind.PEER))
+    record.note_rendezvous()
+    assert run.read_run_state().failures[-1].restart == NEW_PROCESSES
+    record.note_recovery({1: "its process ended"})
+    [recorded] = run.read_run_state().failures
+    assert recorded.restart == IN_PROCESS and recorded.replaced == {1: "its process ended"}
+    assert recorded.rendezvous_at is not None

@@ -89,10 +89,12 @@ def share_port(group: WorkerGroup, target: int, port: int | None) -> int | None:
 
 
 def all_ready(group: WorkerGroup, attempt: int, timeout_s: float,
-              others_joining: Callable[[], bool], gone: Callable[[], set[int]] = nobody) -> bool:
+              membership_changed: Callable[[], bool],
+              gone: Callable[[], set[int]] = nobody) -> bool:
     """The agents' barrier: every node's workers are ready for attempt ``attempt + 1``.
-    False when a node gave up, a node is waiting to join, a node is known gone, or
-    ``timeout_s`` passed."""
+    False when a node gave up, ``membership_changed()`` (a node is waiting to join:
+    asked twice a second), a node is known ``gone()`` (asked every ``GONE_EVERY_S``), or
+    ``timeout_s`` passed (a node that never came)."""
     key = _key(attempt + 1, "ready")
     group.store.add(key, 1)
     nodes = group.group_world_size or 1
@@ -101,7 +103,7 @@ def all_ready(group: WorkerGroup, attempt: int, timeout_s: float,
     while group.store.add(key, 0) < nodes:
         if group.store.check([_key(attempt, "stop")]) or time.monotonic() > deadline:
             return False
-        if look() and others_joining():  # a rendezvous round: new processes anyway
+        if look() and membership_changed():  # the nodes must rendezvous again
             return False
         if ask() and gone():
             return False

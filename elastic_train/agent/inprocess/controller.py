@@ -7,9 +7,17 @@ through named states (:class:`RestartState`), as torch's rendezvous turns each
 step into an ``_Action`` and Ray Train v2's controller has one state per step::
 
     RUNNING --failure seen--> INTERRUPTED --> DECIDING --restart--> RECOVERING --> RUNNING
-                                                 |                     |
-                                                 +--budget spent--> GAVE_UP
+                                                 |                     |              ^
+                                                 +--budget spent--> GAVE_UP           |
+                                                          membership changed          |
+                                                                       +--> PARKED --reform
                                                                        +--cannot--> FELL_BACK
+
+When the job's membership changes during a restart (a node is gone, gave up or is
+joining), the local workers wait ``PARKED`` while the agent runs a new rendezvous
+round; :meth:`~InProcessController.reform` then hands them their ranks in the new
+world. Only when that is not possible (a rendezvous backend whose store outlives its
+rounds) does torch restart the group in new processes (``FELL_BACK``).
 
 The steps over the workers' records are :class:`~.restarts.InProcessRestarts`';
 what it needs from its agent -- the budget's decision, the hang check, whether a
@@ -31,6 +39,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, Worker, Worker
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.utils import macros
 
+from elastic_train import env_vars
 from elastic_train.agent.failures import failures_of
 from elastic_train.agent.inprocess.restarts import (
     FailedAttempt,
@@ -45,6 +54,7 @@ from elastic_train.agent.worker_slots import replace_worker
 from elastic_train.errors import WorkerFailure
 from elastic_train.failure_kinds import FailureKind
 from elastic_train.storage.uploader import discard_staged
+from elastic_train.worker.restart_channel import NewWorld
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +68,7 @@ class RestartState(enum.Enum):
     DECIDING = "deciding"  # the restart budget is charged for the failed attempt
     RECOVERING = "recovering"  # survivors unwind, dead slots refilled, nodes agree
     GAVE_UP = "gave up"  # the budget is spent: the group stops
+    PARKED = "parked"  # membership changed: the workers wait for the next round's ranks
     FELL_BACK = "fell back"  # no in-process restart possible: torch restarts the group
 
 
@@ -76,6 +87,10 @@ class AgentHooks:
             last one died), for a replacement process.
         gone: The group ranks of the current round known gone
             (:class:`~elastic_train.agent.node_liveness.NodeLiveness`).
+        membership_changed: Whether the job's nodes must rendezvous again (a node is
+            waiting to join), asked while the agents wait for each other.
+        can_reform: Whether the workers can wait through a new rendezvous round (its
+            store is new, so attempts can count from 0 again).
     """
 
     decide: Callable[[WorkerGroup, list[WorkerFailure], FailureKind, WorkerFailure | None],
@@ -84,6 +99,8 @@ class AgentHooks:
     preempted: Callable[[], bool]
     recovered: Callable[[WorkerGroup, Recovery], None]
     command: Callable[[], tuple[str, tuple[str, ...]]]
+    membership_changed: Callable[[WorkerGroup], bool]
+    can_reform: Callable[[WorkerGroup], bool]
     gone: Callable[[], set[int]] = nobody
 
 
@@ -154,16 +171,42 @@ class InProcessController:
             self.restarts.give_up(group, self._processes)
             return RunResult(state=WorkerState.FAILED)
         self._enter(RestartState.RECOVERING)
-        recovery = self.restarts.recover(group, self._processes, lambda: (
-            group.spec.rdzv_handler.num_nodes_waiting() > 0))
-        if recovery is None:
-            self._enter(RestartState.FELL_BACK)
-            logger.warning("The group could not restart in process; its workers restart "
-                           "as new processes.")
+        recovery = self.restarts.recover(group, self._processes,
+                                         lambda: self._hooks.membership_changed(group))
+        if recovery is None:  # torch's restart follows: its rendezvous, then reform()
+            if self._hooks.can_reform(group):
+                self._enter(RestartState.PARKED)
+                logger.warning("The job's nodes changed; its workers wait for their new "
+                               "ranks in their processes.")
+            else:
+                self._enter(RestartState.FELL_BACK)
+                logger.warning("The group could not restart in process; its workers "
+                               "restart as new processes.")
             return RunResult(state=WorkerState.FAILED)
         self._hooks.recovered(group, recovery)
         self._enter(RestartState.RUNNING)
         return RunResult(state=WorkerState.HEALTHY)
+
+    @property
+    def parked(self) -> bool:
+        """Whether the workers wait for their ranks in a new world (see :meth:`reform`)."""
+        return self.state is RestartState.PARKED
+
+    def reform(self, group: WorkerGroup, generation: str, restart_count: int) -> None:
+        """After the agent's new rendezvous round (``group`` holds its ranks, store and
+        master address; ``generation`` its agreed id): the parked workers take their place
+        in the new world in their processes and start its attempt 0."""
+        first = group.workers[0]
+        world = NewWorld(generation, group.group_rank, group.group_world_size,
+                         first.global_rank, first.world_size, first.role_rank,
+                         first.role_world_size, group.master_addr)
+        self._env = {**self._env, env_vars.GENERATION: generation}  # for later replacements
+        recovery = self.restarts.reform(group, self._processes, world, restart_count)
+        pids = self._processes.pids()
+        for worker in group.workers:  # torch's monitoring compares them with its own
+            worker.id = pids[worker.local_rank]
+        self._hooks.recovered(group, recovery)
+        self._enter(RestartState.RUNNING)
 
     def _replace(self, worker: Worker, env: dict[str, str]) -> int:
         """A new process in ``worker``'s slot (an in-process restart's dead or killed rank)."""

@@ -17,16 +17,19 @@ One attempt ends in four steps:
    report ``ready``; a dead one, one that is not ready within
    ``unwind_timeout_s`` (killed now) and an unhealthy one get a new worker
    forked from the zygote. With several nodes the agents then wait for each
-   other; a node that gives up (its budget is spent), a node waiting to join,
-   or a node that never arrives makes every agent fall back to a restart of
-   its processes (torch's own path). When the budget is spent instead, the
-   workers are told so and finish their checkpoint uploads in flight
-   (:meth:`~InProcessRestarts.give_up`) before the group stops.
-4. **Go**: ``go.json`` lets attempt N+1 start; the workers form a new process
-   group (keys namespaced by the attempt) and call the train function again.
+   other; when a node gives up (its budget is spent), is waiting to join, or
+   never arrives (it is gone), the job's membership changes: the agents
+   rendezvous again (torch's round) and :meth:`~InProcessRestarts.reform`
+   hands the waiting workers their ranks in the new world. When the budget is
+   spent instead, the workers are told so and finish their checkpoint uploads
+   in flight (:meth:`~InProcessRestarts.give_up`) before the group stops.
+4. **Go**: ``go.json`` lets attempt N+1 start (or the new world's attempt 0);
+   the workers form a new process group (keys namespaced by the generation and
+   the attempt) and call the train function again.
 
 Nothing here restarts a process that did not fail: on the other nodes of a
-job, a failure costs their workers one unwind and a new process group.
+job, a failure costs their workers one unwind and a new process group; a lost
+node costs the survivors a rendezvous as well.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from elastic_train.agent.node_liveness import nobody
 from elastic_train.agent.worker_slots import kill
 from elastic_train.errors import WorkerFailure
 from elastic_train.worker import restart_channel as channel
-from elastic_train.worker.restart_channel import Go, Stage, Verdict, WorkerRecord
+from elastic_train.worker.restart_channel import Go, NewWorld, Stage, Verdict, WorkerRecord
 
 logger = logging.getLogger(__name__)
 
@@ -258,9 +261,10 @@ class InProcessRestarts:
 
     # 3. recover, 4. go
     def recover(self, group: WorkerGroup, pcontext: Any,
-                others_joining: Callable[[], bool]) -> Recovery | None:
-        """Brings every local worker to the next attempt; None when the group must fall
-        back to new processes (another node gave up, left or is joining)."""
+                membership_changed: Callable[[], bool]) -> Recovery | None:
+        """Brings every local worker to the next attempt; None when the job's nodes must
+        rendezvous again first (another node gave up, is gone or is joining): then every
+        local worker waits, ready, for :meth:`reform`."""
         channel.write_verdict(self.directory, Verdict(self.attempt, restart=True))
         target = self.attempt + 1
         recovery = Recovery(target, self._unwind(group, pcontext, target))
@@ -275,7 +279,7 @@ class InProcessRestarts:
             if port is not None:
                 attempt_store.share_port(group, target, port)
             if not attempt_store.all_ready(group, self.attempt, self.unwind_timeout_s +
-                                           AGENT_BARRIER_EXTRA_S, others_joining,
+                                           AGENT_BARRIER_EXTRA_S, membership_changed,
                                            self._gone):
                 return None
             if own_store:
@@ -283,6 +287,26 @@ class InProcessRestarts:
         channel.write_go(self.directory, Go(target, restart_count, port))
         self.attempt, self._secondary_since = target, None
         return recovery
+
+    def reform(self, group: WorkerGroup, pcontext: Any, world: NewWorld,
+               restart_count: int) -> Recovery:
+        """After :meth:`recover` found the job's membership changed and the agents met in a
+        new rendezvous round (``group`` holds its ranks): the waiting workers start the new
+        world's attempt 0 in their processes; a slot whose process ended gets a new one.
+        Records of the old world are cleared first (every live worker waits for the go
+        and writes nothing until then)."""
+        channel.clear(self.directory)
+        self.attempt, self._base_restarts, self._secondary_since = 0, restart_count, None
+        go = Go(0, restart_count, group.master_port, world)
+        replaced: dict[int, str] = {}
+        for worker in group.workers:
+            env = go.environ(worker.local_rank)
+            pcontext.envs[worker.local_rank].update(env)  # what a replacement starts with
+            if pcontext.subprocess_handlers[worker.local_rank].proc.poll() is not None:
+                replaced[worker.global_rank] = "its process ended"
+                self._replace(worker, env)
+        channel.write_go(self.directory, go)
+        return Recovery(0, replaced)
 
     def _unwind(self, group: WorkerGroup, pcontext: Any, target: int) -> dict[int, str]:
         """Waits for the local workers to be ready for ``target``; kills those that are not

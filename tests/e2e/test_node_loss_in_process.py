@@ -1,0 +1,138 @@
+"""A node lost under ``launch`` with the wrapper: the survivors keep their processes.
+
+One node's whole process group (agent, zygote, workers) is SIGKILLed. The surviving
+workers leave the attempt, their agents rendezvous again without the lost node and hand
+them their new ranks: they form the smaller group in the same processes and continue
+from the last commit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from elastic_train.result import Result
+from tests.conftest import wait_until
+from tests.e2e.test_launch import CLI, SCRIPT, worker_pids
+from tests.support.launched import run_state, starts
+from tests.support.paths import REPO
+from tests.support.servers import free_port, stop_process
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_leaked_processes")]
+
+EPOCHS = 14
+
+
+def _node(args: list, log, node: int = 0) -> subprocess.Popen:
+    """An agent in its own process group, so that the node can be killed whole; its
+    workers see ``ET_TEST_NODE=node``."""
+    return subprocess.Popen([*CLI, "launch", *map(str, args)], cwd=REPO, text=True,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "ET_TEST_NODE": str(node)})
+
+
+def _kill_node(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+
+
+def _ranks(out_dir) -> list[tuple[int, int, int, int]]:
+    """(rank, world size, pid, node) of every rank's every start (launch_script.py)."""
+    path = out_dir / "ranks"
+    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()] \
+        if path.exists() else []
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("backend", ["c10d", "etcd"])
+def test_lost_node_survivors_keep_their_processes(request, storage_path, tmp_path, backend):
+    """Three agents (``--nnodes 2:3``, one worker each); a node that is not the c10d
+    store's host is lost."""
+    if backend == "etcd":
+        backend_args = ["--rdzv-backend", "etcd", "--rdzv-endpoint",
+                        request.getfixturevalue("etcd_endpoint")]
+    else:
+        backend_args = ["--rdzv-backend", "c10d", "--rdzv-endpoint",
+                        f"127.0.0.1:{free_port()}"]
+    name = f"lost-{backend}"
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    logs = [open(tmp_path / f"node{i}.log", "w") for i in range(3)]  # noqa: SIM115
+    procs: list[subprocess.Popen] = []
+    try:
+        for i, log in enumerate(logs):
+            procs.append(_node(["--nnodes", "2:3", "--nproc-per-node", 1, *backend_args,
+                                "--rdzv-id", name, "--max-restarts", 2, "--unwind-timeout",
+                                2, "--storage-path", storage_path, SCRIPT, out_dir, EPOCHS,
+                                "--sleep", 0.3, "--restartable"], log))
+            if i == 0 and backend == "c10d":
+                time.sleep(2)  # node 0 hosts the c10d store: it must outlive the others
+        assert wait_until(lambda: starts(out_dir)[:1] == [(0, 3)], 90)
+        assert wait_until(lambda: len(worker_pids(out_dir)) == 3, 30)
+        survivors = set(worker_pids(out_dir))
+        commit = os.path.join(storage_path, name, "checkpoint_000002", ".commit.json")
+        assert wait_until(lambda: os.path.exists(commit), 60)
+        _kill_node(procs[2])
+        assert wait_until(lambda: len(starts(out_dir)) >= 2, 60), starts(out_dir)
+        codes = [proc.wait(120) for proc in procs[:2]]
+    finally:
+        for proc in procs:
+            stop_process(proc)
+        for log in logs:
+            log.close()
+    node_logs = [(tmp_path / f"node{i}.log").read_text()[-3000:] for i in range(2)]
+    assert codes == [0, 0], node_logs
+    # No new process on the surviving nodes: every pid that ran is one of the first three.
+    assert set(worker_pids(out_dir)) == survivors, node_logs
+    [first, *rest] = starts(out_dir)
+    assert first == (0, 3) and rest and all(w == 2 for _, w in rest), starts(out_dir)
+    rows = Result.from_path(os.path.join(storage_path, name)).metrics_dataframe
+    assert list(rows["training_iteration"]) == list(range(1, EPOCHS + 1))
+    assert list(rows["epoch"]) == list(range(EPOCHS))  # resumed from the last commit
+    state = run_state(storage_path, name)
+    assert state["status"] == "finished"
+
+
+@pytest.mark.timeout(180)
+def test_lost_rank_0_node_survivors_take_the_lower_ranks(etcd_endpoint, storage_path, tmp_path):
+    """Two agents of two workers each (``--nnodes 1:2``, etcd); the node holding rank 0
+    is lost. The other node's two processes become ranks 0 and 1 of a world of 2 (their
+    rank 0 hosts the new group's store) and finish the run."""
+    name = "lost-rank0"
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    logs = [open(tmp_path / f"node{i}.log", "w") for i in range(2)]  # noqa: SIM115
+    procs = [_node(["--nnodes", "1:2", "--nproc-per-node", 2, "--rdzv-backend", "etcd",
+                    "--rdzv-endpoint", etcd_endpoint, "--rdzv-id", name, "--max-restarts", 2,
+                    "--unwind-timeout", 2, "--storage-path", storage_path, SCRIPT, out_dir,
+                    EPOCHS, "--sleep", 0.3, "--restartable"], log, node)
+             for node, log in enumerate(logs)]
+    try:
+        assert wait_until(lambda: starts(out_dir)[:1] == [(0, 4)], 90)
+        assert wait_until(lambda: len(_ranks(out_dir)) == 4, 30)
+        lost_node = next(node for rank, _, _, node in _ranks(out_dir) if rank == 0)
+        lost, survivor = procs[lost_node], procs[1 - lost_node]
+        survivors = {pid for _, _, pid, node in _ranks(out_dir) if node != lost_node}
+        commit = os.path.join(storage_path, name, "checkpoint_000002", ".commit.json")
+        assert wait_until(lambda: os.path.exists(commit), 60)
+        _kill_node(lost)
+        code = survivor.wait(120)
+    finally:
+        for proc in procs:
+            stop_process(proc)
+        for log in logs:
+            log.close()
+    node_log = (tmp_path / f"node{1 - lost_node}.log").read_text()[-3000:]
+    assert code == 0, node_log
+    assert len(survivors) == 2, _ranks(out_dir)
+    after = _ranks(out_dir)[4:]
+    assert after and {world for _, world, _, _ in after} == {2}, _ranks(out_dir)
+    assert {rank for rank, _, _, _ in after} == {0, 1}
+    assert {pid for _, _, pid, _ in after} == survivors, node_log  # the same two processes
+    rows = Result.from_path(os.path.join(storage_path, name)).metrics_dataframe
+    assert list(rows["epoch"]) == list(range(EPOCHS))
+    assert run_state(storage_path, name)["status"] == "finished"
