@@ -197,6 +197,24 @@ def test_a_node_at_a_full_round_is_an_uncounted_spare(nodes) -> None:
     assert isinstance(spare.errors[0], RendezvousGracefulExitError)
 
 
+def test_a_spare_outwaits_the_join_timeout_and_takes_a_lost_nodes_place(nodes) -> None:
+    """A spare waits as long as the job runs (torch's redundancy list does too): the join
+    timeout bounds forming a round, not standing by. When a member is lost, the spare
+    takes its place and the world size is kept."""
+    run = nodes(2, 2, join_timeout=2)
+    members = run.add(2)
+    assert Joins(members).wait().worlds() == {2}
+    spare = Joins(run.add(1))
+    time.sleep(4)  # twice the join timeout
+    assert not spare.errors, spare.errors
+    lose(members[1])
+    again = Joins([members[0]])
+    spare.wait()
+    again.wait()
+    assert not spare.errors and not again.errors, (spare.errors, again.errors)
+    assert spare.worlds() == again.worlds() == {2}
+
+
 def test_a_lost_node_is_not_waited_for(nodes) -> None:
     """The survivors form the next round after the last call alone: they do not wait for
     the lost node's lease (torch's 5 s x 3 = 15 s) to expire."""

@@ -58,6 +58,7 @@ deletes them at once.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 import uuid
@@ -209,6 +210,8 @@ class EtcdNativeHandler(RendezvousHandler):
             except _Late as late:
                 self._leave_if_refused(self._round_hint)
                 self._wait_for_next_round(late.seal, late.revision, deadline)
+                if self._spare:  # standing by is not joining: the timeout starts again
+                    deadline = time.monotonic() + self._settings.join_timeout
                 continue
             if membership is not None:
                 return self._info(membership)
@@ -547,7 +550,8 @@ class EtcdNativeHandler(RendezvousHandler):
         """This node came after round ``r`` was sealed: it waits for round r+1, counted by the
         members as waiting (so they re-rendezvous to take it in), or as an uncounted spare
         if round r already has ``max_nodes``. Should every member of round r be gone, it
-        opens round r+1 itself."""
+        opens round r+1 itself. A spare waits as long as the job runs, as torch's
+        redundancy list does: ``deadline`` (the join timeout) bounds only a counted wait."""
         keys, r = self._keys, self._round_hint
         self._spare = seal.world_size >= self._settings.max_nodes
         lease = self._lease.id
@@ -558,6 +562,8 @@ class EtcdNativeHandler(RendezvousHandler):
         if self._with_lease(lease, [], waits) is None:
             return
         watch = self._kv.watch(keys.run, revision + 1)
+        if self._spare:
+            deadline = math.inf
         try:
             while True:
                 events = self._next(watch, r + 1, deadline)
