@@ -31,6 +31,7 @@ from tests.support.rendezvous_state import corrupt_c10d_state, corrupt_etcd_roun
 from tests.support.servers import TcpProxy, free_port
 
 KINDS = ("worker_sigkill", "worker_raise", "worker_hang", "kill_during_upload",
+         "kill_during_background_write",
          "preemption", "storage_outage", "driver_sigkill_restore", "agent_sigkill",
          "etcd_restart", "node_sigterm", "corrupt_rdzv_state", "clock_skew",
          "sigterm_then_restart",
@@ -204,8 +205,10 @@ class StorageWatcher:
 
 def _fault_config(trial: Trial, tmp_path) -> dict:
     how = {"worker_sigkill": "sigkill", "worker_raise": "raise", "worker_hang": "deadlock",
-           "kill_during_upload": "sigkill", "preemption": "preempt"}[trial.kind]
-    batch = 0 if trial.kind == "kill_during_upload" else trial.batch  # right after a report
+           "kill_during_upload": "sigkill", "kill_during_background_write": "sigkill",
+           "preemption": "preempt"}[trial.kind]
+    right_after_a_report = trial.kind in ("kill_during_upload", "kill_during_background_write")
+    batch = 0 if right_after_a_report else trial.batch
     return {"rank": trial.rank, "epoch": trial.epoch, "batch": batch, "how": how,
             "marker": str(tmp_path / "fault"), "pid_file": str(tmp_path / "preempted.pid")}
 
@@ -298,6 +301,8 @@ def run_trial(trial: Trial, storage: StorageUnderTest, tmp_path, through: Storag
         failure = et.FailureConfig(max_failures=1, hang_timeout_s=4)
     if trial.kind == "kill_during_upload":
         config.update(ballast_mb=8, upload_mode="ASYNC")
+    if trial.kind == "kill_during_background_write":  # async_save's writer process still writes
+        config.update(process_save=True, state_ballast_mb=64)
     if trial.kind == "preemption":
         config["watch_preemption"] = True
         failure = et.FailureConfig(max_failures=0)

@@ -227,6 +227,8 @@ def _report(config: dict, model, optimizer, epoch: int, loss, epoch_done: bool,
                      "optimizer": optimizer.state_dict(),
                      "epoch": epoch, "epoch_done": epoch_done, "loss": loss}
             if config.get("process_save"):  # written by a writer process
+                if config.get("state_ballast_mb"):  # a write long enough to be cut
+                    state["ballast"] = torch.zeros(config["state_ballast_mb"] << 18)
                 checkpoint = async_save(state, "state.pt")
             else:
                 torch.save(state, os.path.join(d, "state.pt"))
