@@ -195,14 +195,16 @@ def test_a_seal_seen_by_a_watch_is_followed_or_a_state_error(value, sealer):
 @example(value=b"-1")
 def test_a_round_pointer_seen_while_waiting_is_followed_or_a_state_error(value):
     """A node that came late waits for the next round and follows the round pointer's
-    changes: here another client writes it."""
+    changes: here another client writes it. The sealed round has room for it (max 2), so
+    it waits counted, bounded by the join timeout (a spare would wait for as long as the
+    job runs)."""
     kv = MemoryKV()
     member = kv.grant(15)[0]
     joined = kv.put(KEYS.join(0, "member"), b"", member)
     kv.put(KEYS.round, b"0", RUN_LEASE)
     kv.put(KEYS.seal(0), Seal(joined, (), "127.0.0.1", 29500).encode(), RUN_LEASE)
     kv.when_watched(KEYS.run, lambda kv: kv.put(KEYS.round, value, RUN_LEASE))
-    handler = native_handler(kv, join_timeout=0.3)
+    handler = native_handler(kv, max_nodes=2, join_timeout=0.3)
     try:
         info = handler.next_rendezvous()
     except RendezvousStateError as exc:
