@@ -31,10 +31,13 @@ class CheckpointUploadMode(str, enum.Enum):
     disk; the upload and the commit run in the background, with at most one
     checkpoint uploading and one queued (a further report waits). Training does not stall on the
     network, and nothing is lost: a checkpoint becomes visible only when
-    committed, a crash before that resumes from the previous one, and the run
-    ends only after every pending upload is committed -- also when it ends
-    in a failure with no restart left, while the failed rank's process lives
-    (in-process restarts; within ``FailureConfig.unwind_timeout_s``).
+    committed, and the run ends only after every pending upload is committed.
+    When a rank raises, its process lives (in-process restarts), so the
+    checkpoints reported before the error are still committed -- before the
+    restart, within half of ``FailureConfig.unwind_timeout_s``, or before the
+    run ends when no restart is left -- and the restart resumes from the last
+    one reported, as after SYNC. Only a crash (a process or node lost) resumes
+    from the last one committed, as it would under SYNC mid-upload.
     Ray's default is SYNC; ours is ASYNC because the staged copy makes the
     checkpoint safe as soon as ``report()`` returns, so waiting for the network buys
     nothing but a stalled step.

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import glob
 import logging
+import math
 import os
 import queue
 import shutil
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -207,9 +209,23 @@ class CheckpointUploader:
 
     def close(self) -> None:
         """Waits for every queued job, stops the thread, raises the first upload error."""
-        self._queue.put(None)
-        self._thread.join()
+        self.finish(math.inf)
+
+    def finish(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for every queued job; returns whether they are all
+        done (then the thread has stopped), and raises the first upload error. When
+        they are not, :meth:`abandon` drops the rest."""
+        timeout = None if math.isinf(timeout_s) else timeout_s
+        deadline = time.monotonic() + (timeout or 0.0)
+        try:
+            self._queue.put(None, timeout=timeout)  # behind the jobs queued
+        except queue.Full:
+            return False
+        self._thread.join(None if timeout is None else max(deadline - time.monotonic(), 0.0))
+        if self._thread.is_alive():
+            return False
         self.raise_if_failed()
+        return True
 
     def abandon(self) -> None:
         """Drops every job not committed yet and stops the thread (an in-process restart:

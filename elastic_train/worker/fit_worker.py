@@ -64,10 +64,10 @@ def run(spec_path: str, result_dir: str) -> None:
         session.finish()
         return value
 
-    def release(finish_uploads: bool) -> None:
+    def release(finish_s: float) -> None:
         session = current_session()
         if session is not None:
-            session.end_failed_attempt(finish_uploads)
+            session.end_failed_attempt(finish_s)
         shutdown_session()
         spec.backend.on_worker_shutdown()
 

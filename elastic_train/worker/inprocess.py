@@ -19,12 +19,13 @@ for ``launch`` scripts whose main function is wrapped by
    context managers run). A worker blocked in a collective with a peer that
    died or left gets the collective's error instead.
 4. Either way it releases what the attempt held -- process groups, the
-   session and its uploads (a checkpoint not yet committed is dropped, as if the
-   process had died), and, through a garbage collection, the train function's
-   objects (a DataLoader's worker processes stop when its iterator goes) --
-   checks its device, and waits as ``ready`` for the next attempt. A worker with a
-   checkpoint upload in flight first waits for the agent's verdict: when no
-   restart is left, it finishes the upload instead and reports ``stopped``.
+   session and its uploads, and, through a garbage collection, the train
+   function's objects (a DataLoader's worker processes stop when its iterator
+   goes) -- checks its device, and waits as ``ready`` for the next attempt. A
+   worker with a checkpoint upload in flight first waits for the agent's verdict
+   (:class:`~.restart_channel.Verdict`): it finishes the upload when every
+   process of the attempt lives, drops it when one died (as if its own process
+   had), and when no restart is left, finishes it and reports ``stopped``.
 
 The agent kills and replaces a worker that does not become ready within
 ``FailureConfig.unwind_timeout_s`` (a hang with the GIL held, a wedged C++
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 import signal
 import sys
@@ -180,9 +182,10 @@ def _enter(directory: str, attempt: int) -> tuple[int, int]:
 def run_attempts(attempt: Callable[[], T], release: Callable[[bool], None]) -> T:
     """Runs ``attempt`` until it succeeds on every rank; returns its value here.
 
-    ``release(finish_uploads)`` ends what an attempt left behind besides its process
-    groups (the session, its uploads); it runs after every failed attempt, with
-    ``finish_uploads`` True only when the run stops after it (see
+    ``release(finish_s)`` ends what an attempt left behind besides its process groups
+    (the session, its uploads); it runs after every failed attempt, and may take
+    ``finish_s`` seconds to finish the uploads in flight (the agent's verdict: inf
+    when the run stops after this attempt, 0 to drop them; see
     :meth:`~elastic_train.worker.session.TrainSession.end_failed_attempt`).
     """
     facts = env_vars.AgentFacts.from_environ()
@@ -201,12 +204,14 @@ def run_attempts(attempt: Callable[[], T], release: Callable[[bool], None]) -> T
         if failure is not None:
             channel.write_record(directory, rank, record)
             sys.stderr.write(failure.traceback)
-        if uploads_in_flight() and not channel.wait_for_verdict(directory, number):
-            release(True)
+        verdict = (channel.wait_for_verdict(directory, number) if uploads_in_flight()
+                   else channel.Verdict(number, restart=True))
+        if not verdict.restart:
+            release(math.inf)
             channel.write_record(directory, rank, replace(record, stage=Stage.STOPPED))
             while True:
                 signal.pause()  # the agent stops this worker with the others
-        release(False)
+        release(verdict.finish_s)
         _release_objects()
         number += 1
         healthy = device_healthy()

@@ -25,9 +25,13 @@ A worker's record says where it stands in which attempt:
 Once it has charged a failed attempt, the agent writes its *verdict* for it
 (:class:`Verdict`: another attempt follows, or the run stops). A worker that
 left the attempt with a checkpoint upload in flight waits for the verdict: on
-a restart it drops the upload (the next attempt resumes from what is
-committed), on a stop it finishes it -- the last checkpoint the run reported
-is not lost because another rank failed after reporting it.
+a stop it finishes the upload -- the last checkpoint the run reported is not
+lost because another rank failed after reporting it. On a restart it finishes
+it too, within the verdict's ``finish_s``, when every process of the attempt
+lives (a rank raised): the next attempt resumes from the checkpoint reported
+right before the error, as under a synchronous upload. When a process died or
+a node is gone, it drops the upload (the next attempt resumes from what is
+committed).
 
 The agent interrupts a running worker with :data:`ABORT_SIGNAL`, which the
 worker turns into :class:`~elastic_train.worker.inprocess.RestartAttempt`.
@@ -159,10 +163,17 @@ class Go:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The agent's ``verdict.json``: what follows failed attempt ``attempt``."""
+    """The agent's ``verdict.json``: what follows failed attempt ``attempt``.
+
+    ``restart``: another attempt follows (else the run stops). ``finish_s``: before
+    that attempt, how long a worker may take to finish the checkpoint uploads it
+    reported before the failure (0: drop them; a process of the attempt died or a
+    node is gone, so a checkpoint with its share could never be committed).
+    """
 
     attempt: int
     restart: bool
+    finish_s: float = 0.0
 
 
 def _record_path(directory: str, rank: int) -> str:
@@ -203,14 +214,16 @@ def write_verdict(directory: str, verdict: Verdict) -> None:
     _write(os.path.join(directory, VERDICT_FILE), asdict(verdict))
 
 
-def wait_for_verdict(directory: str, attempt: int, poll_s: float = 0.005) -> bool:
-    """Blocks until the agent decided what follows failed ``attempt``; True: a restart.
-    Like :func:`wait_for_go`, no timeout: a worker the agent does not answer is
-    stopped by it."""
+def wait_for_verdict(directory: str, attempt: int, poll_s: float = 0.005) -> Verdict:
+    """Blocks until the agent decided what follows failed ``attempt`` (a verdict for a
+    later attempt means this one restarted). Like :func:`wait_for_go`, no timeout: a
+    worker the agent does not answer is stopped by it."""
     while True:
         data = _read(os.path.join(directory, VERDICT_FILE))
-        if data is not None and data["attempt"] >= attempt:
-            return data["attempt"] > attempt or bool(data["restart"])
+        if data is not None and data["attempt"] > attempt:
+            return Verdict(attempt, restart=True)
+        if data is not None and data["attempt"] == attempt:
+            return Verdict(**data)
         time.sleep(poll_s)
 
 

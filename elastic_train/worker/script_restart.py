@@ -58,11 +58,11 @@ def restart_in_process(main: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _release_session(finish_uploads: bool) -> None:
-    """The failed attempt's session goes (its uploads dropped, or finished when the
-    run stops); the next attempt's first session call builds a new one."""
+def _release_session(finish_s: float) -> None:
+    """The failed attempt's session goes (its uploads finished within ``finish_s``, the
+    rest dropped); the next attempt's first session call builds a new one."""
     session = current_session()
     if session is not None:
         atexit.unregister(session.finish)
-        session.end_failed_attempt(finish_uploads)
+        session.end_failed_attempt(finish_s)
     shutdown_session()

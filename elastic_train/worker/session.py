@@ -327,31 +327,37 @@ class TrainSession:
         committed) yet."""
         return self._joined is not None and self._joined.uploader.in_flight()
 
-    def end_failed_attempt(self, finish_uploads: bool) -> None:
-        """Ends a failed attempt's session (in-process restarts). Before another attempt
-        (``finish_uploads`` False) it ends at once: uploads not committed yet are
-        dropped, as if the process had died. When the run stops after this attempt,
-        the uploads in flight are finished and committed first: a checkpoint every
-        rank reported is kept although a rank failed after reporting it (an upload
-        error is logged: the run has failed already). A session that never joined (the
-        attempt failed before its first call that needs the other ranks) has nothing
-        to drop or finish."""
+    def end_failed_attempt(self, finish_s: float) -> None:
+        """Ends a failed attempt's session (in-process restarts), after finishing the
+        uploads in flight -- this rank's files, and on rank 0 the commits, which wait
+        for the other ranks' files -- for up to ``finish_s`` seconds (the agent's
+        verdict, see :class:`~elastic_train.worker.restart_channel.Verdict`). What is not
+        finished by then is dropped, as if the process had died: the next attempt
+        resumes from what is committed. ``finish_s`` is inf when the run stops after
+        this attempt: a checkpoint every rank reported is kept although a rank failed
+        after reporting it (an upload error is logged: the run has failed already). A
+        session that never joined (the attempt failed before its first call that needs
+        the other ranks) has nothing to finish or drop."""
         joined = self._joined
         if joined is None:
             return
         if joined.committer is not None and joined.committer.validations is not None:
             # Killed, left pending: the next attempt (or a restore) validates them again.
             joined.committer.validations.abandon()
-        if not finish_uploads:
-            if joined.committer is not None:
-                joined.committer.cancel()
-            joined.uploader.abandon()
-            return
         try:
-            joined.uploader.close()
+            if finish_s > 0 and joined.uploader.finish(finish_s):
+                return
         except StorageError as exc:
-            logger.error("The checkpoint in flight when the run failed was not stored: %s",
-                         exc)
+            logger.error("The checkpoint in flight when the attempt failed was not "
+                         "stored: %s", exc)
+            return
+        if finish_s > 0:
+            logger.warning("The checkpoint in flight when the attempt failed was not "
+                           "stored within %gs; the next attempt resumes from the last "
+                           "one committed.", finish_s)
+        if joined.committer is not None:
+            joined.committer.cancel()
+        joined.uploader.abandon()
 
 
 def uploads_in_flight() -> bool:

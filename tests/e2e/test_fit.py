@@ -168,6 +168,20 @@ def test_a_checkpoint_in_flight_when_the_run_fails_is_kept(storage_path):
         assert f.read() == "reported before rank 1 failed"
 
 
+def test_a_checkpoint_in_flight_when_a_rank_raises_is_restored_by_the_restart(storage_path):
+    """Under our ASYNC default, the checkpoint reported right before an error is what the
+    in-process restart resumes from: every worker lives, so the uploads reported before
+    the error are finished and committed before the next attempt (they were dropped,
+    as if a process had died, and the run restarted from scratch; Ray's guide that
+    raises on purpose then resumed at the wrong epoch)."""
+    result = TorchTrainer(
+        jobs.report_then_fail_once, train_loop_config={"write_s": 1.0},
+        scaling_config=et.ScalingConfig(num_workers=2),
+        run_config=et.RunConfig(storage_path=storage_path, name="finished-on-restart",
+                                failure_config=et.FailureConfig(max_failures=1))).fit()
+    assert result.return_value == "reported before rank 1 failed"
+
+
 def _crash_every_attempt(config):
     """Fails the first ``crashes`` attempts right after a collective, alternating ranks."""
     import torch

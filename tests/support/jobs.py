@@ -123,6 +123,17 @@ def report_then_a_peer_fails(config: dict) -> None:
     time.sleep(120)  # until the agent ends the attempt
 
 
+def report_then_fail_once(config: dict) -> str | None:
+    """Attempt 0 does what :func:`report_then_a_peer_fails` does; the next attempt
+    returns what its restored checkpoint holds (None without one)."""
+    restored = et.get_checkpoint()
+    if restored is None:
+        report_then_a_peer_fails(config)
+        return None
+    with restored.as_directory() as d, open(os.path.join(d, "state.txt")) as f:
+        return f.read()
+
+
 def train_mlp(config: dict) -> dict:
     """A small deterministic MLP on a dataset shard, checkpointing every epoch.
 

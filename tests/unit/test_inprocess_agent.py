@@ -67,6 +67,31 @@ def test_a_death_is_the_root_cause(restarts):
     assert [f.rank for f in seen.failures] == [1, 0]
 
 
+def test_uploads_are_finished_before_a_restart_only_while_every_worker_lives(restarts):
+    """A raised error leaves every process alive: the verdict lets the workers finish the
+    uploads they reported (half the unwind timeout); a death, here or announced by
+    another node, drops them (its share of the checkpoint can never come)."""
+    for rank, stage in ((0, Stage.FAILED), (1, Stage.RUNNING)):
+        channel.write_record(restarts.directory, rank, WorkerRecord(
+            0, stage, os.getpid(), note(primary=True) if stage is Stage.FAILED else None))
+    raised = restarts.poll(group(), context({0: None, 1: None})).failed
+    assert raised.all_alive
+    killed = restarts.poll(group(), context({0: None, 1: -9})).failed
+    assert not killed.all_alive
+    remote = FailedAttempt(0, [], False, died(group().workers[1], -9))
+    assert not remote.all_alive
+    workers = group()
+    workers.spec = SimpleNamespace(rdzv_handler=SimpleNamespace(use_agent_store=True))
+    for failed, finish_s in ((raised, 5.0), (killed, 0.0)):
+        attempt = restarts.attempt
+        for rank in (0, 1):
+            record(restarts, rank, attempt + 1, Stage.READY)
+        recovery = restarts.recover(workers, context({0: None, 1: None}), failed, lambda: False)
+        assert recovery is not None and recovery.replaced == {}
+        assert channel.wait_for_verdict(restarts.directory, attempt) == \
+            channel.Verdict(attempt, True, finish_s)
+
+
 def test_broken_collectives_alone_wait_for_the_failure_behind_them(restarts, monkeypatch):
     record(restarts, 0, 0, Stage.FAILED, note(primary=False))
     record(restarts, 1, 0, Stage.RUNNING)

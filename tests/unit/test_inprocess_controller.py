@@ -46,7 +46,7 @@ class Steps:
     def give_up(self, group, processes) -> None:
         self.gave_up = True
 
-    def recover(self, group, processes, membership_changed) -> Recovery | None:
+    def recover(self, group, processes, failed, membership_changed) -> Recovery | None:
         return self.recovery
 
     def reform(self, group, processes, world, restart_count) -> Recovery:

@@ -184,6 +184,25 @@ def test_files_whose_write_failed_are_removed(run, source, tmp_path):
     assert not failed.exists()
 
 
+def test_finishing_waits_only_as_long_as_asked_and_abandoning_then_drops_the_rest(
+        run, source, tmp_path):
+    """An in-process restart finishes the uploads in flight within the agent's bound:
+    a job still being written past it is dropped, the thread stops, nothing commits."""
+    store = CheckpointStore(run.fs, run.run_path, run.retry)
+    uploader = uploader_for(store, tmp_path)
+    written = Future()
+    uploader.submit(job(0, relpaths=None), str(_being_written(tmp_path, "late")), written)
+    started = time.monotonic()
+    assert not uploader.finish(0.3)
+    assert 0.3 <= time.monotonic() - started < 1.0
+    threading.Timer(0.2, written.set_result, (None,)).start()
+    uploader.abandon()
+    assert not store.is_committed("checkpoint_000000")
+    quick = uploader_for(store, tmp_path)
+    quick.submit(job(1), str(source))
+    assert quick.finish(5.0) and quick.wait_for(1) is None
+
+
 def test_abandoning_stops_an_upload_in_flight(tmp_path, monkeypatch):
     """An in-process restart must not wait for a large upload to finish: the transfer
     stops at its next part (before: abandon() returned once every file was up)."""

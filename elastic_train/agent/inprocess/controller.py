@@ -171,7 +171,7 @@ class InProcessController:
             self.restarts.give_up(group, self._processes)
             return RunResult(state=WorkerState.FAILED)
         self._enter(RestartState.RECOVERING)
-        recovery = self.restarts.recover(group, self._processes,
+        recovery = self.restarts.recover(group, self._processes, failed,
                                          lambda: self._hooks.membership_changed(group))
         if recovery is None:  # torch's restart follows: its rendezvous, then reform()
             if self._hooks.can_reform(group):

@@ -77,17 +77,26 @@ class FailedAttempt:
 
     ``failures``: this node's failed workers, root cause first (empty when only
     another node failed so far). ``primary``: one of them failed by itself (died,
-    hung, or raised outside torch's communication code).
+    hung, or raised outside torch's communication code). ``died``: a local worker's
+    process ended.
     """
 
     attempt: int
     failures: list[WorkerFailure]
     primary: bool
     remote_root: WorkerFailure | None = None
+    died: bool = False
 
     @property
     def root(self) -> WorkerFailure | None:
         return self.failures[0] if self.failures else self.remote_root
+
+    @property
+    def all_alive(self) -> bool:
+        """Whether every worker process of the attempt lives, as far as this node knows:
+        none of its own ended, and the root cause another node announced is an error a
+        worker raised (reported with exit code 1), not a death."""
+        return not self.died and (self.remote_root is None or self.remote_root.exitcode == 1)
 
 
 class Seen(enum.Enum):
@@ -182,7 +191,7 @@ class InProcessRestarts:
                                      item[0].traceback is None, item[0].timestamp,
                                      item[0].rank))
         return Look(Seen.FAILED, FailedAttempt(self.attempt, [f for f, _ in found],
-                                               any(p for _, p in found), remote))
+                                               any(p for _, p in found), remote, died))
 
     def _too_early(self, found: list[tuple[WorkerFailure, bool]],
                    remote: WorkerFailure | None, died: bool, explainable: bool) -> bool:
@@ -260,12 +269,20 @@ class InProcessRestarts:
                 and record.attempt > self.attempt))
 
     # 3. recover, 4. go
-    def recover(self, group: WorkerGroup, pcontext: Any,
+    def recover(self, group: WorkerGroup, pcontext: Any, failed: FailedAttempt,
                 membership_changed: Callable[[], bool]) -> Recovery | None:
         """Brings every local worker to the next attempt; None when the job's nodes must
         rendezvous again first (another node gave up, is gone or is joining): then every
-        local worker waits, ready, for :meth:`reform`."""
-        channel.write_verdict(self.directory, Verdict(self.attempt, restart=True))
+        local worker waits, ready, for :meth:`reform`.
+
+        When every worker of the attempt lives (``failed.all_alive``, no node known
+        gone), the workers first finish the checkpoint uploads they reported before the
+        failure, within half the unwind timeout (the other half is for unwinding): the
+        next attempt resumes from the last checkpoint reported, as after a synchronous
+        upload. Otherwise they drop them: a checkpoint whose share a dead process held
+        can never be committed, and the commit would wait for it."""
+        finish_s = self.unwind_timeout_s / 2 if failed.all_alive and not self._gone() else 0.0
+        channel.write_verdict(self.directory, Verdict(self.attempt, True, finish_s))
         target = self.attempt + 1
         recovery = Recovery(target, self._unwind(group, pcontext, target))
         restart_count = self._base_restarts + target
