@@ -14,6 +14,9 @@ toy data (random tensors made in the train function):
   ``ASYNC`` from ``mkdtemp()``;
 - ``run_no_upload``: every rank writes its DCP shards straight into the run directory
   and reports it with ``NO_UPLOAD``;
+- ``run_custom_upload``: ``dcp.async_save`` writes into the run directory in the
+  background, and ``report(checkpoint_upload_fn=...)`` hands over a function that waits
+  for it (ASYNC: it runs off the training thread, and the commit follows it);
 - ``run_all_reported``: ``get_all_reported_checkpoints()`` with ``COMMITTED`` and with the
   default, ``VALIDATED`` (which waits for the validations).
 
@@ -21,11 +24,9 @@ What differs from the guide besides the imports, and why: ``s3torchconnector``'s
 ``S3StorageWriter`` becomes torch's own ``FileSystemWriter`` on the run's local path (no
 S3 here); ``storage_path="s3://bucket/"`` becomes a local path; the validation
 function the guide leaves as ``...`` is a small one; the Lightning and Transformers
-parts are ``examples/lightning_digits.py`` and ``examples/transformers_tiny.py``.
-Not ported: the guide's ``checkpoint_upload_fn`` part, whose ``async_save`` writes
-into ``<run>/<epoch>`` before ``report()``: here the function must write the
-directory ``<run>/<dir_name>`` itself, which must not exist before (see
-``report()``'s docstring).
+parts are ``examples/lightning_digits.py`` and ``examples/transformers_tiny.py``;
+the background saves of ``run_custom_upload`` talk over a gloo group of their own
+(``_save_group``), as DCP advises for gloo.
 
     python examples/ray_guide_checkpoints.py --storage-path /tmp/results
 """
@@ -43,7 +44,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict
-from torch.distributed.checkpoint.state_dict_saver import save
+from torch.distributed.checkpoint.state_dict_saver import async_save, save
 from torch.optim import Adam
 
 import elastic_train as train  # was: from ray import train
@@ -280,6 +281,55 @@ def run_no_upload(run_config: train.RunConfig) -> train.Result:
                         run_config=run_config).fit()
 
 
+def custom_upload_train_fn(config):
+    for epoch in range(config["num_epochs"]):
+        model, optimizer = _model_and_optimizer()
+        # Start the checkpoint save into the run directory in the background
+        storage_context = train.get_context().get_storage()
+        checkpoint_path = storage_context.build_checkpoint_path_from_name(str(epoch))
+        storage_writer = FileSystemWriter(checkpoint_path)
+        model_dict, opt_dict = get_state_dict(model=model, optimizers=optimizer)
+        ckpt_ref = async_save(
+            {"model": model_dict, "opt": opt_dict},
+            storage_writer=storage_writer,
+            process_group=_save_group(),  # gloo: a group of its own, off the training's
+        )
+
+        # (ckpt_ref bound now: the function runs after report() returns, maybe next epoch)
+        def wait_async_save(checkpoint, checkpoint_dir_name, ckpt_ref=ckpt_ref):
+            # This function waits for checkpoint to be finalized before returning it as is
+            ckpt_ref.result()
+            return checkpoint
+
+        # elastic-train runs the function off the training thread, then commits the checkpoint
+        metrics = {"epoch": epoch}
+        train.report(
+            metrics,
+            checkpoint=Checkpoint(checkpoint_path),
+            checkpoint_upload_fn=wait_async_save,
+            checkpoint_upload_mode=train.CheckpointUploadMode.ASYNC,
+        )
+
+
+_SAVE_GROUP = []
+
+
+def _save_group():
+    """The process group the background saves talk over (made once, on every rank): the
+    guide's NCCL job saves over the default group, but gloo runs one collective at a time
+    per group, and the next epoch's DDP broadcast would meet the save's own."""
+    if not _SAVE_GROUP:
+        _SAVE_GROUP.append(torch.distributed.new_group(backend="gloo"))
+    return _SAVE_GROUP[0]
+
+
+def run_custom_upload(run_config: train.RunConfig) -> train.Result:
+    return TorchTrainer(custom_upload_train_fn,
+                        train_loop_config={"num_epochs": 2},
+                        scaling_config=ScalingConfig(num_workers=2),
+                        run_config=run_config).fit()
+
+
 def loss_of(checkpoint: Checkpoint, offset: float = 0.0) -> dict:
     """The validation function of the last part (the guide leaves it as ``...``)."""
     with checkpoint.as_directory() as d:
@@ -333,6 +383,7 @@ def main() -> None:
     print("inspect:", inspect_checkpoint(os.path.join(tempfile.mkdtemp(), "test-checkpoint")))
     print("upload modes:", run_upload_modes(run("upload_modes")).metrics)
     print("no_upload:", run_no_upload(run("no_upload")).checkpoint)
+    print("custom upload:", run_custom_upload(run("custom_upload")).checkpoint)
     print("all reported:", run_all_reported(run("all_reported")).return_value)
 
 

@@ -180,17 +180,17 @@ class CheckpointStore:
     def claim(self, index: int, name: str, in_place: bool = False) -> None:
         """Reserves ``name`` for checkpoint ``index`` before any rank uploads into it; a
         ConfigError when the run already has a checkpoint of that name, or an entry of
-        that name -- unless ``in_place``: the user wrote the files there (NO_UPLOAD),
-        and the sweep of an unfinished commit then leaves them."""
+        that name -- unless ``in_place``: the user writes the files there (NO_UPLOAD, or
+        a checkpoint_upload_fn given that directory), and the sweep of an unfinished
+        commit then leaves them."""
         self._fenced(f"claiming {name}")
-        exists = self._retry("checking a checkpoint name", lambda: self.fs.exists(
+        exists = not in_place and self._retry("checking a checkpoint name", lambda: self.fs.exists(
             fsutil.join(self.run_path, name)))
-        if name in self._claims().values() or exists != in_place:
-            what = ("has no directory of that name" if in_place else
-                    "already has a checkpoint or an entry of that name")
+        if name in self._claims().values() or exists:
             raise ConfigError(f"report(checkpoint_dir_name={name!r}): the run "
-                              f"{self.display_path} {what}; names must be unique within the "
-                              "run, e.g. f'epoch_{epoch}'.")
+                              f"{self.display_path} already has a checkpoint or an entry of "
+                              "that name; names must be unique within the run, e.g. "
+                              "f'epoch_{epoch}'.")
         self._retry(f"claiming {name}", lambda: fsutil.write_json_atomic(
             self.fs, fsutil.join(self.run_path, NAMES_DIR, claim_file(index, name)),
             {"in_place": in_place}))

@@ -83,6 +83,9 @@ class UploadJob:
     source_dir: str | None = None
     written: Future | None = None
     in_place: bool = False  # files already in the run directory: nothing to upload
+    # In place: what puts the files there first, on the upload thread (the rank's
+    # checkpoint_upload_fn, see elastic_train.worker.upload_fn).
+    write: Callable[[], None] | None = None
 
     @classmethod
     def plan(cls, index: int, file_lists: Sequence[Sequence[str] | str | None], rank: int,
@@ -167,6 +170,7 @@ class CheckpointUploader:
         self._queued = 0  # jobs submitted and not done yet
         self._cond = threading.Condition()
         self._error: str | None = None
+        self._error_type: type[Exception] = StorageError
         self._abandoned = threading.Event()
         self._thread = threading.Thread(target=self._run, name="checkpoint-uploader",
                                         daemon=True)
@@ -205,7 +209,7 @@ class CheckpointUploader:
 
     def raise_if_failed(self) -> None:
         if self._error:
-            raise StorageError(self._error)
+            raise self._error_type(self._error)
 
     def close(self) -> None:
         """Waits for every queued job, stops the thread, raises the first upload error."""
@@ -247,7 +251,7 @@ class CheckpointUploader:
 
     def _run(self) -> None:
         while (job := self._queue.get()) is not None:
-            error = None
+            error, kind = None, StorageError
             try:
                 if not self._abandoned.is_set():
                     files = self._process(job)
@@ -256,6 +260,7 @@ class CheckpointUploader:
                 pass  # abandoned: what went up stays uncommitted
             except Exception as exc:  # surfaced by the next report() or close()
                 error = f"checkpoint {dir_name(job.index)} (rank {self.rank}): {exc}"
+                kind = ConfigError if isinstance(exc, ConfigError) else StorageError
                 logger.error("Upload failed: %s", error)
             finally:
                 _discard(job)
@@ -263,7 +268,7 @@ class CheckpointUploader:
                 self._done[job.index] = error
                 self._queued -= 1
                 if error and not self._error:
-                    self._error = error
+                    self._error, self._error_type = error, kind
                 self._cond.notify_all()
 
     def _staging_dir(self, index: int) -> str:
@@ -281,6 +286,8 @@ class CheckpointUploader:
         """Uploads the job's files (then commits, on rank 0); returns what they are
         (size, CRC-32, rank: the manifest's entries)."""
         if job.in_place and self.rank in job.owner_ranks:  # the commit reads the files
+            if job.write is not None:
+                job.write()
             self.store.mark_uploaded(job.index, self.rank, {})
         if job.relpaths is None:
             self._take_over(job)

@@ -36,11 +36,14 @@ class ReportArgs:
         metrics: The metrics as JSON values.
         checkpoint: The local directory reported, or None.
         dir_name: The checkpoint directory's name asked for (None: the default); with
-            ``NO_UPLOAD``, the name of the run's directory the checkpoint is.
+            ``NO_UPLOAD``, or a ``checkpoint_upload_fn`` given a directory of the run,
+            the name of the run's directory the checkpoint is.
         mode: When ``report()`` returns (see :class:`CheckpointUploadMode`).
         delete_local: Whether the checkpoint's local directory goes once uploaded.
         upload_fn: ``checkpoint_upload_fn``: writes the checkpoint into the run
             directory itself (None: the default upload).
+        in_run: The checkpoint reported with ``upload_fn`` is a directory of the run
+            (files the function finishes writing there, e.g. with ``dcp.async_save``).
         validation: ``validation``: False, True (the trainer's ``ValidationConfig``
             defaults) or a ``ValidationTaskConfig``.
     """
@@ -52,6 +55,7 @@ class ReportArgs:
     delete_local: bool
     upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None
     validation: bool | ValidationTaskConfig = False
+    in_run: bool = False
 
     @property
     def in_place(self) -> bool:
@@ -82,11 +86,17 @@ class ReportArgs:
                               f"{[m.name for m in CheckpointUploadMode]}, e.g. "
                               "CheckpointUploadMode.SYNC.") from None
         validation = _check_validation(validation, checkpoint, has_validation_fn)
+        in_run = False
         if upload_fn is not None:
             _check_upload_fn(upload_fn, mode, checkpoint)
+            if checkpoint is not None and (name := _name_in_run(checkpoint, run)):
+                dir_name, in_run = _named_by_directory(name, checkpoint, dir_name,
+                                                       delete_local, "checkpoint_upload_fn"), True
+                delete_local = False
         if mode is CheckpointUploadMode.NO_UPLOAD and checkpoint is not None:
             dir_name = _run_directory(checkpoint, dir_name, delete_local, run)
-        elif checkpoint is not None and not fsutil.is_local(checkpoint.filesystem):
+        elif checkpoint is not None and upload_fn is None \
+                and not fsutil.is_local(checkpoint.filesystem):
             raise ConfigError(f"report(checkpoint={checkpoint!r}): pass a local directory, "
                               "Checkpoint.from_directory(path) (or, for files written into "
                               "the run directory already, checkpoint_upload_mode=NO_UPLOAD).")
@@ -97,36 +107,55 @@ class ReportArgs:
         if delete_local and checkpoint is not None and run and fsutil.is_local(run[0]):
             _refuse_deleting_the_run(checkpoint.path, run[1])
         return cls(clean, checkpoint, dir_name, mode, bool(delete_local), upload_fn,
-                   validation)
+                   validation, in_run)
+
+
+def _name_in_run(checkpoint: Checkpoint, run: tuple[fsspec.AbstractFileSystem, str] | None
+                 ) -> str | None:
+    """The name of the run's directory ``checkpoint`` is, or None when it is not one."""
+    path = checkpoint.path.rstrip("/")
+    parent, _, name = path.rpartition("/")
+    inside = run is not None and fsutil.same_store(checkpoint.filesystem, run[0]) and (
+        os.path.realpath(parent) == os.path.realpath(run[1]) if fsutil.is_local(run[0])
+        else parent == run[1].rstrip("/"))
+    return name if inside else None
+
+
+def _named_by_directory(name: str, checkpoint: Checkpoint, dir_name: str | None,
+                        delete_local: bool | None, how: str) -> str:
+    """``name``, the run's directory a checkpoint reported ``how`` (NO_UPLOAD, or with a
+    checkpoint_upload_fn) is, which names it; a ConfigError when another name is asked
+    for, or when asked to delete the directory (it is the checkpoint)."""
+    if dir_name is not None and dir_name != name:
+        raise ConfigError(f"report(checkpoint_dir_name={dir_name!r}, {how}): the "
+                          f"checkpoint is the directory {name!r}; drop the argument or pass "
+                          "that name.")
+    if delete_local:
+        raise ConfigError(f"report(delete_local_checkpoint_after_upload=True, {how}) would "
+                          f"delete the checkpoint {checkpoint.path} itself: drop the argument.")
+    return name
 
 
 def _run_directory(checkpoint: Checkpoint, dir_name: str | None, delete_local: bool | None,
                    run: tuple[fsspec.AbstractFileSystem, str] | None) -> str:
     """The name of the run's directory a ``NO_UPLOAD`` checkpoint is; a ConfigError with
     the way out when it is anywhere else (Ray's rule: the run manages only what is
-    inside it), or when asked to delete it (it is the checkpoint)."""
-    path = checkpoint.path.rstrip("/")
-    parent, _, name = path.rpartition("/")
-    inside = run is not None and fsutil.same_store(checkpoint.filesystem, run[0]) and (
-        os.path.realpath(parent) == os.path.realpath(run[1]) if fsutil.is_local(run[0])
-        else parent == run[1].rstrip("/"))
-    if not inside:
+    inside it), is missing, or when asked to delete it (it is the checkpoint)."""
+    name = _name_in_run(checkpoint, run)
+    if name is None:
         where = run[1] if run is not None else "the run directory"
         raise ConfigError(
             f"report(checkpoint={checkpoint!r}, checkpoint_upload_mode=NO_UPLOAD): the "
             f"checkpoint is not a directory of the run {where}. Write the files into "
             f"{where}/<name> (get_context().get_storage().experiment_fs_path) and report "
             "that directory, or report a local directory without NO_UPLOAD.")
-    if dir_name is not None and dir_name != name:
-        raise ConfigError(f"report(checkpoint_dir_name={dir_name!r}, NO_UPLOAD): the "
-                          f"checkpoint is the directory {name!r}; drop the argument or pass "
-                          "that name.")
-    if delete_local:
-        raise ConfigError("report(delete_local_checkpoint_after_upload=True, NO_UPLOAD) would "
-                          f"delete the checkpoint {path} itself: drop the argument.")
+    _named_by_directory(name, checkpoint, dir_name, delete_local, "NO_UPLOAD")
     if checkpoint.written is not None:
         raise ConfigError(f"report(checkpoint={checkpoint!r}, NO_UPLOAD): the files must be "
                           "written before report(); wait for the future first.")
+    if not checkpoint.filesystem.isdir(checkpoint.path):
+        raise ConfigError(f"report(checkpoint={checkpoint!r}, NO_UPLOAD): there is no such "
+                          "directory; write the checkpoint's files there before report().")
     return name
 
 
@@ -168,17 +197,3 @@ def _refuse_deleting_the_run(checkpoint_path: str, run_path: str) -> None:
             f"{checkpoint_path}, which holds the run directory {run_path}: write the "
             "checkpoint into a directory of its own (e.g. tempfile.mkdtemp()), or pass "
             "delete_local_checkpoint_after_upload=False.")
-
-
-def check_uploaded(persisted: Any, fs: fsspec.AbstractFileSystem, expected: str) -> None:
-    """A ConfigError unless ``checkpoint_upload_fn`` returned the checkpoint directory
-    ``expected`` of the run, on the run's store (so that the commit, retention and
-    resume find it where the checkpoint's name says)."""
-    ok = isinstance(persisted, Checkpoint) and fsutil.same_store(persisted.filesystem, fs) and (
-        os.path.realpath(persisted.path) == os.path.realpath(expected) if fsutil.is_local(fs)
-        else persisted.path.rstrip("/") == expected)
-    if not ok:
-        raise ConfigError(
-            f"report(checkpoint_upload_fn=...) returned {persisted!r}: write the files into "
-            f"{fsutil.display_path(fs, expected)} (the run's directory named by the function's "
-            "dir_name argument) and return a Checkpoint of that directory.")

@@ -45,12 +45,13 @@ from elastic_train.storage.uploader import BY_UPLOAD_FN, IN_PLACE, UploadJob, li
 from elastic_train.stragglers import step_fields
 from elastic_train.validation_config import ValidationTaskConfig
 from elastic_train.worker import preemption
+from elastic_train.worker import upload_fn as by_upload_fn
 from elastic_train.worker.after_report import AFTER_REPORT, AfterReport
 from elastic_train.worker.backend import WorkerResources
 from elastic_train.worker.dataset import DatasetShard, ResumableIterable
 from elastic_train.worker.joined_session import JoinedSession
 from elastic_train.worker.preemption import PreemptionInfo
-from elastic_train.worker.report_args import ReportArgs, check_uploaded
+from elastic_train.worker.report_args import ReportArgs
 from elastic_train.worker.reported_checkpoints import (
     checked_wait,
     reported_checkpoints,
@@ -243,7 +244,8 @@ class TrainSession:
             joined.committer.check_score(args.metrics, joined.numbers.next_index,
                                          validating=bool(args.validation))
             if args.dir_name is not None:  # claimed before any rank uploads into it
-                joined.committer.claim(joined.numbers.next_index, args.dir_name, args.in_place)
+                joined.committer.claim(joined.numbers.next_index, args.dir_name,
+                                       args.in_place or args.in_run)
         if any_checkpoint or any_notice:
             states = ({key: it.state_dict() for key, it in self._resumables.items()}
                       if any_checkpoint else {})
@@ -251,8 +253,8 @@ class TrainSession:
                 _RankShare(files, states, notice, args.dir_name, args.validation))
             if self._note_preemption([g.notice for g in gathered]) is not None:
                 mode = CheckpointUploadMode.SYNC  # the node may go any moment: commit now
-            if any(g.files in (IN_PLACE, BY_UPLOAD_FN) for g in gathered):
-                mode = CheckpointUploadMode.SYNC  # the commit reads the files in place
+            if any(g.files == IN_PLACE for g in gathered):
+                mode = CheckpointUploadMode.SYNC  # written already: the commit reads them
             if any_checkpoint:
                 if (name := gathered[0].dir_name) is not None:  # rank 0's name, as Ray's
                     self.storage.checkpoints.adopt(joined.numbers.next_index, name)
@@ -261,8 +263,9 @@ class TrainSession:
                 # As Ray's: the validation of the first rank that reported a checkpoint.
                 validation = next(g.validation for g in gathered if g.files is not None)
                 self._persist_checkpoint([(g.files, g.states) for g in gathered], checkpoint,
-                                         row, mode, args.upload_fn, validation)
-                if args.delete_local and checkpoint is not None and checkpoint.written is None:
+                                         row, mode, args, validation)
+                if args.delete_local and checkpoint is not None and checkpoint.written is None \
+                        and args.upload_fn is None:
                     shutil.rmtree(checkpoint.path, ignore_errors=True)  # staged: not needed
         if joined.committer is not None:
             joined.committer.record_row(row)
@@ -272,12 +275,11 @@ class TrainSession:
 
     def _persist_checkpoint(self, gathered: list[tuple[list[str] | str | None, dict]],
                             checkpoint: Checkpoint | None, row: dict[str, Any],
-                            mode: CheckpointUploadMode,
-                            upload_fn: Callable[[Checkpoint, str], Checkpoint] | None,
+                            mode: CheckpointUploadMode, args: ReportArgs,
                             validation: bool | ValidationTaskConfig = False) -> None:
         """Each file goes up from the lowest rank that has it (or by the rank's
-        ``upload_fn``, on this thread); rank 0 commits after all, and then has the
-        checkpoint validated when ``validation`` asks for it."""
+        ``checkpoint_upload_fn``, on the upload thread: :mod:`.upload_fn`); rank 0 commits
+        after all, and then has the checkpoint validated when ``validation`` asks for it."""
         joined = self.join()
         index = self._reported = joined.numbers.reserve()
         task = (self.spec.validation_config.task(validation)
@@ -286,13 +288,16 @@ class TrainSession:
                                               task)
                     if joined.committer is not None else None)
         job = UploadJob.plan(index, [files for files, _ in gathered], self.env.rank, manifest)
-        if upload_fn is not None and checkpoint is not None:
-            store = self.storage.checkpoints
-            check_uploaded(upload_fn(checkpoint, store.name(index)), store.fs, store.path(index))
+        if args.upload_fn is not None and checkpoint is not None:
+            job.write = by_upload_fn.writer(args.upload_fn, checkpoint, self.storage.checkpoints,
+                                            index, args.delete_local)
         joined.uploader.submit(job, checkpoint.path if checkpoint is not None else None,
                                checkpoint.written if checkpoint is not None else None)
         if mode is CheckpointUploadMode.SYNC:
-            errors = [e for e in joined.group.all_gather(joined.uploader.wait_for(index)) if e]
+            errors = joined.group.all_gather(joined.uploader.wait_for(index))
+            if errors[self.env.rank]:
+                joined.uploader.raise_if_failed()  # this rank's own, of the type it had
+            errors = [e for e in errors if e]
             if errors:
                 raise StorageError(f"{self.storage.display_path}: {'; '.join(errors)}")
             self._synced = CommitManifest(index, joined.rows.iteration, row, {},
@@ -441,9 +446,13 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
 
     ``checkpoint_upload_fn(checkpoint, dir_name)`` (Ray's) writes the rank's files
     into ``<run>/<dir_name>`` itself and returns ``Checkpoint`` of that directory;
-    anything else is a ConfigError. Unlike Ray's, which may run it in the
-    background, it runs before ``report()`` returns, and the commit then reads every
-    file once for its size and CRC-32.
+    anything else is a ConfigError. As in Ray, it runs in the background under ASYNC
+    (on the rank's upload thread, so it may wait for a ``dcp.async_save`` future) and
+    before ``report()`` returns under SYNC; the commit then reads every file once for
+    its size and CRC-32. A checkpoint reported from a directory of the run (Ray's
+    guide: ``async_save`` into ``get_storage().build_checkpoint_path_from_name(n)``)
+    is named after it, and is never deleted: it is the checkpoint (Ray's ASYNC
+    default would delete it).
 
     ``validation`` (Ray's): True, or a ``ValidationTaskConfig`` whose ``fn_kwargs``
     override the trainer's ``ValidationConfig`` defaults, validates the checkpoint

@@ -48,7 +48,7 @@ def _named_epochs(config: dict) -> dict:
             start = int(f.read()) + 1
         with open(config["starts"], "a") as f:
             f.write(f"{rank}:{os.path.basename(checkpoint.path)}\n")
-    left_behind = []
+    reported = []
     for epoch in range(start, len(SCORES)):
         if epoch == 2 and rank == 1 and not os.path.exists(config["marker"]):
             open(config["marker"], "w").close()
@@ -72,9 +72,11 @@ def _named_epochs(config: dict) -> dict:
                   checkpoint_dir_name=None if no_upload else name,
                   checkpoint_upload_mode=mode,
                   checkpoint_upload_fn=_copy_into_run if config["how"] == "upload_fn" else None)
-        if checkpoint is not None and checkpoint.filesystem.exists(checkpoint.path):
-            left_behind.append(epoch)
+        if checkpoint is not None:
+            reported.append((epoch, checkpoint))
     listed = et.get_all_reported_checkpoints(et.CheckpointConsistencyMode.COMMITTED)
+    # Once committed, as Ray's: an upload_fn's ASYNC deletes after the function ran.
+    left_behind = [epoch for epoch, c in reported if c.filesystem.exists(c.path)]
     return {"rank": rank, "left_behind": left_behind,
             "listed": [(os.path.basename(r.checkpoint.path), r.metrics["epoch"], r.status.value)
                        for r in listed]}

@@ -45,6 +45,11 @@ def test_checkpoints_guide(tmp_path):
     assert os.path.basename(in_place.checkpoint.path) == "1"
     assert sorted(os.listdir(in_place.checkpoint.path)) == [
         ".commit.json", ".metadata", "__0_0.distcp", "__1_0.distcp"]
+    # dcp.async_save into <run>/<epoch>, committed once checkpoint_upload_fn waited for it
+    custom = guide.run_custom_upload(_run(tmp_path, "custom_upload"))
+    committed = RunStorage(custom.filesystem, custom.path).checkpoints.committed()
+    assert [m.name for m in committed] == ["0", "1"]
+    assert sorted(committed[-1].files) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     # COMMITTED lists them pending; VALIDATED waits for the validation metrics
     listed = guide.run_all_reported(_run(tmp_path, "all_reported")).return_value
     assert [status for status, _ in listed["committed"]][-1] == "PENDING_VALIDATION"

@@ -3,6 +3,8 @@ refused, with the value and the way out, before any rank waits for another."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 
@@ -60,6 +62,24 @@ def test_validation_is_kept_as_asked_with_a_validation_fn(tmp_path):
     assert ReportArgs.check({}, checkpoint).validation is False
 
 
+def test_an_upload_fn_given_a_directory_of_the_run_names_the_checkpoint_after_it(tmp_path):
+    """Ray's guide: dcp.async_save writes into <run>/<epoch>, and the function reported
+    with it waits for the save; the directory (maybe not made yet) is the checkpoint,
+    so it is never deleted."""
+    run = (LocalFileSystem(), str(tmp_path / "results" / "run"))
+    inside = Checkpoint(str(tmp_path / "results" / "run" / "3"))
+    args = ReportArgs.check({}, inside, mode="ASYNC", upload_fn=print, run=run)
+    assert (args.in_run, args.dir_name, args.delete_local) == (True, "3", False)
+    with pytest.raises(ConfigError, match=r"checkpoint_upload_fn\) would delete the checkpoint"):
+        ReportArgs.check({}, inside, upload_fn=print, delete_local=True, run=run)
+    with pytest.raises(ConfigError, match=r"checkpoint is the directory '3'"):
+        ReportArgs.check({}, inside, "other", upload_fn=print, run=run)
+    os.makedirs(tmp_path / "elsewhere")
+    elsewhere = Checkpoint.from_directory(str(tmp_path / "elsewhere"))
+    args = ReportArgs.check({}, elsewhere, mode="ASYNC", upload_fn=print, run=run)
+    assert (args.in_run, args.dir_name, args.delete_local) == (False, None, True)
+
+
 def test_a_bad_upload_mode_names_the_value():
     with pytest.raises(ConfigError, match=r"checkpoint_upload_mode='SOMETIMES'.*ASYNC"):
         ReportArgs.check({}, mode="SOMETIMES")
@@ -68,6 +88,9 @@ def test_a_bad_upload_mode_names_the_value():
 def test_no_upload_takes_a_directory_of_the_run_only(tmp_path):
     run = (LocalFileSystem(), str(tmp_path / "results" / "run"))
     inside = Checkpoint(str(tmp_path / "results" / "run" / "by_hand"))
+    with pytest.raises(ConfigError, match=r"NO_UPLOAD\): there is no such directory"):
+        ReportArgs.check({}, inside, mode="NO_UPLOAD", run=run)
+    os.makedirs(inside.path)
     args = ReportArgs.check({}, inside, mode="NO_UPLOAD", run=run)
     assert (args.in_place, args.dir_name, args.delete_local) == (True, "by_hand", False)
     for outside in (tmp_path / "elsewhere", tmp_path / "results" / "run" / "a" / "b"):

@@ -4,8 +4,10 @@ hooks run once the report is done, in order."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import threading
 
 import pytest
 import torch
@@ -42,7 +44,8 @@ def session_of_one(tmp_path, monkeypatch):
                            str(tmp_path / "staging"), join=False,
                            after_report=[hook("first"), hook("second")])
     yield session, storage, calls
-    session.finish()
+    with contextlib.suppress(et.ConfigError):  # a test that made the run fail saw it already
+        session.finish()
 
 
 def test_join_returns_one_joined_session_with_the_committer_on_rank_0(session_of_one):
@@ -171,6 +174,7 @@ def test_checkpoint_upload_fn_writes_the_files_and_the_commit_reads_them(session
                    checkpoint_upload_mode=et.CheckpointUploadMode.ASYNC)
     session.report({"loss": 0.4}, _checkpoint_dir(tmp_path, "c1"), checkpoint_dir_name="mine",
                    checkpoint_upload_fn=upload)
+    session.get_all_reported_checkpoints(et.CheckpointConsistencyMode.COMMITTED)
     assert not (tmp_path / "c0").exists()  # an ASYNC asked for: deleted once uploaded
     assert (tmp_path / "c1").exists()  # the default mode keeps it, as Ray's SYNC would
     assert [(m.name, m.files["model.pt"]["size"]) for m in storage.checkpoints.committed()] == [
@@ -178,4 +182,27 @@ def test_checkpoint_upload_fn_writes_the_files_and_the_commit_reads_them(session
     elsewhere = et.Checkpoint(str(tmp_path / "elsewhere"))
     with pytest.raises(et.ConfigError, match=r"returned Checkpoint\(.*elsewhere.*write the files"):
         session.report({"loss": 0.3}, _checkpoint_dir(tmp_path, "c2"),
+                       checkpoint_upload_mode=et.CheckpointUploadMode.SYNC,
                        checkpoint_upload_fn=lambda checkpoint, name: elsewhere)
+    with pytest.raises(et.ConfigError, match=r"returned Checkpoint"):  # the run fails with it
+        session.finish()
+
+
+def test_checkpoint_upload_fn_runs_off_the_training_thread_under_async(session_of_one,
+                                                                        tmp_path):
+    """As Ray's: the function may wait for a background save (the guide's async_save
+    future) while report() has returned; the commit follows it."""
+    session, storage, _ = session_of_one
+    started, release = threading.Event(), threading.Event()
+    copy = _copy_into_run(storage.run_path)
+
+    def upload(checkpoint, dir_name):
+        started.set()
+        release.wait(10)
+        return copy(checkpoint, dir_name)
+
+    session.report({"loss": 0.5}, _checkpoint_dir(tmp_path, "c0"), checkpoint_upload_fn=upload)
+    assert started.wait(5) and storage.checkpoints.committed() == []
+    release.set()
+    session.get_all_reported_checkpoints(et.CheckpointConsistencyMode.COMMITTED)
+    assert [m.name for m in storage.checkpoints.committed()] == ["checkpoint_000000"]
