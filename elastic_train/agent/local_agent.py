@@ -22,7 +22,11 @@
    of the job. On a single node every failure is the node's own and is charged.
    Nobody waits for a node known gone, and a lost node's failure is charged to
    none of the survivors (:mod:`.node_liveness`: each agent's beacon, probed by
-   the others; :attr:`TrainAgent.liveness` answers for the current round).
+   the others; :attr:`TrainAgent.liveness` answers for the current round). Before
+   it joins the next round, a survivor drops the nodes known gone from torch's
+   dynamic rendezvous (c10d, etcd-v3), which would wait for their heartbeats to
+   age, and ends the next round's last call once every survivor is in
+   (:mod:`elastic_train.agent.rendezvous.gone_nodes`).
 4. A failure after a preemption notice (see :mod:`elastic_train.worker.preemption`)
    spends the preemption budget (``FailureConfig.max_preemption_failures``)
    instead of the restart budget.
@@ -88,6 +92,7 @@ from elastic_train.agent.no_progress_guard import signature
 from elastic_train.agent.node_liveness import Beacon, NodeLiveness
 from elastic_train.agent.node_policy import NodeVerdict
 from elastic_train.agent.options import AgentEvents, AgentOptions
+from elastic_train.agent.rendezvous import gone_nodes
 from elastic_train.agent.restart_budget import Decision, RestartBudget
 from elastic_train.agent.worker_slots import surviving
 from elastic_train.errors import WorkerFailure
@@ -96,6 +101,8 @@ from elastic_train.rendezvous_backends import lookup
 from elastic_train.worker import preemption
 
 logger = logging.getLogger(__name__)
+
+SEAL_WITHIN_S = 60.0  # how long the survivors of a lost node watch for each other to rejoin
 
 
 @contextlib.contextmanager
@@ -150,6 +157,10 @@ class TrainAgent(LocalElasticAgent):
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         previous = worker_group.group_world_size
         self.options.node.check_admitted()
+        if self.liveness is not None and (gone := self.liveness.gone()):
+            handler = worker_group.spec.rdzv_handler  # torch's would wait for them
+            if (left := gone_nodes.forget(handler, gone)) is not None:
+                gone_nodes.seal_when_joined(handler, left, SEAL_WITHIN_S)
         super()._rendezvous(worker_group)
         nodes = worker_group.group_world_size or 1
         if nodes > 1 and self._beacon is None:  # a single node has nobody to lose

@@ -19,9 +19,8 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousInfo,
     RendezvousParameters,
 )
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
-from elastic_train.agent.rendezvous.torch_state import CheckedBackend
+from elastic_train.agent.rendezvous.torch_state import checked_handler
 
 if TYPE_CHECKING:
     from elastic_train.agent.rendezvous.etcd_v3 import EtcdV3RendezvousBackend
@@ -42,13 +41,13 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> RendezvousHandler:
     and the node that completes the count deletes every key of the run. A job
     that ends otherwise (a node killed, a failure) leaves its keys to the lease,
     which expires ``lease_ttl`` seconds after the last node stopped. torch's handler
-    unpickles the state it reads: it reads it through :class:`~.torch_state.CheckedBackend`.
+    unpickles the state it reads: it reads it through :func:`~.torch_state.checked_handler`.
     """
     from elastic_train.agent.rendezvous.etcd_v3 import create_backend
 
     backend, store = create_backend(params)
     where = f"etcd key {backend.state_key.decode(errors='replace')}"
-    handler = create_handler(store, CheckedBackend(backend, where), params)
+    handler = checked_handler(store, backend, where, params)
     next_rendezvous, shutdown = handler.next_rendezvous, handler.shutdown
     last_round: list[RendezvousInfo] = []
 

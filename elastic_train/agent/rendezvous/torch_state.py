@@ -14,9 +14,10 @@ but the state's own types (torch's ``_RendezvousState`` and ``_NodeDesc``,
 ``datetime``), then checks each field's type; only then does torch unpickle
 it. Anything else is a RendezvousStateError naming where the state lives, which
 the agent reports with the fix (``RendezvousLostError.corrupt_state``).
-:class:`CheckedBackend` puts the check in front of any RendezvousBackend, and
-:func:`create_c10d_handler` is torch's c10d handler with it (registered for
-``c10d`` by :mod:`.registry`).
+:class:`CheckedBackend` puts the check in front of any RendezvousBackend;
+:func:`checked_handler` is torch's dynamic handler with it, and
+:func:`create_c10d_handler` torch's c10d handler (registered for ``c10d`` by
+:mod:`.registry`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from __future__ import annotations
 import dataclasses
 import io
 import pickle
+import weakref
 from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING
 
 from torch.distributed.elastic.rendezvous import (
     RendezvousHandler,
@@ -38,6 +41,13 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     _RendezvousState,
     create_handler,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed import Store
+
+# The backend of each handler checked_handler made (backend_of's answer).
+_BACKENDS: weakref.WeakKeyDictionary[RendezvousHandler, CheckedBackend] = \
+    weakref.WeakKeyDictionary()
 
 # What a state pickled by torch refers to (checked for each supported torch by
 # tests/unit/test_rendezvous_torch_state.py: a state with every field set passes).
@@ -108,13 +118,20 @@ def check_state(data: bytes, where: str) -> bytes:
     """``data`` if it is a rendezvous state as torch's handler pickles it; else a
     RendezvousStateError that says ``where`` it was read (e.g. "the key torch.rendezvous.job
     of the c10d store") and why. Nothing ``data`` names is ever called."""
+    read_state(data, where)
+    return data
+
+
+def read_state(data: bytes, where: str) -> _RendezvousState:
+    """The state ``data`` holds, unpickled as :func:`check_state` checks it."""
     try:
-        why = _why_not(_StateUnpickler(io.BytesIO(data)).load())
+        state = _StateUnpickler(io.BytesIO(data)).load()
+        why = _why_not(state)
     except Exception as exc:  # noqa: BLE001 -- bytes that are no pickle raise any kind
         why = f"{type(exc).__name__}: {exc}" if not isinstance(
             exc, pickle.UnpicklingError) else str(exc)
     if why is None:
-        return data
+        return state
     raise RendezvousStateError(f"{where} holds {data[:40]!r}{'...' if len(data) > 40 else ''}"
                                f", not a rendezvous state as torch's handler writes it: "
                                f"{why}")
@@ -141,6 +158,11 @@ class CheckedBackend(RendezvousBackend):
         found = self._read(lambda: self._backend.set_state(state, token))
         return None if found is None else (check_state(found[0], self._where), *found[1:])
 
+    @property
+    def where(self) -> str:
+        """Where the state lives, as errors name it."""
+        return self._where
+
     def _read(self, call):  # noqa: ANN001, ANN202 -- get_state's or set_state's answer
         """``call()``, its RendezvousStateError (e.g. c10d's: the state is no base64)
         naming where the state is."""
@@ -152,11 +174,28 @@ class CheckedBackend(RendezvousBackend):
                                        f"{str(exc).rstrip('.')}{cause}") from exc
 
 
+def checked_handler(store: Store, backend: RendezvousBackend, where: str,
+                    params: RendezvousParameters) -> RendezvousHandler:
+    """torch's dynamic handler over ``backend``, reading its state through
+    :func:`check_state` (``where`` names the state's place); :func:`backend_of` finds
+    the backend again (for :mod:`.gone_nodes`)."""
+    checked = CheckedBackend(backend, where)
+    handler = create_handler(store, checked, params)
+    _BACKENDS[handler] = checked
+    return handler
+
+
+def backend_of(handler: RendezvousHandler) -> CheckedBackend | None:
+    """The backend of ``handler`` when :func:`checked_handler` made it, else None (e.g.
+    our etcd handler, which is not torch's dynamic one)."""
+    return _BACKENDS.get(handler)
+
+
 def create_c10d_handler(params: RendezvousParameters) -> RendezvousHandler:
     """torch's c10d handler (its registry's ``c10d`` factory, the same store and backend),
     reading its state through :func:`check_state`."""
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 
     backend, store = create_backend(params)
-    where = f"the key torch.rendezvous.{params.run_id} of the c10d store"
-    return create_handler(store, CheckedBackend(backend, where), params)
+    return checked_handler(store, backend,
+                           f"the key torch.rendezvous.{params.run_id} of the c10d store", params)
