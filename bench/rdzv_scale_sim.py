@@ -15,7 +15,9 @@ heartbeat 1 s x 3 for torch's handler, torch's 5 s x 3 for ours) with
 2. One node (never the c10d store's host) is lost: its heartbeats (or lease
    refreshes) stop and it never calls again. The others call
    ``next_rendezvous()`` again at once, as their agents would after their workers
-   failed: *re-form* is the time from the loss until all survivors are in one round.
+   failed, having first dropped it from the rendezvous as their agents do once
+   they know it is gone (node liveness: its beacon refuses their probe):
+   *re-form* is the time from the loss until all survivors are in one round.
 
 Prints one JSON line: the times (null if not complete within TIMEOUT_S), the
 ranks and world sizes seen, and -- for the etcd backends -- the requests and
@@ -40,6 +42,7 @@ from collections.abc import Callable
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
+from elastic_train.agent.rendezvous import gone_nodes
 from elastic_train.agent.rendezvous.registry import register as register_backend
 from elastic_train.rendezvous_backends import lookup
 
@@ -94,14 +97,18 @@ def run_threads(work: Callable[[int], None], count: int, start: int = 0) -> None
 
 
 def rendezvous(handlers: list[RendezvousHandler], started: float, timeout_s: float,
-               target: int) -> dict[str, object]:
+               target: int, gone: frozenset[int] = frozenset(),
+               ranks: list[int | None] | None = None) -> dict[str, object]:
     """Every handler's ``next_rendezvous()`` at once, each then acting as torch's agent
     does: while its round is not the whole job and ``num_nodes_waiting()`` is positive
     (one monitor thread asks every handler every 0.1 s, the agent's monitor
-    interval), it calls ``next_rendezvous()`` again. Returns the seconds from
-    ``started`` until all handlers are in a round of ``target`` nodes (None if not
-    within ``timeout_s`` or a call failed), the failures, the ranks and worlds seen
-    and this process's CPU seconds."""
+    interval), it calls ``next_rendezvous()`` again. Before its first call, a handler
+    of rank ``ranks[i]`` forgets the group ranks ``gone`` as its agent does once node
+    liveness knew them gone (:mod:`elastic_train.agent.rendezvous.gone_nodes`; the
+    probe itself, milliseconds on a network, is not simulated). Returns the seconds
+    from ``started`` until all handlers are in a round of ``target`` nodes (None if
+    not within ``timeout_s`` or a call failed), the failures, the ranks and worlds
+    seen (``by_handler``: each handler's rank) and this process's CPU seconds."""
     count = len(handlers)
     latest: list[tuple[int, int] | None] = [None] * count
     wake = [threading.Event() for _ in handlers]
@@ -113,6 +120,9 @@ def rendezvous(handlers: list[RendezvousHandler], started: float, timeout_s: flo
 
     def agent(i: int) -> None:
         try:
+            if gone and ranks is not None and (rank := ranks[i]) is not None \
+                    and (left := gone_nodes.forget(handlers[i], set(gone))) is not None:
+                gone_nodes.seal_when_joined(handlers[i], left, rank, timeout_s)
             while not formed.is_set() and time.monotonic() < started + timeout_s:
                 info = handlers[i].next_rendezvous()
                 with lock:
@@ -148,6 +158,7 @@ def rendezvous(handlers: list[RendezvousHandler], started: float, timeout_s: flo
     ok = not errors and finished
     return {"seconds": finished[0] - started if ok else None, "errors": sorted(set(errors))[:3],
             "ranks": [x[0] for x in latest if x], "worlds": sorted({x[1] for x in latest if x}),
+            "by_handler": [x[0] if x else None for x in latest],
             "cpu_s": time.process_time() - cpu}
 
 
@@ -171,16 +182,22 @@ def part(backend: str, nodes: int, endpoint: str, timeout_s: float, run_id: str,
     indices = list(range(index, nodes, parts))
     handlers = make_handlers(backend, nodes, endpoint, timeout_s, run_id, indices)
     print("READY", flush=True)
+    ranks: list[int | None] = []
     for line in sys.stdin:
         command, *args = line.split()
         if command == "EXIT":
             break
         at = float(args[0])
+        gone = frozenset(map(int, args[1:]))  # LOSE: the lost node's rank, known gone
         time.sleep(max(at - time.time(), 0))
         started = time.monotonic() - (time.time() - at)
         if command == "LOSE" and indices[-1] == nodes - 1:
             lose(handlers.pop())
-        result = rendezvous(handlers, started, timeout_s, nodes - (command == "LOSE"))
+        result = rendezvous(handlers, started, timeout_s, nodes - (command == "LOSE"),
+                            gone, ranks)
+        ranks = result["by_handler"]  # type: ignore[assignment]
+        if indices[-1] == nodes - 1 and ranks:
+            result["last_rank"] = ranks[-1]  # the node a LOSE loses
         print("DONE " + json.dumps(result), flush=True)
 
 
@@ -205,8 +222,11 @@ def main(backend: str, nodes: int, endpoint: str, timeout_s: float) -> dict[str,
             return etcd_counters(endpoint) if backend != "c10d" else (0, 0, 0)
 
         counters = [count()]
+        lost = ""
         for phase, command in (("form", "FORM"), ("reform", "LOSE")):
-            result[phase] = _phase(procs, command, nodes - (command == "LOSE"))
+            result[phase] = _phase(procs, f"{command} {{at}} {lost}".strip(),
+                                   nodes - (command == "LOSE"))
+            lost = str(result[phase].pop("last_rank", ""))  # type: ignore[union-attr]
             counters.append(count())
             result[phase + "_cost"] = [(b - a) / nodes for a, b in
                                        zip(counters[-2], counters[-1], strict=True)]
@@ -226,11 +246,12 @@ def main(backend: str, nodes: int, endpoint: str, timeout_s: float) -> dict[str,
 
 
 def _phase(procs: list[subprocess.Popen[str]], command: str, target: int) -> dict[str, object]:
-    """One phase in every simulating process at once; their results combined."""
+    """One phase in every simulating process at once (``command`` with ``{at}`` for the
+    wall time it starts at); their results combined."""
     at = time.time() + 0.5
     for proc in procs:
         assert proc.stdin is not None
-        proc.stdin.write(f"{command} {at}\n")
+        proc.stdin.write(command.format(at=at) + "\n")
         proc.stdin.flush()
     parts = []
     for proc in procs:
@@ -241,10 +262,12 @@ def _phase(procs: list[subprocess.Popen[str]], command: str, target: int) -> dic
     times = [p["seconds"] for p in parts]
     ranks = sorted(r for p in parts for r in p.get("ranks", []))
     ok = None not in times and ranks == list(range(target))
+    lost = [p["last_rank"] for p in parts if p.get("last_rank") is not None]
     return {"seconds": max(times) if ok else None,
             "errors": sorted({e for p in parts for e in p["errors"]})[:3],
             "worlds": sorted({w for p in parts for w in p.get("worlds", [])}),
-            "cpu_s": sum(p.get("cpu_s", 0.0) for p in parts)}
+            "cpu_s": sum(p.get("cpu_s", 0.0) for p in parts),
+            **({"last_rank": lost[0]} if lost else {})}
 
 
 if __name__ == "__main__":

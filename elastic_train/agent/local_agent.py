@@ -160,7 +160,8 @@ class TrainAgent(LocalElasticAgent):
         if self.liveness is not None and (gone := self.liveness.gone()):
             handler = worker_group.spec.rdzv_handler  # torch's would wait for them
             if (left := gone_nodes.forget(handler, gone)) is not None:
-                gone_nodes.seal_when_joined(handler, left, SEAL_WITHIN_S)
+                gone_nodes.seal_when_joined(handler, left, worker_group.group_rank or 0,
+                                            SEAL_WITHIN_S)
         super()._rendezvous(worker_group)
         nodes = worker_group.group_world_size or 1
         if nodes > 1 and self._beacon is None:  # a single node has nobody to lose

@@ -241,6 +241,26 @@ def test_the_survivors_seal_once_every_live_member_came(nodes) -> None:
     assert time.monotonic() - started < 6
 
 
+def test_survivors_that_know_a_node_gone_drop_its_liveness_record_at_once(nodes) -> None:
+    """Their agents probed the lost node's beacon (node liveness): the lowest-ranked
+    survivor deletes its liveness record, and the next round is sealed without waiting
+    out the record's TTL (here 20 s: the survivors waited that long before, with a 30 s
+    last call)."""
+    run = nodes(2, 3, last_call_timeout=30, liveness_ttl=20)
+    handlers = run.add(3)
+    infos = Joins(handlers).wait(60).infos
+    assert {info.world_size for info in infos.values()} == {3}
+    lost = max(infos, key=lambda i: infos[i].rank)  # never the sealer (rank 0)
+    lose(handlers[lost])
+    survivors = [h for i, h in enumerate(handlers) if i != lost]
+    acted = [h.forget_gone({infos[lost].rank}) for h in survivors]
+    assert sorted(acted) == [False, True]  # one survivor deleted it
+    started = time.monotonic()
+    again = Joins(survivors).wait(40)
+    assert again.worlds() == {2} and again.ranks() == [0, 1]
+    assert time.monotonic() - started < 10
+
+
 def test_a_live_member_still_to_come_is_waited_for_until_the_last_call(nodes) -> None:
     """A member of the last round that is alive but has not come yet keeps its liveness
     record: the others wait for it, at most the last call."""

@@ -67,7 +67,7 @@ def test_a_gone_node_is_aged_out_and_the_others_are_its_survivors():
     backend = MemoryBackend(finished_round())
     backend.meddle = lambda b: setattr(b, "token", b.token + 1)  # another node wrote first
     left = gone_nodes.forget(handler_over(backend), {2})
-    assert left == gone_nodes.Left(4, frozenset({A, B}))
+    assert left == gone_nodes.Left(4, frozenset({A, B}), 0)
     beats = backend.state().last_heartbeats
     assert beats[C] < NOW - timedelta(days=365) and beats[A] == NOW
     assert gone_nodes.forget(handler_over(backend), {7}) is None  # nobody of that rank
@@ -89,7 +89,7 @@ def test_the_last_call_ends_once_every_survivor_joined_and_nobody_waits():
     for state, ends in ((next_round(A), False), (next_round(A, B, waiting=[SPARE]), False),
                         (next_round(A, B), True), (next_round(A, B, SPARE), True)):
         backend = MemoryBackend(state)
-        thread = gone_nodes.seal_when_joined(handler_over(backend), left, within_s=0.3)
+        thread = gone_nodes.seal_when_joined(handler_over(backend), left, 0, within_s=0.3)
         thread.join(5)
         assert (backend.state().deadline == gone_nodes.LONG_AGO) is ends, state
 
@@ -97,7 +97,7 @@ def test_the_last_call_ends_once_every_survivor_joined_and_nobody_waits():
 def test_the_finished_round_is_waited_out_and_a_completed_next_round_left_alone():
     left = gone_nodes.Left(4, frozenset({A, B}))
     backend = MemoryBackend(finished_round())
-    thread = gone_nodes.seal_when_joined(handler_over(backend), left, within_s=5)
+    thread = gone_nodes.seal_when_joined(handler_over(backend), left, 0, within_s=5)
     assert thread.is_alive()  # still round 4
     backend.blob = pickle.dumps(next_round(A, B))
     thread.join(5)
@@ -105,5 +105,6 @@ def test_the_finished_round_is_waited_out_and_a_completed_next_round_left_alone(
     done = next_round(A, B)
     done.complete = True
     backend = MemoryBackend(done)
-    gone_nodes.seal_when_joined(handler_over(backend), left, within_s=5).join(5)
+    gone_nodes.seal_when_joined(handler_over(backend), left, 0, within_s=5).join(5)
+    assert gone_nodes.seal_when_joined(handler_over(backend), left, 1, within_s=5) is None
     assert backend.state().deadline != gone_nodes.LONG_AGO

@@ -30,8 +30,10 @@ writes keys of its own, and learns what others did from watches:
   until it leaves R. So the sealer of round R+1 need not wait
   for the last call once every member of R that is still alive has joined: with
   ``min_nodes`` joined and no liveness record of R left, it seals at once. A lost
-  node's record is gone within its TTL; a live node that is slow to come keeps
-  its record, and the last call still bounds the wait for it.
+  node's record is gone within its TTL -- at once when the survivors' agents know
+  it is gone (:meth:`EtcdNativeHandler.forget_gone`, from node liveness); a live
+  node that is slow to come keeps its record, and the last call still bounds the
+  wait for it.
 - Closing writes ``run/closed`` (and into the current round, for its watchers).
 - The sealer counts and seals only the nodes its node policy admits
   (:mod:`elastic_train.agent.node_policy`; it admits itself: its agent asked before
@@ -215,6 +217,28 @@ class EtcdNativeHandler(RendezvousHandler):
                 continue
             if membership is not None:
                 return self._info(membership)
+
+    def forget_gone(self, ranks: set[int]) -> bool:
+        """Deletes the liveness records of this node's last round held by the members of
+        group ranks ``ranks`` (known gone, see :mod:`.gone_nodes`), so that the next
+        round's sealer need not wait out their TTL. Only the lowest-ranked survivor acts
+        (one read of the round's join keys, one transaction), so a loss costs etcd the
+        same at any size; returns whether this node deleted any."""
+        last = self._last
+        if last is None:
+            return False
+        survivors = set(range(last.seal.world_size)) - set(ranks)
+        if not survivors or last.rank != min(survivors):
+            return False
+        keys, r = self._keys, last.round
+        revisions = (last.seal.first, *last.seal.others)
+        gone = {revisions[rank] for rank in ranks if 0 <= rank < len(revisions)}
+        found = self._kv.read(ops.get(keys.joins(r), prefix=True, keys_only=True))
+        nodes = [kv.key[len(keys.joins(r)):].decode() for kv in found.ranges[0]
+                 if kv.create_revision in gone and _ours(kv)]
+        if nodes:
+            self._kv.txn([], [ops.delete(keys.live(r, node)) for node in nodes])
+        return bool(nodes)
 
     def is_closed(self) -> bool:
         return bool(self._kv.read(ops.get(self._keys.closed)).ranges[0])

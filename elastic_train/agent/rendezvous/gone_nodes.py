@@ -10,18 +10,21 @@ alone, so the survivors of a lost node sit through two waits that node liveness
 2. The next round, short of its maximum, waits ``last_call_timeout`` for more
    nodes: :func:`seal_when_joined` ends that wait once every survivor has joined
    and no other node waits to (a spare or a new node: then torch's last call
-   runs as usual, so that it gets in).
+   runs as usual, so that it gets in). One survivor watches (the lowest-ranked),
+   as often as 20 times a second; torch's handlers read the state once a second
+   each, so at any size this adds what 20 more nodes would.
 
 Both are compare-and-set writes of the stored state, as torch's own are; every
 handler takes the change at its next read (torch's handler polls once a second).
-Any other handler (our ``etcd``, which has leases and liveness records of its
-own) is left alone.
+Our ``etcd`` handler needs neither: a lost node is absent from its next round,
+whose sealer waits only for the liveness records of the last round -- which a
+handler that has ``forget_gone(ranks)`` deletes for the nodes known gone.
 
 Example::
 
     left = forget(handler, {2})           # group rank 2 is gone
     if left is not None:
-        seal_when_joined(handler, left, within_s=30)
+        seal_when_joined(handler, left, my_rank, within_s=30)
 """
 
 from __future__ import annotations
@@ -49,16 +52,22 @@ _WRITE_ATTEMPTS = 10
 
 @dataclass(frozen=True)
 class Left:
-    """A round some nodes left: its number, and its other participants (the survivors)."""
+    """A round some nodes left: its number, its other participants (the survivors), and
+    the lowest group rank among them (the one that watches the next round)."""
 
     round: int
     survivors: frozenset[_NodeDesc]
+    first: int = 0
 
 
 def forget(handler: RendezvousHandler, ranks: set[int]) -> Left | None:
     """Ages the heartbeats of the finished round's participants of group ranks ``ranks``
     (known gone), so that every handler drops them at its next read. None when there
-    is nothing to do (not torch's dynamic handler, or nobody of ``ranks`` in it)."""
+    is nothing more to do (not torch's dynamic handler, or nobody of ``ranks`` in it);
+    a handler of ours with liveness records of its own forgets them itself."""
+    if callable(own := getattr(handler, "forget_gone", None)):
+        own(ranks)
+        return None
     backend = backend_of(handler)
     left: Left | None = None
 
@@ -66,7 +75,8 @@ def forget(handler: RendezvousHandler, ranks: set[int]) -> Left | None:
         nonlocal left
         aged = [node for node, rank in state.participants.items()
                 if rank in ranks and node in state.last_heartbeats]
-        left = Left(state.round, frozenset(state.participants) - set(aged))
+        others = {node: rank for node, rank in state.participants.items() if node not in aged}
+        left = Left(state.round, frozenset(others), min(others.values(), default=0))
         for node in aged:
             state.last_heartbeats[node] = LONG_AGO
         return bool(aged)
@@ -78,13 +88,15 @@ def forget(handler: RendezvousHandler, ranks: set[int]) -> Left | None:
     return left
 
 
-def seal_when_joined(handler: RendezvousHandler, left: Left, within_s: float
+def seal_when_joined(handler: RendezvousHandler, left: Left, rank: int, within_s: float
                      ) -> threading.Thread | None:
-    """Watches the round after ``left.round`` for up to ``within_s`` (in a thread, while
-    the agent joins it) and ends its last call as soon as every survivor has joined and
-    no other node waits to; returns the thread (None: not torch's dynamic handler)."""
+    """On the survivor of group rank ``left.first`` (``rank`` is this node's): watches the
+    round after ``left.round`` for up to ``within_s`` (in a thread, while the agent joins
+    it) and ends its last call as soon as every survivor has joined and no other node
+    waits to; returns the thread (None: another survivor watches, or not torch's
+    dynamic handler)."""
     backend = backend_of(handler)
-    if backend is None or not left.survivors:
+    if backend is None or not left.survivors or rank != left.first:
         return None
     thread = threading.Thread(target=_seal, args=(backend, left, within_s),
                               name="rendezvous-seal", daemon=True)
