@@ -50,9 +50,10 @@
    its device. It leaves the failure to torch's monitoring when a live worker
    cannot restart in process (a script without the wrapper).
 9. When the job's membership changes during an in-process restart (a node is
-   gone, gave up or is waiting to join), torch's restart of the group is only
-   its rendezvous: the workers wait in their processes, and the new round's
-   ranks, world size, store and generation are handed to them
+   gone, gave up or is waiting to join), or a node joins while the workers run
+   in process, torch's restart of the group is only its rendezvous: the workers
+   wait in their processes, and the new round's ranks, world size, store and
+   generation are handed to them
    (:meth:`~elastic_train.agent.inprocess.controller.InProcessController.reform`);
    only a slot whose process ended gets a new one. Where a rendezvous backend
    keeps one store for every round (static), torch restarts the whole group.
@@ -235,8 +236,10 @@ class TrainAgent(LocalElasticAgent):
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         """torch's restart of the group (stop, rendezvous, start); with the workers parked
-        for a new world, the rendezvous alone (departure 9)."""
-        if self._in_process is None or not self._in_process.parked:
+        for a new world -- after a failure, or now for a node that joins a running job
+        -- the rendezvous alone (departure 9)."""
+        if self._in_process is None or not (self._in_process.parked
+                                            or self._in_process.park(worker_group)):
             return super()._restart_workers(worker_group)
         self._rendezvous(worker_group)
         generation = self._generation = self._agree_on_generation(worker_group)

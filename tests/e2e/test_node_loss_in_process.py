@@ -1,9 +1,11 @@
-"""A node lost under ``launch`` with the wrapper: the survivors keep their processes.
+"""A node lost, or a node joining, under ``launch`` with the wrapper: the workers already
+running keep their processes.
 
 One node's whole process group (agent, zygote, workers) is SIGKILLed. The surviving
 workers leave the attempt, their agents rendezvous again without the lost node and hand
 them their new ranks: they form the smaller group in the same processes and continue
-from the last commit.
+from the last commit. A node that joins a running job is met the same way: the running
+workers leave the attempt (nothing failed), and form the larger group with it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ def _kill_node(proc: subprocess.Popen) -> None:
     proc.wait(30)
 
 
+def _backend_args(request, backend: str) -> list[str]:
+    """``--rdzv-backend`` and ``--rdzv-endpoint``: the test's etcd, or a free c10d port."""
+    endpoint = (request.getfixturevalue("etcd_endpoint") if backend == "etcd"
+                else f"127.0.0.1:{free_port()}")
+    return ["--rdzv-backend", backend, "--rdzv-endpoint", endpoint]
+
+
 def _ranks(out_dir) -> list[tuple[int, int, int, int]]:
     """(rank, world size, pid, node) of every rank's every start (launch_script.py)."""
     path = out_dir / "ranks"
@@ -52,12 +61,7 @@ def _ranks(out_dir) -> list[tuple[int, int, int, int]]:
 def test_lost_node_survivors_keep_their_processes(request, storage_path, tmp_path, backend):
     """Three agents (``--nnodes 2:3``, one worker each); a node that is not the c10d
     store's host is lost."""
-    if backend == "etcd":
-        backend_args = ["--rdzv-backend", "etcd", "--rdzv-endpoint",
-                        request.getfixturevalue("etcd_endpoint")]
-    else:
-        backend_args = ["--rdzv-backend", "c10d", "--rdzv-endpoint",
-                        f"127.0.0.1:{free_port()}"]
+    backend_args = _backend_args(request, backend)
     name = f"lost-{backend}"
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -136,3 +140,53 @@ def test_lost_rank_0_node_survivors_take_the_lower_ranks(etcd_endpoint, storage_
     rows = Result.from_path(os.path.join(storage_path, name)).metrics_dataframe
     assert list(rows["epoch"]) == list(range(EPOCHS))
     assert run_state(storage_path, name)["status"] == "finished"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("backend", ["c10d", "etcd"])
+def test_a_joining_node_leaves_the_running_workers_in_their_processes(
+        request, storage_path, tmp_path, backend):
+    """Two agents (``--nnodes 2:3``) train; a third joins. The first two nodes' workers
+    take their places in the world of 3 in the same processes (they were restarted as new
+    processes before), from the last commit, and nothing is charged."""
+    backend_args = _backend_args(request, backend)
+    name = f"join-{backend}"
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    logs = [open(tmp_path / f"node{i}.log", "w") for i in range(3)]  # noqa: SIM115
+
+    def node(i: int) -> subprocess.Popen:
+        return _node(["--nnodes", "2:3", "--nproc-per-node", 1, *backend_args, "--rdzv-id",
+                      name, "--max-restarts", 0, "--unwind-timeout", 4, "--storage-path",
+                      storage_path, SCRIPT, out_dir, EPOCHS, "--sleep", 0.3, "--restartable"],
+                     logs[i], i)
+
+    procs: list[subprocess.Popen] = []
+    try:
+        procs.append(node(0))
+        time.sleep(2)  # node 0 hosts the c10d store
+        procs.append(node(1))
+        assert wait_until(lambda: starts(out_dir)[:1] == [(0, 2)], 90), starts(out_dir)
+        assert wait_until(lambda: len(worker_pids(out_dir)) == 2, 30)
+        first = set(worker_pids(out_dir))
+        commit = os.path.join(storage_path, name, "checkpoint_000002", ".commit.json")
+        assert wait_until(lambda: os.path.exists(commit), 60)
+        procs.append(node(2))
+        codes = [proc.wait(150) for proc in procs]
+    finally:
+        for proc in procs:
+            stop_process(proc)
+        for log in logs:
+            log.close()
+    node_logs = [(tmp_path / f"node{i}.log").read_text()[-3000:] for i in range(3)]
+    assert codes == [0, 0, 0], node_logs
+    after = [(rank, world, pid) for rank, world, pid, _ in _ranks(out_dir) if world == 3]
+    assert len(after) == 3, _ranks(out_dir)
+    assert first <= {pid for _, _, pid in after}, node_logs  # the first two kept theirs
+    assert set(worker_pids(out_dir)) == {pid for _, _, pid in after}  # and no other came
+    [start, *rest] = starts(out_dir)
+    assert start == (0, 2) and rest and rest[-1][1] == 3 and rest[-1][0] > 0, starts(out_dir)
+    rows = Result.from_path(os.path.join(storage_path, name)).metrics_dataframe
+    assert list(rows["epoch"]) == list(range(EPOCHS))  # resumed from the last commit
+    state = run_state(storage_path, name)
+    assert state["status"] == "finished" and not state["failures"], state

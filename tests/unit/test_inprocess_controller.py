@@ -46,6 +46,10 @@ class Steps:
     def give_up(self, group, processes) -> None:
         self.gave_up = True
 
+    def leave(self, group, processes) -> Recovery:
+        self.left = True
+        return Recovery(1)
+
     def recover(self, group, processes, failed, membership_changed) -> Recovery | None:
         return self.recovery
 
@@ -168,3 +172,17 @@ def test_a_changed_membership_parks_the_workers_for_their_new_ranks(tmp_path, ag
     assert [w.id for w in workers] == [500, 501]  # what torch's monitoring compares
     assert agent.recovered == [Recovery(0, {1: "its process ended"})]
     assert made.state is RestartState.RUNNING and not made.parked
+
+
+def test_a_joining_node_parks_a_running_attempt_only(tmp_path, agent):
+    """torch restarts the group for a node that joins: a running in-process attempt parks
+    (the workers leave it in their processes); one that cannot reform, or is not running
+    in process, is left to torch's restart."""
+    made = controller(tmp_path, agent, Steps(Look(Seen.RUNNING)))
+    made.watch(GROUP)
+    assert not made.park(GROUP) and made.state is RestartState.RUNNING  # cannot reform
+    agent.can_reform = True
+    assert made.park(GROUP) and made.state is RestartState.PARKED and made.restarts.left
+    idle = controller(tmp_path, agent, Steps(Look(Seen.TORCH)))
+    idle.watch(GROUP)
+    assert not idle.park(GROUP) and idle.state is RestartState.IDLE

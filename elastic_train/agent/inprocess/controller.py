@@ -7,14 +7,16 @@ through named states (:class:`RestartState`), as torch's rendezvous turns each
 step into an ``_Action`` and Ray Train v2's controller has one state per step::
 
     RUNNING --failure seen--> INTERRUPTED --> DECIDING --restart--> RECOVERING --> RUNNING
-                                                 |                     |              ^
-                                                 +--budget spent--> GAVE_UP           |
-                                                          membership changed          |
-                                                                       +--> PARKED --reform
+       |                                         |                     |              ^
+       |                                         +--budget spent--> GAVE_UP           |
+       |                                                  membership changed          |
+       |                                                               +--> PARKED --reform
+       +--a node joins (park)----------------------------------------------^
                                                                        +--cannot--> FELL_BACK
 
 When the job's membership changes during a restart (a node is gone, gave up or is
-joining), the local workers wait ``PARKED`` while the agent runs a new rendezvous
+joining), or a node joins while the attempt runs (:meth:`~InProcessController.park`),
+the local workers wait ``PARKED`` while the agent runs a new rendezvous
 round; :meth:`~InProcessController.reform` then hands them their ranks in the new
 world. Only when that is not possible (a rendezvous backend whose store outlives its
 rounds) does torch restart the group in new processes (``FELL_BACK``).
@@ -186,6 +188,23 @@ class InProcessController:
         self._hooks.recovered(group, recovery)
         self._enter(RestartState.RUNNING)
         return RunResult(state=WorkerState.HEALTHY)
+
+    def park(self, group: WorkerGroup) -> bool:
+        """A node waits to join the running job (torch restarts the group for it): the
+        local workers leave the attempt in their processes and wait ``PARKED`` for their
+        ranks in the new world, as after a failure that changed the membership. False
+        (nothing done) when they cannot: the attempt is not running in process, or the
+        backend's store outlives its rounds."""
+        if self.state is not RestartState.RUNNING or not self._hooks.can_reform(group):
+            return False
+        left = self.restarts.leave(group, self._processes)
+        if left.replaced:
+            logger.warning("Rank(s) %s did not leave the attempt for the joining node in "
+                           "time; new processes take their places.", sorted(left.replaced))
+        self._enter(RestartState.PARKED)
+        logger.warning("A node joins the job; its workers wait for their new ranks in their "
+                       "processes.")
+        return True
 
     @property
     def parked(self) -> bool:

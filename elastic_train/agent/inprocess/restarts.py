@@ -245,6 +245,20 @@ class InProcessRestarts:
         return not attempt_store.failed_by_itself_elsewhere(group, self.attempt,
                                                             PEER_PRIMARY_WAIT_S, self._gone)
 
+    def leave(self, group: WorkerGroup, pcontext: Any) -> Recovery:
+        """Every local worker leaves the running attempt although nothing failed (a node
+        waits to join the job): they finish the uploads they reported (every process
+        lives) and wait, ready, for :meth:`reform`. Returns the slots that did not leave
+        in time (killed: :meth:`reform` gives them new processes)."""
+        channel.write_verdict(self.directory, Verdict(self.attempt, True,
+                                                      self.unwind_timeout_s / 2))
+        for worker in group.workers:
+            record = channel.read_record(self.directory, worker.global_rank)
+            if record is not None and record.stage is Stage.RUNNING \
+                    and record.attempt == self.attempt:
+                _signal(record.pid, channel.ABORT_SIGNAL)
+        return Recovery(self.attempt + 1, self._unwind(group, pcontext, self.attempt + 1))
+
     def give_up(self, group: WorkerGroup, pcontext: Any) -> None:
         """This node stops (its budget is spent): the other nodes must not wait for it.
         Its workers learn it from the verdict; a worker with a checkpoint upload in
