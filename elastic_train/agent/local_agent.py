@@ -158,7 +158,7 @@ class TrainAgent(LocalElasticAgent):
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         previous = worker_group.group_world_size
         self.options.node.check_admitted()
-        if self.liveness is not None and (gone := self.liveness.gone()):
+        if self.liveness is not None and (gone := self.liveness.known_gone()):
             handler = worker_group.spec.rdzv_handler  # torch's would wait for them
             if (left := gone_nodes.forget(handler, gone)) is not None:
                 gone_nodes.seal_when_joined(handler, left, worker_group.group_rank or 0,

@@ -130,6 +130,12 @@ class NodeLiveness:
         if self.nodes > 1:
             self.store.set(f"{_KEY}{self.group_rank}", self.beacon.address)
 
+    def known_gone(self) -> set[int]:
+        """The group ranks found gone so far, without probing anyone (a job of 1,024
+        nodes would open a thousand connections per node for a new probe)."""
+        with self._lock:
+            return set(self._gone)
+
     def gone(self, ranks: Iterable[int] | None = None) -> set[int]:
         """The group ranks known gone: of ``ranks`` (default: every other node of the
         round), probed now unless known gone already. A node that has not published
