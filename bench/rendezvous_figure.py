@@ -22,11 +22,9 @@ figure starts, when the ``etcd`` binary is installed.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import os
-import pickle
 import shutil
 import signal
 import subprocess
@@ -35,7 +33,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from bench.procs import descendants, free_port
@@ -179,24 +176,23 @@ class Job:
         (``r/<round>/s/<node>``), or a node in the redundancy list of torch's c10d state."""
         backend = self.launcher.rdzv_backend
         if backend == "etcd":
-            from tests.support.etcd_server import run_keys  # on sys.path: etcd_endpoint
+            from tests.support.etcd_server import run_keys  # on sys.path (etcd_endpoint)
 
             return any(b"/s/" in key for key in run_keys(self.endpoint, self.run_id))
         if backend != "c10d":
             raise ValueError(f"no spare check for --rdzv-backend {backend}")
+        from tests.support.rendezvous_state import c10d_spare_parked
+
         time.sleep(0.5)  # c10d's store is the first agent's: a light poll
-        state = pickle.loads(base64.b64decode(
-            self._store.get(f"torch.rendezvous.{self.run_id}")))
-        return bool(state.redundancy_list)
+        return c10d_spare_parked(self._store, self.run_id)
 
     @functools.cached_property
     def _store(self) -> Any:
         """One client of the c10d store for every poll (with a new client per poll, the
         job's two nodes were twice found dropped from torch's state by the spare)."""
-        from torch.distributed import TCPStore
+        from tests.support.rendezvous_state import c10d_store
 
-        host, port = self.endpoint.rsplit(":", 1)
-        return TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10))
+        return c10d_store(self.endpoint)
 
     def kill_node(self, index: int) -> None:
         """SIGKILLs agent ``index`` and its workers at once, as a lost node."""

@@ -22,7 +22,9 @@
    of the job. On a single node every failure is the node's own and is charged.
    Nobody waits for a node known gone, and a lost node's failure is charged to
    none of the survivors (:mod:`.node_liveness`: each agent's beacon, probed by
-   the others; :attr:`TrainAgent.liveness` answers for the current round).
+   the others; :attr:`TrainAgent.liveness` answers for the current round). Before
+   the next rendezvous, the nodes known gone leave torch's rendezvous state
+   (:mod:`.rendezvous.forget_lost`) instead of expiring there.
 4. A failure after a preemption notice (see :mod:`elastic_train.worker.preemption`)
    spends the preemption budget (``FailureConfig.max_preemption_failures``)
    instead of the restart budget.
@@ -88,6 +90,7 @@ from elastic_train.agent.no_progress_guard import signature
 from elastic_train.agent.node_liveness import Beacon, NodeLiveness
 from elastic_train.agent.node_policy import NodeVerdict
 from elastic_train.agent.options import AgentEvents, AgentOptions
+from elastic_train.agent.rendezvous.forget_lost import forget_lost
 from elastic_train.agent.restart_budget import Decision, RestartBudget
 from elastic_train.agent.worker_slots import surviving
 from elastic_train.errors import WorkerFailure
@@ -150,6 +153,9 @@ class TrainAgent(LocalElasticAgent):
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         previous = worker_group.group_world_size
         self.options.node.check_admitted()
+        if self.liveness is not None:  # nobody waits for the heartbeats of a node known gone
+            forget_lost(worker_group.spec.rdzv_handler, worker_group.group_rank or 0,
+                        self.liveness.known_gone())
         super()._rendezvous(worker_group)
         nodes = worker_group.group_world_size or 1
         if nodes > 1 and self._beacon is None:  # a single node has nobody to lose

@@ -150,6 +150,11 @@ class NodeLiveness:
                 self._gone |= newly
             return self._gone & wanted
 
+    def known_gone(self) -> set[int]:
+        """The group ranks already known gone, without probing anyone."""
+        with self._lock:
+            return set(self._gone)
+
     def _address(self, rank: int) -> str | None:
         if rank not in self._addresses:
             key = f"{_KEY}{rank}"
