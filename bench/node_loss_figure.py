@@ -104,7 +104,8 @@ def _table(launchers: list[Launcher], usable: list[Launcher],
         "Agents of `elastic-train launch`, one worker each (bench/rdzv_worker.py: gloo, an "
         "all-reduce every 50 ms), all on this machine; the c10d store's host (the first "
         "agent) is never the one killed. With a spare, it is started once the job of 2 "
-        "steps and given time to park before the kill.",
+        "steps, and the kill waits until it is parked (etcd: its spare key; c10d: torch's "
+        "redundancy list).",
         "'worker restarted': rank 0's next attempt started (its own process with "
         "@restart_in_process, else a new one); 'stepping at world size 2': rank 0's first "
         "all-reduce after the kill, which every rank -- the spare's new one included -- "
