@@ -18,7 +18,9 @@ figure starts, when the ``etcd`` binary is installed.
   agent and its worker are SIGKILLed (the node is lost); the time until the
   survivors' rank-0 worker process restarted, and until its first all-reduce
   at world size 2. The c10d store's host (the first agent) is never the one
-  killed: with c10d that loss is not survivable."""
+  killed: with c10d that loss is not survivable. :data:`WITH_SPARE` loses a node
+  of 2 while a third waits parked as a spare (``--nnodes 2 --spares 1``); figure
+  8b continued (:mod:`bench.node_loss_figure`) times both shapes."""
 
 from __future__ import annotations
 
