@@ -4,9 +4,9 @@
     python -m bench --repeat 5         more repetitions
     python -m bench --only steps       one figure (cold_start, steps, checkpoint, recovery,
                                        memory, scaling, storage, rendezvous,
-                                       rendezvous_scale, shard_reads, peer_restore,
-                                       local_tier,
-                                       overhead, nodes, soak, gpu); repeatable
+                                       rendezvous_scale, node_loss, shard_reads,
+                                       peer_restore, local_tier, overhead, nodes,
+                                       soak, gpu); repeatable
     python -m bench --smoke            tiny and quick (CI); writes a file only with --output
     python -m bench --output FILE      write the markdown there instead
 

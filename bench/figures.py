@@ -1,7 +1,8 @@
 """The figures: which runs each needs, and the table each one prints.
 
 Figure 7 (storage) lives in :mod:`bench.storage_figure`, figure 8 (rendezvous) in
-:mod:`bench.rendezvous_figure`, figure 9 (rendezvous at scale) in
+:mod:`bench.rendezvous_figure` (its lost node without and with a spare, 8b continued, in
+:mod:`bench.node_loss_figure`), figure 9 (rendezvous at scale) in
 :mod:`bench.rendezvous_scale_figure`, figures 10 and 11 (sharded checkpoints) in
 :mod:`bench.sharded_figure`, figure 12 (overhead per step) in
 :mod:`bench.overhead_figure`, figure 13 (a failure on one of three nodes) in
@@ -22,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 from bench.gpu_figure import gpu
 from bench.measure import FaultPlan, Sample, measure, phase_order
+from bench.node_loss_figure import node_loss
 from bench.nodes_figure import nodes
 from bench.overhead_figure import overhead
 from bench.peer_figure import peer_restore
@@ -345,7 +347,7 @@ def scaling(suite: Suite) -> list[Table]:
 FIGURE_FUNCTIONS: dict[str, Callable[[Suite], list[Table]]] = {
     "cold_start": cold_start, "steps": steps, "checkpoint": checkpoint,
     "recovery": recovery, "memory": memory, "scaling": scaling, "storage": storage,
-    "rendezvous": rendezvous, "rendezvous_scale": rendezvous_scale,
+    "rendezvous": rendezvous, "rendezvous_scale": rendezvous_scale, "node_loss": node_loss,
     "shard_reads": shard_reads, "peer_restore": peer_restore, "local_tier": local_tier,
     "overhead": overhead,
     "nodes": nodes, "soak": soak, "gpu": gpu,

@@ -17,7 +17,7 @@ from bench.workload import WorkloadConfig
 
 FIGURES = ("cold_start", "steps", "checkpoint", "recovery", "memory", "scaling", "storage",
            "rendezvous", "rendezvous_scale", "shard_reads", "peer_restore", "local_tier",
-           "overhead", "nodes", "soak", "gpu")
+           "node_loss", "overhead", "nodes", "soak", "gpu")
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,8 @@ class Profile:
     rendezvous_launchers: tuple[str, ...] = ("torchrun", "torchrun-unshared", "c10d", "etcd",
                                              "etcd-v3", "c10d-wrapped", "etcd-wrapped")
     rendezvous_recovery: bool = True
+    # figure 8b continued: a lost node without and with a spare (elastic-train launch only)
+    node_loss_launchers: tuple[str, ...] = ("etcd-wrapped", "c10d-wrapped", "etcd", "c10d")
     scale_nodes: tuple[int, ...] = (8, 32, 64, 128, 256, 512, 1024)
     scale_backends: tuple[str, ...] = ("c10d", "etcd-v3", "etcd")
     scale_timeout_s: float = 60.0

@@ -5,7 +5,9 @@
                                    exists; rank 0 appends "<time> <world size>" to
                                    OUT_DIR/starts when its process starts and to
                                    OUT_DIR/steps after its first all-reduce, at every
-                                   (re)start; every process appends its pid to OUT_DIR/pids
+                                   (re)start; every process appends "<pid> <node>" to
+                                   OUT_DIR/pids (the node: $BENCH_RDZV_NODE, which the
+                                   harness gives each agent)
     rdzv_worker.py OUT_DIR restartable
                                    ``train`` in a main function wrapped by
                                    ``@elastic_train.restart_in_process``: rank 0's
@@ -20,6 +22,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+
+NODE_VARIABLE = "BENCH_RDZV_NODE"
 
 
 def _append(path: str, line: str) -> None:
@@ -45,6 +49,10 @@ def train(out_dir: str) -> None:
     dist.destroy_process_group()
 
 
+def _pid(out_dir: str) -> None:
+    _append(os.path.join(out_dir, "pids"), f"{os.getpid()} {os.environ.get(NODE_VARIABLE, '-')}")
+
+
 def _started(out_dir: str) -> None:
     if os.environ.get("RANK") == "0":
         _append(os.path.join(out_dir, "starts"), f"{time.time()} {os.environ['WORLD_SIZE']}")
@@ -57,7 +65,7 @@ if __name__ == "__main__":
     elif mode == "restartable":
         import elastic_train
 
-        _append(os.path.join(out, "pids"), str(os.getpid()))
+        _pid(out)
 
         @elastic_train.restart_in_process
         def main() -> None:
@@ -66,6 +74,6 @@ if __name__ == "__main__":
 
         main()
     else:
-        _append(os.path.join(out, "pids"), str(os.getpid()))
+        _pid(out)
         _started(out)  # before importing torch
         train(out)

@@ -18,7 +18,9 @@ figure starts, when the ``etcd`` binary is installed.
   agent and its worker are SIGKILLed (the node is lost); the time until the
   survivors' rank-0 worker process restarted, and until its first all-reduce
   at world size 2. The c10d store's host (the first agent) is never the one
-  killed: with c10d that loss is not survivable."""
+  killed: with c10d that loss is not survivable. :data:`WITH_SPARE` loses a node
+  of 2 while a third waits parked as a spare (``--nnodes 2 --spares 1``); figure
+  8b continued (:mod:`bench.node_loss_figure`) times both shapes."""
 
 from __future__ import annotations
 
@@ -33,9 +35,10 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bench.procs import descendants, free_port
+from bench.rdzv_worker import NODE_VARIABLE
 from bench.report import Table
 from bench.stats import Summary, Target
 from bench.variants import REPO
@@ -51,6 +54,7 @@ FORMING_WITHIN_S = 180.0
 # loop; torch's 5 s formed it. The forming runs use torch's interval for our rows too,
 # so that they time the rendezvous rather than the starvation.
 FORMING_CONF = "keep_alive_interval=5"
+SPARE_PARKS_WITHIN_S = 60.0
 OUR_RECOVERY_TARGET = Target(5.0, at_least=False)  # issue 17: node loss -> training in 5 s
 
 
@@ -66,22 +70,28 @@ class Launcher:
     backend: str = ""  # elastic-train's --rdzv-backend, when it is not the key
     worker: str = "train"  # the recovery worker's mode (see bench.rdzv_worker)
 
+    @property
+    def rdzv_backend(self) -> str:
+        """elastic-train's ``--rdzv-backend`` (torchrun rows: c10d)."""
+        return self.backend or (self.key if self.key.startswith("etcd") else "c10d")
+
     def command(self, nnodes: str, endpoint: str, run_id: str, out_dir: str, mode: str,
-                storage: str, rdzv_conf: str = "") -> list[str]:
+                storage: str, rdzv_conf: str = "", spares: int = 0) -> list[str]:
         flags = ["--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
                  "--rdzv-id", run_id, "--max-restarts", "3"]
         if rdzv_conf and not self.key.startswith("torchrun"):
             flags += ["--rdzv-conf", rdzv_conf]
+        if spares and not self.key.startswith("torchrun"):  # torchrun parks them unasked
+            flags += ["--spares", str(spares)]
         # Forming: the same light command for every launcher, so the rows differ by the
         # rendezvous alone. Recovery: a Python script, run the way each launcher runs one.
-        worker = [WORKER, out_dir, mode] if mode == "train" else \
-            ["--no-python", sys.executable, WORKER, out_dir, mode]
+        worker = ["--no-python", sys.executable, WORKER, out_dir, mode] if mode == "stamp" \
+            else [WORKER, out_dir, mode]
         if self.key.startswith("torchrun"):
             return [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d",
                     *flags, *worker]
-        backend = ["--rdzv-backend", self.backend or (
-            self.key if self.key.startswith("etcd") else "c10d")]
-        return [sys.executable, "-m", "elastic_train.cli", "launch", *backend, *flags,
+        return [sys.executable, "-m", "elastic_train.cli", "launch", "--rdzv-backend",
+                self.rdzv_backend, *flags,
                 "--storage-path", storage, *worker]
 
 
@@ -140,25 +150,51 @@ class Job:
     """The agents of one job, each in a session of its own; :meth:`close` kills what is left."""
 
     def __init__(self, launcher: Launcher, nnodes: str, endpoint: str, work: str,
-                 rdzv_conf: str = ""):
+                 rdzv_conf: str = "", spares: int = 0):
         self.env = {**os.environ, "OMP_NUM_THREADS": "1", **dict(launcher.env)}
         self.out = os.path.join(work, "out")
         os.makedirs(self.out)
         self.work = work
-        run_id = f"bench-{os.path.basename(work)}"
+        self.launcher, self.endpoint = launcher, endpoint
+        self.run_id = run_id = f"bench-{os.path.basename(work)}"
         self._command = functools.partial(launcher.command, nnodes, endpoint, run_id, self.out,
                                           storage=os.path.join(work, "runs"),
-                                          rdzv_conf=rdzv_conf)
+                                          rdzv_conf=rdzv_conf, spares=spares)
         self.agents: list[subprocess.Popen[bytes]] = []
         self._logs: list[object] = []
 
     def start(self, mode: str, count: int = 1) -> None:
         for _ in range(count):
-            log = open(os.path.join(self.work, f"agent{len(self.agents)}.log"), "wb")  # noqa: SIM115
+            node = len(self.agents)  # its workers' "pids" lines name it (bench/rdzv_worker.py)
+            log = open(os.path.join(self.work, f"agent{node}.log"), "wb")  # noqa: SIM115
             self._logs.append(log)
             self.agents.append(subprocess.Popen(
-                self._command(mode=mode), env=self.env, cwd=REPO, stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
+                self._command(mode=mode), env={**self.env, NODE_VARIABLE: str(node)}, cwd=REPO,
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True))
+
+    def spare_parked(self) -> bool:
+        """Whether a spare waits parked in the rendezvous: a spare's key of our etcd handler
+        (``r/<round>/s/<node>``), or a node in the redundancy list of torch's c10d state."""
+        backend = self.launcher.rdzv_backend
+        if backend == "etcd":
+            from tests.support.etcd_server import run_keys  # on sys.path (etcd_endpoint)
+
+            return any(b"/s/" in key for key in run_keys(self.endpoint, self.run_id))
+        if backend != "c10d":
+            raise ValueError(f"no spare check for --rdzv-backend {backend}")
+        from tests.support.rendezvous_state import c10d_spare_parked
+
+        time.sleep(0.5)  # c10d's store is the first agent's: a light poll
+        return c10d_spare_parked(self._store, self.run_id)
+
+    @functools.cached_property
+    def _store(self) -> Any:
+        """One client of the c10d store for every poll (with a new client per poll, the
+        job's two nodes were twice found dropped from torch's state by the spare)."""
+        from tests.support.rendezvous_state import c10d_store
+
+        return c10d_store(self.endpoint)
 
     def kill_node(self, index: int) -> None:
         """SIGKILLs agent ``index`` and its workers at once, as a lost node."""
@@ -193,9 +229,10 @@ class Job:
 
 
 @contextlib.contextmanager
-def _job(launcher: Launcher, nnodes: str, endpoint: str, rdzv_conf: str = "") -> Iterator[Job]:
+def _job(launcher: Launcher, nnodes: str, endpoint: str, rdzv_conf: str = "",
+         spares: int = 0) -> Iterator[Job]:
     work = tempfile.mkdtemp(prefix="bench-rdzv-")
-    job = Job(launcher, nnodes, endpoint, work, rdzv_conf)
+    job = Job(launcher, nnodes, endpoint, work, rdzv_conf, spares)
     try:
         yield job
     finally:
@@ -218,20 +255,52 @@ def form(launcher: Launcher, agents: int, endpoint: str, timeout_s: float) -> fl
         return formed
 
 
-def recover(launcher: Launcher, endpoint: str, timeout_s: float) -> Recovery:
-    """Times from SIGKILLing one of 3 agents (and its worker) to the survivors' restart."""
-    with _job(launcher, "2:3", endpoint) as job:
+@dataclass(frozen=True)
+class Loss:
+    """How figure 8b loses a node: the job's ``--nnodes``, its spares, which agent dies.
+
+    Agent 0 is never the one killed: it hosts the c10d store. The job steps at world size
+    2 after the loss either way: 3 shrink to 2, or a spare takes the lost node's place."""
+
+    key: str
+    nnodes: str
+    spares: int
+    working: int  # agents in the job before the loss (the spares wait besides)
+    killed: int
+
+    @property
+    def agents(self) -> int:
+        return self.working + self.spares
+
+
+NO_SPARE = Loss("no-spare", "2:3", spares=0, working=3, killed=2)
+WITH_SPARE = Loss("spare", "2", spares=1, working=2, killed=1)
+
+
+def recover(launcher: Launcher, endpoint: str, timeout_s: float,
+            loss: Loss = NO_SPARE) -> Recovery:
+    """Times from SIGKILLing one agent of the job (and its worker) to its stepping again at
+    world size 2: without a spare, 1 of 3 (``--nnodes 2:3``); with one, 1 of 2 (``--nnodes
+    2 --spares 1``) while a third agent waits parked."""
+    with _job(launcher, loss.nnodes, endpoint, spares=loss.spares) as job:
         steps, starts = os.path.join(job.out, "steps"), os.path.join(job.out, "starts")
         pids = os.path.join(job.out, "pids")
         job.start(launcher.worker)
         time.sleep(1.5)  # the first agent binds the c10d endpoint: it hosts the store
-        job.start(launcher.worker, 2)
-        if not _wait_for(lambda: any(w == "3" for _, w in _lines(steps)), timeout_s):
-            return Recovery(error=f"the 3 agents did not form a job: ...{job.tail()}")
+        job.start(launcher.worker, loss.working - 1)
+        if not _wait_for(lambda: any(w == str(loss.working) for _, w in _lines(steps)),
+                         timeout_s):
+            return Recovery(error=f"the {loss.working} agents did not form a job: "
+                                  f"...{job.tail()}")
+        job.start(launcher.worker, loss.spares)  # once the job has its nodes: they park
+        if loss.spares and not _wait_for(job.spare_parked, SPARE_PARKS_WITHIN_S):
+            return Recovery(error=f"the spare did not park: ...{job.tail()}")
         time.sleep(1.0)
+        if any(agent.poll() is not None for agent in job.agents):
+            return Recovery(error=f"an agent exited before the loss: ...{job.tail()}")
         before = len(_lines(pids))
         killed_at = time.time()
-        job.kill_node(2)
+        job.kill_node(loss.killed)
 
         def after_kill(path: str) -> float | None:
             times = [float(t) - killed_at for t, w in _lines(path)
@@ -239,7 +308,9 @@ def recover(launcher: Launcher, endpoint: str, timeout_s: float) -> Recovery:
             return min(times) if times else None
 
         _wait_for(lambda: after_kill(steps) is not None, RECOVERY_WITHIN_S)
-        result = Recovery(after_kill(starts), after_kill(steps), len(_lines(pids)) - before)
+        spares = {str(node) for node in range(loss.working, loss.agents)}
+        survivors = [pid for pid, node in _lines(pids)[before:] if node not in spares]
+        result = Recovery(after_kill(starts), after_kill(steps), len(survivors))
         open(os.path.join(job.out, "stop"), "w").close()
         if result.resumed is not None and not job.wait(60):
             return Recovery(error=f"the survivors did not exit cleanly: ...{job.tail()}")

@@ -22,6 +22,7 @@ from tests.conftest import wait_until
 from tests.e2e.test_launch import CLI, SCRIPT, worker_pids
 from tests.support.launched import run_state, starts
 from tests.support.paths import REPO
+from tests.support.rendezvous_state import c10d_spare_parked, c10d_store
 from tests.support.servers import free_port, stop_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_leaked_processes")]
@@ -190,3 +191,58 @@ def test_a_joining_node_leaves_the_running_workers_in_their_processes(
     assert list(rows["epoch"]) == list(range(EPOCHS))  # resumed from the last commit
     state = run_state(storage_path, name)
     assert state["status"] == "finished" and not state["failures"], state
+
+
+@pytest.mark.timeout(240)
+def test_a_spare_takes_a_lost_c10d_nodes_place_before_its_heartbeats_expire(
+        storage_path, tmp_path):
+    """c10d, ``--nnodes 2 --spares 1``: two agents train, a third waits parked in torch's
+    redundancy list. A node that is not the store's host is lost. Its heartbeats
+    (``keep_alive_interval=10``, 3 missed) would keep it in torch's rendezvous state for
+    20-30 s; the survivor knows it gone from its beacon and drops it at once, so the
+    spare takes its place within seconds: the job steps at world size 2 again long
+    before, the survivor in its own process."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    name = "spare-c10d"
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    logs = [open(tmp_path / f"node{i}.log", "w") for i in range(3)]  # noqa: SIM115
+    procs: list[subprocess.Popen] = []
+
+    def start(i: int) -> None:
+        procs.append(_node(["--nnodes", 2, "--spares", 1, "--nproc-per-node", 1,
+                            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                            "--rdzv-id", name, "--rdzv-conf", "keep_alive_interval=10",
+                            "--max-restarts", 2, "--storage-path", storage_path, SCRIPT,
+                            out_dir, 24, "--sleep", 0.3, "--restartable"], logs[i], i))
+
+    try:
+        start(0)
+        time.sleep(2)  # node 0 hosts the c10d store: it must outlive the others
+        start(1)
+        assert wait_until(lambda: starts(out_dir)[:1] == [(0, 2)], 90)
+        assert wait_until(lambda: len(worker_pids(out_dir)) == 2, 30)
+        start(2)
+        store = c10d_store(endpoint)
+        assert wait_until(lambda: c10d_spare_parked(store, name), 60), \
+            (tmp_path / "node2.log").read_text()[-2000:]
+        before = set(worker_pids(out_dir))
+        commit = os.path.join(storage_path, name, "checkpoint_000002", ".commit.json")
+        assert wait_until(lambda: os.path.exists(commit), 60)
+        killed_at = time.monotonic()
+        _kill_node(procs[1])
+        assert wait_until(lambda: len(starts(out_dir)) >= 2, 12), \
+            f"no start {time.monotonic() - killed_at:.1f} s after the loss: {starts(out_dir)}"
+        codes = [procs[0].wait(120), procs[2].wait(60)]
+    finally:
+        for proc in procs:
+            stop_process(proc)
+        for log in logs:
+            log.close()
+    node_logs = [(tmp_path / f"node{i}.log").read_text()[-3000:] for i in (0, 2)]
+    assert codes == [0, 0], node_logs
+    assert {w for _, w in starts(out_dir)} == {2}, starts(out_dir)  # never fewer than 2
+    new = set(worker_pids(out_dir)) - before
+    assert len(new) == 1, node_logs  # the spare's worker; the survivor kept its process
+    rows = Result.from_path(os.path.join(storage_path, name)).metrics_dataframe
+    assert list(rows["training_iteration"]) == list(range(1, 25))

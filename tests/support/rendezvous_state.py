@@ -36,3 +36,21 @@ def delete_run_keys(endpoint: str, run_id: str) -> None:
     from elastic_train.agent.rendezvous.etcd_v3 import run_prefix
 
     client(endpoint).delete_prefix(run_prefix(run_id))
+
+
+def c10d_store(endpoint: str):  # noqa: ANN201 -- torch's TCPStore
+    """A client of the c10d store at ``endpoint``: keep one for repeated reads."""
+    import torch.distributed as dist
+
+    host, port = endpoint.rsplit(":", 1)
+    return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10),
+                         wait_for_workers=False)
+
+
+def c10d_spare_parked(store, run_id: str) -> bool:  # noqa: ANN001 -- c10d_store's client
+    """Whether a node waits in the redundancy list of torch's rendezvous state (a spare)."""
+    import base64
+    import pickle
+
+    state = pickle.loads(base64.b64decode(store.get(f"torch.rendezvous.{run_id}")))
+    return bool(state.redundancy_list)
