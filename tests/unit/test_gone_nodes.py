@@ -9,6 +9,7 @@ from __future__ import annotations
 import pickle
 from datetime import datetime, timedelta, timezone
 
+import pytest
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousBackend,
     _NodeDesc,
@@ -17,6 +18,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 
 from elastic_train.agent.rendezvous import gone_nodes
 from elastic_train.agent.rendezvous.torch_state import _BACKENDS, CheckedBackend
+
+pytestmark = pytest.mark.compat  # torch's private state, on every supported torch (.ci/run)
 
 NOW = datetime.now(timezone.utc)
 A, B, C, SPARE = (_NodeDesc(f"host{i}", 100 + i, 0) for i in range(4))
