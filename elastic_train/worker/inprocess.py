@@ -179,7 +179,7 @@ def _enter(directory: str, attempt: int) -> tuple[int, int]:
     return attempt, rank
 
 
-def run_attempts(attempt: Callable[[], T], release: Callable[[bool], None]) -> T:
+def run_attempts(attempt: Callable[[], T], release: Callable[[float], None]) -> T:
     """Runs ``attempt`` until it succeeds on every rank; returns its value here.
 
     ``release(finish_s)`` ends what an attempt left behind besides its process groups
