@@ -149,9 +149,10 @@ class Console:
 class LogTail:
     """Follows every worker log file under ``log_dir`` and prints new lines with a prefix.
 
-    ``prefix(local_rank)`` names the worker (e.g. ``"[rank3]: "``); ``view`` says
-    which local ranks and streams the console shows (the files always get
-    everything).
+    ``prefix(local_rank)`` names the worker (e.g. ``"[rank3]: "``), asked at each read:
+    a worker that took another rank in process (a re-formed world) keeps its log
+    file; ``view`` says which local ranks and streams the console shows (the files
+    always get everything).
     """
 
     def __init__(self, log_dir: str, console: Console, prefix: Callable[[int], str],
@@ -160,11 +161,11 @@ class LogTail:
         self.console = console
         self.prefix = prefix
         self.view = view or ConsoleView()
-        self._files: dict[str, tuple[int, str, bytes]] = {}  # path -> (offset, prefix, partial)
+        self._files: dict[str, tuple[int, bytes]] = {}  # path -> (offset, partial line)
         # Files from earlier launches of the run (a restore reuses the log directory)
         # were shown then: follow them from their current end only.
-        for path, local_rank in self._paths():
-            self._files[path] = (os.path.getsize(path), self.prefix(local_rank), b"")
+        for path, _ in self._paths():
+            self._files[path] = (os.path.getsize(path), b"")
 
     def _paths(self) -> list[tuple[str, int]]:
         """The log files to show, with their local ranks."""
@@ -179,11 +180,11 @@ class LogTail:
     def poll(self, final: bool = False) -> None:
         for path, local_rank in self._paths():
             if path not in self._files:
-                self._files[path] = (0, self.prefix(local_rank), b"")
-            self._read(path, final)
+                self._files[path] = (0, b"")
+            self._read(path, local_rank, final)
 
-    def _read(self, path: str, final: bool) -> None:
-        offset, prefix, partial = self._files[path]
+    def _read(self, path: str, local_rank: int, final: bool) -> None:
+        offset, partial = self._files[path]
         try:
             with open(path, "rb") as f:
                 f.seek(offset)
@@ -197,7 +198,8 @@ class LogTail:
         if final and partial:
             lines.append(partial)
             partial = b""
-        self._files[path] = (offset + len(data), prefix, partial)
+        self._files[path] = (offset + len(data), partial)
+        prefix = self.prefix(local_rank)
         if lines:
             self.console.lines([prefix + _shown(line) for line in lines], done=path)
         if b"\r" in partial and _shown(partial):  # a progress bar being redrawn

@@ -33,6 +33,21 @@ def test_new_lines_get_prefixes_and_partial_lines_wait(tmp_path):
     assert out.getvalue() == "[rank1]: hello\n[rank1]: world\n"
 
 
+def test_a_worker_that_takes_another_rank_in_process_gets_its_new_prefix(tmp_path):
+    """After an in-process re-form the worker writes on into the same log file under
+    another rank (before: the prefix was fixed when the file was first seen)."""
+    out = io.StringIO()
+    node = {"rank": 1}
+    tail = LogTail(str(tmp_path), Console(out), lambda r: f"[node{node['rank']} rank{r}]: ")
+    path = _log(tmp_path, "run_a", 0, 0, "stdout", "before\n")
+    tail.poll()
+    node["rank"] = 0  # the node's group rank in the new world
+    with open(path, "a") as f:
+        f.write("after\n")
+    tail.poll()
+    assert out.getvalue() == "[node1 rank0]: before\n[node0 rank0]: after\n"
+
+
 def test_a_restore_does_not_replay_earlier_launches(tmp_path):
     """fit() again / elastic-train restore reuse the run's log directory."""
     _log(tmp_path, "run_first", 0, 0, "stdout", "old line\n")
