@@ -150,6 +150,13 @@ class InProcessRestarts:
         self._capable: set[int] = set()
         self._secondary_since: float | None = None
 
+    @property
+    def finish_s(self) -> float:
+        """How long live workers may take to finish the uploads they reported before
+        they leave an attempt: half the unwind timeout (the other half is for
+        unwinding)."""
+        return self.unwind_timeout_s / 2
+
     def begin(self, restart_count: int) -> dict[str, str]:
         """A new group of processes starts (attempt 0); returns the workers' environment."""
         channel.clear(self.directory)
@@ -250,8 +257,7 @@ class InProcessRestarts:
         waits to join the job): they finish the uploads they reported (every process
         lives) and wait, ready, for :meth:`reform`. Returns the slots that did not leave
         in time (killed: :meth:`reform` gives them new processes)."""
-        channel.write_verdict(self.directory, Verdict(self.attempt, True,
-                                                      self.unwind_timeout_s / 2))
+        channel.write_verdict(self.directory, Verdict(self.attempt, True, self.finish_s))
         for worker in group.workers:
             record = channel.read_record(self.directory, worker.global_rank)
             if record is not None and record.stage is Stage.RUNNING \
@@ -291,11 +297,11 @@ class InProcessRestarts:
 
         When every worker of the attempt lives (``failed.all_alive``, no node known
         gone), the workers first finish the checkpoint uploads they reported before the
-        failure, within half the unwind timeout (the other half is for unwinding): the
+        failure, within :attr:`finish_s` (half the unwind timeout): the
         next attempt resumes from the last checkpoint reported, as after a synchronous
         upload. Otherwise they drop them: a checkpoint whose share a dead process held
         can never be committed, and the commit would wait for it."""
-        finish_s = self.unwind_timeout_s / 2 if failed.all_alive and not self._gone() else 0.0
+        finish_s = self.finish_s if failed.all_alive and not self._gone() else 0.0
         channel.write_verdict(self.directory, Verdict(self.attempt, True, finish_s))
         target = self.attempt + 1
         recovery = Recovery(target, self._unwind(group, pcontext, target))
