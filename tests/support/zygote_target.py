@@ -23,7 +23,11 @@ def main(argv: list[str]) -> None:
     if action == "wait-for-term":
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
         print("ready", flush=True)
-        time.sleep(60)
+        # Short sleeps: a signal that arrives between the print and a long sleep's system
+        # call would run its handler only when that sleep ends (CPython checks for
+        # signals between bytecodes and when a system call is interrupted).
+        for _ in range(600):
+            time.sleep(0.1)
     if action == "sleep":
         print("ready", flush=True)
         time.sleep(60)
