@@ -19,6 +19,8 @@ User switches (:class:`Switches`, read where they act):
 - ``ZYGOTE`` (``ELASTIC_TRAIN_ZYGOTE=0``): start every worker as a fresh
   interpreter instead of forking it from the agent's zygote
   (:mod:`elastic_train.agent.zygote.server`).
+- ``STANDBY`` (``ELASTIC_TRAIN_STANDBY=0``): the zygote keeps no worker forked
+  ahead of need, warmed for the next slot (:mod:`elastic_train.agent.zygote.standby`).
 - ``FAIL_AT_REPORT``: ``elastic-train verify-resume``'s injected crash, the
   last rank exits after this ``report()`` of the first attempt
   (:mod:`elastic_train.worker.fault_injection`).
@@ -71,6 +73,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 ZYGOTE = "ELASTIC_TRAIN_ZYGOTE"
+STANDBY = "ELASTIC_TRAIN_STANDBY"
 FAIL_AT_REPORT = "ELASTIC_TRAIN_FAIL_AT_REPORT"
 LOCAL_TIER = "ELASTIC_TRAIN_LOCAL_TIER"
 GENERATION = "ELASTIC_TRAIN_GENERATION"
@@ -98,6 +101,7 @@ class Switches:
     they are cheap, and a test or a driver may change them between runs)."""
 
     zygote: bool
+    standby: bool
     fail_at_report: int | None
     local_tier: bool
     user_code: tuple[str, ...]
@@ -106,7 +110,7 @@ class Switches:
     @classmethod
     def from_environ(cls, env: Mapping[str, str] = os.environ) -> Switches:
         fail_at, ttl = env.get(FAIL_AT_REPORT), env.get(LEASE_TTL_S)
-        return cls(zygote=env.get(ZYGOTE, "1") != "0",
+        return cls(zygote=env.get(ZYGOTE, "1") != "0", standby=env.get(STANDBY, "1") != "0",
                    fail_at_report=int(fail_at) if fail_at else None,
                    local_tier=env.get(LOCAL_TIER) != "0",
                    user_code=_paths(env.get(USER_CODE)),

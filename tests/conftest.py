@@ -87,14 +87,15 @@ def storage_path(tmp_path):
 def no_leaked_processes():
     """Fails the test if it leaves a child process behind; kills such children.
 
-    The worker zygote stays for later runs (see elastic_train.agent.zygote.server); its
-    workers must not."""
+    The worker zygote stays for later runs (see elastic_train.agent.zygote.server), with
+    its standby; its workers must not."""
     before = set(child_pids(os.getpid()))
     yield
     kept = before | SERVER_PIDS | {zygote.running_pid()}
     leaked = [p for p in child_pids(os.getpid()) if p not in kept]
     if zygote.running_pid() is not None:
-        leaked += child_pids(zygote.running_pid())
+        standby = zygote.running_standby_pid()
+        leaked += [p for p in child_pids(zygote.running_pid()) if p != standby]
     if leaked and wait_until(lambda: not [p for p in leaked if pid_alive(p)], 10):
         return
     for pid in leaked:

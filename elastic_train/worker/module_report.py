@@ -6,8 +6,9 @@ lazily has been imported -- local rank 0 writes the names of the installed
 modules it imported (the standard library and libraries, wherever they are
 installed; the user's own modules are left out: they may read the worker's
 environment at import, see :mod:`elastic_train.worker.user_code`) to
-``<ELASTIC_TRAIN_MODULES_DIR>/rank<R>.json``. See
-:mod:`elastic_train.agent.zygote.preload`.
+``<ELASTIC_TRAIN_MODULES_DIR>/rank<R>.json``, with whether it initialised CUDA
+(then the zygote's standby warms CUDA, see :mod:`elastic_train.agent.zygote.standby`).
+See :mod:`elastic_train.agent.zygote.preload`.
 """
 
 from __future__ import annotations
@@ -35,8 +36,15 @@ def installed_modules(roots: tuple[str, ...] | None = None) -> list[str]:
             and not user_code.is_user_code(module, roots)]
 
 
+def uses_cuda() -> bool:
+    """Whether this process initialised CUDA (asked without initialising it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized()
+
+
 def note_imports(rank: int, local_rank: int) -> None:
-    """Writes this worker's imported modules once per process (local rank 0 only)."""
+    """Writes this worker's imported modules, and whether it uses CUDA, once per process
+    (local rank 0 only)."""
     global _done
     directory = env_vars.AgentFacts.from_environ().modules_dir
     if _done or local_rank != 0 or not directory:
@@ -44,4 +52,5 @@ def note_imports(rank: int, local_rank: int) -> None:
     _done = True
     os.makedirs(directory, exist_ok=True)
     fsutil.write_bytes_atomic(LocalFileSystem(), os.path.join(directory, f"rank{rank}.json"),
-                              json.dumps(installed_modules()).encode())
+                              json.dumps({"modules": installed_modules(),
+                                          "cuda": uses_cuda()}).encode())

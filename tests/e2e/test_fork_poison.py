@@ -27,16 +27,32 @@ def _verdicts(out) -> dict[str, str]:
     return {p.name: p.read_text() for p in out.iterdir() if p.name.startswith("rank-")}
 
 
-def test_a_driver_that_asked_for_cuda_before_fit_forks_clean_workers(tmp_path):
+@pytest.fixture(scope="module")
+def driver_run(tmp_path_factory):
+    """A driver that asked for CUDA, then fit() with rank 1 SIGKILLed once: its ``out``."""
+    tmp_path = tmp_path_factory.mktemp("driver")
     out = tmp_path / "out"
     out.mkdir()
     proc = subprocess.run([sys.executable, "-m", "tests.e2e.fork_poison_driver",
                            str(tmp_path / "results"), str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    verdicts = _verdicts(out)
+    return out
+
+
+def test_a_driver_that_asked_for_cuda_before_fit_forks_clean_workers(driver_run):
+    verdicts = _verdicts(driver_run)
     assert any("rank-1-attempt-1" in name for name in verdicts), verdicts  # the replacement
     assert set(verdicts.values()) == {"clean"}, verdicts
+
+
+def test_a_restart_after_a_sigkill_starts_with_the_standby_forked_before_it(driver_run):
+    """The first worker of the restart does not wait for a fork (nor, on a GPU, for a CUDA
+    context): the zygote's standby, forked while training ran, takes its slot. (Rank 0
+    has returned by then, so both ranks get new processes here.)"""
+    killed = int((driver_run / "killed").read_text())
+    restarted = [int(p.read_text()) for p in driver_run.glob("started-rank-*-attempt-1")]
+    assert len(restarted) == 2 and min(restarted) < killed, (restarted, killed)
 
 
 @pytest.mark.parametrize("nproc", ["auto", "2"])

@@ -119,16 +119,112 @@ def test_a_client_gone_before_its_worker_started_leaves_the_zygote_serving(zyg):
     """A stand-in killed right after its request (a group stopped as it starts): the
     zygote's answer finds nobody; it must go on serving, and kill that worker."""
     _, (*_, path, pid, _module) = zyg.command("tests.support.zygote_target", ())
+    no_standby = {env_vars.STANDBY: "0"}  # so the zygote's only child is that worker
     request = {"module": "tests.support.zygote_target", "argv": ["sleep"], "cwd": REPO,
-               "env": dict(os.environ)}
+               "env": {**os.environ, **no_standby}}
     assert wait_until(lambda: os.path.exists(path), 120)  # bound once torch is imported
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
         sock.connect(path)
         socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
-    again = start(zyg, "exit", "0")  # served after the request of the client that left
+    again = start(zyg, "exit", "0", **no_standby)  # served after the client that left
     assert again.wait(timeout=60) == 0
     assert zyg.pid == int(pid), "the zygote died"
     assert wait_until(lambda: child_pids(int(pid)) == [], 10), "its worker was left running"
+
+
+def _started(pid: int) -> int:
+    """When the process started, in clock ticks since boot."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
+
+
+def _standby_of(z, *taken: int) -> int:
+    """The zygote's standby, once it is forked (another than those ``taken``)."""
+    assert wait_until(lambda: z.standby_pid not in (None, *taken), 30), z.standby_pid
+    standby = z.standby_pid
+    assert standby in child_pids(z.pid)
+    return standby
+
+
+def test_a_standby_forked_ahead_serves_the_next_worker_as_a_fork_would():
+    z = zygote.Zygote()
+    try:
+        assert start(z, "exit", "0").wait(timeout=120) == 0
+        standby = _standby_of(z)
+        proc = start(z, "exit", "3", ZYGOTE_TEST_VALUE="from-the-client")
+        out, _ = proc.communicate(timeout=60)
+        assert out.startswith(f"pid {standby} cwd {REPO} value from-the-client"), out
+        assert proc.returncode == 3
+        assert _standby_of(z) != standby  # a new one waits for the next request
+        # Forked before the request (its stand-in started after it), yet a worker of its
+        # own: a new random seed, as a new process gets.
+        proc = start(z, "seed")
+        pid = worker_pid(proc)
+        assert _started(pid) < _started(proc.pid)
+        seeds = {proc.communicate(timeout=60)[0],
+                 start(z, "seed").communicate(timeout=60)[0]}
+        assert len(seeds) == 2, seeds
+    finally:
+        z.close()
+
+
+def test_without_a_standby_each_worker_is_forked_on_request():
+    z = zygote.Zygote()
+    off = {env_vars.STANDBY: "0"}
+    try:
+        assert start(z, "exit", "0", **off).wait(timeout=120) == 0
+        proc = start(z, "sleep", **off)
+        pid = worker_pid(proc)
+        assert _started(pid) >= _started(proc.pid)
+        assert child_pids(z.pid) == [pid]
+        proc.kill()
+        proc.wait()
+    finally:
+        z.close()
+
+
+def test_a_standby_that_dies_unasked_is_forked_again():
+    z = zygote.Zygote()
+    try:
+        assert start(z, "exit", "0").wait(timeout=120) == 0
+        standby = _standby_of(z)
+        os.kill(standby, signal.SIGKILL)
+        _standby_of(z, standby)
+        assert start(z, "exit", "0").wait(timeout=60) == 0
+    finally:
+        z.close()
+
+
+def test_a_standby_warmed_for_cuda_serves_only_workers_of_the_same_devices():
+    """The workers reported CUDA use (as their first report() does): the standby warms
+    CUDA under the last request's CUDA variables (here it fails: no GPU; the worker
+    would meet that itself). A worker asking for other devices is forked instead."""
+    z = zygote.Zygote()
+    devices = {"CUDA_VISIBLE_DEVICES": "0"}
+    try:
+        assert start(z, "exit", "0", **devices).wait(timeout=120) == 0
+        cold = _standby_of(z)
+        assert z.preload([], cuda=True) is not None
+        warm = _standby_of(z)
+        assert warm != cold  # retired: it had not warmed CUDA
+        proc = start(z, "sleep", **devices)
+        assert worker_pid(proc) == warm
+        proc.kill()
+        proc.wait()
+        warm = _standby_of(z, warm)
+        proc = start(z, "sleep", CUDA_VISIBLE_DEVICES="1")
+        forked = worker_pid(proc)
+        assert forked != warm
+        proc.kill()
+        proc.wait()
+        # The next standby warms the devices the last worker asked for.
+        warm = _standby_of(z, forked)
+        proc = start(z, "sleep", CUDA_VISIBLE_DEVICES="1")
+        assert worker_pid(proc) == warm
+        proc.kill()
+        proc.wait()
+    finally:
+        z.close()
 
 
 @pytest.mark.e2e

@@ -10,7 +10,8 @@ Two sources:
   queues. Every new worker paid that again.
 - The modules the workers actually imported: each node's local rank 0 lists
   them at its first ``report()`` (:mod:`elastic_train.worker.module_report`),
-  and the agent hands the list to the zygote (:func:`preload`).
+  and the agent hands the list to the zygote (:func:`ask_to_preload`), with
+  whether they use CUDA (for the zygote's standby, :mod:`.standby`).
 
 A module is preloaded only if importing it is safe in a process that forks:
 :func:`probe` imports each candidate in a throw-away child of the zygote and
@@ -181,13 +182,13 @@ def preload_here(candidates: list[str]) -> dict:
     return {"preloaded": loaded, "skipped": skipped, "unprobed": len(unprobed)}
 
 
-def ask_to_preload(socket_path: str, modules: list[str]) -> dict | None:
-    """The agent's request to the zygote at ``socket_path``: the zygote's answer, or None
-    if it did not answer."""
+def ask_to_preload(socket_path: str, modules: list[str], cuda: bool = False) -> dict | None:
+    """The agent's request to the zygote at ``socket_path`` (``cuda``: the workers use
+    CUDA, so its standby warms it): the zygote's answer, or None if it did not answer."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
             sock.connect(socket_path)
-            sock.send(json.dumps({"preload": modules}).encode())
+            sock.send(json.dumps({"preload": modules, "cuda": cuda}).encode())
             return json.loads(sock.recv(1 << 22) or b"null")
     except (OSError, ValueError):
         return None
@@ -198,7 +199,7 @@ class ImportWatch:
     :mod:`elastic_train.worker.module_report`) to the zygote, once, on a thread of its own
     (the zygote probes and imports for a while), and says which it did not preload."""
 
-    def __init__(self, directory: str, send: Callable[[list[str]], dict | None]):
+    def __init__(self, directory: str, send: Callable[[list[str], bool], dict | None]):
         self.directory = directory
         self._send = send
         self._sent = False
@@ -212,12 +213,12 @@ class ImportWatch:
             return
         self._sent = True
         with open(os.path.join(self.directory, reports[0])) as f:
-            modules = json.load(f)
-        threading.Thread(target=self._hand_over, args=(modules,), name="zygote-preload",
-                         daemon=True).start()
+            report = json.load(f)
+        threading.Thread(target=self._hand_over, args=(report["modules"], report["cuda"]),
+                         name="zygote-preload", daemon=True).start()
 
-    def _hand_over(self, modules: list[str]) -> None:
-        self.result = self._send(modules)
+    def _hand_over(self, modules: list[str], cuda: bool) -> None:
+        self.result = self._send(modules, cuda)
         skipped = (self.result or {}).get("skipped") or {}
         if skipped:
             logger.warning("The worker zygote does not preload %s; new workers import them "

@@ -48,7 +48,9 @@ from dataclasses import dataclass
 
 from elastic_train import env_vars, scratch
 from elastic_train.agent.zygote import fork as zygote_fork
+from elastic_train.agent.zygote import standby as standbys
 from elastic_train.agent.zygote.preload import FIRST_STEP, ask_to_preload, preload_here
+from elastic_train.agent.zygote.standby import Standby, Warmth
 
 logger = logging.getLogger(__name__)
 
@@ -75,16 +77,25 @@ class Request:
     fds: list[int]
 
 
-def _recv_request(conn: socket.socket) -> Request | list[str] | None:
-    """A worker request, or a list of modules to preload (the agent's, see
-    :mod:`.preload`), or None when the client hung up."""
+@dataclass
+class Preload:
+    """The agent's request (see :mod:`.preload`): modules to import, and whether the
+    workers use CUDA (then the standby warms it, see :mod:`.standby`)."""
+
+    modules: list[str]
+    cuda: bool
+
+
+def _recv_request(conn: socket.socket) -> tuple[Request | Preload, bytes] | None:
+    """A worker request or a preload request, with the message as received; None when
+    the client hung up."""
     message, fds, _, _ = socket.recv_fds(conn, 1 << 22, 3)
     if not message:
         return None
     data = json.loads(message)
     if "preload" in data:
-        return list(data["preload"])
-    return Request(**data, fds=fds)
+        return Preload(list(data["preload"]), bool(data.get("cuda"))), message
+    return Request(**data, fds=fds), message
 
 
 def _kill(pid: int) -> None:
@@ -108,6 +119,11 @@ class _Server:
             self.selector.register(source, selectors.EVENT_READ)
         self.workers: dict[int, socket.socket | None] = {}  # pid -> its client's connection
         self.clients: dict[socket.socket, int | None] = {}  # connection -> its worker's pid
+        self.standby: Standby | None = None  # see .standby
+        self.standby_file = standby_path(path)
+        self.warmth = Warmth()  # what the next standby prepares
+        self.served = False  # a worker was asked for: from now on a standby waits
+        self.lost_standbys = 0
 
     def drop(self, conn: socket.socket) -> None:
         self.selector.unregister(conn)
@@ -126,6 +142,10 @@ class _Server:
                 return
             if pid == 0:
                 return
+            if self.standby is not None and pid == self.standby.pid:  # died unasked
+                self.standby.sock.close()
+                self._set_standby(None)
+                self.lost_standbys += 1
             conn = self.workers.pop(pid, None)
             if conn is not None:
                 self.clients[conn] = None
@@ -137,33 +157,101 @@ class _Server:
         """Whether the parent closed our stdin; then every worker is killed and reaped."""
         if os.read(sys.stdin.fileno(), 4096):
             return False
+        if self.standby is not None:
+            self.standby.retire()
         for pid in self.workers:
             _kill(pid)
         self.reap(block=True)
         return True
 
-    def fork_for(self, conn: socket.socket) -> Request | None:
-        """Serves one request of ``conn``: the request in the forked child, None here."""
-        request = _recv_request(conn)
-        if request is None:
-            self.drop(conn)
-            return None
-        if isinstance(request, list):  # preloading, between forks: this process stays
-            # Workers that end meanwhile are reported at once (their deaths are what the
-            # agent attributes a failure to), not once the probing is over.
-            previous = signal.signal(signal.SIGCHLD, lambda *_: self.reap())
-            try:
-                answer = preload_here(request)
-            finally:
-                signal.signal(signal.SIGCHLD, previous)
-            conn.send(json.dumps(answer).encode())
-            return None
+    def _set_standby(self, standby: Standby | None) -> None:
+        self.standby = standby
+        standbys.note(self.standby_file, None if standby is None else standby.pid)
+
+    def wants_standby(self) -> bool:
+        return (self.standby is None and self.served
+                and self.lost_standbys < standbys.MAX_LOST)
+
+    def fork_standby(self) -> Request | None:
+        """Forks a new standby (retiring the one there was): in the standby, once a
+        request is handed over, that request; None here (and in a standby retired unasked,
+        which exits)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
+            from elastic_train.worker.lifecycle import die_with_parent
+
+            ours.close()
             self.close_in_child()
-            return request
+            die_with_parent()
+            standbys.warm(self.warmth)
+            handed = standbys.wait_for_request(theirs)
+            theirs.close()
+            if handed is None:
+                os._exit(0)
+            data, fds = handed
+            return Request(**data, fds=fds)
+        theirs.close()
+        if self.standby is not None:
+            self.standby.retire()
+        self._set_standby(Standby(pid, ours, self.warmth))
+        return None
+
+    def _take_standby(self, request: Request, message: bytes) -> int | None:
+        """Hands ``request`` to the standby if it may serve it; its pid, or None."""
+        standby = self.standby
+        self._set_standby(None)
+        if standby is None:
+            return None
+        if standby.warmth.serves(request.env) and standby.hand_over(message, request.fds):
+            standby.sock.close()
+            return standby.pid
+        standby.retire()
+        return None
+
+    def fork_for(self, conn: socket.socket) -> Request | None:
+        """Serves one request of ``conn``: the request in the forked child (or the
+        standby), None here."""
+        received = _recv_request(conn)
+        if received is None:
+            self.drop(conn)
+            return None
+        request, message = received
+        if isinstance(request, Preload):  # preloading, between forks: this process stays
+            # Workers that end meanwhile are reported at once (their deaths are what the
+            # agent attributes a failure to), not once the probing is over.
+            previous = signal.signal(signal.SIGCHLD, lambda *_: self.reap())
+            try:
+                answer = preload_here(request.modules)
+            finally:
+                signal.signal(signal.SIGCHLD, previous)
+            changed = bool(answer["preloaded"]) or request.cuda != self.warmth.cuda
+            self.warmth = Warmth(cuda=request.cuda, env=self.warmth.env)
+            # The standby there was lacks what was just imported: a new one, at once.
+            if (changed and self.standby is not None
+                    and (standby := self.fork_standby()) is not None):
+                return standby
+            conn.send(json.dumps(answer).encode())
+            return None
+        self.served = True
+        if env_vars.Switches.from_environ(request.env).standby:
+            self.warmth = Warmth(self.warmth.cuda,
+                                 tuple(sorted(standbys.device_env(request.env).items())))
+        else:  # asked to keep none
+            self.lost_standbys = standbys.MAX_LOST
+            if self.standby is not None:
+                self.standby.retire()
+                self._set_standby(None)
+        pid = self._take_standby(request, message)
+        if pid is None:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                self.close_in_child()
+                return request
         for fd in request.fds:
             os.close(fd)
         self.clients[conn] = pid
@@ -179,6 +267,9 @@ class _Server:
         self.selector.close()
         for sock in (self.listener, *self.clients):
             sock.close()
+        if self.standby is not None:
+            self.standby.sock.close()
+            self.standby = None
         os.close(self.wake_r)
         os.close(self.wake_w)
 
@@ -191,7 +282,10 @@ def serve(path: str) -> Request | None:
     die_with_parent()
     server = _Server(path)
     while True:
-        for key, _ in server.selector.select():
+        events = server.selector.select(standbys.IDLE_S if server.wants_standby() else None)
+        if not events and (request := server.fork_standby()) is not None:
+            return request
+        for key, _ in events:
             if key.fileobj is server.listener:
                 conn, _ = server.listener.accept()
                 server.clients[conn] = None
@@ -265,6 +359,12 @@ def _main(path: str) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _become_worker(request)
+
+
+def standby_path(path: str) -> str:
+    """Where the zygote whose socket is ``path`` notes its standby's pid (see
+    :func:`.standby.note`)."""
+    return os.path.join(os.path.dirname(path), "standby")
 
 
 def error_path(path: str) -> str:
@@ -408,19 +508,26 @@ class Zygote:
         self._dir = scratch.make(scratch.ZYGOTE_PREFIX)  # mode 0700: ours only
         return os.path.join(self._dir, "socket")
 
-    def preload(self, modules: list[str]) -> dict | None:
+    def preload(self, modules: list[str], cuda: bool = False) -> dict | None:
         """Asks the running zygote to import ``modules`` (those safe to, see
-        :mod:`.preload`); returns what it preloaded and skipped, or None when no
-        zygote runs or it did not answer."""
+        :mod:`.preload`), and, with ``cuda``, to warm CUDA in its standby; returns what
+        it preloaded and skipped, or None when no zygote runs or it did not answer."""
         if self.pid is None or self._dir is None:
             return None
-        return ask_to_preload(os.path.join(self._dir, "socket"), modules)
+        return ask_to_preload(os.path.join(self._dir, "socket"), modules, cuda)
 
     @property
     def pid(self) -> int | None:
         """The running zygote's pid, if there is one."""
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
+
+    @property
+    def standby_pid(self) -> int | None:
+        """The pid of the running zygote's standby (see :mod:`.standby`), if one waits."""
+        if self.pid is None or self._dir is None:
+            return None
+        return standbys.noted(standby_path(os.path.join(self._dir, "socket")))
 
     @property
     def forked(self) -> bool:
@@ -463,14 +570,19 @@ def prestart(user_roots: tuple[str, ...] = ()) -> None:
         _zygote.prestart(user_roots)
 
 
+def running_standby_pid() -> int | None:
+    """The pid of this process's zygote's standby, if one waits."""
+    return _zygote.standby_pid
+
+
 def take_start_errors() -> list[StartError]:
     """See :meth:`Zygote.take_start_errors`."""
     return _zygote.take_start_errors()
 
 
-def preload(modules: list[str]) -> dict | None:
+def preload(modules: list[str], cuda: bool = False) -> dict | None:
     """See :meth:`Zygote.preload`."""
-    return _zygote.preload(modules)
+    return _zygote.preload(modules, cuda)
 
 
 def worker_command(entrypoint: str, args: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
