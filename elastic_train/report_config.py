@@ -44,7 +44,8 @@ class CheckpointUploadMode(str, enum.Enum):
     ``SYNC``: after the checkpoint is committed on every rank (Ray v2's default).
 
     ``NO_UPLOAD`` (Ray's): the user already wrote the files into a directory of
-    the run and rank 0 reports ``Checkpoint(<run>/<name>)``; nothing is uploaded,
+    the run and a rank reports ``Checkpoint(<run>/<name>)`` (any rank, as in Ray;
+    ranks that report one report the same); nothing is uploaded,
     and ``report()`` returns once the checkpoint is committed -- its manifest (file
     list, sizes, CRC-32s) is read from the files where they are, so a checkpoint is
     still visible only once committed whole.

@@ -113,14 +113,13 @@ class UploadJob:
 
 def _check_in_place(file_lists: Sequence[Sequence[str] | str | None], kinds: set) -> None:
     """A ConfigError unless the ranks' checkpoints are all in the run directory the same
-    way, and a NO_UPLOAD one is rank 0's (it claimed the directory)."""
-    if len(kinds) > 1 or any(f is not None and f not in kinds for f in file_lists) or (
-            IN_PLACE in kinds and file_lists[0] != IN_PLACE):
+    way."""
+    if len(kinds) > 1 or any(f is not None and f not in kinds for f in file_lists):
         raise ConfigError(
-            "report(): with checkpoint_upload_mode=NO_UPLOAD rank 0 reports the run's "
-            "directory (the others None or the same), and with checkpoint_upload_fn every "
-            "rank that reports a checkpoint passes it; no rank may then report files to "
-            "upload the default way.")
+            "report(): with checkpoint_upload_mode=NO_UPLOAD the ranks that report a "
+            "checkpoint report the run's directory (the others None), and with "
+            "checkpoint_upload_fn every rank that reports a checkpoint passes it; no rank "
+            "may then report files to upload the default way.")
 
 
 def _rank_suffix(rank: int) -> str:

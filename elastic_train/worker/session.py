@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 from elastic_train.checkpoint import Checkpoint, committed_checkpoint
 from elastic_train.context import StorageInfo, TrainContext, WorkerEnv
-from elastic_train.errors import StorageError
+from elastic_train.errors import ConfigError, StorageError
 from elastic_train.report_config import (
     CheckpointConsistencyMode,
     CheckpointUploadMode,
@@ -73,6 +73,21 @@ class _RankShare(NamedTuple):
     notice: tuple[int, str, float] | None  # its preemption notice
     dir_name: str | None  # the checkpoint_dir_name it asked for
     validation: bool | ValidationTaskConfig  # the validation it asked for
+
+
+def _checkpoint_dir_name(gathered: list[_RankShare]) -> str | None:
+    """The run directory a report's checkpoint goes to: rank 0's ``checkpoint_dir_name``,
+    as Ray broadcasts it; or else the directory a ``NO_UPLOAD`` checkpoint is, whichever
+    rank reported it (Ray takes the first rank's checkpoint). Ranks that report
+    ``NO_UPLOAD`` directories must report the same one (a ConfigError on every rank)."""
+    in_place = {g.dir_name for g in gathered if g.files == IN_PLACE}
+    if len(in_place) > 1:
+        raise ConfigError(
+            f"report(checkpoint_upload_mode=NO_UPLOAD): the ranks reported different "
+            f"directories of the run ({', '.join(sorted(str(n) for n in in_place))}); every "
+            "rank that reports a checkpoint must report the same one (the others None).")
+    return gathered[0].dir_name if gathered[0].dir_name is not None else next(
+        iter(in_place), None)
 
 
 _session: TrainSession | None = None
@@ -256,7 +271,10 @@ class TrainSession:
             if any(g.files == IN_PLACE for g in gathered):
                 mode = CheckpointUploadMode.SYNC  # written already: the commit reads them
             if any_checkpoint:
-                if (name := gathered[0].dir_name) is not None:  # rank 0's name, as Ray's
+                if (name := _checkpoint_dir_name(gathered)) is not None:
+                    if joined.committer is not None and args.dir_name is None:
+                        # Another rank's NO_UPLOAD directory: it is the checkpoint.
+                        joined.committer.claim(joined.numbers.next_index, name, in_place=True)
                     self.storage.checkpoints.adopt(joined.numbers.next_index, name)
                 row["checkpoint_dir_name"] = self.storage.checkpoints.name(
                     joined.numbers.next_index)
@@ -438,8 +456,9 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
     checkpoint keeps its number, which still orders retention and resume (see
     :mod:`elastic_train.storage.checkpoint_names`).
     ``NO_UPLOAD`` (Ray's): the files are in the run directory already, written
-    there by the user, and rank 0 reports ``Checkpoint(<run>/<name>)`` (the
-    others None or the same); a path anywhere else is refused. Its commit reads
+    there by the user, and a rank reports ``Checkpoint(<run>/<name>)`` (rank 0 or
+    any other, as in Ray; the others None or the same); a path anywhere else is
+    refused. Its commit reads
     every file once to record its size and CRC-32, and ``report()`` returns once it
     is committed (like ``SYNC``). A commit cut short leaves the files where they
     are.

@@ -112,3 +112,56 @@ def test_named_checkpoints_resume_retain_and_list_as_rays(storage, tmp_path, how
     assert on_disk == ["epoch_1", "epoch_2", "epoch_3"]
     assert list(result.metrics_dataframe["checkpoint_dir_name"]) == [
         "epoch_0", "epoch_1", "epoch_2", "epoch_3"]
+
+
+def _no_upload_from(config: dict) -> dict:
+    """Each epoch only rank ``writer`` writes ``epoch_N`` into the run directory by hand and
+    reports it with NO_UPLOAD; the other rank reports None (``clash``: its own directory).
+    Resumes from the last checkpoint, killed once at the start of epoch 2."""
+    rank = et.get_context().get_world_rank()
+    start = 0
+    if (checkpoint := et.get_checkpoint()) is not None:
+        with checkpoint.as_directory() as d, open(os.path.join(d, "epoch.txt")) as f:
+            start = int(f.read()) + 1
+    for epoch in range(start, 3):
+        if epoch == 2 and rank == 0 and not os.path.exists(config["marker"]):
+            open(config["marker"], "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        checkpoint = None
+        if rank == config["writer"] or config.get("clash"):
+            fs, path = _in_run(f"epoch_{epoch}" + ("" if rank == config["writer"] else "_mine"))
+            fs.makedirs(path, exist_ok=True)
+            fs.pipe(f"{path}/epoch.txt", str(epoch).encode())
+            checkpoint = et.Checkpoint(path, fs)
+        et.report({"epoch": epoch}, checkpoint=checkpoint,
+                  checkpoint_upload_mode=et.CheckpointUploadMode.NO_UPLOAD)
+    return {"start": start}
+
+
+def test_no_upload_reported_by_a_rank_other_than_zero_alone_is_the_checkpoint(storage_path,
+                                                                               tmp_path):
+    """Ray takes the first checkpoint any rank reported; rank 1 alone may report its
+    NO_UPLOAD directory, which is then committed, listed and resumed from."""
+    result = TorchTrainer(
+        _no_upload_from, train_loop_config={"writer": 1, "marker": str(tmp_path / "killed")},
+        scaling_config=et.ScalingConfig(num_workers=2),
+        run_config=et.RunConfig(storage_path=storage_path, name="rank1",
+                                failure_config=et.FailureConfig(max_failures=1))).fit()
+    assert result.error is None
+    assert result.return_value == {"start": 2}  # resumed after epoch_1's commit
+    assert os.path.basename(result.checkpoint.path) == "epoch_2"
+    with result.checkpoint.as_directory() as d, open(os.path.join(d, "epoch.txt")) as f:
+        assert f.read() == "2"
+    assert list(result.metrics_dataframe["checkpoint_dir_name"]) == [
+        "epoch_0", "epoch_1", "epoch_2"]
+
+
+def test_no_upload_directories_that_differ_between_ranks_are_refused(storage_path, tmp_path):
+    trainer = TorchTrainer(
+        _no_upload_from, train_loop_config={"writer": 1, "clash": True,
+                                            "marker": str(tmp_path / "killed")},
+        scaling_config=et.ScalingConfig(num_workers=2),
+        run_config=et.RunConfig(storage_path=storage_path, name="clash"))
+    with pytest.raises(et.TrainingFailedError,
+                       match="the ranks reported different directories of the run"):
+        trainer.fit()
