@@ -14,7 +14,7 @@ if __name__ == "__main__":
     storage, out = sys.argv[1:3]
     print("cuda available:", torch.cuda.is_available())
     TorchTrainer(fork_poison.train,
-                 train_loop_config={"out": out, "kill_rank": 1, "kill_after_s": 2},
+                 train_loop_config={"out": out, "kill_rank": 1, "kill_after_s": 3},
                  scaling_config=ScalingConfig(num_workers=2),
                  run_config=RunConfig(storage_path=storage, name="fork-poison",
                                       failure_config=FailureConfig(max_failures=1))).fit()

@@ -9,7 +9,7 @@ keeps one child forked ahead, its *standby*, that did what it can do without a
 slot, and hands it the next request instead of forking:
 
 - the standby is forked when the zygote has served its first request and has
-  been idle for :data:`IDLE_S`; again after each hand-over; at once after the
+  been idle for :data:`IDLE_S`; so again after each hand-over; at once after the
   zygote preloaded new modules (see :mod:`.preload`), which an older standby
   lacks (the older one is then retired);
 - when the workers use CUDA (their first ``report()`` says so, see
@@ -39,7 +39,9 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-IDLE_S = 0.1  # how long the zygote waits, idle, before it forks a standby
+# How long the zygote waits, idle, before it forks a standby: not while a group starts
+# or a replacement joins (the fork, and warming CUDA, would take CPU from them).
+IDLE_S = 1.0
 MAX_LOST = 3  # standbys that may die unasked before the zygote keeps none
 # Read when CUDA initialises (which devices, their order, the allocator, lazy loading):
 # a context created under other values would not be what the request asked for.
