@@ -13,8 +13,9 @@ whether the restarted rank's process is the same one. The card and the torch
 version come from the workers (``torch.cuda.get_device_name``).
 
 Variants: (a') torchrun (the floor; a store prefix per restart, as in figure 4),
-(c) ``fit()`` (in-process restarts), (d') ``elastic-train launch`` with an
-``@restart_in_process`` main.
+(c) ``fit()`` (in-process restarts), (c) again without the zygote's standby
+(``ELASTIC_TRAIN_STANDBY=0``: what the pre-warmed CUDA context saves a replaced
+rank), (d') ``elastic-train launch`` with an ``@restart_in_process`` main.
 
 Without CUDA the figure is one line, "not available: no CUDA device". This
 process never asks the CUDA runtime itself (it would poison its forks): devices
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING
 from bench.measure import Sample
 from bench.report import Table
 from bench.stats import Summary, fmt_ratio, ratio
-from bench.variants import ET_EPOCH, ET_LAUNCH_INPROC, FLOOR_NS
+from bench.variants import ET_EPOCH, ET_LAUNCH_INPROC, ET_NO_STANDBY, FLOOR_NS
 from bench.workload import parameter_count
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ DRY_RUN_ENV = "BENCH_GPU_DRY_RUN"
 WORKERS_ENV = "BENCH_GPU_WORKERS"
 BUDGET_ENV = "BENCH_GPU_BUDGET_S"
 NO_CUDA = "not available: no CUDA device"
-VARIANTS = (FLOOR_NS, ET_EPOCH, ET_LAUNCH_INPROC)
+VARIANTS = (FLOOR_NS, ET_EPOCH, ET_NO_STANDBY, ET_LAUNCH_INPROC)
 FAULT_NAMES = {"exception": "exception in the train function",
                "sigkill": "worker SIGKILLed", "exit": "worker exits (code 1)"}
 TITLE = "Figure 15"

@@ -23,14 +23,22 @@ from typing import TYPE_CHECKING
 from bench.measure import Sample, phase_order
 from bench.report import Table
 from bench.stats import Summary, Target, fmt_ratio, ratio, with_target
-from bench.variants import ET_EPOCH, ET_LAUNCH, ET_LAUNCH_INPROC, ET_PROC, FLOOR_NS, RAY
+from bench.variants import (
+    ET_EPOCH,
+    ET_LAUNCH,
+    ET_LAUNCH_INPROC,
+    ET_NO_STANDBY,
+    ET_PROC,
+    FLOOR_NS,
+    RAY,
+)
 
 if TYPE_CHECKING:
     from bench.figures import Suite
 
 RECOVERY_TARGET = Target(1.0, at_least=False)  # seconds, elastic-train's in-process rows
-VARIANTS = (FLOOR_NS, ET_EPOCH, ET_PROC, ET_LAUNCH, ET_LAUNCH_INPROC, RAY)
-IN_PROCESS = (ET_EPOCH.key, ET_LAUNCH_INPROC.key)
+VARIANTS = (FLOOR_NS, ET_EPOCH, ET_NO_STANDBY, ET_PROC, ET_LAUNCH, ET_LAUNCH_INPROC, RAY)
+IN_PROCESS = (ET_EPOCH.key, ET_NO_STANDBY.key, ET_LAUNCH_INPROC.key)
 FAULT_NAMES = {"exception": "exception in the train function",
                "exit": "worker exits (code 1)", "sigkill": "worker SIGKILLed"}
 

@@ -58,6 +58,7 @@ class Variant:
     upload_mode: str | None = None  # None: the harness's default
     in_process: bool = False  # (d'): the script's main wrapped by restart_in_process
     restart_in_process: bool = True  # (c-proc): FailureConfig(restart_in_process=False)
+    env: tuple[tuple[str, str], ...] = ()  # added to the run's environment
 
     def workload(self, base: WorkloadConfig) -> WorkloadConfig:
         cfg = base.replace(checkpoint=self.checkpoint, report_every=self.report_every,
@@ -82,6 +83,9 @@ ET_LAUNCH = Variant("d", "(d) elastic-train launch, report+ckpt/epoch", Harness.
 # script whose main is wrapped by @elastic_train.restart_in_process.
 ET_PROC = Variant("c-proc", "(c) elastic-train API, restart_in_process=False", Harness.ET_API,
                   checkpoint=True, restart_in_process=False)
+# The zygote's standby turned off (elastic_train.agent.zygote.standby): what it saves.
+ET_NO_STANDBY = Variant("c-nostandby", "(c) elastic-train API, ELASTIC_TRAIN_STANDBY=0",
+                        Harness.ET_API, checkpoint=True, env=(("ELASTIC_TRAIN_STANDBY", "0"),))
 ET_LAUNCH_INPROC = Variant("d-inproc", "(d') elastic-train launch, @restart_in_process main",
                            Harness.ET_LAUNCH, checkpoint=True, in_process=True)
 # Ray's default upload mode: its ASYNC needs the checkpoint directory to outlive report()
@@ -117,6 +121,7 @@ def base_env(threads: int, variant: Variant | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
     env["OMP_NUM_THREADS"] = str(threads)
     env.pop("ELASTIC_TRAIN_AGENT_LOGS", None)
+    env.update(dict(variant.env) if variant is not None else {})
     return env
 
 
