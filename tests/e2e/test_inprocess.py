@@ -86,6 +86,18 @@ def test_sigkill_replaces_only_the_dead_rank(storage_path, tmp_path, baseline):
     assert failure["workers"][0]["signal"] == "SIGKILL"
 
 
+def test_a_rank_whose_device_is_left_unhealthy_is_replaced(storage_path, tmp_path, baseline):
+    """README's table: a CUDA error that sticks to the context cannot be repaired in place;
+    the rank's check after the failure says so, and only that rank gets a new process."""
+    result = fit_mlp(storage_path, "sticky", tmp_path, [fault(tmp_path, 0, "sticky_device")])
+    assert result.return_value["digest"] == baseline.return_value["digest"]
+    pids = pids_by_rank(tmp_path / "pids")
+    assert len(pids[0]) == 2 and len(pids[1]) == 1
+    [failure] = run_json(result.path)["failures"]
+    assert failure["replaced"] == {"0": "its device was unhealthy"}
+    assert "injected CUDA error at epoch 2" in failure["workers"][0]["message"]
+
+
 def test_wedged_survivor_is_killed_and_replaced(storage_path, tmp_path, baseline):
     """Rank 0 is stuck in a C call that holds the GIL when rank 1 fails: it cannot unwind,
     so after the unwind timeout it is killed and a new process takes its place."""

@@ -83,6 +83,12 @@ def _inject_one(fault: dict, epoch: int, batch: int) -> None:
         libc = ctypes.PyDLL(None)  # PyDLL keeps the GIL during the call
         libc.pthread_mutex_lock(mutex)
         libc.pthread_mutex_lock(mutex)  # a default mutex locked twice: waits for ever
+    if how == "sticky_device":  # a CUDA error that sticks to the context, as the worker's
+        # check after the failure finds it (torch.cuda.synchronize() raising); then fail
+        from elastic_train.worker import inprocess
+
+        inprocess.device_healthy = lambda: False
+        raise RuntimeError(f"injected CUDA error at epoch {epoch}")
     if how == "preempt":  # the scheduler's notice; the test SIGKILLs us later
         with open(fault["pid_file"], "w") as f:
             f.write(str(os.getpid()))
