@@ -82,19 +82,24 @@ STEP_FIELDS: dict[str, str] = {
 }
 
 
+def _score(step_time: float, median: float) -> float:
+    return step_time / median if median > 0 else 1.0
+
+
 def scores(step_times: Sequence[float]) -> list[float]:
     """Each rank's step time over the job's lower median (1.0 where the median is 0)."""
     median = statistics.median_low(step_times)
-    return [t / median if median > 0 else 1.0 for t in step_times]
+    return [_score(t, median) for t in step_times]
 
 
 def step_fields(step_times: Sequence[float], nodes: Sequence[int]) -> dict[str, Any]:
-    """The row fields of one report: the median step time, and the slowest rank, its
-    score and its node (``nodes[rank]``)."""
-    rank_scores = scores(step_times)
-    slowest = max(range(len(step_times)), key=lambda r: (rank_scores[r], -r))
-    return {"step_time_s": statistics.median_low(step_times), "slowest_rank": slowest,
-            "slowest_rank_score": round(rank_scores[slowest], 3),
+    """The row fields of one report: the median step time, and the slowest rank (the
+    lowest of equals), its score and its node (``nodes[rank]``). Computed at every
+    report: the scores follow the step times' order, so only the slowest is scored."""
+    median = statistics.median_low(step_times)
+    slowest = max(range(len(step_times)), key=step_times.__getitem__) if median > 0 else 0
+    return {"step_time_s": median, "slowest_rank": slowest,
+            "slowest_rank_score": round(_score(step_times[slowest], median), 3),
             "slowest_node": nodes[slowest]}
 
 

@@ -38,23 +38,24 @@ class ControlGroup:
         return self.any_rank_and_each(flags, ())[0]
 
     def any_rank_and_each(self, flags: tuple[bool, ...], numbers: tuple[float, ...]
-                          ) -> tuple[tuple[bool, ...], list[tuple[float, ...]]]:
-        """Each flag OR-ed over the ranks, and every rank's ``numbers`` (each >= 0), by
-        rank, in the same one all_reduce: each rank writes its numbers into its own
-        slots, zeros elsewhere, so the MAX of the slots is every rank's numbers."""
+                          ) -> tuple[tuple[bool, ...], list[list[float]]]:
+        """Each flag OR-ed over the ranks, and every rank's ``numbers`` (each >= 0): one
+        list per number, by rank. All in the same one all_reduce: each rank writes its
+        numbers into its own slots, zeros elsewhere, so the MAX of the slots is every
+        rank's numbers. Built and read as tensors: a Python list of the slots of a
+        thousand ranks would cost more than the collective."""
         if self.world_size == 1:
-            return flags, [numbers]
-        width = len(numbers)
-        values = [*map(float, flags), *[0.0] * (self.world_size * width)]
-        start = len(flags) + dist.get_rank(self.group) * width
-        values[start:start + width] = numbers
-        # built as a list: cheaper than writing into the slices of a tensor
-        tensor = torch.tensor(values, dtype=torch.float64)
+            return flags, [[n] for n in numbers]
+        width, mine = len(numbers), torch.tensor([*flags, *numbers], dtype=torch.float64)
+        tensor = mine
+        if width:
+            tensor = mine.new_zeros(len(flags) + self.world_size * width)
+            tensor[:len(flags)] = mine[:len(flags)]
+            start = len(flags) + dist.get_rank(self.group) * width
+            tensor[start:start + width] = mine[len(flags):]
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
-        values = tensor.tolist()
-        each = values[len(flags):]
-        return (tuple(bool(v) for v in values[:len(flags)]),
-                [tuple(each[r * width:(r + 1) * width]) for r in range(self.world_size)])
+        columns = tensor[len(flags):].view(self.world_size, width).t().tolist()
+        return tuple(bool(v) for v in tensor[:len(flags)].tolist()), columns
 
     def barrier(self) -> None:
         """Returns once every rank has called it."""

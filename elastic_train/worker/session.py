@@ -251,10 +251,10 @@ class TrainSession:
         notice = preemption.local_notice()
         # Most reports carry metrics alone: then the ranks only learn that nobody
         # has a checkpoint or a notice, and each rank's step time and node.
-        (any_checkpoint, any_notice), each = joined.group.any_rank_and_each(
+        (any_checkpoint, any_notice), (times, nodes) = joined.group.any_rank_and_each(
             (files is not None, notice is not None),
             (self.step_clock.report_begins(), self.env.node_rank))
-        row.update(step_fields([t for t, _ in each], [int(n) for _, n in each]))
+        row.update(step_fields(times, [int(n) for n in nodes]))
         if any_checkpoint and joined.committer is not None:  # whichever rank holds files
             joined.committer.check_score(args.metrics, joined.numbers.next_index,
                                          validating=bool(args.validation))

@@ -1,5 +1,7 @@
 """Straggler scores and naming: the pure rule, without processes."""
 
+import random
+import statistics
 import time
 
 import pytest
@@ -79,4 +81,17 @@ def test_step_clock_counts_own_time_per_marker():
 
 def test_one_worker_exchanges_without_a_collective():
     assert ControlGroup(1).any_rank_and_each((True, False), (0.5, 0)) == (
-        (True, False), [(0.5, 0)])
+        (True, False), [[0.5], [0]])
+
+
+def test_step_fields_score_only_the_slowest_as_scoring_every_rank_would():
+    rng = random.Random(7)
+    for _ in range(500):
+        n = rng.randint(1, 40)
+        times = [rng.choice([0.0, 0.1, 0.2, rng.random()]) for _ in range(n)]
+        nodes = [r // 4 for r in range(n)]
+        every = scores(times)
+        slowest = max(range(n), key=lambda r: (every[r], -r))
+        assert step_fields(times, nodes) == {
+            "step_time_s": statistics.median_low(times), "slowest_rank": slowest,
+            "slowest_rank_score": round(every[slowest], 3), "slowest_node": nodes[slowest]}
