@@ -5,7 +5,8 @@
     python -m bench --only steps       one figure (cold_start, steps, checkpoint, recovery,
                                        memory, scaling, storage, rendezvous,
                                        rendezvous_scale, node_loss, shard_reads,
-                                       peer_restore, local_tier, overhead, nodes,
+                                       peer_restore, local_tier, overhead,
+                                       straggler_cost, nodes,
                                        soak, gpu); repeatable
     python -m bench --smoke            tiny and quick (CI); writes a file only with --output
     python -m bench --output FILE      write the markdown there instead

@@ -5,7 +5,8 @@ Figure 7 (storage) lives in :mod:`bench.storage_figure`, figure 8 (rendezvous) i
 :mod:`bench.node_loss_figure`), figure 9 (rendezvous at scale) in
 :mod:`bench.rendezvous_scale_figure`, figures 10 and 11 (sharded checkpoints) in
 :mod:`bench.sharded_figure`, figure 12 (overhead per step) in
-:mod:`bench.overhead_figure`, figure 13 (a failure on one of three nodes) in
+:mod:`bench.overhead_figure` (12b, what straggler scoring costs, in
+:mod:`bench.straggler_cost_figure`), figure 13 (a failure on one of three nodes) in
 :mod:`bench.nodes_figure`, figure 14 (the soak) in :mod:`bench.soak_figure`, figure 15
 (GPU: restarts on nccl) in :mod:`bench.gpu_figure`; each
 runs processes of its own.
@@ -36,6 +37,7 @@ from bench.sharded_figure import local_tier, shard_reads
 from bench.soak_figure import soak
 from bench.stats import Summary, Target, fmt_ratio, ratio, with_target
 from bench.storage_figure import storage
+from bench.straggler_cost_figure import straggler_cost
 from bench.variants import (
     ET_EPOCH,
     ET_LAUNCH,
@@ -349,7 +351,7 @@ FIGURE_FUNCTIONS: dict[str, Callable[[Suite], list[Table]]] = {
     "recovery": recovery, "memory": memory, "scaling": scaling, "storage": storage,
     "rendezvous": rendezvous, "rendezvous_scale": rendezvous_scale, "node_loss": node_loss,
     "shard_reads": shard_reads, "peer_restore": peer_restore, "local_tier": local_tier,
-    "overhead": overhead,
+    "overhead": overhead, "straggler_cost": straggler_cost,
     "nodes": nodes, "soak": soak, "gpu": gpu,
 }
 

@@ -17,7 +17,7 @@ from bench.workload import WorkloadConfig
 
 FIGURES = ("cold_start", "steps", "checkpoint", "recovery", "memory", "scaling", "storage",
            "rendezvous", "rendezvous_scale", "shard_reads", "peer_restore", "local_tier",
-           "node_loss", "overhead", "nodes", "soak", "gpu")
+           "node_loss", "overhead", "straggler_cost", "nodes", "soak", "gpu")
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ SMOKE = Profile(
     storage_sizes_mb=(1,), shard_reads_mb=2, local_tier_mb=2, peer_restore_mb=2,
     # gpu: one line without CUDA (its device count is all it costs here)
     figures=("cold_start", "steps", "checkpoint", "memory", "storage", "rendezvous",
-             "rendezvous_scale", "overhead", "gpu"),
+             "rendezvous_scale", "overhead", "straggler_cost", "gpu"),
     rendezvous_agents=(2,), rendezvous_launchers=("c10d",), rendezvous_recovery=False,
     fault=FaultPlan(how="sigkill", epoch=1, step=2, rank=1, recover_within_s=30.0),
     faults=("exit",),
