@@ -2,8 +2,8 @@
 
 A worker that replaces a dead rank pays, after the fork, for what every new
 process pays before its first step; on a GPU the largest part is the CUDA
-context (the driver's initialisation and a context per device: about 0.3-0.5 s
-of an in-process restart's 1 s, #23). The zygote may not pay it ahead: a
+context (the driver's initialisation and the device's context: about 0.3-0.5 s
+of an in-process restart's 1 s on one H200, #23). The zygote may not pay it ahead: a
 process that touched CUDA cannot fork workers (see :mod:`.fork`). So the zygote
 keeps one child forked ahead, its *standby*, that did what it can do without a
 slot, and hands it the next request instead of forking:
@@ -13,19 +13,22 @@ slot, and hands it the next request instead of forking:
   zygote preloaded new modules (see :mod:`.preload`), which an older standby
   lacks (the older one is then retired);
 - when the workers use CUDA (their first ``report()`` says so, see
-  :mod:`elastic_train.worker.module_report`), the standby initialises CUDA and
-  creates the primary context of each visible device, under the CUDA variables
-  of the last request (:func:`device_env`), so that a request with other ones is
-  served by a fork instead (a context cannot change its visible devices);
+  :mod:`elastic_train.worker.module_report`), the standby initialises CUDA (driver
+  and runtime) under the CUDA variables of the last request (:func:`device_env`),
+  so that a request with other ones is served by a fork instead (CUDA cannot
+  change its visible devices); where one device is visible (one GPU per node, or
+  per worker) it also creates that device's primary context. With several it
+  cannot know which device the slot uses, and a context on each would stay in
+  the worker for good;
 - a hand-over is a request passed on, streams and all, over the standby's own
   socket; the standby then becomes the worker exactly as a forked child does,
   and the zygote answers the client with the standby's pid;
 - a standby that died without a request is forked again, up to
   :data:`MAX_LOST` times per zygote.
 
-The cost: one more process per node, whose pages are the zygote's (shared)
-but for a CUDA context per visible device when the workers use CUDA (some
-hundred MiB of device memory each). ``ELASTIC_TRAIN_STANDBY=0`` in the
+The cost: one more process per node, whose pages are the zygote's (shared),
+and, where the workers use CUDA on a single visible device, its context's device
+memory (a few hundred MiB). ``ELASTIC_TRAIN_STANDBY=0`` in the
 environment of ``fit()`` or ``launch`` turns it off.
 """
 
@@ -55,8 +58,8 @@ def device_env(env: Mapping[str, str]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Warmth:
-    """What a standby prepares: ``cuda``, a context on each visible device, created
-    under ``env`` (:func:`device_env` of the request it was forked after)."""
+    """What a standby prepares: ``cuda``, CUDA initialised (and the context of a single
+    visible device), under ``env`` (:func:`device_env` of the request it followed)."""
 
     cuda: bool = False
     env: tuple[tuple[str, str], ...] = ()
@@ -123,8 +126,8 @@ def warm(warmth: Warmth) -> None:
 
     with contextlib.suppress(Exception):
         torch.cuda.init()
-        for index in range(torch.cuda.device_count()):
-            torch.cuda.synchronize(index)  # creates the device's primary context
+        if torch.cuda.device_count() == 1:  # then it is the slot's device
+            torch.cuda.synchronize(0)  # creates the device's primary context
 
 
 def wait_for_request(sock: socket.socket) -> tuple[dict, list[int]] | None:
