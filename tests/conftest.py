@@ -92,12 +92,17 @@ def no_leaked_processes():
     before = set(child_pids(os.getpid()))
     yield
     kept = before | SERVER_PIDS | {zygote.running_pid()}
-    leaked = [p for p in child_pids(os.getpid()) if p not in kept]
-    if zygote.running_pid() is not None:
-        standby = zygote.running_standby_pid()
-        leaked += [p for p in child_pids(zygote.running_pid()) if p != standby]
-    if leaked and wait_until(lambda: not [p for p in leaked if pid_alive(p)], 10):
+
+    def left_behind() -> list[int]:  # asked again while waiting: a standby may be forked
+        mine = [p for p in child_pids(os.getpid()) if p not in kept]
+        if zygote.running_pid() is None:
+            return mine
+        return mine + [p for p in child_pids(zygote.running_pid())
+                       if p != zygote.running_standby_pid()]
+
+    if wait_until(lambda: not left_behind(), 10):
         return
+    leaked = left_behind()
     for pid in leaked:
         try:
             os.kill(pid, signal.SIGKILL)
