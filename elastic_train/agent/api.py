@@ -101,8 +101,9 @@ class AgentSpec:
     beside the logs, which a later job on the same run shares while an earlier
     one may still be writing (default: the log directory). ``departures`` reads
     the nodes that left the job (the run directory's, see
-    :mod:`elastic_train.departures`): with a node policy, a node still cooling off is
-    not admitted (:mod:`.cooling_off`; None: nothing keeps a node out).
+    :mod:`elastic_train.departures`): in a job that sends nodes away
+    (:func:`sends_nodes_away`), a node still cooling off is not admitted
+    (:mod:`.cooling_off`; None: nothing keeps a node out).
     """
 
     entrypoint: str
@@ -252,12 +253,20 @@ def _corrupt_state(rdzv: RendezvousConfig, exc: RendezvousStateError) -> Rendezv
                                              etcd_prefix=prefix)
 
 
+def sends_nodes_away(spec: AgentSpec, events: AgentEvents) -> bool:
+    """Whether a node of this job may leave it while the job goes on: the job has a node
+    policy (:mod:`.node_policy`), or its stragglers are replaced with spares
+    (``events.leave_request``). Only such a job keeps departures and their cooling-off
+    periods; the others never read them."""
+    return node_policy.named_in(spec.rendezvous.conf) is not None \
+        or events.leave_request is not None
+
+
 def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
     """torch's rendezvous handler (from its registry, by backend name) and our agent."""
     rdzv = spec.rendezvous
-    named = node_policy.named_in(rdzv.conf)
-    policy = node_policy.load(named)
-    if named and spec.departures is not None:
+    policy = node_policy.load(node_policy.named_in(rdzv.conf))
+    if sends_nodes_away(spec, events) and spec.departures is not None:
         policy = CoolingOff(policy, spec.departures)
     node = NodeStanding(policy, node_name(spec.local_addr))
     params = RendezvousParameters(  # our etcd handler's sealer asks the same policy
