@@ -5,7 +5,7 @@ test_gone_nodes; the e2e proof is tests/e2e/test_straggler_replacement.py."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
 import pytest
@@ -29,15 +29,15 @@ def test_a_spare_in_torchs_redundancy_list_waits():
 
 def test_a_spare_whose_heartbeats_stopped_does_not_count():
     """Older than keep_alive_interval x keep_alive_max_attempt: torch would drop it."""
-    state = finished_round()
+    state, now = finished_round(), datetime.now(timezone.utc)  # NOW is the module's import
     state.redundancy_list = {SPARE, LATE}
-    state.last_heartbeats.update({SPARE: NOW, LATE: NOW - timedelta(seconds=60)})
+    state.last_heartbeats.update({SPARE: now, LATE: now - timedelta(seconds=60)})
     handler = handler_over(MemoryBackend(state))
     assert spares.waiting(handler) == 2  # no settings known: every listed spare
     handler.settings = SimpleNamespace(keep_alive_interval=timedelta(seconds=5),
                                        keep_alive_max_attempt=3)
     assert spares.waiting(handler) == 1
-    assert spares.alive_spares(state, timedelta(seconds=15), now=NOW + timedelta(seconds=20)) \
+    assert spares.alive_spares(state, timedelta(seconds=15), now=now + timedelta(seconds=20)) \
         == 0
 
 
