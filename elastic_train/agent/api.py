@@ -10,6 +10,7 @@ name, runs a :class:`TrainAgent`, and turns the result into
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -40,6 +41,7 @@ from elastic_train.agent.no_progress_guard import NoProgressGuard, Progress
 from elastic_train.agent.node_policy import POLICY_SETTING, NodeStanding, node_name
 from elastic_train.agent.options import AgentEvents, AgentOptions
 from elastic_train.agent.rendezvous.registry import register
+from elastic_train.agent.rendezvous.store_host import hosts_store
 from elastic_train.agent.restart_budget import RestartBudget
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.agent.zygote.preload import ImportWatch
@@ -276,6 +278,12 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
     )
     register(lookup(rdzv.backend, "RendezvousConfig.backend"))  # ours, into torch's registry
     rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
+    if events.leave_request is not None and hosts_store(rdzv):
+        logger.warning("This node hosts the job's rendezvous store (%s at %s): were it "
+                       "replaced as a straggler, the job would end with it, so it stays "
+                       "whatever its pace (with etcd any node can be replaced).",
+                       rdzv.backend, rdzv.endpoint)
+        events = dataclasses.replace(events, leave_request=None)
 
     def worker_command() -> tuple[str, tuple[str, ...]]:
         if not spec.process.zygote:

@@ -7,7 +7,9 @@ It leaves only when a spare actually waits to take its ranks (:mod:`.rendezvous.
 leaving without one would shrink the job, or stop it below ``--nnodes`` MIN, which is
 worse than a slow node. Without a spare it stays, and says so once per request; the
 request is asked again at every look, so a spare that comes later is still taken, and a
-request the driver withdrew (the node is no longer slow) is not.
+request the driver withdrew (the node is no longer slow) is not. The node serving a
+``c10d`` rendezvous store is never asked (:mod:`.rendezvous.store_host`): the job would
+end with its store.
 
 The agent asks :meth:`LeaveForSpare.verdict` at each look at a healthy group; the
 rendezvous state is read at most every ``look_s`` while a request stands, never

@@ -168,8 +168,8 @@ class RunSupervisor:
             self.record.note_straggler(straggler)
         if self._replaces_stragglers and self._monitor is not None \
                 and self._monitor.slow_here == straggler:
-            logger.warning("This node is the straggler: it leaves the job as soon as a spare "
-                           "waits to take its place.")
+            logger.warning("This node is the straggler: its agent is asked to leave the job "
+                           "for a spare.")
 
     def _leave_request(self) -> NodeVerdict | None:
         """Asked by the agent at each look (replacing stragglers): leave, when this node
