@@ -53,7 +53,10 @@ class StragglerConfig:
             (``ScalingConfig(spare_nodes=N)``, ``launch --spares N``), checked before
             anything starts; without a waiting spare the node stays.
         cool_off_s: How long a node replaced as a straggler is not admitted again
-            (default 600 s), so that the cluster does not bring it straight back.
+            (default 600 s), so that the cluster does not bring it straight back; its
+            departure is recorded in ``run.json`` with it (0: admitted again at once,
+            and recorded nowhere but in its own error, as any departure without a
+            cooling-off period).
 
     Example::
 
