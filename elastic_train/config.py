@@ -563,3 +563,19 @@ class RunConfig:
             f"RunConfig.name={self.name!r} is invalid: use a non-empty name without '/', "
             "e.g. RunConfig(name='resnet-fashion').",
         )
+
+
+def check_together(run_config: RunConfig, scaling: ScalingConfig) -> None:
+    """The rules between the configs, which neither can check alone; checked once, on the
+    node-run path both front-ends take (:class:`~elastic_train.driver.node_run.NodePlan`),
+    before any process starts."""
+    stragglers = run_config.straggler_config
+    _require(
+        "StragglerConfig.replace",
+        not (stragglers is not None and stragglers.replace) or scaling.spare_nodes > 0,
+        "StragglerConfig.replace=True (launch: --replace-stragglers) replaces a straggler "
+        f"with a spare, but ScalingConfig.spare_nodes={scaling.spare_nodes} (launch: "
+        "--spares) declares none: declare spares and start that many more nodes, e.g. "
+        "ScalingConfig(spare_nodes=1) or launch --spares 1, or drop replace=True "
+        "(--replace-stragglers) to only name stragglers.",
+    )

@@ -1,11 +1,12 @@
 """Nodes that left the job on their node policy's word, and their cooling-off periods.
 
 A node that a :class:`~elastic_train.agent.node_policy.NodePolicy` sends away (a
-failed health check, K failures in a row) leaves with a reason and a cooling-off
-period. It is kept out for that long, even if the cluster starts its agent again at
-once: the leaving node writes a :class:`Departure` into the run directory
-(``departures/<node>.json``, one file per node, so nodes that leave together never
-overwrite each other: :meth:`~elastic_train.storage.RunStorage.write_departure`), and
+failed health check, K failures in a row), or a straggler replaced by a spare
+(``StragglerConfig(replace=True)``, :mod:`elastic_train.stragglers`), leaves with a
+reason and a cooling-off period. It is kept out for that long, even if the cluster
+starts its agent again at once: the leaving node writes a :class:`Departure` into the
+run directory (``departures/<node>.json``, one file per node, so nodes that leave
+together never overwrite each other: :meth:`~elastic_train.storage.RunStorage.write_departure`), and
 every admission reads it (:mod:`elastic_train.agent.cooling_off`): the node's own
 check before it joins a round, on every backend, and our etcd handler's sealer for
 every node that joins. The node recording the run copies the departures into

@@ -9,8 +9,13 @@ the report's metric row; :class:`StragglerWatch` reads those rows and names a no
 once it was the slowest, with a score at or above ``StragglerConfig.score_threshold``
 and at least ``min_excess_s`` slower than the median, in ``window`` reports in a row.
 
-Naming is all it does: replacing a straggler with a spare (``ScalingConfig.spare_nodes``)
-is opt-in work still to come (issue #26).
+With ``StragglerConfig(replace=True)`` a named node is also replaced, when the job has
+spares (``ScalingConfig.spare_nodes``): every node's driver reads the same rows, so the
+named node knows it is the slow one (:attr:`StragglerWatch.named`, while its run of
+slow reports lasts); its agent leaves the job once a spare actually waits
+(:mod:`elastic_train.agent.leave_for_spare`), is kept out for ``cool_off_s`` like a node
+a health check sent away (:mod:`elastic_train.departures`), and the spare takes its
+ranks at the next rendezvous. Without a waiting spare it stays, and says so once.
 
 Example::
 
@@ -22,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -42,15 +48,28 @@ class StragglerConfig:
             not.
         min_excess_s: And by at least this many seconds per step (default 0.05), so that
             millisecond steps, whose ratios are mostly noise, name nobody.
+        replace: Also replace the named node with a spare (default False): it leaves
+            the job once a spare waits, and the spare takes its ranks. Needs spares
+            (``ScalingConfig(spare_nodes=N)``, ``launch --spares N``), checked before
+            anything starts; without a waiting spare the node stays.
+        cool_off_s: How long a node replaced as a straggler is not admitted again
+            (default 600 s), so that the cluster does not bring it straight back; its
+            departure is recorded in ``run.json`` with it (0: admitted again at once,
+            and recorded nowhere but in its own error, as any departure without a
+            cooling-off period).
 
     Example::
 
         RunConfig(straggler_config=StragglerConfig(score_threshold=2.0, window=10))
+        # replace a straggler with one of the job's spares:
+        RunConfig(straggler_config=StragglerConfig(replace=True, cool_off_s=1800))
     """
 
     score_threshold: float = 1.5
     window: int = 5
     min_excess_s: float = 0.05
+    replace: bool = False
+    cool_off_s: float = 600.0
 
     def __post_init__(self) -> None:
         def number(x: Any) -> bool:
@@ -70,6 +89,14 @@ class StragglerConfig:
             raise ConfigError(
                 f"StragglerConfig.min_excess_s={self.min_excess_s!r} is invalid: use a "
                 "number of seconds >= 0, e.g. 0.05.", field="StragglerConfig.min_excess_s")
+        if not isinstance(self.replace, bool):
+            raise ConfigError(
+                f"StragglerConfig.replace={self.replace!r} is invalid: use True (replace a "
+                "named straggler with a spare) or False.", field="StragglerConfig.replace")
+        if not (number(self.cool_off_s) and 0 <= self.cool_off_s < math.inf):
+            raise ConfigError(
+                f"StragglerConfig.cool_off_s={self.cool_off_s!r} is invalid: use a number of "
+                "seconds >= 0, e.g. 600.", field="StragglerConfig.cool_off_s")
 
 
 # The fields :func:`step_fields` adds to a metric row, and what they hold.
@@ -130,13 +157,16 @@ class Straggler:
 
 class StragglerWatch:
     """Names a node that stays slow, from the rows in order; each node once per run of
-    slow reports (it is named again only after a report where it was not slow)."""
+    slow reports (it is named again only after a report where it was not slow).
+
+    ``named`` is the straggler named in the run of slow reports still going on (None
+    once a report breaks it, or before one is named)."""
 
     def __init__(self, config: StragglerConfig):
         self.config = config
         self._first: dict[str, Any] | None = None  # the first of the slow rows in a row
         self._count = 0
-        self._named = False
+        self.named: Straggler | None = None
 
     def _slow(self, row: dict[str, Any]) -> bool:
         score, median = row.get("slowest_rank_score"), row.get("step_time_s")
@@ -148,15 +178,15 @@ class StragglerWatch:
     def observe(self, row: dict[str, Any]) -> Straggler | None:
         """The node this row names a straggler, or None."""
         if not self._slow(row):
-            self._first = None
+            self._first, self.named = None, None
             return None
         if self._first is None or self._first["slowest_node"] != row["slowest_node"]:
-            self._first, self._count, self._named = row, 0, False
+            self._first, self._count, self.named = row, 0, None
         self._count += 1
-        if self._count < self.config.window or self._named:
+        if self._count < self.config.window or self.named is not None:
             return None
-        self._named = True
-        return Straggler(node=row["slowest_node"], rank=row["slowest_rank"],
-                         score=row["slowest_rank_score"],
-                         since_iteration=self._first.get("training_iteration", 0),
-                         since=float(self._first.get("timestamp", 0)))
+        self.named = Straggler(node=row["slowest_node"], rank=row["slowest_rank"],
+                               score=row["slowest_rank_score"],
+                               since_iteration=self._first.get("training_iteration", 0),
+                               since=float(self._first.get("timestamp", 0)))
+        return self.named

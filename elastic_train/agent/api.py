@@ -10,6 +10,7 @@ name, runs a :class:`TrainAgent`, and turns the result into
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -40,6 +41,7 @@ from elastic_train.agent.no_progress_guard import NoProgressGuard, Progress
 from elastic_train.agent.node_policy import POLICY_SETTING, NodeStanding, node_name
 from elastic_train.agent.options import AgentEvents, AgentOptions
 from elastic_train.agent.rendezvous.registry import register
+from elastic_train.agent.rendezvous.store_host import hosts_store
 from elastic_train.agent.restart_budget import RestartBudget
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.agent.zygote.preload import ImportWatch
@@ -101,8 +103,9 @@ class AgentSpec:
     beside the logs, which a later job on the same run shares while an earlier
     one may still be writing (default: the log directory). ``departures`` reads
     the nodes that left the job (the run directory's, see
-    :mod:`elastic_train.departures`): with a node policy, a node still cooling off is
-    not admitted (:mod:`.cooling_off`; None: nothing keeps a node out).
+    :mod:`elastic_train.departures`): in a job that sends nodes away
+    (:func:`sends_nodes_away`), a node still cooling off is not admitted
+    (:mod:`.cooling_off`; None: nothing keeps a node out).
     """
 
     entrypoint: str
@@ -252,12 +255,20 @@ def _corrupt_state(rdzv: RendezvousConfig, exc: RendezvousStateError) -> Rendezv
                                              etcd_prefix=prefix)
 
 
+def sends_nodes_away(spec: AgentSpec, events: AgentEvents) -> bool:
+    """Whether a node of this job may leave it while the job goes on: the job has a node
+    policy (:mod:`.node_policy`), or its stragglers are replaced with spares
+    (``events.leave_request``). Only such a job keeps departures and their cooling-off
+    periods; the others never read them."""
+    return node_policy.named_in(spec.rendezvous.conf) is not None \
+        or events.leave_request is not None
+
+
 def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
     """torch's rendezvous handler (from its registry, by backend name) and our agent."""
     rdzv = spec.rendezvous
-    named = node_policy.named_in(rdzv.conf)
-    policy = node_policy.load(named)
-    if named and spec.departures is not None:
+    policy = node_policy.load(node_policy.named_in(rdzv.conf))
+    if sends_nodes_away(spec, events) and spec.departures is not None:
         policy = CoolingOff(policy, spec.departures)
     node = NodeStanding(policy, node_name(spec.local_addr))
     params = RendezvousParameters(  # our etcd handler's sealer asks the same policy
@@ -267,6 +278,12 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
     )
     register(lookup(rdzv.backend, "RendezvousConfig.backend"))  # ours, into torch's registry
     rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
+    if events.leave_request is not None and hosts_store(rdzv):
+        logger.warning("This node hosts the job's rendezvous store (%s at %s): were it "
+                       "replaced as a straggler, the job would end with it, so it stays "
+                       "whatever its pace (with etcd any node can be replaced).",
+                       rdzv.backend, rdzv.endpoint)
+        events = dataclasses.replace(events, leave_request=None)
 
     def worker_command() -> tuple[str, tuple[str, ...]]:
         if not spec.process.zygote:

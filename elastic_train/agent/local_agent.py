@@ -57,6 +57,11 @@
    (:meth:`~elastic_train.agent.inprocess.controller.InProcessController.reform`);
    only a slot whose process ended gets a new one. Where a rendezvous backend
    keeps one store for every round (static), torch restarts the whole group.
+10. A node asked to leave for a spare (``AgentEvents.leave_request``: it is the named
+   straggler) leaves while its group is healthy, once a spare waits
+   (:mod:`.leave_for_spare`): its workers are stopped, nothing is charged, and it
+   ends as a node its policy sent away (:attr:`TrainAgent.leaving`), keeping the
+   rendezvous open; the survivors meet it as a lost node, and the spare takes its ranks.
 
 Everything else -- rendezvous, spawning, monitoring, restart budget,
 membership changes, shutdown -- is torch.distributed.elastic's own.
@@ -89,11 +94,12 @@ from elastic_train.agent.attribution import FailureExchange, NodeReport, charged
 from elastic_train.agent.failures import failures_of, observe
 from elastic_train.agent.inprocess.controller import AgentHooks, InProcessController
 from elastic_train.agent.inprocess.restarts import Recovery
+from elastic_train.agent.leave_for_spare import LeaveForSpare
 from elastic_train.agent.no_progress_guard import signature
 from elastic_train.agent.node_liveness import Beacon, NodeLiveness
 from elastic_train.agent.node_policy import NodeVerdict
 from elastic_train.agent.options import AgentEvents, AgentOptions
-from elastic_train.agent.rendezvous import gone_nodes
+from elastic_train.agent.rendezvous import gone_nodes, spares
 from elastic_train.agent.restart_budget import Decision, RestartBudget
 from elastic_train.agent.worker_slots import surviving
 from elastic_train.errors import WorkerFailure
@@ -145,6 +151,8 @@ class TrainAgent(LocalElasticAgent):
         self.budget = options.budget or RestartBudget(max_failures=self._remaining_restarts)
         self.preemption_budget_spent = False
         self.leaving: NodeVerdict | None = None  # the node policy sent this node away
+        self._swap = LeaveForSpare(events.leave_request, self._spares_waiting) \
+            if events.leave_request is not None else None
         self.unkillable: dict[int, str] = {}
         self._rendezvous_count = 0
         self.membership_changes = 0
@@ -275,6 +283,15 @@ class TrainAgent(LocalElasticAgent):
         pcontext.close = close_at_once
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        result = self._look(worker_group)
+        if result.state == WorkerState.HEALTHY and self._swap is not None \
+                and (verdict := self._swap.verdict()) is not None:
+            return self._leave_for_spare(verdict)
+        return result
+
+    def _look(self, worker_group: WorkerGroup) -> RunResult:
+        """The group's state: the in-process controller's, else torch's (a failure
+        decided on, hung workers stopped)."""
         if self._in_process is not None and (
                 seen := self._in_process.watch(worker_group)) is not None:
             return seen
@@ -286,6 +303,19 @@ class TrainAgent(LocalElasticAgent):
                                if failure.pid not in self._stopped} or result.failures
             self._decide(worker_group, failures_of(result), self._classify(worker_group, result))
         return result
+
+    def _spares_waiting(self) -> int:
+        return spares.waiting(self.get_worker_group().spec.rdzv_handler)
+
+    def _leave_for_spare(self, verdict: NodeVerdict) -> RunResult:
+        """This node leaves a healthy group for a spare (departure 10): torch stops the
+        workers (no restart is left), nothing is charged, and the run ends failed with
+        no failure of its own, as a node its policy sent away."""
+        logger.warning("This node leaves the job (%s); a spare takes its place.",
+                       verdict.reason)
+        self.leaving, self.last_failures, self.no_progress = verdict, [], None
+        self._remaining_restarts = 0
+        return RunResult(state=WorkerState.FAILED)
 
     def _check_hangs(self, worker_group: WorkerGroup) -> None:
         """Stops hung workers (they show up as failures at the next look); hands the

@@ -40,7 +40,10 @@ A node that leaves with a cooling-off period is recorded in the run directory
 (:mod:`elastic_train.departures`), and :class:`~.cooling_off.CoolingOff`, which wraps
 the job's policy, refuses it at both points above until the period is over (the
 candidate's name is the key); spares need no change here: a node that leaves is
-replaced by whoever waits (``--spares``).
+replaced by whoever waits (``--spares``). A node can also be asked to leave while
+nothing failed -- the straggler, with ``StragglerConfig(replace=True)`` -- and then
+leaves with the same verdict (:func:`leave`) once a spare waits
+(:mod:`.leave_for_spare`).
 
 Example::
 

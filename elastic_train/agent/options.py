@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from elastic_train.agent.hang_watch import HangWatch
 from elastic_train.agent.inprocess.restarts import InProcessSettings, Recovery
 from elastic_train.agent.no_progress_guard import Progress
-from elastic_train.agent.node_policy import NodePolicy, NodeStanding, node_name
+from elastic_train.agent.node_policy import NodePolicy, NodeStanding, NodeVerdict, node_name
 from elastic_train.agent.restart_budget import Decision, RestartBudget
 from elastic_train.agent.zygote.preload import ImportWatch
 from elastic_train.errors import WorkerFailure
@@ -72,6 +72,9 @@ class AgentEvents:
     ``on_rendezvous(group_rank, nodes)``: after every rendezvous.
     ``on_recovered(recovery)``: after every in-process restart (see :mod:`.inprocess`).
     ``progress()``: how far the run is, for the no-progress guard (None: unknown).
+    ``leave_request()``: whether this node is asked to leave the running job for a spare
+    (a node named a straggler, see :mod:`elastic_train.stragglers`): the verdict to leave
+    with, or None; asked at each look at a healthy group (:mod:`.leave_for_spare`).
     """
 
     on_failure: Callable[[list[WorkerFailure], Decision, WorkerFailure | None], None] \
@@ -79,3 +82,4 @@ class AgentEvents:
     on_rendezvous: Callable[[int, int], None] | None = None
     on_recovered: Callable[[Recovery], None] | None = None
     progress: Callable[[], Progress | None] | None = None
+    leave_request: Callable[[], NodeVerdict | None] | None = None

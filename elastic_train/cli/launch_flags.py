@@ -135,6 +135,12 @@ def add_our_flags(parser: argparse.ArgumentParser) -> None:
     flag(ours, "straggler-min-excess", type=float, default=stragglers.min_excess_s,
          help="and by at least this many seconds per step over the median, so that "
               f"millisecond steps name nobody (default {stragglers.min_excess_s:g})")
+    flag(ours, "replace-stragglers", action="store_true",
+         help="a node named a straggler leaves the job once a spare waits, and the spare "
+              "takes its place (needs --spares)")
+    flag(ours, "straggler-cool-off", type=float, default=stragglers.cool_off_s,
+         help="with --replace-stragglers, seconds a replaced node is not admitted again "
+              f"(default {stragglers.cool_off_s:g})")
     flag(ours, "quiet", action="store_true", help="no live status line")
     flag(ours, "verbose", action="store_true",
          help="also show torch.distributed.elastic's agent logs")

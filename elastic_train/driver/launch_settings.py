@@ -56,6 +56,8 @@ _FIELD_SETTINGS = {
     "StragglerConfig.score_threshold": "straggler_threshold",
     "StragglerConfig.window": "straggler_window",
     "StragglerConfig.min_excess_s": "straggler_min_excess",
+    "StragglerConfig.replace": "replace_stragglers",
+    "StragglerConfig.cool_off_s": "straggler_cool_off",
     "CheckpointConfig.num_to_keep": "num_to_keep",
     "CheckpointConfig.checkpoint_score_attribute": "checkpoint_score_attribute",
     "CheckpointConfig.checkpoint_score_order": "checkpoint_score_order",
@@ -129,6 +131,8 @@ class LaunchSettings:
     straggler_threshold: float = _STRAGGLERS.score_threshold
     straggler_window: int = _STRAGGLERS.window
     straggler_min_excess: float = _STRAGGLERS.min_excess_s
+    replace_stragglers: bool = _STRAGGLERS.replace
+    straggler_cool_off: float = _STRAGGLERS.cool_off_s
     quiet: bool = False
     verbose: bool = False
     storage_path: str = DEFAULT_STORAGE_PATH
@@ -292,7 +296,9 @@ class LaunchSettings:
             verbose=0 if self.quiet else (2 if self.verbose else 1),
             straggler_config=StragglerConfig(score_threshold=self.straggler_threshold,
                                              window=self.straggler_window,
-                                             min_excess_s=self.straggler_min_excess),
+                                             min_excess_s=self.straggler_min_excess,
+                                             replace=self.replace_stragglers,
+                                             cool_off_s=self.straggler_cool_off),
             failure_config=FailureConfig(
                 max_failures=self.max_restarts, hang_timeout_s=self.hang_timeout,
                 max_preemption_failures=self.max_preemption_failures,

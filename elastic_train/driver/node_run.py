@@ -36,7 +36,7 @@ from typing import Any
 from elastic_train import env_vars, scratch
 from elastic_train.agent.api import AgentOutcome, AgentSpec, ProcessOptions
 from elastic_train.agent.zygote import server as zygote
-from elastic_train.config import RunConfig, ScalingConfig
+from elastic_train.config import RunConfig, ScalingConfig, check_together
 from elastic_train.driver.console import ConsoleView
 from elastic_train.driver.resume_rules import is_launch
 from elastic_train.driver.run_lease import RunLease
@@ -110,6 +110,9 @@ class NodePlan:
     monitor_interval: float = 0.1
     local_addr: str | None = None
     user_code: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_together(self.run_config, self.scaling)  # both front-ends, before any process
 
 
 class NodeRun:

@@ -17,7 +17,9 @@ as None with its metrics.
 Each new row also goes to a :class:`~elastic_train.stragglers.StragglerWatch`: a node
 that stays slow is named in a warning on the console and handed to ``on_straggler``
 (the run's record); the status line shows the latest row's slowest rank once its
-score reaches the threshold.
+score reaches the threshold. :attr:`RunMonitor.slow_here` says whether this node is the
+straggler named in the run of slow reports still going on (group ranks are those of
+the current round: a rendezvous starts the watch afresh).
 
 ``verbose``: 0 shows nothing, 1 (default) shows progress, 2 also shows
 torch.distributed.elastic's own agent logs.
@@ -121,8 +123,17 @@ class RunMonitor:
                 logger.exception("Callback %r failed in after_run", callback)
 
     def note_rendezvous(self, group_rank: int, nodes: int) -> None:
+        if (group_rank, nodes) != (self._group_rank, self._nodes):  # the rows' node numbers
+            self._stragglers = StragglerWatch(self._straggler_config)  # changed meaning
         self._group_rank, self._nodes = group_rank, nodes
         self.note_recovered()
+
+    @property
+    def slow_here(self) -> Straggler | None:
+        """The straggler named in the run of slow reports still going on, when it is this
+        node (its group rank in the current round); else None."""
+        named = self._stragglers.named
+        return named if named is not None and named.node == self._group_rank else None
 
     def note_recovered(self) -> None:
         """The group runs again (after a rendezvous, or an in-process restart)."""

@@ -15,9 +15,17 @@ import time
 from collections.abc import Callable
 
 from elastic_train.agent import node_policy
-from elastic_train.agent.api import AgentEvents, AgentOutcome, AgentSpec, Interrupted, run_agent
+from elastic_train.agent.api import (
+    AgentEvents,
+    AgentOutcome,
+    AgentSpec,
+    Interrupted,
+    run_agent,
+    sends_nodes_away,
+)
 from elastic_train.agent.inprocess.restarts import Recovery
 from elastic_train.agent.no_progress_guard import Progress
+from elastic_train.agent.node_policy import NodeVerdict
 from elastic_train.agent.restart_budget import Decision
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.callbacks import RunContext, UserCallback
@@ -58,17 +66,16 @@ class RunSupervisor:
         self.view = view
         self.name = name
         self.stragglers = stragglers
-        self.departures_kept = False  # whether the job has a node policy (set by run)
+        self.departures_kept = False  # whether the job sends nodes away (set by run)
+        self._monitor: RunMonitor | None = None
 
     def run(self, spec: AgentSpec) -> AgentOutcome:
         """Runs the agent; returns how it ended. Raises ``Interrupted`` on a signal."""
-        # Only a job with a node policy sends nodes away: the others never look for any.
-        self.departures_kept = node_policy.named_in(spec.rendezvous.conf) is not None
         context = RunContext(self.name, self.storage, self.train_loop_config)
-        monitor = RunMonitor(context, self.callbacks, spec.log_dir,
-                             verbose=self.verbose, view=self.view,
-                             nproc_per_node=spec.nproc_per_node,
-                             stragglers=self.stragglers, on_straggler=self._note_straggler)
+        monitor = self._monitor = RunMonitor(
+            context, self.callbacks, spec.log_dir, verbose=self.verbose, view=self.view,
+            nproc_per_node=spec.nproc_per_node, stragglers=self.stragglers,
+            on_straggler=self._note_straggler)
 
         def on_rendezvous(group_rank: int, nodes: int) -> None:
             if self.check_lease is not None:
@@ -93,11 +100,15 @@ class RunSupervisor:
             if self.record is not None:
                 self.record.note_recovery(recovery.replaced)
 
+        events = AgentEvents(
+            on_failure=on_failure, on_rendezvous=on_rendezvous, on_recovered=on_recovered,
+            progress=lambda: read_progress(self.storage),
+            leave_request=self._leave_request if self._replaces_stragglers else None)
+        # Only a job that sends nodes away keeps departures: the others never look for any.
+        self.departures_kept = sends_nodes_away(spec, events)
         monitor.start()
         try:
-            outcome = run_agent(spec, AgentEvents(
-                on_failure=on_failure, on_rendezvous=on_rendezvous, on_recovered=on_recovered,
-                progress=lambda: read_progress(self.storage)))
+            outcome = run_agent(spec, events)
         except Interrupted:
             self._set_status(RunStatus.INTERRUPTED)
             raise
@@ -146,10 +157,28 @@ class RunSupervisor:
         if self.record is not None:
             self.record.note_zygote_errors([e.to_json() for e in zygote.take_start_errors()])
 
+    @property
+    def _replaces_stragglers(self) -> bool:
+        return self.stragglers is not None and self.stragglers.replace
+
     def _note_straggler(self, straggler: Straggler) -> None:
-        """Records a node named slow in ``run.json`` (on the node that records the run)."""
+        """Records a node named slow in ``run.json`` (on the node that records the run);
+        on the node named, when stragglers are replaced, says that it will leave."""
         if self.record is not None:
             self.record.note_straggler(straggler)
+        if self._replaces_stragglers and self._monitor is not None \
+                and self._monitor.slow_here == straggler:
+            logger.warning("This node is the straggler: its agent is asked to leave the job "
+                           "for a spare.")
+
+    def _leave_request(self) -> NodeVerdict | None:
+        """Asked by the agent at each look (replacing stragglers): leave, when this node
+        is the straggler named in the run of slow reports still going on."""
+        straggler = self._monitor.slow_here if self._monitor is not None else None
+        if straggler is None or self.stragglers is None:
+            return None
+        return node_policy.leave(f"straggler: {straggler.describe()}",
+                                 self.stragglers.cool_off_s)
 
     def _set_status(self, status: RunStatus, error: str | None = None) -> None:
         if self.record is not None:

@@ -5,7 +5,7 @@
                      [--context-on-rank0-first]
                      [--restartable] [--crash-how raise|exit|sigkill] [--crash-always]
                      [--crash-before-checkpoint] [--crash-file PATH] [--crash-times N]
-                     [--slow-rank R:S]
+                     [--slow-rank R:S] [--slow-node N:S]
 
 It initialises its own process group (as under torchrun), uses
 elastic_train.get_checkpoint()/report() for resume, and records each start
@@ -65,6 +65,9 @@ def _args() -> argparse.Namespace:
                              "once per attempt (OUT/crashed: a line per crash)")
     parser.add_argument("--slow-rank", default=None, metavar="RANK:SECONDS",
                         help="rank RANK sleeps SECONDS more each epoch (a straggler)")
+    parser.add_argument("--slow-node", default=None, metavar="NODE:SECONDS",
+                        help="the workers on the node whose ET_TEST_NODE is NODE sleep "
+                             "SECONDS more each epoch, whatever their rank (a slow machine)")
     return parser.parse_args()
 
 
@@ -93,12 +96,17 @@ def _crash_here(crash_file: str, marker: str, times: int) -> bool:
         return True
 
 
-def _straggling(slow_rank: str | None, rank: int) -> float:
-    """The extra sleep of ``rank`` per epoch that ``--slow-rank RANK:SECONDS`` asks for."""
-    if not slow_rank:
-        return 0.0
-    slow, seconds = slow_rank.split(":")
-    return float(seconds) if int(slow) == rank else 0.0
+def _straggling(slow_rank: str | None, slow_node: str | None, rank: int) -> float:
+    """The extra sleep of ``rank`` per epoch that ``--slow-rank RANK:SECONDS`` and
+    ``--slow-node NODE:SECONDS`` ask for."""
+    extra = 0.0
+    if slow_rank:
+        slow, seconds = slow_rank.split(":")
+        extra += float(seconds) if int(slow) == rank else 0.0
+    if slow_node:
+        node, seconds = slow_node.rsplit(":", 1)
+        extra += float(seconds) if node == os.environ.get("ET_TEST_NODE") else 0.0
+    return extra
 
 
 def main() -> None:
@@ -164,7 +172,8 @@ def main() -> None:
             raise ConnectionRefusedError(111, "Connection refused")
         slow = world < args.slow_below_world or (
             world < args.slow_until_world and not os.path.exists(full))
-        time.sleep(args.sleep + (1.0 if slow else 0.0) + _straggling(args.slow_rank, rank))
+        time.sleep(args.sleep + (1.0 if slow else 0.0)
+                   + _straggling(args.slow_rank, args.slow_node, rank))
         with tempfile.TemporaryDirectory() as d:
             ckpt = None
             if rank == 0:

@@ -219,3 +219,28 @@ def test_spare_nodes_on_an_elastic_rendezvous():
                         spare_nodes=1)
     assert one.nodes == (1, 1) and one.spans_nodes  # the spare meets it: a shared name
     assert ScalingConfig().spare_nodes == 0 and not ScalingConfig().spans_nodes
+
+
+def test_replacing_stragglers_needs_spares_checked_on_the_node_run_path(tmp_path, monkeypatch):
+    """``StragglerConfig(replace=True)`` without ``spare_nodes``: refused by fit() before
+    anything starts (the rule between the configs, once: ``check_together``)."""
+    from elastic_train import StragglerConfig
+    from elastic_train.config import check_together
+    from elastic_train.torch import TorchTrainer
+
+    replacing = RunConfig(straggler_config=StragglerConfig(replace=True))
+    rendezvous = RendezvousConfig(backend="etcd", endpoint="h:2379", run_id="job42")
+    check_together(replacing, ScalingConfig(num_workers=2, num_workers_per_node=1,
+                                            rendezvous=rendezvous, spare_nodes=1))
+    check_together(RunConfig(), ScalingConfig())  # naming only: no spares needed
+    started = []
+    monkeypatch.setattr("elastic_train.driver.node_run.NodeRun.__enter__",
+                        lambda self: started.append(self))
+    trainer = TorchTrainer(lambda: None, run_config=RunConfig(
+        name="r", storage_path=str(tmp_path), straggler_config=StragglerConfig(replace=True)))
+    with pytest.raises(ConfigError) as caught:
+        trainer.fit()
+    assert caught.value.field == "StragglerConfig.replace"
+    assert "ScalingConfig.spare_nodes=0" in str(caught.value)
+    assert "ScalingConfig(spare_nodes=1)" in str(caught.value)
+    assert started == [] and list(tmp_path.iterdir()) == []

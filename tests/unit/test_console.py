@@ -112,6 +112,39 @@ def test_a_node_that_stays_slow_is_named_on_the_console_and_shown_in_the_status(
     assert "slowest rank 1 3.0x" in monitor.status_line()
 
 
+def test_the_named_node_knows_it_is_the_straggler_until_its_round_ends(tmp_path):
+    """``slow_here``: what the supervisor asks to request a replacement. On node 1 only,
+    while the slow reports go on; a rendezvous renumbers the nodes: the watch starts over."""
+    from elastic_train.callbacks import RunContext
+    from elastic_train.driver.run_monitor import RunMonitor
+    from elastic_train.storage import RunStorage
+    from elastic_train.stragglers import StragglerConfig, step_fields
+
+    storage = RunStorage.open(str(tmp_path / "results"), "run")
+    storage.ensure_writable()
+    storage.write_metrics([{"training_iteration": i, **step_fields([0.1, 0.3], [0, 1])}
+                           for i in (1, 2)])
+
+    def monitor_on(group_rank: int) -> RunMonitor:
+        monitor = RunMonitor(RunContext("run", storage), [], str(tmp_path / "logs"),
+                             stream=io.StringIO(), stragglers=StragglerConfig(window=2))
+        monitor.note_rendezvous(group_rank, 2)
+        monitor._poll_metrics()
+        return monitor
+
+    assert monitor_on(0).slow_here is None
+    here = monitor_on(1)
+    assert here.slow_here is not None and here.slow_here.node == 1
+    here.note_rendezvous(1, 2)  # the same round's numbers: it stands
+    assert here.slow_here is not None
+    here.note_rendezvous(0, 2)  # another round: node 1 is someone else now
+    assert here.slow_here is None
+    steady = monitor_on(1)
+    storage.write_metrics([{"training_iteration": 3, **step_fields([0.1, 0.1], [0, 1])}])
+    steady._poll_metrics()
+    assert steady.slow_here is None  # no longer slow: not asked to leave
+
+
 class _Clock:
     def __init__(self):
         self.now = 0.0

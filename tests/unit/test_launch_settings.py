@@ -158,6 +158,8 @@ def test_flags_we_do_not_honour_get_a_note(capsys):
      ["PET_STRAGGLER_THRESHOLD: StragglerConfig.score_threshold=0.9 is invalid", "> 1"]),
     (["--straggler-min-excess", "-1", SCRIPT], {},
      ["--straggler-min-excess: StragglerConfig.min_excess_s=-1.0 is invalid"]),
+    (["--replace-stragglers", "--straggler-cool-off", "-5", SCRIPT], {},
+     ["--straggler-cool-off: StragglerConfig.cool_off_s=-5.0 is invalid"]),
     (["--rdzv-backend", "etcd", SCRIPT], {"SLURM_JOB_ID": "5", "SLURM_JOB_NUM_NODES": "2",
                                           "SLURM_JOB_NODELIST": "n[1-2]"},
      ["--rdzv-endpoint is required for --rdzv-backend etcd"]),  # Slurm's is a c10d store
@@ -191,6 +193,9 @@ def test_in_process_and_no_progress_flags_set_the_failure_config(monkeypatch, ar
     (["--straggler-threshold", "2", "--straggler-window", "3", "--straggler-min-excess", "0",
       SCRIPT], {}, et.StragglerConfig(score_threshold=2.0, window=3, min_excess_s=0.0)),
     ([SCRIPT], {"PET_STRAGGLER_WINDOW": "7"}, et.StragglerConfig(window=7)),
+    (["--replace-stragglers", "--straggler-cool-off", "60", SCRIPT], {},
+     et.StragglerConfig(replace=True, cool_off_s=60.0)),
+    ([SCRIPT], {"PET_STRAGGLER_COOL_OFF": "5"}, et.StragglerConfig(cool_off_s=5.0)),
 ])
 def test_straggler_flags_set_the_straggler_config(monkeypatch, argv, env, expected):
     launched = []
@@ -234,3 +239,16 @@ def test_python_exec_picks_the_workers_interpreter(monkeypatch):
     program, args = LaunchSettings(target=SCRIPT, target_args=["--lr", "1"]).worker_command()
     assert program == "/opt/python3.12/bin/python"
     assert args == ("-m", "elastic_train.worker.script_worker", SCRIPT, "--lr", "1")
+
+
+def test_replacing_stragglers_without_spares_is_refused_before_anything_starts(
+        capsys, tmp_path, monkeypatch):
+    """The rule between the configs (``check_together``), on the node-run path: launch's
+    one-line error names both settings, and no run directory is made."""
+    started = []
+    monkeypatch.setattr("elastic_train.driver.node_run.NodeRun.__enter__",
+                        lambda self: started.append(self))
+    err = failure(capsys, ["--replace-stragglers", "--storage-path", str(tmp_path), SCRIPT])
+    assert "StragglerConfig.replace=True" in err and "--replace-stragglers" in err, err
+    assert "ScalingConfig.spare_nodes=0" in err and "--spares 1" in err, err
+    assert started == [] and list(tmp_path.iterdir()) == []

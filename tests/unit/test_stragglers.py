@@ -60,11 +60,31 @@ def test_the_streak_starts_over_when_another_node_is_slowest():
     assert (named[2].node, named[2].since_iteration) == (1, 2)
 
 
+def test_the_named_straggler_stands_while_its_slow_reports_last():
+    """``named``: what a node asks to know whether it is (still) the straggler."""
+    watch = StragglerWatch(StragglerConfig(window=2))
+    slow, steady = _rows([[0.1, 0.4]] * 3, nodes=[0, 1]), _rows([[0.1, 0.1]], nodes=[0, 1])
+    watch.observe(slow[0])
+    assert watch.named is None  # one slow report of two
+    first = watch.observe(slow[1])
+    assert first is not None and watch.named == first and first.node == 1
+    assert watch.observe(slow[2]) is None and watch.named == first  # named once, stands
+    watch.observe(steady[0])
+    assert watch.named is None  # no longer slow: withdrawn
+
+
 @pytest.mark.parametrize("kwargs", [{"score_threshold": 1.0}, {"window": 0},
-                                    {"min_excess_s": -1}, {"window": True}])
+                                    {"min_excess_s": -1}, {"window": True},
+                                    {"replace": 1}, {"replace": "yes"}, {"cool_off_s": -1},
+                                    {"cool_off_s": float("inf")}, {"cool_off_s": True}])
 def test_config_errors_name_the_field(kwargs):
     with pytest.raises(ConfigError, match=f"StragglerConfig.{next(iter(kwargs))}"):
         StragglerConfig(**kwargs)
+
+
+def test_replacement_is_off_by_default_and_cools_off_ten_minutes():
+    assert (StragglerConfig().replace, StragglerConfig().cool_off_s) == (False, 600.0)
+    assert StragglerConfig(replace=True, cool_off_s=0).cool_off_s == 0
 
 
 def test_step_clock_counts_own_time_per_marker():

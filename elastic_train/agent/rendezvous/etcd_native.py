@@ -240,6 +240,17 @@ class EtcdNativeHandler(RendezvousHandler):
             self._kv.txn([], [ops.delete(keys.live(r, node)) for node in nodes])
         return bool(nodes)
 
+    def spares_waiting(self) -> int:
+        """The spares waiting for the round after this node's last (their keys
+        ``r/R+1/s/<node>``, under their leases: a dead spare's is gone with its lease);
+        one read (see :mod:`.spares`)."""
+        last = self._last
+        if last is None:
+            return 0
+        found = self._kv.read(ops.get(self._keys.spares(last.round + 1), prefix=True,
+                                      keys_only=True))
+        return sum(_ours(kv) for kv in found.ranges[0])
+
     def is_closed(self) -> bool:
         return bool(self._kv.read(ops.get(self._keys.closed)).ranges[0])
 

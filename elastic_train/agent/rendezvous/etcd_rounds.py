@@ -100,8 +100,12 @@ class Keys:
     def live(self, r: int, node: str) -> bytes:
         return self.lives(r) + node.encode()
 
+    def spares(self, r: int) -> bytes:
+        """The spares waiting for round ``r`` (it had ``max_nodes`` when they came)."""
+        return self.of_round(r) + b"s/"
+
     def spare(self, r: int, node: str) -> bytes:
-        return self.of_round(r) + b"s/" + node.encode()
+        return self.spares(r) + node.encode()
 
 
 @dataclass(frozen=True)
