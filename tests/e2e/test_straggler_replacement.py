@@ -10,9 +10,12 @@ first node, which is never the slow one."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
+from collections.abc import Iterator
+from typing import IO
 
 import pytest
 
@@ -31,6 +34,21 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_leaked_processes")]
 EPOCHS = 30
 ADDRS = ("127.0.0.1", "localhost", "127.0.0.1")  # the node's name: the slow one's its own
 SLOW = 1
+
+
+@contextlib.contextmanager
+def _three_logs(tmp_path) -> Iterator[tuple[list[subprocess.Popen], list[IO[str]]]]:
+    """The agents' processes (appended by the test) and their three log files; every
+    agent is stopped and every log closed however the test ends."""
+    logs = [open(tmp_path / f"node{i}.log", "w") for i in range(3)]  # noqa: SIM115
+    procs: list[subprocess.Popen] = []
+    try:
+        yield procs, logs
+    finally:
+        for proc in procs:
+            stop_process(proc)
+        for f in logs:
+            f.close()
 
 
 def _agent(i: int, backend_args: list, name: str, storage_path: str, out_dir, slow: int,
@@ -53,16 +71,14 @@ def test_a_named_straggler_leaves_and_the_spare_takes_its_place(
     name = f"swap-{backend}"
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    logs = [open(tmp_path / f"node{i}.log", "w") for i in range(3)]  # noqa: SIM115
-    procs: list[subprocess.Popen] = []
-
-    def start(i: int) -> None:
-        procs.append(_agent(i, backend_args, name, storage_path, out_dir, SLOW, logs[i]))
 
     def log(i: int) -> str:
         return (tmp_path / f"node{i}.log").read_text()
 
-    try:
+    with _three_logs(tmp_path) as (procs, logs):
+        def start(i: int) -> None:
+            procs.append(_agent(i, backend_args, name, storage_path, out_dir, SLOW, logs[i]))
+
         start(0)
         time.sleep(2)  # node 0 hosts the c10d store: it must outlive the others
         start(1)
@@ -73,11 +89,6 @@ def test_a_named_straggler_leaves_and_the_spare_takes_its_place(
         assert procs[SLOW].poll() is None and len(starts(out_dir)) == 1, log(SLOW)[-3000:]
         start(2)  # the spare: once it is parked, the straggler leaves and it takes over
         codes = [proc.wait(240) for proc in procs]
-    finally:
-        for proc in procs:
-            stop_process(proc)
-        for f in logs:
-            f.close()
     tails = "\n".join(f"--- node {i}\n{log(i)[-2500:]}" for i in range(3))
     assert codes == [0, 1, 0], tails  # the straggler left; the survivor and the spare finish
     assert "left the job: straggler: node" in log(SLOW), tails
@@ -111,9 +122,7 @@ def test_the_node_hosting_the_c10d_store_is_never_replaced(request, storage_path
     name = "swap-host"
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    logs = [open(tmp_path / f"node{i}.log", "w") for i in range(3)]  # noqa: SIM115
-    procs: list[subprocess.Popen] = []
-    try:
+    with _three_logs(tmp_path) as (procs, logs):
         procs.append(_agent(0, backend_args, name, storage_path, out_dir, 0, logs[0]))
         time.sleep(2)  # node 0 hosts the c10d store
         procs.append(_agent(1, backend_args, name, storage_path, out_dir, 0, logs[1]))
@@ -122,11 +131,6 @@ def test_the_node_hosting_the_c10d_store_is_never_replaced(request, storage_path
         store = c10d_store(backend_args[-1])
         assert wait_until(lambda: c10d_spare_parked(store, name), 60)
         codes = [proc.wait(240) for proc in procs]
-    finally:
-        for proc in procs:
-            stop_process(proc)
-        for f in logs:
-            f.close()
     host = (tmp_path / "node0.log").read_text()
     # The spare's own exit is not checked: with c10d, a spare still parked when the store's
     # host ends may lose the store before it reads that the rendezvous closed (exit 1).
