@@ -26,7 +26,10 @@ S3 here); ``storage_path="s3://bucket/"`` becomes a local path; the validation
 function the guide leaves as ``...`` is a small one; the Lightning and Transformers
 parts are ``examples/lightning_digits.py`` and ``examples/transformers_tiny.py``;
 the background saves of ``run_custom_upload`` talk over a gloo group of their own
-(``_save_group``), as DCP advises for gloo.
+(``_save_group``), as DCP advises for gloo, and each waits for the one before it: two
+saves in flight on one group interleave their collectives in an order that may differ
+between the ranks, and hang (seen once the zygote's standby made one rank start a few
+milliseconds sooner; torchtitan waits likewise).
 
     python examples/ray_guide_checkpoints.py --storage-path /tmp/results
 """
@@ -282,6 +285,7 @@ def run_no_upload(run_config: train.RunConfig) -> train.Result:
 
 
 def custom_upload_train_fn(config):
+    ckpt_ref = None
     for epoch in range(config["num_epochs"]):
         model, optimizer = _model_and_optimizer()
         # Start the checkpoint save into the run directory in the background
@@ -289,6 +293,8 @@ def custom_upload_train_fn(config):
         checkpoint_path = storage_context.build_checkpoint_path_from_name(str(epoch))
         storage_writer = FileSystemWriter(checkpoint_path)
         model_dict, opt_dict = get_state_dict(model=model, optimizers=optimizer)
+        if ckpt_ref is not None:  # one save in flight: two would interleave their collectives
+            ckpt_ref.result()
         ckpt_ref = async_save(
             {"model": model_dict, "opt": opt_dict},
             storage_writer=storage_writer,
