@@ -19,7 +19,7 @@ import time
 import pytest
 
 from tests.conftest import wait_until
-from tests.support.launched import run_state, starts
+from tests.support.launched import latest_world, run_state, starts
 from tests.support.paths import REPO
 from tests.support.servers import free_port, stop_process
 
@@ -65,9 +65,7 @@ def test_a_lost_node_is_known_gone_at_once_and_charged_to_no_survivor(
             procs.append(_agent(i, name, backend_args, out_dir, storage_path, log, restart))
             if i == 0:  # node 0 writes the run (and hosts c10d's store): never the one killed
                 time.sleep(2)
-        # (on a loaded machine the third agent may miss the first round's 2 s last call
-        # and join the next: the job then starts at world 2 first)
-        assert wait_until(lambda: any(w == 3 for _, w in starts(out_dir)), 120)
+        assert wait_until(lambda: latest_world(out_dir) == 3, 120), starts(out_dir)
         assert wait_until(lambda: os.path.exists(os.path.join(
             storage_path, name, "checkpoint_000002", ".commit.json")), 90)
         before = len(starts(out_dir))

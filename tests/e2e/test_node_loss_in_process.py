@@ -20,7 +20,7 @@ import pytest
 from elastic_train.result import Result
 from tests.conftest import wait_until
 from tests.e2e.test_launch import CLI, SCRIPT, worker_pids
-from tests.support.launched import run_state, starts
+from tests.support.launched import latest_world, run_state, starts
 from tests.support.paths import REPO
 from tests.support.rendezvous_state import c10d_spare_parked, c10d_store
 from tests.support.servers import free_port, stop_process
@@ -57,6 +57,14 @@ def _ranks(out_dir) -> list[tuple[int, int, int, int]]:
         if path.exists() else []
 
 
+def _commit_into_latest_start(storage_path: str, name: str, out_dir) -> str:
+    """The commit marker of the checkpoint two epochs into the latest start. A node killed
+    once it exists is lost mid-run, also when the last node joined late (the job then ran
+    a while at the smaller world size first)."""
+    first_epoch = starts(out_dir)[-1][0]
+    return os.path.join(storage_path, name, f"checkpoint_{first_epoch + 2:06d}", ".commit.json")
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("backend", ["c10d", "etcd"])
 def test_lost_node_survivors_keep_their_processes(request, storage_path, tmp_path, backend):
@@ -76,13 +84,14 @@ def test_lost_node_survivors_keep_their_processes(request, storage_path, tmp_pat
                                 "--sleep", 0.3, "--restartable"], log))
             if i == 0 and backend == "c10d":
                 time.sleep(2)  # node 0 hosts the c10d store: it must outlive the others
-        assert wait_until(lambda: starts(out_dir)[:1] == [(0, 3)], 90)
+        assert wait_until(lambda: latest_world(out_dir) == 3, 90), starts(out_dir)
         assert wait_until(lambda: len(worker_pids(out_dir)) == 3, 30)
         survivors = set(worker_pids(out_dir))
-        commit = os.path.join(storage_path, name, "checkpoint_000002", ".commit.json")
+        commit = _commit_into_latest_start(storage_path, name, out_dir)
         assert wait_until(lambda: os.path.exists(commit), 60)
+        before = starts(out_dir)
         _kill_node(procs[2])
-        assert wait_until(lambda: len(starts(out_dir)) >= 2, 60), starts(out_dir)
+        assert wait_until(lambda: len(starts(out_dir)) > len(before), 60), starts(out_dir)
         codes = [proc.wait(120) for proc in procs[:2]]
     finally:
         for proc in procs:
@@ -93,8 +102,8 @@ def test_lost_node_survivors_keep_their_processes(request, storage_path, tmp_pat
     assert codes == [0, 0], node_logs
     # No new process on the surviving nodes: every pid that ran is one of the first three.
     assert set(worker_pids(out_dir)) == survivors, node_logs
-    [first, *rest] = starts(out_dir)
-    assert first == (0, 3) and rest and all(w == 2 for _, w in rest), starts(out_dir)
+    after = starts(out_dir)[len(before):]
+    assert after and all(w == 2 for _, w in after), starts(out_dir)
     rows = Result.from_path(os.path.join(storage_path, name)).metrics_dataframe
     assert list(rows["training_iteration"]) == list(range(1, EPOCHS + 1))
     assert list(rows["epoch"]) == list(range(EPOCHS))  # resumed from the last commit
@@ -117,13 +126,15 @@ def test_lost_rank_0_node_survivors_take_the_lower_ranks(etcd_endpoint, storage_
                     EPOCHS, "--sleep", 0.3, "--restartable"], log, node)
              for node, log in enumerate(logs)]
     try:
-        assert wait_until(lambda: starts(out_dir)[:1] == [(0, 4)], 90)
-        assert wait_until(lambda: len(_ranks(out_dir)) == 4, 30)
-        lost_node = next(node for rank, _, _, node in _ranks(out_dir) if rank == 0)
+        assert wait_until(lambda: latest_world(out_dir) == 4, 90), starts(out_dir)
+        assert wait_until(lambda: [w for _, w, _, _ in _ranks(out_dir)[-4:]] == [4] * 4, 30)
+        world_4 = _ranks(out_dir)[-4:]
+        lost_node = next(node for rank, _, _, node in world_4 if rank == 0)
         lost, survivor = procs[lost_node], procs[1 - lost_node]
-        survivors = {pid for _, _, pid, node in _ranks(out_dir) if node != lost_node}
-        commit = os.path.join(storage_path, name, "checkpoint_000002", ".commit.json")
+        survivors = {pid for _, _, pid, node in world_4 if node != lost_node}
+        commit = _commit_into_latest_start(storage_path, name, out_dir)
         assert wait_until(lambda: os.path.exists(commit), 60)
+        before = len(_ranks(out_dir))
         _kill_node(lost)
         code = survivor.wait(120)
     finally:
@@ -134,7 +145,7 @@ def test_lost_rank_0_node_survivors_take_the_lower_ranks(etcd_endpoint, storage_
     node_log = (tmp_path / f"node{1 - lost_node}.log").read_text()[-3000:]
     assert code == 0, node_log
     assert len(survivors) == 2, _ranks(out_dir)
-    after = _ranks(out_dir)[4:]
+    after = _ranks(out_dir)[before:]
     assert after and {world for _, world, _, _ in after} == {2}, _ranks(out_dir)
     assert {rank for rank, _, _, _ in after} == {0, 1}
     assert {pid for _, _, pid, _ in after} == survivors, node_log  # the same two processes
