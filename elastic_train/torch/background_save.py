@@ -2,11 +2,12 @@
 state is copied into host memory.
 
 The call copies the state into host memory -- shared memory, pinned as well when
-this worker uses CUDA, with torch's own ``DefaultStager`` -- and returns. A separate
+this worker uses CUDA -- and returns. A separate
 process (not a thread: it holds no GIL the training needs) then writes the files,
 and ``report()`` uploads and commits them once they are written (see
-:meth:`elastic_train.Checkpoint.from_directory`'s ``written``). The staging buffers
-are allocated at the first save and reused by the next ones, which then only copy.
+:meth:`elastic_train.Checkpoint.from_directory`'s ``written``). The first save stages
+with torch's ``DefaultStager``; the next ones of the same layout only copy into what
+it staged (:mod:`.keeping_stager`).
 
 It lives here, beside ``prepare_model``, rather than on ``Checkpoint``: it is about
 torch tensors and ``torch.distributed.checkpoint``, where ``Checkpoint`` is any
@@ -26,14 +27,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from elastic_train import scratch
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.errors import ConfigError
 from elastic_train.storage.dcp_writer import save_in_writer_process, stop_writer_process
 from elastic_train.storage.file_writer import FileWriterProcess
-from elastic_train.torch.staging_compat import stager_is_reusable
+from elastic_train.torch.keeping_stager import KeepingStager
 
 logger = logging.getLogger(__name__)
 
@@ -99,12 +99,12 @@ def async_save(state_dict: dict[str, Any], filename: str | None = None, *,
     saver = _saver_of_this_attempt()
     saver.wait_for_previous()
     directory = tempfile.mkdtemp(dir=saver.root)
-    stager = saver.stager_for_this_save()
     if filename is None:
         group = process_group if process_group is not None else saver.cpu_group()
-        written = save_in_writer_process(state_dict, directory, group, stager)
+        written = save_in_writer_process(state_dict, directory, group, saver.stager)
     else:
-        written = saver.files.write(stager.stage(state_dict), os.path.join(directory, filename))
+        written = saver.files.write(saver.stager.stage(state_dict),
+                                    os.path.join(directory, filename))
     saver.previous = written
     return Checkpoint.from_directory(directory, written=written)
 
@@ -115,7 +115,7 @@ class _Saver:
 
     world: Any  # the default process group of the attempt, None without one
     root: str  # the directory of this process's checkpoint directories being written
-    stager: DefaultStager
+    stager: KeepingStager
     files: FileWriterProcess = field(default_factory=FileWriterProcess)
     previous: Future | None = None  # the last write, maybe still in flight
     gloo: Any = None  # the CPU group of sharded saves, made at the first one
@@ -124,13 +124,6 @@ class _Saver:
     def start(cls, world: Any) -> _Saver:
         scratch.sweep((DIRECTORY_PREFIX,))
         return cls(world, scratch.make(DIRECTORY_PREFIX), _new_stager())
-
-    def stager_for_this_save(self) -> DefaultStager:
-        """The stager, whose buffers the previous save filled; a new one where torch's
-        stages only once (:mod:`.staging_compat`)."""
-        if not stager_is_reusable():
-            self.stager = _new_stager()
-        return self.stager
 
     def wait_for_previous(self) -> None:
         """The back-pressure rule: the previous write ends before the next copy."""
@@ -164,12 +157,10 @@ class _Saver:
 _saver: _Saver | None = None
 
 
-def _new_stager() -> DefaultStager:
+def _new_stager() -> KeepingStager:
     """Into shared memory, which the writer maps instead of receiving a copy; pinned as
     well when this worker uses CUDA (its tensors are on a GPU), for a fast copy."""
-    cuda = torch.cuda.is_initialized()
-    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=True,
-                                        use_async_staging=False, use_non_blocking_copy=cuda))
+    return KeepingStager(shared_memory=True, pin_memory=torch.cuda.is_initialized())
 
 
 def _saver_of_this_attempt() -> _Saver:
