@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from elastic_train.storage.parent_watch import die_with
+from elastic_train.storage import writer_process
 
 
 class FileWriterProcess:
@@ -79,8 +79,7 @@ def _serve(conn: Any, owner_pid: int) -> None:  # pragma: no cover -- the writer
     """The writer: one ``(path, state)`` request at a time, answered with None or the
     error's text (an exception may not pickle); ends when its owner ends or closes the
     pipe."""
-    die_with(owner_pid)
-    torch.set_num_threads(1)  # serialising needs no intra-op threads; training does
+    writer_process.settle(owner_pid)
     while True:
         try:
             path, state = conn.recv()

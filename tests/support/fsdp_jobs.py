@@ -125,8 +125,10 @@ def _save_in_writer_process(config: dict, state: dict, metrics: dict, epoch: int
     # the slow write resumes from it, however slowly the writer process started
     mode = "SYNC" if epoch + 1 == slow.get("epoch") else "ASYNC"
     et.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=mode)
-    _note(config, {"epoch": epoch, "writer": writer_pid(),
-                   "in_flight": not checkpoint.written.done()})
+    writer = writer_pid()
+    _note(config, {"epoch": epoch, "writer": writer, "in_flight": not checkpoint.written.done(),
+                   "writer_niceness": None if writer is None else  # not started yet
+                   os.getpriority(os.PRIO_PROCESS, writer) - os.getpriority(os.PRIO_PROCESS, 0)})
     jobs._inject(config, epoch, "saved")
 
 

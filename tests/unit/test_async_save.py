@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from elastic_train.errors import ConfigError
+from elastic_train.storage import writer_process
 from elastic_train.torch import async_save, background_save
 from tests.conftest import pid_alive, wait_until
 from tests.support.paths import REPO
@@ -54,6 +55,13 @@ def test_one_file_holds_the_state_as_it_was_when_the_call_returned():
     again = async_save(state, "model.pt")  # the same buffers, copied again
     again.written.result(timeout=60)
     assert torch.equal(torch.load(os.path.join(again.path, "model.pt"))["w"], state["w"])
+
+
+def test_the_writer_yields_the_cpu_to_training():
+    async_save({"w": torch.zeros(3)}, "model.pt").written.result(timeout=60)
+    writer = background_save._saver.files._process.pid
+    niceness = os.getpriority(os.PRIO_PROCESS, writer) - os.getpriority(os.PRIO_PROCESS, 0)
+    assert niceness == writer_process.NICENESS
 
 
 def test_a_save_waits_for_the_write_before_it(monkeypatch):
