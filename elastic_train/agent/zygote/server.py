@@ -124,6 +124,7 @@ class _Server:
         self.warmth = Warmth()  # what the next standby prepares
         self.served = False  # a worker was asked for: from now on a standby waits
         self.lost_standbys = 0
+        self.standby_off = False  # a request said ELASTIC_TRAIN_STANDBY=0: none from then on
 
     def drop(self, conn: socket.socket) -> None:
         self.selector.unregister(conn)
@@ -169,7 +170,7 @@ class _Server:
         standbys.note(self.standby_file, None if standby is None else standby.pid)
 
     def wants_standby(self) -> bool:
-        return (self.standby is None and self.served
+        return (self.standby is None and self.served and not self.standby_off
                 and self.lost_standbys < standbys.MAX_LOST)
 
     def fork_standby(self) -> Request | None:
@@ -239,8 +240,8 @@ class _Server:
         if env_vars.Switches.from_environ(request.env).standby:
             self.warmth = Warmth(self.warmth.cuda,
                                  tuple(sorted(standbys.device_env(request.env).items())))
-        else:  # asked to keep none
-            self.lost_standbys = standbys.MAX_LOST
+        else:
+            self.standby_off = True
             if self.standby is not None:
                 self.standby.retire()
                 self._set_standby(None)
