@@ -40,6 +40,7 @@ from elastic_train.agent.local_agent import TrainAgent
 from elastic_train.agent.no_progress_guard import NoProgressGuard, Progress
 from elastic_train.agent.node_policy import POLICY_SETTING, NodeStanding, node_name
 from elastic_train.agent.options import AgentEvents, AgentOptions
+from elastic_train.agent.rendezvous import state_poll
 from elastic_train.agent.rendezvous.registry import register
 from elastic_train.agent.rendezvous.store_host import hosts_store
 from elastic_train.agent.restart_budget import RestartBudget
@@ -311,6 +312,7 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
                              guard=NoProgressGuard(failure.max_restarts_without_progress,
                                                    _progress_now(events.progress))),
         worker_command=worker_command, node=node,
+        rendezvous_poll_s=state_poll.interval_s(spec.max_nodes),
         worker_pids_dir=os.path.join(logs.root_log_dir, "worker_pids"),
         staging_dir=spec.staging_dir,
         import_watch=ImportWatch(os.path.join(private, "modules"), zygote.preload)

@@ -99,7 +99,7 @@ from elastic_train.agent.no_progress_guard import signature
 from elastic_train.agent.node_liveness import Beacon, NodeLiveness
 from elastic_train.agent.node_policy import NodeVerdict
 from elastic_train.agent.options import AgentEvents, AgentOptions
-from elastic_train.agent.rendezvous import gone_nodes, spares
+from elastic_train.agent.rendezvous import gone_nodes, spares, state_poll
 from elastic_train.agent.restart_budget import Decision, RestartBudget
 from elastic_train.agent.worker_slots import surviving
 from elastic_train.errors import WorkerFailure
@@ -171,7 +171,8 @@ class TrainAgent(LocalElasticAgent):
             if (left := gone_nodes.forget(handler, gone)) is not None:
                 gone_nodes.seal_when_joined(handler, left, worker_group.group_rank or 0,
                                             SEAL_WITHIN_S)
-        super()._rendezvous(worker_group)
+        with state_poll.polling(self.options.rendezvous_poll_s):
+            super()._rendezvous(worker_group)
         nodes = worker_group.group_world_size or 1
         if nodes > 1 and self._beacon is None:  # a single node has nobody to lose
             self._beacon = Beacon(worker_group.spec.local_addr or socket.getfqdn())

@@ -44,6 +44,8 @@ class AgentOptions:
         import_watch: Hands the modules the workers import to the zygote.
         node: This node's standing with its node policy (:mod:`.node_policy`), asked
             after each failure and before each round (default: stays, admitted).
+        rendezvous_poll_s: The pause between reads of torch's dynamic handler while
+            this agent waits in a round (:mod:`.rendezvous.state_poll`; torch's: 1 s).
     """
 
     worker_env: Mapping[str, str] = field(default_factory=dict)
@@ -59,6 +61,7 @@ class AgentOptions:
     import_watch: ImportWatch | None = None
     node: NodeStanding = field(default_factory=lambda: NodeStanding(NodePolicy(),
                                                                     node_name(None)))
+    rendezvous_poll_s: float = 1.0
 
 
 @dataclass

@@ -11,11 +11,10 @@ alone, so the survivors of a lost node sit through two waits that node liveness
    nodes: :func:`seal_when_joined` ends that wait once every survivor has joined
    and no other node waits to (a spare or a new node: then torch's last call
    runs as usual, so that it gets in). One survivor watches (the lowest-ranked),
-   as often as 20 times a second; torch's handlers read the state once a second
-   each, so at any size this adds what 20 more nodes would.
+   as often as 20 times a second: at any size, the reads of a few more nodes.
 
 Both are compare-and-set writes of the stored state, as torch's own are; every
-handler takes the change at its next read (torch's handler polls once a second).
+handler takes the change at its next read (:mod:`.state_poll`: every 0.1-1 s).
 Our ``etcd`` handler needs neither: a lost node is absent from its next round,
 whose sealer waits only for the liveness records of the last round -- which a
 handler that has ``forget_gone(ranks)`` deletes for the nodes known gone.
