@@ -69,6 +69,7 @@ class KeepingStager(AsyncStager):
                 devices.synchronize()
                 self._staged = staged
                 return staged
+        self._staged = None  # its buffers go before new ones are allocated
         stager = DefaultStager(self._options)
         try:
             self._staged = stager.stage(state_dict)
