@@ -279,6 +279,8 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
     )
     register(lookup(rdzv.backend, "RendezvousConfig.backend"))  # ours, into torch's registry
     rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
+    poll_s = state_poll.interval_s(spec.max_nodes)
+    state_poll.read_every(rdzv_handler, poll_s)
     if events.leave_request is not None and hosts_store(rdzv):
         logger.warning("This node hosts the job's rendezvous store (%s at %s): were it "
                        "replaced as a straggler, the job would end with it, so it stays "
@@ -312,7 +314,7 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
                              guard=NoProgressGuard(failure.max_restarts_without_progress,
                                                    _progress_now(events.progress))),
         worker_command=worker_command, node=node,
-        rendezvous_poll_s=state_poll.interval_s(spec.max_nodes),
+        rendezvous_poll_s=poll_s,
         worker_pids_dir=os.path.join(logs.root_log_dir, "worker_pids"),
         staging_dir=spec.staging_dir,
         import_watch=ImportWatch(os.path.join(private, "modules"), zygote.preload)
