@@ -217,6 +217,7 @@ _TIER_VARIANTS = (  # (label, on S3, environment, saver: see bench.sharded_job._
      "thread"),
     ("S3, local tier, dcp.save", True, {}, "sync"),
     ("S3, local tier, async_save", True, {}, "process"),
+    ("local disk, async_save", False, {}, "process"),
 )
 BLOCKED_TARGET = Target(1.2, at_least=False)  # blocked per checkpoint / a bare host copy
 STEPS_TARGET = Target(0.95, at_least=True)  # steps/s while a write runs / without one
@@ -303,6 +304,10 @@ _SAVERS = (  # (variant, how the save is made)
 )
 
 
+_LOCAL_WRITER = ("local disk, async_save",
+                 "elastic_train.torch.async_save, the run on local disk (no S3, no moto)")
+
+
 def _blocked_tables(rows: dict[str, dict[str, list[float]]], size: float) -> list[Table]:
     """Figure 11b: what a checkpoint costs the training, by how it is saved."""
     blocked = Table(f"Figure 11b — time a rank is blocked per checkpoint with a {size:g} MB "
@@ -339,9 +344,11 @@ def _blocked_tables(rows: dict[str, dict[str, list[float]]], size: float) -> lis
         "waits for the slowest rank (the writers start together) and, for async_save, "
         "allocates the shared-memory buffers and starts the writer processes (a new "
         "interpreter each, importing torch, in the background).",
-        "async_save copies the state into shared memory (DCP's DefaultStager; buffers kept "
-        "from one save to the next), and DCP's writer process -- a gloo group of its own "
-        "between the ranks' writers, save plans cached -- writes the files; report() with "
+        "async_save copies the state into shared memory (the first save with DCP's "
+        "DefaultStager, the next ones into the same buffers, see "
+        "elastic_train/torch/keeping_stager.py), and DCP's writer process -- a gloo group "
+        "of its own between the ranks' writers, save plans cached, at niceness +10 -- "
+        "writes the files; report() with "
         "the returned checkpoint does not wait for them, which are uploaded and committed "
         "once written. dcp.async_save copies likewise and writes in a thread of the "
         "training process. dcp.save writes the files first; report() then copies them into "
@@ -352,7 +359,7 @@ def _blocked_tables(rows: dict[str, dict[str, list[float]]], size: float) -> lis
                   "ranks)",
                   ["save", "steps with nothing in flight", "steps during the write",
                    "steps/s during / without, goal", "steps during the first write"])
-    for label, save in _SAVERS[:2]:
+    for label, save in (*_SAVERS[:2], _LOCAL_WRITER):
         row = rows[label]
         quiet, writing = Summary.of(row["quiet"]), Summary.of(row["writing"])
         speed = ratio(quiet, writing)  # steps per second: the inverse of s per step
@@ -370,7 +377,8 @@ def _blocked_tables(rows: dict[str, dict[str, list[float]]], size: float) -> lis
         "A step that begins during a write also overlaps what follows it, the files' upload "
         "to moto once the write ends (a write may be shorter than a step): the "
         "figure bounds what a write and its upload cost the training together, for both "
-        "writers alike.",
+        "writers alike. The last row has no upload to S3 and no moto server: the run is on "
+        "local disk, where report() copies the written files into the run directory.",
         "2 CPU cores for 2 ranks, their writers and uploads, and moto's S3 server: a writer "
         "process does not take the training's GIL, but it does take CPU time (serialising "
         "and writing the state) from a machine that has none spare, so on this machine "
