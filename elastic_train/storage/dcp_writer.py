@@ -9,7 +9,7 @@ training process. What this module adds around it:
 - **The writer dies with its worker.** torch starts it from an executor thread, so
   ``PR_SET_PDEATHSIG`` cannot be used; our storage writer, unpickled in the writer
   process with every request, starts :func:`~.parent_watch.die_with` there (see
-  :mod:`.writer_process`, which also lowers the writer's priority). Before
+  :mod:`.background_priority`, which also lowers the writer's priority). Before
   its first request an idle writer ends when its pipe closes. One gap remains: a
   worker that dies in the instant between the first save's start and its writer's
   start leaves the other ranks' writers waiting to form their group, without a watch,
@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-from elastic_train.storage import writer_process
+from elastic_train.storage import background_priority
 
 
 class WorkerOwnedWriter(dcp.FileSystemWriter):
@@ -53,7 +53,7 @@ class WorkerOwnedWriter(dcp.FileSystemWriter):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         if os.getpid() != self.owner_pid:  # in the writer process
-            writer_process.settle(self.owner_pid)
+            background_priority.settle_writer(self.owner_pid)
 
 
 def save_in_writer_process(state: dict[str, Any], directory: str, group: Any,

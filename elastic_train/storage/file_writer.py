@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from elastic_train.storage import writer_process
+from elastic_train.storage import background_priority
 
 
 class FileWriterProcess:
@@ -79,7 +79,7 @@ def _serve(conn: Any, owner_pid: int) -> None:  # pragma: no cover -- the writer
     """The writer: one ``(path, state)`` request at a time, answered with None or the
     error's text (an exception may not pickle); ends when its owner ends or closes the
     pipe."""
-    writer_process.settle(owner_pid)
+    background_priority.settle_writer(owner_pid)
     while True:
         try:
             path, state = conn.recv()

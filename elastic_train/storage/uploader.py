@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_train.errors import ConfigError, StorageError
-from elastic_train.storage import peer_replicas
+from elastic_train.storage import background_priority, peer_replicas
 from elastic_train.storage.checkpoint_store import (
     CheckpointStore,
     describe_files,
@@ -249,6 +249,7 @@ class CheckpointUploader:
         self._thread.join()
 
     def _run(self) -> None:
+        background_priority.yield_cpu()
         while (job := self._queue.get()) is not None:
             error, kind = None, StorageError
             try:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from elastic_train.errors import ConfigError
-from elastic_train.storage import writer_process
+from elastic_train.storage import background_priority
 from elastic_train.torch import async_save, background_save
 from tests.conftest import pid_alive, wait_until
 from tests.support.paths import REPO
@@ -61,7 +61,7 @@ def test_the_writer_yields_the_cpu_to_training():
     async_save({"w": torch.zeros(3)}, "model.pt").written.result(timeout=60)
     writer = background_save._saver.files._process.pid
     niceness = os.getpriority(os.PRIO_PROCESS, writer) - os.getpriority(os.PRIO_PROCESS, 0)
-    assert niceness == writer_process.NICENESS
+    assert niceness == background_priority.NICENESS
 
 
 def test_a_save_waits_for_the_write_before_it(monkeypatch):

@@ -1,6 +1,7 @@
 """The background uploader: who uploads what, staging, checksums, the queue bound, errors,
 and close() -- on a local run directory, with threads but no processes."""
 
+import os
 import threading
 import time
 import zlib
@@ -9,7 +10,7 @@ from concurrent.futures import Future
 import pytest
 
 from elastic_train.errors import StorageError
-from elastic_train.storage import CheckpointStore, CommitManifest, RunStorage
+from elastic_train.storage import CheckpointStore, CommitManifest, RunStorage, background_priority
 from elastic_train.storage.uploader import CheckpointUploader, UploadJob
 from tests.conftest import committer_for, wait_until
 from tests.support.node_settings import use_node_settings
@@ -234,3 +235,16 @@ def test_abandoning_stops_an_upload_in_flight(tmp_path, monkeypatch):
     assert len(parts) < len(names) * 8  # called off, not finished
     assert uploader.wait_for(0) is None  # no error: nothing to surface after a restart
     assert not store.is_committed("checkpoint_000000")
+
+
+def test_the_upload_thread_yields_the_cpu_and_the_training_thread_keeps_its_priority(
+        run, tmp_path):
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    uploader = uploader_for(run.checkpoints, tmp_path)
+    try:
+        thread = uploader._thread.native_id
+        assert wait_until(lambda: os.getpriority(os.PRIO_PROCESS, thread)
+                          == min(19, mine + background_priority.NICENESS), 5)
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+    finally:
+        uploader.close()
