@@ -64,7 +64,7 @@ class KeepingStager(AsyncStager):
                 with torch.no_grad():
                     staged = _copy_into(self._staged, state_dict, devices)
             except _LayoutChanged:
-                pass
+                devices.synchronize()  # copies already started must end before the drop
             else:
                 devices.synchronize()
                 self._staged = staged
