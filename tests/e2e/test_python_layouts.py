@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 
@@ -36,7 +37,12 @@ CI_RUNS = 2  # fit() runs per driver process in CI (-m long: 5, and 5 launches)
 
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory):
-    return python_layouts.build(str(tmp_path_factory.mktemp("layouts")))
+    """The layouts, removed after the module: their hard links would otherwise keep a
+    whole torch install (6.5 GB) alive in pytest's kept temp dirs once the venv they
+    came from is gone (a CI clone), three runs of it at a time."""
+    root = tmp_path_factory.mktemp("layouts")
+    yield python_layouts.build(str(root))
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _layout(layouts, name):
