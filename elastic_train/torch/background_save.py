@@ -65,9 +65,10 @@ def async_save(state_dict: dict[str, Any], filename: str | None = None, *,
     faster than its disk writes would otherwise fill host memory. That wait is the
     price of saving more often than a write takes (figure 11b measures it).
 
-    The writer runs at a lower priority than the training (niceness +10, see
-    :mod:`elastic_train.storage.background_priority`): it takes the CPU time training
-    leaves, so on a node without idle cores the write takes longer, not the steps.
+    The writer runs under ``SCHED_IDLE`` (see
+    :mod:`elastic_train.storage.background_priority`): it takes only the CPU time
+    training leaves, so on a node without idle cores the write takes longer, not the
+    steps.
 
     The first save of an attempt starts the writer (a new interpreter that imports
     torch: seconds), so its checkpoint is committed that much later than the next

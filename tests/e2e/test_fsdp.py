@@ -13,7 +13,6 @@ import pytest
 
 import elastic_train as et
 from elastic_train import env_vars
-from elastic_train.storage import background_priority
 from elastic_train.torch import TorchTrainer
 from tests.conftest import StorageUnderTest, make_storage, pid_alive
 from tests.support import fsdp_jobs
@@ -111,7 +110,7 @@ def test_a_worker_killed_during_a_background_write_resumes_from_the_checkpoint_b
     notes = notes_of(tmp_path)
     killed = next(n for n in notes[1] if n.get("epoch") == 2 and "in_flight" in n)
     assert killed["in_flight"] and killed["writer"] is not None
-    assert killed["writer_niceness"] == background_priority.NICENESS  # it yields to training
+    assert killed["writer_policies"] == [os.SCHED_IDLE]  # every thread yields to training
     assert not pid_alive(killed["writer"])
     for rank in (0, 1):
         [restored] = [n["restored"] for n in notes[rank] if "restored" in n]

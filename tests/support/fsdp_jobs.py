@@ -30,6 +30,7 @@ import elastic_train as et
 from elastic_train.storage.dcp_writer import writer_pid
 from elastic_train.torch import CheckpointReader, async_save, enable_reproducibility
 from tests.support import jobs
+from tests.support.process_tree import thread_policies
 from tests.support.slow_write import SlowToWrite
 
 FEATURES = 16
@@ -127,8 +128,8 @@ def _save_in_writer_process(config: dict, state: dict, metrics: dict, epoch: int
     et.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=mode)
     writer = writer_pid()
     _note(config, {"epoch": epoch, "writer": writer, "in_flight": not checkpoint.written.done(),
-                   "writer_niceness": None if writer is None else  # not started yet
-                   os.getpriority(os.PRIO_PROCESS, writer) - os.getpriority(os.PRIO_PROCESS, 0)})
+                   "writer_policies": None if writer is None else  # not started yet
+                   sorted(thread_policies(writer))})
     jobs._inject(config, epoch, "saved")
 
 

@@ -52,6 +52,15 @@ def command_line(pid: int) -> list[str]:
         return []
 
 
+def thread_policies(pid: int) -> set[int]:
+    """The scheduling policies (``os.SCHED_*``) of the process's threads."""
+    policies = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+            policies.add(os.sched_getscheduler(int(tid)))
+    return policies
+
+
 def signal_tree(pid: int, sig: int) -> list[int]:
     """Sends ``sig`` to ``pid`` and to every descendant at once, as a scheduler stopping
     the whole job does; returns the pids signalled."""

@@ -17,11 +17,10 @@ import pytest
 import torch
 
 from elastic_train.errors import ConfigError
-from elastic_train.storage import background_priority
 from elastic_train.torch import async_save, background_save
 from tests.conftest import pid_alive, wait_until
 from tests.support.paths import REPO
-from tests.support.process_tree import descendants
+from tests.support.process_tree import descendants, thread_policies
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -60,8 +59,8 @@ def test_one_file_holds_the_state_as_it_was_when_the_call_returned():
 def test_the_writer_yields_the_cpu_to_training():
     async_save({"w": torch.zeros(3)}, "model.pt").written.result(timeout=60)
     writer = background_save._saver.files._process.pid
-    niceness = os.getpriority(os.PRIO_PROCESS, writer) - os.getpriority(os.PRIO_PROCESS, 0)
-    assert niceness == background_priority.NICENESS
+    assert thread_policies(writer) == {os.SCHED_IDLE}
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the training's own stays
 
 
 def test_a_save_waits_for_the_write_before_it(monkeypatch):
