@@ -167,11 +167,24 @@ def free_port() -> int:
 PollCallback = Callable[[RunResult], str | None]
 
 
+def _sample_memory(tree: list[int], result: RunResult) -> None:
+    """Raises ``result``'s peaks to the memory ``tree``'s processes use now."""
+    for pid in tree:
+        rss = peak_rss_mb(pid)
+        if rss is not None:
+            result.peak_rss_mb[pid] = max(rss, result.peak_rss_mb.get(pid, 0))
+    total = sum(p for pid in tree if (p := pss_mb(pid)) is not None)
+    result.peak_pss_total_mb = max(result.peak_pss_total_mb, total)
+
+
 def run(cmd: list[str], env: dict[str, str], cwd: str, timeout_s: float, log_path: str,
-        on_poll: PollCallback | None = None) -> RunResult:
+        on_poll: PollCallback | None = None, memory: bool = True) -> RunResult:
     """Runs ``cmd`` to the end (or ``timeout_s``) and returns what was measured.
 
     stdout and stderr go to ``log_path``; the last lines come back in the result.
+    ``memory=False`` leaves out the peak memory: reading every process's
+    ``smaps_rollup`` five times a second took half a core beside workers that map
+    gigabytes, CPU time that figures of training speed must not lose.
     """
     with open(log_path, "wb") as log:
         busy0, own0 = machine_busy_s(), own_cpu_s()
@@ -195,12 +208,8 @@ def run(cmd: list[str], env: dict[str, str], cwd: str, timeout_s: float, log_pat
                 if now >= next_sample:
                     tree = [proc.pid] + descendants(proc.pid)
                     seen.update({pid: start_ticks(pid) for pid in tree if pid not in seen})
-                    for pid in tree:
-                        rss = peak_rss_mb(pid)
-                        if rss is not None:
-                            result.peak_rss_mb[pid] = max(rss, result.peak_rss_mb.get(pid, 0))
-                    total = sum(p for pid in tree if (p := pss_mb(pid)) is not None)
-                    result.peak_pss_total_mb = max(result.peak_pss_total_mb, total)
+                    if memory:
+                        _sample_memory(tree, result)
                     next_sample = now + MEMORY_EVERY_S
                 if on_poll is not None and (reason := on_poll(result)):
                     result.stopped = reason

@@ -82,7 +82,8 @@ def _launch(nodes: list[dict], events: str, scratch: str, timeout_s: float) -> L
     def one(i: int) -> None:
         cmd = [sys.executable, "-m", "bench.sharded_run", json.dumps(nodes[i])]
         results[i] = procs.run(cmd, _env(), REPO, timeout_s,
-                               os.path.join(scratch, f"node{i}-{len(os.listdir(scratch))}.log"))
+                               os.path.join(scratch, f"node{i}-{len(os.listdir(scratch))}.log"),
+                               memory=False)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(nodes))]
     for t in threads:
