@@ -43,6 +43,7 @@ class Profile:
     shard_reads_mb: float = 128  # figure 10's 4-rank sharded checkpoint
     local_tier_mb: float = 400  # figure 11's 2-rank sharded checkpoint
     peer_restore_mb: float = 256  # figure 10b's share of each node
+    background_steps: int = 12  # figure 11b's bound: steps timed per phase
     figures: tuple[str, ...] = field(default=FIGURES)
     rendezvous_agents: tuple[int, ...] = (2, 4, 8, 16)
     rendezvous_launchers: tuple[str, ...] = ("torchrun", "torchrun-unshared", "c10d", "etcd",
@@ -91,6 +92,7 @@ SMOKE = Profile(
     scaling=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2),
     scaling_workers=(1, 2),
     storage_sizes_mb=(1,), shard_reads_mb=2, local_tier_mb=2, peer_restore_mb=2,
+    background_steps=2,
     # gpu: one line without CUDA (its device count is all it costs here)
     figures=("cold_start", "steps", "checkpoint", "memory", "storage", "rendezvous",
              "rendezvous_scale", "overhead", "straggler_cost", "gpu"),

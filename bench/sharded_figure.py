@@ -36,7 +36,7 @@ from typing import Any
 
 import fsspec
 
-from bench import procs
+from bench import background_cost, procs
 from bench.report import Table
 from bench.sharded_job import MIB
 from bench.stats import Summary, Target, fmt_ratio, ratio, with_target
@@ -266,7 +266,9 @@ def _tier_once(suite: Any, endpoint: str, variant: tuple, rep: int,
 def local_tier(suite: Any) -> list[Table]:
     """Figure 11: worker SIGKILL -> first step again, sharded 400 MB checkpoint."""
     rows = _measure(suite, "local_tier", _TIER_VARIANTS, lambda v: v[0], _tier_once)
-    return _tier_tables(rows, suite.profile)
+    bound = background_cost.table([background_cost.measure(suite.profile.background_steps)
+                                   for _ in range(suite.profile.repeat)])
+    return [*_tier_tables(rows, suite.profile), bound]
 
 
 def _tier_tables(rows: dict[str, dict[str, list[float]]], profile: Any) -> list[Table]:
