@@ -223,6 +223,10 @@ _TIER_VARIANTS = (  # (label, on S3, environment, saver: see bench.sharded_job._
 BLOCKED_TARGET = Target(1.2, at_least=False)  # blocked per checkpoint / a bare host copy
 STEPS_TARGET = Target(0.95, at_least=True)  # steps/s while a write runs / without one
 _TIMED_STEPS = 5
+# 2 epochs before the kill, 6 after: 5 saves after the first of an attempt (and the
+# first of the back-to-back pair) are timed per run, where 4 epochs gave 2: a 15 ms
+# save call on 2 shared cores needs more than 2 samples for a median.
+_TIER_EPOCHS = 8
 
 
 def _tier_once(suite: Any, endpoint: str, variant: tuple, rep: int,
@@ -235,7 +239,7 @@ def _tier_once(suite: Any, endpoint: str, variant: tuple, rep: int,
             "options": s3_options(endpoint) if on_s3 else None,
             "name": f"tier-{_TIER_VARIANTS.index(variant)}-{rep}", "workers": 2,
             "per_node": 2, "max_failures": 1, "env": env,
-            "train": _job(suite.profile.local_tier_mb, events, saver=saver, epochs=4,
+            "train": _job(suite.profile.local_tier_mb, events, saver=saver, epochs=_TIER_EPOCHS,
                           kill_epoch=2, kill_rank=1, settle=True,
                           kill_marker=os.path.join(events, "killed"),
                           timed_steps=_TIMED_STEPS, back_to_back=True)}
