@@ -253,12 +253,33 @@ def test_survivors_that_know_a_node_gone_drop_its_liveness_record_at_once(nodes)
     lost = max(infos, key=lambda i: infos[i].rank)  # never the sealer (rank 0)
     lose(handlers[lost])
     survivors = [h for i, h in enumerate(handlers) if i != lost]
-    acted = [h.forget_gone({infos[lost].rank}) for h in survivors]
-    assert sorted(acted) == [False, True]  # one survivor deleted it
+    acted = [thread for h in survivors if (thread := h.forget_gone({infos[lost].rank}))]
+    assert len(acted) == 1  # one survivor deletes it, in a thread
+    acted[0].join(10)
     started = time.monotonic()
     again = Joins(survivors).wait(40)
     assert again.worlds() == {2} and again.ranks() == [0, 1]
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("expired", ["liveness", "node"])
+def test_a_node_whose_lease_expired_joins_with_a_new_one(nodes, expired: str) -> None:
+    """The liveness record is written in the join's transaction, under a lease of its
+    own: whichever of the node's two leases etcd dropped (a process stalled past its TTL),
+    the node joins the next round under a new one, its liveness record with it."""
+    run = nodes(2, 2)
+    handlers = run.add(2)
+    assert Joins(handlers).wait().worlds() == {2}
+    stalled = handlers[1]
+    lease = stalled._alive if expired == "liveness" else stalled._lease
+    old_id = lease.id
+    stalled._kv.revoke(old_id)  # as etcd does once the TTL passes without a refresh
+    again = Joins(handlers).wait()
+    assert again.worlds() == {2} and again.ranks() == [0, 1]
+    assert lease.id != old_id  # renewed
+    r = stalled._last.round
+    record = stalled._kv.read(ops.get(stalled._keys.live(r, stalled._node))).ranges[0]
+    assert record and record[0].lease == stalled._alive.id
 
 
 def test_a_live_member_still_to_come_is_waited_for_until_the_last_call(nodes) -> None:

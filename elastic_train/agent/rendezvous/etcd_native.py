@@ -23,15 +23,19 @@ writes keys of its own, and learns what others did from watches:
   round of ``max_nodes`` waits as a spare (``r/R+1/s/<node>``), not counted, as
   torch's redundancy list. A dead node is simply absent from the next round
   (scale-down): nobody waits for its heartbeat to expire.
-- Each node that joined round R keeps a *liveness record* ``r/R/l/<node>`` under
-  a lease of its own with a short TTL (``liveness_ttl``, default 1 s; etcd raises
+- Each node that joined round R keeps a *liveness record* ``r/R/l/<node>``, written
+  in its join's transaction, under a lease of its own with a short TTL
+  (``liveness_ttl``, default 1 s; etcd raises
   a TTL below its minimum, 1.5 x its election timeout: 2 s with etcd's
   defaults), refreshed 3 times in the TTL etcd granted, as etcd's clients do,
   until it leaves R. So the sealer of round R+1 need not wait
   for the last call once every member of R that is still alive has joined: with
   ``min_nodes`` joined and no liveness record of R left, it seals at once. A lost
   node's record is gone within its TTL -- at once when the survivors' agents know
-  it is gone (:meth:`EtcdNativeHandler.forget_gone`, from node liveness); a live
+  it is gone (:meth:`EtcdNativeHandler.forget_gone`, from node liveness, deletes it
+  in a thread while the survivors join: at 1,024 nodes, behind their joins in
+  etcd's queue, the deletion took 1.5 s, which the lowest survivor's own join had
+  waited for); a live
   node that is slow to come keeps its record, and the last call still bounds the
   wait for it.
 - Closing writes ``run/closed`` (and into the current round, for its watchers).
@@ -62,6 +66,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -218,27 +223,38 @@ class EtcdNativeHandler(RendezvousHandler):
             if membership is not None:
                 return self._info(membership)
 
-    def forget_gone(self, ranks: set[int]) -> bool:
+    def forget_gone(self, ranks: set[int]) -> threading.Thread | None:
         """Deletes the liveness records of this node's last round held by the members of
         group ranks ``ranks`` (known gone, see :mod:`.gone_nodes`), so that the next
         round's sealer need not wait out their TTL. Only the lowest-ranked survivor acts
         (one read of the round's join keys, one transaction), so a loss costs etcd the
-        same at any size; returns whether this node deleted any."""
+        same at any size; it does so in a thread, which it returns (None on the other
+        nodes), so that its agent joins the next round meanwhile."""
         last = self._last
         if last is None:
-            return False
+            return None
         survivors = set(range(last.seal.world_size)) - set(ranks)
         if not survivors or last.rank != min(survivors):
-            return False
+            return None
+        thread = threading.Thread(target=self._delete_liveness, args=(last, ranks),
+                                  name="rendezvous-forget", daemon=True)
+        thread.start()
+        return thread
+
+    def _delete_liveness(self, last: _Membership, ranks: set[int]) -> None:
         keys, r = self._keys, last.round
         revisions = (last.seal.first, *last.seal.others)
         gone = {revisions[rank] for rank in ranks if 0 <= rank < len(revisions)}
-        found = self._kv.read(ops.get(keys.joins(r), prefix=True, keys_only=True))
-        nodes = [kv.key[len(keys.joins(r)):].decode() for kv in found.ranges[0]
-                 if kv.create_revision in gone and _ours(kv)]
-        if nodes:
-            self._kv.txn([], [ops.delete(keys.live(r, node)) for node in nodes])
-        return bool(nodes)
+        try:
+            found = self._kv.read(ops.get(keys.joins(r), prefix=True, keys_only=True))
+            nodes = [kv.key[len(keys.joins(r)):].decode() for kv in found.ranges[0]
+                     if kv.create_revision in gone and _ours(kv)]
+            if nodes:
+                self._kv.txn([], [ops.delete(keys.live(r, node)) for node in nodes])
+        except RendezvousError as exc:  # their records expire with their leases
+            log.warning("Could not drop the liveness records of the nodes of group rank(s) "
+                        "%s, known gone (%s); the next round waits for them to expire.",
+                        sorted(ranks), exc)
 
     def spares_waiting(self) -> int:
         """The spares waiting for the round after this node's last (their keys
@@ -310,19 +326,20 @@ class EtcdNativeHandler(RendezvousHandler):
         lease, renewals = self._lease.id, self._lease.renewals
         before = self._leave_ops(leaving) if leaving is not None else [
             ops.txn([ops.absent(keys.round)], [ops.put(keys.round, b"0", self._run.lease_id)])]
+        alive = self._alive.id
         result = self._with_lease(lease, [ops.absent(keys.seal(r)), ops.absent(keys.closed)], [
             *before, ops.put(keys.join(r, me), b"", lease), ops.delete(keys.spare(r, me)),
+            ops.put(keys.live(r, me), b"", alive),
             ops.txn([ops.absent(keys.sealer(r))], [ops.put(keys.sealer(r), me.encode(), lease)]),
             ops.get(keys.round)], [*before, ops.get(keys.round), ops.get(keys.closed),
                                    ops.get(keys.seal(r)),
-                                   ops.get(keys.join(r, me), keys_only=True)])
+                                   ops.get(keys.join(r, me), keys_only=True)], alive=alive)
         if result is None:
             return None
         if not result.succeeded:
             return self._not_joined(r, result)
         if not self._in_current_round(r, result.ranges[0]):
             return None
-        self._record_alive(r)
         self._spare = False
         joined = result.revision
         if result.nested[-1]:
@@ -335,20 +352,6 @@ class EtcdNativeHandler(RendezvousHandler):
         if rank is None:
             raise _Late(seal, seal.revision)
         return _Membership(r, rank, seal)
-
-    def _record_alive(self, r: int) -> None:
-        """Writes this node's liveness record of round ``r`` (see the module doc), under its
-        liveness lease: a request of its own, so that an expired liveness lease (renewed
-        here) never fails a join. Without the record (etcd failed) the next round's
-        sealer only does not wait for this node before its last call."""
-        lease = self._alive.id
-        try:
-            self._kv.txn([], [ops.put(self._keys.live(r, self._node), b"", lease)])
-        except RendezvousConnectionError as exc:
-            if "lease not found" in str(exc):
-                self._alive.renew(lease)
-            log.warning("No liveness record of this node for round %d (%s); the next round "
-                        "may be sealed without waiting for it.", r, exc)
 
     def _leave_ops(self, leaving: _Membership) -> list[dict]:
         """Leaving round ``leaving.round``: its join key and liveness record go, the next
@@ -374,16 +377,22 @@ class EtcdNativeHandler(RendezvousHandler):
             [ops.value_is(keys.sealer(r), me.encode())], [ops.delete(keys.sealer(r))])])
 
     def _with_lease(self, lease: int, compare: list[dict], success: list[dict],
-                    failure: list[dict] | None = None) -> ops.TxnResult | None:
-        """A transaction writing with this node's ``lease``; None if the lease had expired
-        (it is renewed: the caller starts over)."""
+                    failure: list[dict] | None = None, alive: int | None = None
+                    ) -> ops.TxnResult | None:
+        """A transaction writing with this node's ``lease`` (and its liveness lease
+        ``alive``, if given); None if a lease had expired: the liveness lease if etcd no
+        longer refreshes it, else the node's, is renewed, and the caller starts over
+        (again, should the other one have expired too)."""
         try:
             return self._kv.txn(compare, success, failure)
         except RendezvousConnectionError as exc:
             if "lease not found" not in str(exc):
                 raise
+        if alive is not None and self._kv.keep_alive([alive]).get(alive, 0) <= 0:
+            self._alive.renew(alive)
+        else:
             self._lease.renew(lease)
-            return None
+        return None
 
     def _not_joined(self, r: int, result: ops.TxnResult) -> _Membership | None:
         """Why a join failed: closed (raises), no round yet (starts round 0), another round
@@ -502,14 +511,16 @@ class EtcdNativeHandler(RendezvousHandler):
     def _all_alive_joined(self, r: int, joined: dict[bytes, int],
                           refused: dict[bytes, str]) -> bool:
         """Whether every member of round r-1 still alive has left it (joined round r): no
-        liveness record of r-1 is left. If so, the joins of round r read with that answer
-        are added to the sealer's view (its watch may not have shown them yet)."""
+        liveness record of r-1 is left. If so, the joins of round r, read after that
+        answer, are added to the sealer's view (its watch may not have shown them yet;
+        a member leaves r-1 and joins r in one transaction, so every such join is read).
+        The joins are read only then: the sealer asks every ``_ALIVE_EVERY_S``, and at
+        1,024 nodes each read of them is a thousand keys."""
         keys = self._keys
-        found = self._kv.read(ops.get(keys.lives(r - 1), prefix=True, count_only=True),
-                              ops.get(keys.joins(r), prefix=True, keys_only=True))
-        if found.counts[0]:
+        if self._kv.read(ops.get(keys.lives(r - 1), prefix=True, count_only=True)).counts[0]:
             return False
-        for kv in found.ranges[1]:
+        found = self._kv.read(ops.get(keys.joins(r), prefix=True, keys_only=True))
+        for kv in found.ranges[0]:
             if kv.key not in joined and _ours(kv):
                 joined[kv.key] = kv.create_revision
                 if why := self._refusal(r, kv.key):
