@@ -10,17 +10,19 @@ save, by the back-pressure rules, if saves come faster than they are written and
 uploaded).
 
 - **Writer processes run under ``SCHED_IDLE``**, every thread of them
-  (:func:`settle_writer`). A lower nice value alone is not enough for a training that
-  communicates: its threads sleep in every collective, and on waking they waited for
-  a niced writer's time slice to end (Linux's EEVDF scheduler lets the running task
-  finish its slice), a few ms per collective. Figure 11b measured steps at 0.73x
-  their speed during a local write with the writer at nice +10. A ``SCHED_IDLE`` task
-  is preempted at once by any normal task that wakes.
+  (:func:`settle_writer`). A niced task still gets a share of the CPU weighted by its
+  nice value, and a training that communicates leaves gaps (its threads sleep in
+  every collective) that a niced writer fills and then holds; a ``SCHED_IDLE`` task is
+  preempted at once by any normal task that wakes. In figure 11b's local-disk run,
+  steps during a write ran at 0.65x with the writer at nice +10 and 0.73x under
+  ``SCHED_IDLE`` (two runs each). Even so, on a node without idle cores a writer that
+  runs at all slows the steps (``python -m bench.background_cost``).
 - **The upload thread only lowers its nice value** (:func:`yield_cpu`): it runs in the
   worker process and holds its GIL between I/O calls. At ``SCHED_IDLE`` it could keep
   the GIL, unscheduled, while the training thread waits for it. On Linux the nice
   value belongs to a thread, so the training's thread keeps its own.
 """
+
 from __future__ import annotations
 
 import os
