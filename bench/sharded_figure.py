@@ -354,7 +354,7 @@ def _blocked_tables(rows: dict[str, dict[str, list[float]]], size: float) -> lis
         "async_save copies the state into shared memory (the first save with DCP's "
         "DefaultStager, the next ones into the same buffers, see "
         "elastic_train/torch/keeping_stager.py), and DCP's writer process -- a gloo group "
-        "of its own between the ranks' writers, save plans cached, at niceness +10 -- "
+        "of its own between the ranks' writers, save plans cached, under SCHED_IDLE -- "
         "writes the files; report() with "
         "the returned checkpoint does not wait for them, which are uploaded and committed "
         "once written. dcp.async_save copies likewise and writes in a thread of the "

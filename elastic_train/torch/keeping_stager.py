@@ -64,9 +64,9 @@ class KeepingStager(AsyncStager):
                 with torch.no_grad():
                     staged = _copy_into(self._staged, state_dict, devices)
             except _LayoutChanged:
-                devices.synchronize()  # copies already started must end before the drop
-            else:
-                devices.synchronize()
+                staged = None
+            devices.synchronize()  # also before a drop: copies already started must end
+            if staged is not None:
                 self._staged = staged
                 return staged
         self._staged = None  # its buffers go before new ones are allocated
