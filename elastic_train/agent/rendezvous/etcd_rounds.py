@@ -154,8 +154,9 @@ class Seal:
         if not (isinstance(found, list) and len(found) == 4):
             raise _bad_seal(data, key, "not a list of 4 items")
         first, deltas, addr, bootstrap_port = found
+        # Checked in C (set, map, min): each of a thousand nodes reads a 1,024-node seal.
         if not (_is_int(first) and first > 0 and isinstance(deltas, list)
-                and all(_is_int(d) and d > 0 for d in deltas)):
+                and set(map(type, deltas)) <= {int} and (not deltas or min(deltas) > 0)):
             raise _bad_seal(data, key, "its revisions are not increasing positive integers")
         if not (isinstance(addr, str) and addr and _is_int(bootstrap_port)
                 and 0 < bootstrap_port < 65536):
