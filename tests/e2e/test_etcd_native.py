@@ -300,10 +300,16 @@ def test_a_dead_sealer_is_replaced(nodes) -> None:
     doomed = Joins([first])
     assert wait_until(lambda: first._kv.read(ops.get(first._keys.sealer(0))).ranges[0], 10)
     first._lease.stop(revoke=True)  # its keys vanish at once, as when its lease expires
-    others = Joins(run.add(2)).wait()
+    members = run.add(2)
+    others = Joins(members).wait()
     assert others.worlds() == {2} and others.ranks() == [0, 1]
+    # Both members, the new sealer and the other, learn of a node that waits for the next
+    # round (on the watch each opened before its join).
+    newcomer = Joins(run.add(1))
+    assert wait_until(lambda: all(h.num_nodes_waiting() >= 1 for h in members), 15)
     first.set_closed()
     doomed.wait()
+    newcomer.wait()
     run.handlers.remove(first)
 
 

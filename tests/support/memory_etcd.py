@@ -59,6 +59,12 @@ class MemoryKV:
         self._ids = itertools.count(100)
         self._lock = threading.RLock()
         self._hooks: list[tuple[bytes, Callable[[MemoryKV], None]]] = []
+        self._followers: list[MemoryWatch] = []
+
+    def _changed(self) -> None:
+        """Hands the latest change to the watches that follow it."""
+        for watch in list(self._followers):
+            watch.deliver()
 
     # --- what a test does ---------------------------------------------------------------
 
@@ -67,11 +73,18 @@ class MemoryKV:
         with self._lock:
             self.revision += 1
             self._put(key, value, lease)
+            self._changed()
             return self.revision
 
     def when_watched(self, key: bytes, action: Callable[[MemoryKV], None]) -> None:
-        """Runs ``action(self)`` once, when a watch on ``key`` (or a prefix of it) opens."""
+        """Runs ``action(self)`` once, when the handler first waits on a watch of ``key``
+        (or of a prefix of it)."""
         self._hooks.append((key, action))
+
+    def _watched(self, key: bytes) -> None:
+        for hook in [h for h in self._hooks if h[0].startswith(key) or key.startswith(h[0])]:
+            self._hooks.remove(hook)
+            hook[1](self)
 
     # --- EtcdKV's interface -------------------------------------------------------------
 
@@ -88,6 +101,8 @@ class MemoryKV:
             changed = self._run(plan, ranges, counts, nested)
             if not changed:
                 self.revision = before
+            else:
+                self._changed()
             return TxnResult(ok, self.revision, ranges, counts, nested)
 
     def read(self, *ops: dict) -> TxnResult:
@@ -112,9 +127,6 @@ class MemoryKV:
                     self._delete(key)
 
     def watch(self, key: bytes, start_revision: int, prefix: bool = True) -> MemoryWatch:
-        for hook in [h for h in self._hooks if h[0].startswith(key) or key.startswith(h[0])]:
-            self._hooks.remove(hook)
-            hook[1](self)
         return MemoryWatch(self, key, start_revision, prefix)
 
     # --- inside a transaction -----------------------------------------------------------
@@ -197,14 +209,19 @@ class MemoryKV:
 
 
 class MemoryWatch:
-    """A watch on a MemoryKV: the logged changes from its start revision on."""
+    """A watch on a MemoryKV: the logged changes from its start revision on (0: from the
+    revision after the current one)."""
 
     def __init__(self, kv: MemoryKV, key: bytes, start_revision: int, prefix: bool) -> None:
         self._kv, self._key, self._prefix = kv, key, prefix
-        self.revision = start_revision
+        self.revision = start_revision or kv.revision + 1
         self._cancelled = False
 
+    def start(self, timeout: float | None = None) -> None:
+        """Nothing to open: the watch sees the log from its revision on."""
+
     def _events(self) -> list[Event]:
+        self._kv._watched(self._key)
         with self._kv._lock:
             return [e for e in self._kv.log if e.kv.mod_revision >= self.revision and (
                 e.kv.key.startswith(self._key) if self._prefix else e.kv.key == self._key)]
@@ -218,11 +235,21 @@ class MemoryWatch:
         return events
 
     def follow(self, on_events: Callable[[list[Event]], None]) -> None:
-        """Delivers what is there now, in the calling thread (no thread of its own)."""
+        """Delivers what is there now, and each later change as the KV makes it, in the
+        thread that makes it (no thread of its own)."""
+        self._on_events = on_events
+        self._kv._followers.append(self)
+        self.deliver()
+
+    def unfollow(self) -> None:
+        if self in self._kv._followers:
+            self._kv._followers.remove(self)
+
+    def deliver(self) -> None:
         events = self._events()
         if events and not self._cancelled:
             self.revision = max(e.kv.mod_revision for e in events) + 1
-            on_events(events)
+            self._on_events(events)
 
     def cancel(self) -> None:
         self._cancelled = True

@@ -133,9 +133,11 @@ def test_any_keep_alive_answer_reads_or_is_a_connection_error(text):
 @FUZZ
 @given(text=lines)
 @example(text='{"result": {"events": [{}]}}')  # was KeyError: 'kv'
+@example(text='{"result": {"created": true, "header": {}}}')  # a watch from now: no revision
 def test_any_watch_stream_reads_or_is_a_connection_error(text):
+    watch = Watch(EtcdKV(client(Answering())), b"k", 0, prefix=True)
     try:
-        for events in Watch._stream(Answering(text=text).post("/v3/watch")):
+        for events in watch._stream(Answering(text=text).post("/v3/watch")):
             assert all(isinstance(e, Event) and isinstance(e.kv, KeyValue) for e in events)
     except RendezvousConnectionError as exc:
         _named(exc, "a watch")

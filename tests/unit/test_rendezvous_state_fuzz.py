@@ -5,8 +5,8 @@ comes from the network). Never another exception, never a hang.
 
 What the handler reads, and how (``etcd_native``; ``Keys`` in ``etcd_rounds``):
 ``run/round`` (the round pointer: a decimal number), ``r/<R>/c/seal`` (a round's seal:
-JSON) -- decoded; ``run/waiting`` and ``r/<R>/c/sealer`` -- only compared with what the
-handler writes; ``run/closed``, ``r/<R>/c/closed``, the joins ``r/<R>/j/*``, the spares
+JSON) -- decoded; ``r/<R>/c/sealer`` -- only compared with what the handler writes;
+``run/closed``, ``r/<R>/c/closed``, ``r/<R>/c/wanted``, the joins ``r/<R>/j/*``, the spares
 ``r/<R>/s/*`` and ``left/*`` -- only their presence, revisions and count. Each decoded
 value is fed at every place the handler reads it: in a join's answer, from a watch
 (waiting for a seal, sealing, waiting for the next round) and in a plain read.
@@ -220,18 +220,20 @@ def test_a_round_pointer_seen_while_waiting_is_followed_or_a_state_error(value):
 
 
 @FUZZ
-@given(waiting=values, round_value=values, closed=values)
-def test_values_only_compared_or_present_never_raise(waiting, round_value, closed):
-    """What a member reads between rounds: the next round's waiting nodes (``run/waiting``
-    and ``run/round`` compared with the next round's number) and ``run/closed``."""
+@given(wanted=values, round_value=values, closed=values)
+def test_values_only_compared_or_present_never_raise(wanted, round_value, closed):
+    """What a member reads between rounds: whether a node wants the next round (only the
+    presence of ``r/1/c/wanted`` counts; ``run/round`` moved alone counts for nothing) and
+    ``run/closed``."""
     kv = MemoryKV()
     handler = native_handler(kv, run_id=f"fuzz-{uuid.uuid4().hex[:6]}", join_timeout=5)
     keys = keys_of(handler.get_run_id())
     try:
         handler.next_rendezvous()
-        kv.put(keys.waiting, waiting, RUN_LEASE)
         kv.put(keys.round, round_value, RUN_LEASE)
-        assert handler.num_nodes_waiting() == (1 if b"1" in (waiting, round_value) else 0)
+        assert handler.num_nodes_waiting() == 0
+        kv.put(keys.wanted(1), wanted, RUN_LEASE)
+        assert handler.num_nodes_waiting() == 1
         kv.put(keys.closed, closed, RUN_LEASE)
         assert handler.is_closed()
     finally:

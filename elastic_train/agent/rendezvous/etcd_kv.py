@@ -225,7 +225,8 @@ class EtcdKV:
                 raise
 
     def watch(self, key: bytes, start_revision: int, prefix: bool = True) -> Watch:
-        """A watch on ``key`` (or every key under it) from ``start_revision`` on."""
+        """A watch on ``key`` (or every key under it) from ``start_revision`` on; 0: from
+        the moment etcd creates it (see :meth:`Watch.start`)."""
         return Watch(self, key, start_revision, prefix)
 
 
@@ -233,7 +234,16 @@ class Watch:
     """One watch stream, read by a thread of its own into a queue; :meth:`next` waits for
     the next events, a timeout, or :meth:`cancel` (from any thread). No event is lost
     between calls, and a stream that broke is opened again from the revision after the
-    last event seen."""
+    last event seen.
+
+    A watch from a revision etcd has passed starts *unsynced*: etcd replays the history
+    to it from a loop that runs every 100 ms and serves at most 512 such watches a turn,
+    scanning every change since the oldest one's revision. A thousand nodes that each
+    watch for a round's seal from their own join's revision made etcd scan the whole
+    re-form's history several times over. A watch opened from now on
+    (``start_revision`` 0, then :meth:`start`) is *synced*: each change reaches it as it
+    is written, at no such cost.
+    """
 
     def __init__(self, kv: EtcdKV, key: bytes, start_revision: int, prefix: bool) -> None:
         self._kv = kv
@@ -246,12 +256,31 @@ class Watch:
         self._cancelled = False
         self._opened_at = 0.0
         self._lock = threading.Lock()
+        self._created = threading.Event()
+        self._follower: threading.Thread | None = None
+
+    def start(self, timeout: float | None = None) -> None:
+        """Opens the stream now and returns once etcd has created the watch, so that no
+        change written after this returns is missed (a watch from revision 0 starts at
+        its creation); RendezvousConnectionError if etcd did not within ``timeout`` s
+        (the client's request timeout by default). A watch already open is left as is."""
+        if self._reader is None:
+            self._open()
+        if timeout is None:
+            timeout = float(self._kv.client.timeout)
+        reader, deadline = self._reader, time.monotonic() + timeout
+        while reader is not None and not self._created.wait(0.05):
+            if not reader.is_alive() or time.monotonic() >= deadline:
+                self.cancel()
+                raise RendezvousConnectionError(
+                    f"etcd did not create a watch on {self._key!r} within {timeout:g} s"
+                    + (" (its stream ended)." if not reader.is_alive() else "."))
 
     def next(self, timeout: float) -> list[Event] | None:
         """The next events (at least one), or None if none came within ``timeout`` s or
-        the watch was cancelled. A stream that broke is opened again (from the first
-        revision not seen); one that breaks right after opening raises
-        RendezvousConnectionError."""
+        the watch was cancelled ([] if :meth:`unfollow` woke it). A stream that broke is
+        opened again (from the first revision not seen); one that breaks right after
+        opening raises RendezvousConnectionError."""
         deadline = time.monotonic() + timeout
         while True:
             if self._reader is None:
@@ -270,20 +299,31 @@ class Watch:
                     raise item
 
     def follow(self, on_events: Callable[[list[Event]], None]) -> None:
-        """Calls ``on_events`` from a daemon thread for every change, until :meth:`cancel`;
-        a stream that broke (etcd restarting) is opened again from where it stopped."""
+        """Calls ``on_events`` from a daemon thread for every change, until :meth:`cancel` or
+        :meth:`unfollow` (what an open stream queued already comes first); a stream that
+        broke (etcd restarting) is opened again from where it stopped, after a pause if it
+        broke right after opening."""
         def run() -> None:
-            while not self._cancelled:
+            while self._follower is threading.current_thread() and not self._cancelled:
                 try:
-                    for events in self._stream(self._connect()):
-                        self.revision = max(e.kv.mod_revision for e in events) + 1
-                        on_events(events)
-                except Exception as exc:  # noqa: BLE001 -- reopened after a pause
-                    if not self._cancelled:
-                        log.warning("An etcd watch broke (%s); opening it again.", exc)
-                        time.sleep(1.0)
+                    events = self.next(60.0)
+                except RendezvousConnectionError as exc:
+                    log.warning("An etcd watch broke (%s); opening it again.", exc)
+                    time.sleep(1.0)
+                    continue
+                if events:  # even after unfollow(): what was taken is handed on
+                    on_events(events)
 
-        threading.Thread(target=run, daemon=True, name="etcd-watch").start()
+        self._follower = threading.Thread(target=run, daemon=True, name="etcd-watch-follow")
+        self._follower.start()
+
+    def unfollow(self) -> None:
+        """Stops :meth:`follow`'s thread, once it handed on what it took; the changes after
+        those stay queued for :meth:`next`."""
+        follower, self._follower = self._follower, None
+        if follower is not None:
+            self._events.put([])  # wakes it; next() hands the empty list on as no change
+            follower.join()
 
     def _open(self) -> None:
         response = self._connect()
@@ -299,7 +339,9 @@ class Watch:
         with self._lock:
             if self._cancelled:
                 return None
-            request: dict[str, Any] = {"key": b64(self._key), "start_revision": str(self.revision)}
+            request: dict[str, Any] = {"key": b64(self._key)}
+            if self.revision:
+                request["start_revision"] = str(self.revision)
             if self._prefix:
                 request["range_end"] = b64(prefix_end(self._key))
             with connection_errors():
@@ -310,9 +352,9 @@ class Watch:
             self._response = response
             return response
 
-    @staticmethod
-    def _stream(response: requests.Response | None) -> Iterator[list[Event]]:
-        """The stream's changes, one list per message; raises when the stream ends."""
+    def _stream(self, response: requests.Response | None) -> Iterator[list[Event]]:
+        """The stream's changes, one list per message; raises when the stream ends. etcd's
+        first message says the watch was created, at which revision (:meth:`start`)."""
         if response is None:
             return
         try:
@@ -321,6 +363,10 @@ class Watch:
                     continue
                 with etcd_answer("a watch", line):
                     result = json.loads(line).get("result", {})
+                    if result.get("created") and not self._created.is_set():
+                        if not self.revision:
+                            self.revision = int(result["header"]["revision"]) + 1
+                        self._created.set()
                     canceled = result.get("canceled")
                     events = [] if canceled else [
                         Event(e.get("type") == "DELETE", KeyValue.of(e["kv"]))

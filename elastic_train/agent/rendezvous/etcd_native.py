@@ -17,9 +17,15 @@ writes keys of its own, and learns what others did from watches:
   rank order (itself first, then by join order) and the address of the workers'
   bootstrap store. Every node learns its rank from that one event.
 - A member that calls :meth:`next_rendezvous` again (its workers failed) opens
-  round R+1 by moving ``run/round`` on; a node arriving at a sealed round writes
-  ``r/R+1/j/<node>`` (and ``run/waiting``) and waits for that; members watch the
-  run's keys to answer :meth:`num_nodes_waiting` without a request (scale-up). A node arriving at a
+  round R+1 by moving ``run/round`` on and writing ``r/R+1/c/wanted``; a node
+  arriving at a sealed round writes ``r/R+1/j/<node>`` (and ``r/R+1/c/wanted``)
+  and waits for that. Once round R formed, its members watch round R+1's control
+  keys (from the first call of :meth:`num_nodes_waiting`, which that watch then
+  answers without a request: scale-up) and keep that watch to await R+1's seal
+  with, so a re-form costs etcd one request per node, its join. A node without
+  such a watch opens one on the round's control keys before it joins (a watch from
+  the join's own revision would start behind etcd's: see ``etcd_kv.Watch``). A
+  node arriving at a
   round of ``max_nodes`` waits as a spare (``r/R+1/s/<node>``), not counted, as
   torch's redundancy list. A dead node is simply absent from the next round
   (scale-down): nobody waits for its heartbeat to expire.
@@ -100,6 +106,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_RUN_LEASE_TTL = 30
 _ALIVE_EVERY_S = 0.1  # how often a sealer with min_nodes asks whether every live member came
+# Rank r opens its watch of the next round r x this many seconds after the rendezvous: a
+# thousand members that open theirs at once hold up the seal on its way to the last ones.
+_WATCH_SPREAD_S = 0.001
 
 
 @dataclass
@@ -111,32 +120,39 @@ class _Membership:
     seal: Seal
     server: dist.Store | None = None  # the workers' bootstrap store, if this node hosts it
     waiting: _WaitingNodes | None = field(default=None, repr=False)
+    formed_at: float = field(default_factory=time.monotonic)
 
 
 class _WaitingNodes:
     """Counts the nodes waiting for round ``r``+1 without a request per call of
     :meth:`EtcdNativeHandler.num_nodes_waiting` (the agent asks every monitor interval).
 
-    It watches the run's own keys (``run/``), which change once when the first node
-    waits: a member that re-joins moves ``run/round`` on, a newcomer writes
-    ``run/waiting``. Then the watch ends and the count stays 1: a lower bound, which is
-    all torch's agent asks (it re-rendezvouses when any node waits). Watching the next
-    round's join keys to count them would send every member every join: N^2 events
-    when N nodes re-join at once; counting them then, N requests at that moment.
+    It follows ``watch``, on round r+1's control keys from after round r's seal, until
+    ``r/R+1/c/wanted`` appears: a member re-joined, or a newcomer waits. The count then
+    stays 1: a lower bound, which is all torch's agent asks (it re-rendezvouses when
+    any node waits). Watching the next round's join keys to count them would send
+    every member every join: N^2 events when N nodes re-join at once; counting them
+    then, N requests at that moment. The watch is kept: :meth:`take` hands it, with
+    the changes it saw, to this node's join of round r+1, which awaits the seal on it.
     """
 
-    def __init__(self, kv: EtcdKV, keys: Keys, r: int, start_revision: int) -> None:
+    def __init__(self, watch: Watch, r: int, wanted: bytes) -> None:
         self.count = 0
-        self._keys, self._round = keys, r
-        self._watch = kv.watch(keys.run, start_revision)
-        self._watch.follow(self._update)
+        self.round = r + 1
+        self._wanted = wanted
+        self._seen: list[ops.Event] = []
+        self._watch = watch
+        watch.follow(self._update)
 
     def _update(self, events: list[ops.Event]) -> None:
-        keys, next_round = self._keys, b"%d" % (self._round + 1)
-        if any(not e.deleted and _ours(e.kv) and e.kv.key in (keys.round, keys.waiting)
-               and e.kv.value == next_round for e in events):
+        self._seen.extend(events)
+        if any(not e.deleted and _ours(e.kv) and e.kv.key == self._wanted for e in events):
             self.count = 1
-            self._watch.cancel()
+
+    def take(self) -> tuple[Watch, list[ops.Event]]:
+        """The watch, no longer followed, and the changes it brought so far."""
+        self._watch.unfollow()
+        return self._watch, self._seen
 
     def stop(self) -> None:
         self._watch.cancel()
@@ -208,7 +224,6 @@ class EtcdNativeHandler(RendezvousHandler):
         deadline = time.monotonic() + self._settings.join_timeout
         leaving, self._last = self._last, None
         if leaving is not None:
-            self._stop_waiting(leaving)
             self._round_hint = leaving.round + 1
         while True:
             try:
@@ -277,14 +292,19 @@ class EtcdNativeHandler(RendezvousHandler):
                           for key in (keys.closed, keys.closed_in(r), keys.closed_in(r + 1))])
 
     def num_nodes_waiting(self) -> int:
-        """Nodes waiting for the next round, from a watch started on the first call
-        after a rendezvous (so that next_rendezvous returns without waiting for it)."""
+        """Nodes waiting for the next round, from a watch of its control keys opened on the
+        first call after a rendezvous (so that next_rendezvous returns without it), once
+        ``rank`` ms have passed since (spread, so that a thousand nodes do not open theirs
+        at once; until then 0: the watch, from the seal's revision, misses nothing)."""
         last = self._last
         if last is None:
             return 0
         if last.waiting is None:
-            last.waiting = _WaitingNodes(self._kv, self._keys, last.round,
-                                         last.seal.revision + 1)
+            if time.monotonic() < last.formed_at + last.rank * _WATCH_SPREAD_S:
+                return 0
+            keys, r = self._keys, last.round
+            last.waiting = _WaitingNodes(self._kv.watch(keys.ctl(r + 1), last.seal.revision + 1),
+                                         r, keys.wanted(r + 1))
         return last.waiting.count
 
     def shutdown(self) -> bool:
@@ -321,7 +341,27 @@ class EtcdNativeHandler(RendezvousHandler):
         """One attempt to join the current round, in one transaction that also leaves
         ``leaving`` (opening the next round unless another member did) and elects the
         round's sealer; None to try again (the round moved on, this node's lease was
-        renewed, or the sealer changed hands)."""
+        renewed, or the sealer changed hands). The seal is awaited on the watch of the
+        round's control keys that ``leaving`` kept, else on one opened now."""
+        taken = leaving.waiting if leaving is not None else None
+        if leaving is not None:
+            leaving.waiting = None
+        if taken is not None and taken.round == self._round_hint:
+            control, seen = taken.take()
+        else:
+            if taken is not None:
+                taken.stop()
+            control, seen = self._kv.watch(self._keys.ctl(self._round_hint), 0), []
+        try:
+            control.start()
+            return self._join_watching(control, seen, deadline, leaving)
+        finally:
+            control.cancel()
+
+    def _join_watching(self, control: Watch, seen: list[ops.Event], deadline: float,
+                       leaving: _Membership | None) -> _Membership | None:
+        """:meth:`_join`, with ``control`` watching the round's control keys (``seen``: the
+        changes it brought before)."""
         keys, r, me = self._keys, self._round_hint, self._node
         lease, renewals = self._lease.id, self._lease.renewals
         before = self._leave_ops(leaving) if leaving is not None else [
@@ -345,7 +385,7 @@ class EtcdNativeHandler(RendezvousHandler):
         if result.nested[-1]:
             seal = self._seal(r, deadline, renewals)
         else:
-            seal = self._await_seal(r, joined + 1, deadline, renewals)
+            seal = self._await_seal(r, control, seen, deadline, renewals)
         if seal is None:
             return None
         rank = seal.rank_of(self._join_revision(r, joined, seal))
@@ -354,12 +394,14 @@ class EtcdNativeHandler(RendezvousHandler):
         return _Membership(r, rank, seal)
 
     def _leave_ops(self, leaving: _Membership) -> list[dict]:
-        """Leaving round ``leaving.round``: its join key and liveness record go, the next
-        round opens."""
+        """Leaving round ``leaving.round``: its join key and liveness record go; unless
+        another member did, this one opens the next round and tells the members that a
+        node wants it."""
         keys, r = self._keys, leaving.round
         return [ops.delete(keys.join(r, self._node)), ops.delete(keys.live(r, self._node)),
                 ops.txn([ops.value_is(keys.round, b"%d" % r)],
-                        [ops.put(keys.round, b"%d" % (r + 1), self._run.lease_id)])]
+                        [ops.put(keys.round, b"%d" % (r + 1), self._run.lease_id),
+                         ops.put(keys.wanted(r + 1), b"", self._run.lease_id)])]
 
     def _in_current_round(self, r: int, found: list[ops.KeyValue]) -> bool:
         """Whether round ``r``, just joined, is the current one; if not (the round moved on
@@ -424,25 +466,24 @@ class EtcdNativeHandler(RendezvousHandler):
         found = self._kv.read(ops.get(self._keys.join(r, self._node), keys_only=True)).ranges[0]
         return found[0].create_revision if found else joined
 
-    def _await_seal(self, r: int, start: int, deadline: float, renewals: int) -> Seal | None:
-        """Waits for round ``r``'s seal, claiming the sealer's part if its holder dies."""
+    def _await_seal(self, r: int, watch: Watch, seen: list[ops.Event], deadline: float,
+                    renewals: int) -> Seal | None:
+        """Waits on ``watch`` (round ``r``'s control keys; ``seen``: what it brought before)
+        for the round's seal, claiming the sealer's part if its holder dies."""
         keys = self._keys
-        watch = self._kv.watch(keys.ctl(r), start)
-        try:
-            while True:
-                events = self._next(watch, r, deadline)
-                if self._lease.renewals != renewals:
-                    return None
-                for event in events or []:
-                    key = event.kv.key
-                    if key == keys.seal(r) and not event.deleted:
-                        return Seal.of(event.kv)
-                    if key == keys.closed_in(r):
-                        self._raise_closed()
-                    if key == keys.sealer(r) and event.deleted and self._claim_sealer(r):
-                        return self._seal(r, deadline, renewals)
-        finally:
-            watch.cancel()
+        events: list[ops.Event] | None = seen
+        while True:
+            for event in events or []:
+                key = event.kv.key
+                if key == keys.seal(r) and not event.deleted:
+                    return Seal.of(event.kv)
+                if key == keys.closed_in(r):
+                    self._raise_closed()
+                if key == keys.sealer(r) and event.deleted and self._claim_sealer(r):
+                    return self._seal(r, deadline, renewals)
+            events = self._next(watch, r, deadline)
+            if self._lease.renewals != renewals:
+                return None
 
     def _claim_sealer(self, r: int) -> bool:
         keys = self._keys
@@ -603,7 +644,7 @@ class EtcdNativeHandler(RendezvousHandler):
         lease = self._lease.id
         waits = [ops.put(keys.spare(r + 1, self._node), b"", lease)] if self._spare else [
             ops.put(keys.join(r + 1, self._node), b"", lease),
-            ops.put(keys.waiting, b"%d" % (r + 1), self._run.lease_id)]
+            ops.put(keys.wanted(r + 1), b"", self._run.lease_id)]
         waits.append(ops.delete(keys.live(r, self._node)))  # no member of round r
         if self._with_lease(lease, [], waits) is None:
             return

@@ -65,7 +65,6 @@ class Keys:
         self.run = prefix + b"run/"
         self.round = self.run + b"round"
         self.closed = self.run + b"closed"
-        self.waiting = self.run + b"waiting"  # the round a newcomer waits for
         self.left = prefix + b"left/"
 
     def of_round(self, r: int) -> bytes:
@@ -82,6 +81,12 @@ class Keys:
 
     def closed_in(self, r: int) -> bytes:
         return self.ctl(r) + b"closed"
+
+    def wanted(self, r: int) -> bytes:
+        """Present once a node wants round ``r``: a member of round r-1 re-joined, or a
+        node that came too late for r-1 waits. Among round r's control keys, which the
+        members of r-1 watch from their rendezvous on, and await r's seal with."""
+        return self.ctl(r) + b"wanted"
 
     def joins(self, r: int) -> bytes:
         return self.of_round(r) + b"j/"
