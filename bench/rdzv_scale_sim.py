@@ -19,6 +19,10 @@ heartbeat 1 s x 3 for torch's handler, torch's 5 s x 3 for ours) with
    they know it is gone (node liveness: its beacon refuses their probe):
    *re-form* is the time from the loss until all survivors are in one round.
 
+Between the phases each simulating process asks every handler
+``num_nodes_waiting()`` every 0.1 s, as an agent's monitor does while its workers
+run (our etcd handler opens its watch of the next round on such a call).
+
 Prints one JSON line: the times (null if not complete within TIMEOUT_S), the
 ranks and world sizes seen, and -- for the etcd backends -- the requests and
 bytes etcd served during each phase, from its own metrics, and its steady load
@@ -181,6 +185,17 @@ def part(backend: str, nodes: int, endpoint: str, timeout_s: float, run_id: str,
     sys.setswitchinterval(0.05)
     indices = list(range(index, nodes, parts))
     handlers = make_handlers(backend, nodes, endpoint, timeout_s, run_id, indices)
+    asking = threading.Lock()  # held by a phase; between phases the monitor goes on asking
+
+    def monitor_between_phases() -> None:
+        """As an agent's monitor while its workers run: num_nodes_waiting() every 0.1 s."""
+        while True:
+            with asking:
+                for handler in handlers:
+                    handler.num_nodes_waiting()
+            time.sleep(0.1)
+
+    threading.Thread(target=monitor_between_phases, daemon=True).start()
     print("READY", flush=True)
     ranks: list[int | None] = []
     for line in sys.stdin:
@@ -191,10 +206,11 @@ def part(backend: str, nodes: int, endpoint: str, timeout_s: float, run_id: str,
         gone = frozenset(map(int, args[1:]))  # LOSE: the lost node's rank, known gone
         time.sleep(max(at - time.time(), 0))
         started = time.monotonic() - (time.time() - at)
-        if command == "LOSE" and indices[-1] == nodes - 1:
-            lose(handlers.pop())
-        result = rendezvous(handlers, started, timeout_s, nodes - (command == "LOSE"),
-                            gone, ranks)
+        with asking:
+            if command == "LOSE" and indices[-1] == nodes - 1:
+                lose(handlers.pop())
+            result = rendezvous(handlers, started, timeout_s, nodes - (command == "LOSE"),
+                                gone, ranks)
         ranks = result["by_handler"]  # type: ignore[assignment]
         if indices[-1] == nodes - 1 and ranks:
             result["last_rank"] = ranks[-1]  # the node a LOSE loses
@@ -202,9 +218,12 @@ def part(backend: str, nodes: int, endpoint: str, timeout_s: float, run_id: str,
 
 
 def main(backend: str, nodes: int, endpoint: str, timeout_s: float) -> dict[str, object]:
-    """Runs the case over simulating processes (up to 8, at most 128 nodes each); returns
-    the times of both phases and etcd's cost per node."""
-    parts = min(8, max(1, nodes // 16))
+    """Runs the case over simulating processes (two per core, at least 16 nodes each);
+    returns the times of both phases and etcd's cost per node. More processes than that
+    only contend for the cores: with 8 on 2 cores, a 1,024-node re-form took 3.1-3.6 s
+    instead of 2.1-2.5 s, and starved lease refreshes expired 100-300 liveness leases
+    mid-phase (each then renewed, and its node's join sent again)."""
+    parts = min(2 * (os.cpu_count() or 1), max(1, nodes // 16))
     run_id = f"scale-{uuid.uuid4().hex[:8]}"
     procs = []
     for index in range(parts):
