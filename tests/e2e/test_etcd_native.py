@@ -8,6 +8,7 @@ Skipped when the ``etcd`` binary (Debian: etcd-server) or ``etcd3gw`` is missing
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import uuid
@@ -311,6 +312,37 @@ def test_a_dead_sealer_is_replaced(nodes) -> None:
     doomed.wait()
     newcomer.wait()
     run.handlers.remove(first)
+
+
+def _break(watch: ops.Watch) -> None:
+    """Ends the watch's stream as a network fault or an etcd restart would (it is not
+    cancelled: the watch opens it again where it stopped)."""
+    raw = watch._response.raw  # type: ignore[union-attr]
+    connection = getattr(raw, "_connection", None) or getattr(raw, "connection", None)
+    connection.sock.shutdown(socket.SHUT_RDWR)
+
+
+def test_a_member_whose_watch_of_the_next_round_cannot_resume_still_gets_its_seal(
+        nodes) -> None:
+    """The members watch the next round's control keys while they train, and await its
+    seal on that watch. Should its stream break after etcd compacted the history it was
+    to resume from, the member watches anew from now and reads the round's control keys
+    once, rather than failing its rendezvous."""
+    run = nodes(2, 2, last_call_timeout=1)
+    members = run.add(2)
+    assert Joins(members).wait().worlds() == {2}
+    assert wait_until(lambda: all(h._last.waiting is not None for h in members
+                                  if h.num_nodes_waiting() == 0), 10)
+    kv = members[0]._kv
+    for i in range(3):  # history to compact, past the watches' start revision
+        kv.txn([], [ops.put(b"/compaction-test/%d" % i, b"")])
+    revision = kv.read(ops.get(b"/compaction-test/0")).revision
+    kv.client.post(kv.client.get_url("/kv/compaction"), json={"revision": str(revision),
+                                                               "physical": True})
+    for handler in members:
+        _break(handler._last.waiting._watch)
+    again = Joins(members).wait()
+    assert not again.errors and again.worlds() == {2} and again.ranks() == [0, 1]
 
 
 def test_closing(nodes) -> None:

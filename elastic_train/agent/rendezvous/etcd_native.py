@@ -472,18 +472,50 @@ class EtcdNativeHandler(RendezvousHandler):
         for the round's seal, claiming the sealer's part if its holder dies."""
         keys = self._keys
         events: list[ops.Event] | None = seen
-        while True:
-            for event in events or []:
-                key = event.kv.key
-                if key == keys.seal(r) and not event.deleted:
-                    return Seal.of(event.kv)
-                if key == keys.closed_in(r):
-                    self._raise_closed()
-                if key == keys.sealer(r) and event.deleted and self._claim_sealer(r):
-                    return self._seal(r, deadline, renewals)
-            events = self._next(watch, r, deadline)
-            if self._lease.renewals != renewals:
-                return None
+        replaced: list[Watch] = []
+        try:
+            while True:
+                for event in events or []:
+                    key = event.kv.key
+                    if key == keys.seal(r) and not event.deleted:
+                        return Seal.of(event.kv)
+                    if key == keys.closed_in(r):
+                        self._raise_closed()
+                    if key == keys.sealer(r) and event.deleted and self._claim_sealer(r):
+                        return self._seal(r, deadline, renewals)
+                try:
+                    events = self._next(watch, r, deadline)
+                except RendezvousConnectionError as exc:
+                    watch, events = self._watch_again(r, watch, exc)
+                    replaced.append(watch)
+                if self._lease.renewals != renewals:
+                    return None
+        finally:
+            for extra in replaced:
+                extra.cancel()
+
+    def _watch_again(self, r: int, broken: Watch, why: Exception
+                     ) -> tuple[Watch, list[ops.Event]]:
+        """A watch of round ``r``'s control keys from now, in place of ``broken`` (its stream
+        broke and could not resume where it stopped: etcd compacted that history, or
+        restarted without it), and what those keys hold now, as changes: a seal, a close,
+        or the sealer's part free (its key absent) to claim. RendezvousConnectionError if
+        etcd cannot be reached."""
+        log.warning("The watch of rendezvous round %d broke and cannot resume (%s); "
+                    "watching it anew.", r, why)
+        broken.cancel()
+        keys = self._keys
+        watch = self._kv.watch(keys.ctl(r), 0)
+        try:
+            watch.start()
+            found = self._kv.read(ops.get(keys.ctl(r), prefix=True), ops.get(keys.sealer(r)))
+        except BaseException:
+            watch.cancel()
+            raise
+        events = [ops.Event(False, kv) for kv in found.ranges[0]]
+        if not found.ranges[1]:
+            events.append(ops.Event(True, ops.KeyValue(keys.sealer(r), b"", 0, 0, 0)))
+        return watch, events
 
     def _claim_sealer(self, r: int) -> bool:
         keys = self._keys
