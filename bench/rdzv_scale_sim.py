@@ -204,9 +204,9 @@ def part(backend: str, nodes: int, endpoint: str, timeout_s: float, run_id: str,
             break
         at = float(args[0])
         gone = frozenset(map(int, args[1:]))  # LOSE: the lost node's rank, known gone
-        time.sleep(max(at - time.time(), 0))
-        started = time.monotonic() - (time.time() - at)
-        with asking:
+        with asking:  # taken before the start, so that a sweep in progress is not timed
+            time.sleep(max(at - time.time(), 0))
+            started = time.monotonic() - (time.time() - at)
             if command == "LOSE" and indices[-1] == nodes - 1:
                 lose(handlers.pop())
             result = rendezvous(handlers, started, timeout_s, nodes - (command == "LOSE"),

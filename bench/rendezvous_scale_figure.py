@@ -2,7 +2,7 @@
 after one is lost, for torch's c10d, torch's dynamic handler over etcd, and ours.
 
 Each case is :mod:`bench.rdzv_scale_sim` in a process of its own (which spreads
-the N handlers over up to 8 simulating processes), against an etcd 3.4 server on
+the N handlers over two simulating processes per core), against an etcd 3.4 server on
 127.0.0.1 that this figure starts (a fresh one per case, so that no case pays for
 the leftovers of another), or torch's TCPStore for c10d. A backend that failed at
 some N is not run at larger N.
@@ -133,13 +133,14 @@ def _table(backends: tuple[str, ...], sizes: tuple[int, ...],
             "every 5 s).")
     table.notes += [
         "Method: `python -m bench.rdzv_scale_sim BACKEND N ENDPOINT TIMEOUT` per cell: N "
-        "rendezvous handlers (no agents, no workers) in threads of up to 8 processes on this "
-        "machine, against an etcd 3.4 server on 127.0.0.1 (a fresh one per cell) or torch's "
+        "rendezvous handlers (no agents, no workers) in threads of two processes per core on "
+        "this machine, against an etcd 3.4 server on 127.0.0.1 (a fresh one per cell) or torch's "
         "TCPStore hosted by node 0; `--nnodes N-1:N` with the settings `elastic-train launch` "
         "gives each backend (last call 2 s; heartbeat 1 s x 3 for torch's handler, torch's "
         "5 s x 3 for ours). Form: all handlers call next_rendezvous() at once, then act as "
         "torch's agent (re-rendezvous while num_nodes_waiting() > 0), until all are in one "
-        "round. Re-form: one node's heartbeats (our lease refreshes) stop, the others call "
+        "round; between the phases every handler is asked num_nodes_waiting() every 0.1 s, "
+        "as an agent's monitor asks while its workers run. Re-form: one node's heartbeats (our lease refreshes) stop, the others call "
         "next_rendezvous() again at once, until all survivors are in one round.",
         "Requests and bytes: what etcd itself counted (gRPC calls started, bytes received + "
         "sent), divided by N; they include the lease and heartbeat refreshes during the phase.",
