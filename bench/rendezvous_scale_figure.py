@@ -140,7 +140,8 @@ def _table(backends: tuple[str, ...], sizes: tuple[int, ...],
         "5 s x 3 for ours). Form: all handlers call next_rendezvous() at once, then act as "
         "torch's agent (re-rendezvous while num_nodes_waiting() > 0), until all are in one "
         "round; between the phases every handler is asked num_nodes_waiting() every 0.1 s, "
-        "as an agent's monitor asks while its workers run. Re-form: one node's heartbeats (our lease refreshes) stop, the others call "
+        "as an agent's monitor asks while its workers run. Re-form: one node's heartbeats "
+        "(our lease refreshes) stop, the others call "
         "next_rendezvous() again at once, until all survivors are in one round.",
         "Requests and bytes: what etcd itself counted (gRPC calls started, bytes received + "
         "sent), divided by N; they include the lease and heartbeat refreshes during the phase.",
