@@ -238,11 +238,10 @@ class Watch:
 
     A watch from a revision etcd has passed starts *unsynced*: etcd replays the history
     to it from a loop that runs every 100 ms and serves at most 512 such watches a turn,
-    scanning every change since the oldest one's revision. A thousand nodes that each
-    watch for a round's seal from their own join's revision made etcd scan the whole
-    re-form's history several times over. A watch opened from now on
-    (``start_revision`` 0, then :meth:`start`) is *synced*: each change reaches it as it
-    is written, at no such cost.
+    reading every change since the oldest one's revision. A thousand nodes that each
+    watched for a round's seal from their own join's revision were all served so. A
+    watch opened from now on (``start_revision`` 0, then :meth:`start`) is *synced*:
+    each change reaches it as it is written.
     """
 
     def __init__(self, kv: EtcdKV, key: bytes, start_revision: int, prefix: bool) -> None:

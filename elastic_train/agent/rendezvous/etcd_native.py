@@ -508,12 +508,12 @@ class EtcdNativeHandler(RendezvousHandler):
         watch = self._kv.watch(keys.ctl(r), 0)
         try:
             watch.start()
-            found = self._kv.read(ops.get(keys.ctl(r), prefix=True), ops.get(keys.sealer(r)))
+            found = self._kv.read(ops.get(keys.ctl(r), prefix=True)).ranges[0]
         except BaseException:
             watch.cancel()
             raise
-        events = [ops.Event(False, kv) for kv in found.ranges[0]]
-        if not found.ranges[1]:
+        events = [ops.Event(False, kv) for kv in found]
+        if all(kv.key != keys.sealer(r) for kv in found):
             events.append(ops.Event(True, ops.KeyValue(keys.sealer(r), b"", 0, 0, 0)))
         return watch, events
 
