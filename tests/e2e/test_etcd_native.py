@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
+    RendezvousConnectionError,
     RendezvousGracefulExitError,
     RendezvousInfo,
     RendezvousParameters,
@@ -25,7 +26,7 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from tests.conftest import wait_until
-from tests.support.etcd_server import EtcdServer, run_keys
+from tests.support.etcd_server import EtcdServer, TLSFiles, run_keys
 
 pytest.importorskip("etcd3gw", reason="etcd3gw is not installed (pip install etcd3gw)")
 
@@ -132,6 +133,35 @@ def test_nodes_form_a_round_with_ranks_and_a_store(request, etcd_major: str) -> 
         assert all(h.num_nodes_waiting() == 0 for h in handlers)
         assert all(h.shutdown() for h in handlers)
         assert run_keys(server.endpoint, run.run_id) == []  # the last one out cleaned up
+    finally:
+        run.close()
+        server.stop()
+
+
+def test_nodes_form_and_form_again_over_tls_with_client_certificates(etcd_server, tmp_path
+                                                                     ) -> None:
+    """etcd on HTTPS only, asking each client for a certificate its CA signed: the nodes
+    reach it with ``--rdzv-conf protocol=https,ca_cert=...,cert=...,key=...`` for their
+    transactions, leases and watches; a node that does not trust etcd's certificate gets
+    a connection error before it joins anything."""
+    tls = TLSFiles.make(str(tmp_path))
+    server = EtcdServer(etcd_server.binary, tls=tls)
+    server.start()
+    conf = {"protocol": "https", "ca_cert": tls.ca, "cert": tls.client_cert,
+            "key": tls.client_key}
+    run = Nodes(server.endpoint, 2, 2, **conf)
+    try:
+        members = run.add(2)
+        assert all(h._kv._direct is not None for h in members)  # not through requests
+        assert Joins(members).wait().worlds() == {2}
+        assert wait_until(lambda: all(h._last.waiting is not None for h in members
+                                      if h.num_nodes_waiting() == 0), 10)
+        again = Joins(members).wait()  # awaits the seal on the watches kept
+        assert not again.errors and again.worlds() == {2} and again.ranks() == [0, 1]
+        (tmp_path / "other").mkdir()
+        stranger = TLSFiles.make(str(tmp_path / "other"))
+        with pytest.raises(RendezvousConnectionError, match="(?i)certificate"):
+            Nodes(server.endpoint, 2, 2, **{**conf, "ca_cert": stranger.ca}).add(1)
     finally:
         run.close()
         server.stop()

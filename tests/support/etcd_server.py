@@ -8,13 +8,17 @@ process this helper started, by its pid.
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -65,12 +69,76 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-class EtcdServer:
-    """One etcd process on 127.0.0.1 with its own data dir; use ``start()``/``stop()``."""
+@dataclass(frozen=True)
+class TLSFiles:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by
+    the CA (PEM files in ``folder``), as an operator's TLS-only etcd uses."""
 
-    def __init__(self, binary: str, start_timeout: float = 30.0) -> None:
+    ca: str
+    server_cert: str
+    server_key: str
+    client_cert: str
+    client_key: str
+
+    @staticmethod
+    def make(folder: str) -> TLSFiles:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        now = datetime.datetime.now(datetime.timezone.utc)
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test etcd CA")])
+
+        def certificate(name: str, key: ec.EllipticCurvePrivateKey, issuer_key=ca_key,
+                        ca: bool = False, server: bool = False) -> x509.Certificate:
+            builder = (x509.CertificateBuilder()
+                       .subject_name(ca_name if ca else x509.Name(
+                           [x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+                       .issuer_name(ca_name).public_key(key.public_key())
+                       .serial_number(x509.random_serial_number())
+                       .not_valid_before(now - datetime.timedelta(minutes=5))
+                       .not_valid_after(now + datetime.timedelta(days=1))
+                       .add_extension(x509.BasicConstraints(ca=ca, path_length=None),
+                                      critical=True))
+            if server:
+                builder = builder.add_extension(x509.SubjectAlternativeName(
+                    [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            return builder.sign(issuer_key, hashes.SHA256())
+
+        def write(name: str, data: bytes) -> str:
+            path = str(Path(folder) / name)
+            Path(path).write_bytes(data)
+            return path
+
+        def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+            return key.private_bytes(serialization.Encoding.PEM,
+                                     serialization.PrivateFormat.TraditionalOpenSSL,
+                                     serialization.NoEncryption())
+
+        server_key, client_key = ec.generate_private_key(ec.SECP256R1()), \
+            ec.generate_private_key(ec.SECP256R1())
+        pem = serialization.Encoding.PEM
+        return TLSFiles(
+            write("ca.crt", certificate("", ca_key, ca=True).public_bytes(pem)),
+            write("server.crt", certificate("127.0.0.1", server_key, server=True)
+                  .public_bytes(pem)),
+            write("server.key", key_pem(server_key)),
+            write("client.crt", certificate("test client", client_key).public_bytes(pem)),
+            write("client.key", key_pem(client_key)))
+
+
+class EtcdServer:
+    """One etcd process on 127.0.0.1 with its own data dir; use ``start()``/``stop()``.
+    With ``tls``, it serves clients over HTTPS only and asks them for a certificate
+    signed by its CA."""
+
+    def __init__(self, binary: str, start_timeout: float = 30.0,
+                 tls: TLSFiles | None = None) -> None:
         self.binary = binary
         self.start_timeout = start_timeout
+        self.tls = tls
         self.client_port = _free_port()
         self.peer_port = _free_port()
         self.args: list[str] = []
@@ -85,8 +153,8 @@ class EtcdServer:
 
     @property
     def url(self) -> str:
-        """The client URL (HTTP, no TLS)."""
-        return f"http://{self.endpoint}"
+        """The client URL (HTTPS with ``tls``, else HTTP)."""
+        return f"{'https' if self.tls else 'http'}://{self.endpoint}"
 
     def start(self) -> None:
         """Starts etcd and returns once it answers ``/health``; raises if it does not in time.
@@ -105,6 +173,9 @@ class EtcdServer:
             "--initial-cluster", f"test={peer_url}",
             "--initial-cluster-state", "new",
         ]
+        if self.tls is not None:
+            self.args += ["--cert-file", self.tls.server_cert, "--key-file", self.tls.server_key,
+                          "--trusted-ca-file", self.tls.ca, "--client-cert-auth"]
         if self._log is not None:
             self._log.close()
         self._log = tempfile.SpooledTemporaryFile(max_size=1 << 20)
@@ -122,8 +193,12 @@ class EtcdServer:
 
     def get(self, path: str) -> tuple[int, bytes]:
         """HTTP GET on the client URL; returns (status, body), status 0 if unreachable."""
+        context = None
+        if self.tls is not None:
+            context = ssl.create_default_context(cafile=self.tls.ca)
+            context.load_cert_chain(self.tls.client_cert, self.tls.client_key)
         try:
-            with urllib.request.urlopen(self.url + path, timeout=2) as resp:
+            with urllib.request.urlopen(self.url + path, timeout=2, context=context) as resp:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
