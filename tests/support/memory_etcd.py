@@ -246,13 +246,16 @@ class MemoryWatch:
             self._kv._followers.remove(self)
 
     def deliver(self) -> None:
+        if self._cancelled:
+            return
         events = self._events()
-        if events and not self._cancelled:
+        if events:
             self.revision = max(e.kv.mod_revision for e in events) + 1
             self._on_events(events)
 
     def cancel(self) -> None:
         self._cancelled = True
+        self.unfollow()
 
 
 class MemoryKeyspace:
