@@ -15,11 +15,13 @@ spec stored in ``run.json`` with the new one:
 * **Warned about** (``breaks=False``), because resuming is still correct: another
   number of workers (``num_workers``, ``--nproc-per-node``, ``--nnodes``). The
   checkpoint's files are handed over as they are, and dataset shards and
-  prepared data loaders, whose positions are stored per rank, restart the
-  checkpoint's epoch from its beginning with the new split of the data
-  (elastic launches change size this way by design). Only the result stops
-  being bit-identical to a run of fixed size. Whether the model state fits the
-  new size depends on how it was saved, which no driver can check:
+  prepared data loaders, whose positions say which samples of the epoch are
+  done, split the rest of the checkpoint's epoch over the new ranks, each sample
+  once (elastic launches change size this way by design; see
+  :mod:`elastic_train.worker.data_position`). Only the result stops being
+  bit-identical to a run of fixed size (another global batch, another sum order).
+  Whether the model state fits the new size depends on how it was saved, which no
+  driver can check:
 
   - one file written by one rank (``torch.save`` of a whole model, DDP): loads
     on any number of workers;
@@ -71,8 +73,8 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-_RESIZED = ("it continues, but not bit-identically to a run of fixed size (the checkpoint's "
-            "epoch restarts with the new split of the data)")
+_RESIZED = ("it continues, but not bit-identically to a run of fixed size (the samples of "
+            "the checkpoint's epoch not trained on yet are split over the new workers)")
 _RERANKED = ("the stored checkpoints are ranked anew; those whose metrics lack the score "
              "attribute rank below every other and are the first retention deletes (never "
              "the latest)")

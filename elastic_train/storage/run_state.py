@@ -186,12 +186,18 @@ class RestoreRecord:
     restored_iteration: int
     recomputed_iterations: int
     recomputed_s: float
+    data: tuple[str, ...] = ()  # what a resume at another world size did to the data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RestoreRecord:
         return cls(time=float(data["time"]), restored_iteration=int(data["restored_iteration"]),
                    recomputed_iterations=int(data.get("recomputed_iterations", 0)),
-                   recomputed_s=float(data.get("recomputed_s", 0.0)))
+                   recomputed_s=float(data.get("recomputed_s", 0.0)),
+                   data=tuple(str(d) for d in data.get("data", ())))
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        entry = asdict(self)
+        entry["data"] = list(self.data)
+        if not self.data:
+            del entry["data"]  # a restart at the same world size: as before it existed
+        return entry

@@ -266,10 +266,19 @@ class RunStorage:
     def add_restore(self, entry: RestoreRecord) -> None:
         """Appends one restart's entry: when the group was ready again, from which
         iteration, and how much of the failed attempt's work is redone."""
+        self._write_restores([*self.read_restores(), entry])
+
+    def note_restore_data(self, said: str) -> None:
+        """Adds to the latest restart's entry what its resume did to the data."""
+        entries = self.read_restores()
+        if entries:
+            last = entries[-1]
+            self._write_restores([*entries[:-1], replace(last, data=(*last.data, said))])
+
+    def _write_restores(self, entries: list[RestoreRecord]) -> None:
         self._fenced("writing restores.json")
-        entries = [e.to_json() for e in [*self.read_restores(), entry]]
         self._retry("writing restores.json", lambda: fsutil.write_json_atomic(
-            self.fs, self._path(RESTORES_FILE), entries))
+            self.fs, self._path(RESTORES_FILE), [e.to_json() for e in entries]))
 
     # departures/: who left the job and until when it is kept out (see departures.py)
     def write_departure(self, departure: Departure) -> None:

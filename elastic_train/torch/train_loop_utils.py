@@ -6,16 +6,30 @@ from __future__ import annotations
 import logging
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+)
 
 from elastic_train.errors import ConfigError
 from elastic_train.worker import heartbeat
-from elastic_train.worker.dataset import ResumableIterable, _to
+from elastic_train.worker.data_position import (
+    Done,
+    EpochPosition,
+    Resumed,
+    epoch_order,
+    plan,
+    steps_of,
+)
+from elastic_train.worker.dataset import _to
 from elastic_train.worker.session import get_session
 
 logger = logging.getLogger(__name__)
@@ -89,14 +103,86 @@ def prepare_model(model: torch.nn.Module, move_to_device: bool | torch.device = 
     return FullyShardedDataParallel(model, **kwargs)
 
 
-class _PreparedDataLoader(ResumableIterable):
-    """A data loader whose sampler epoch advances by itself and whose batches move
-    to the worker's device; its epoch (and batch, mid-epoch) is resumable."""
+class ElasticSampler(DistributedSampler):
+    """The sampler of a prepared data loader (``loader.sampler``): this rank's share of
+    the epoch's seeded global order, from the position its loader resumed at (see
+    :mod:`elastic_train.worker.data_position`). A torch ``DistributedSampler``, so code
+    that checks for one or calls ``set_epoch`` keeps working.
 
-    def __init__(self, loader: DataLoader, device: torch.device | None):
-        super().__init__()
+    Unlike torch's, it splits only what the epoch has not trained on yet, and pads
+    nothing unless ``even`` (torch's padding): the last batches of a rank may be one
+    sample smaller than another rank's.
+    """
+
+    def __init__(self, dataset: Any, position: EpochPosition, shuffle: bool, seed: int,
+                 batch_size: int, drop_last: bool, even: bool):
+        super().__init__(dataset, num_replicas=position.world, rank=position.rank,
+                         shuffle=shuffle, seed=seed, drop_last=drop_last)
+        self.position = position
+        self.batch_size = batch_size
+        self.even = even
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.position.set_epoch(epoch)
+
+    def pass_batches(self) -> tuple[list[torch.Tensor], list[list[int]]]:
+        """The current pass's batches still to run: places in the epoch's order, and
+        the dataset's indices at those places."""
+        n = len(self.dataset)  # type: ignore[arg-type]
+        order = epoch_order(n, self.shuffle, self.seed, self.position.epoch)
+        places = self.position.batches(n, self.batch_size, self.drop_last, self.even)
+        return places, [order[p].tolist() for p in places]
+
+    def __iter__(self) -> Iterator[int]:
+        n = len(self.dataset)  # type: ignore[arg-type]
+        order = epoch_order(n, self.shuffle, self.seed, self.position.epoch)
+        places = plan(Done(), n, self.num_replicas, self.rank, self.batch_size,
+                      self.drop_last, self.even)
+        return iter(order[torch.cat(places)].tolist() if places else [])
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in plan(Done(), len(self.dataset), self.num_replicas,
+                                        self.rank, self.batch_size, self.drop_last, self.even))
+
+    def steps(self) -> int:
+        """Batches per rank in a whole epoch."""
+        return steps_of(len(self.dataset), self.num_replicas, self.batch_size,  # type: ignore[arg-type]
+                        self.drop_last)
+
+
+class _PassBatches:
+    """The loader's batch sampler: the batches its prepared loader set for this pass."""
+
+    def __init__(self, sampler: ElasticSampler):
+        self.sampler = sampler
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return self.sampler.steps()
+
+
+class _PreparedDataLoader:
+    """A data loader whose batches move to the worker's device and whose position in the
+    epoch is saved with each checkpoint (see :class:`ElasticSampler`).
+
+    ``position`` is where it stands; ``source`` says why a loader's data cannot be split
+    anew (an ``IterableDataset``, a batch sampler of the user's, ``add_dist_sampler=False``):
+    such a loader resumes at the same world size by skipping the batches it already
+    gave, and at another starts its epoch over, with a warning.
+    """
+
+    def __init__(self, loader: DataLoader, device: torch.device | None,
+                 position: EpochPosition, untracked: str | None = None):
         self.loader = loader
         self.device = device
+        self.position = position
+        self.untracked = untracked
+        # what users find as loader.sampler (set_epoch); a DataLoader's own is fixed
+        self.sampler = loader.sampler if untracked else loader.batch_sampler.sampler
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -104,46 +190,131 @@ class _PreparedDataLoader(ResumableIterable):
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["loader"], name)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.position.state_dict(), "untracked": self.untracked}
+
+    def restore(self, states: Mapping[int, Mapping[str, Any]]) -> Resumed | None:
+        resumed = self.position.restore(states)
+        if resumed is not None and self.untracked:
+            logger.warning(
+                "This prepared data loader's data cannot follow the world size change "
+                "(%d -> %d rank(s)): %s. Its epoch %d starts over on every rank, so the "
+                "samples trained on before the change are trained on again. To train on "
+                "each sample once per epoch, give prepare_data_loader a DataLoader of a "
+                "map-style Dataset with its own sampler left to prepare_data_loader.",
+                resumed.old_world, resumed.new_world, self.untracked, resumed.epoch)
+            return None
+        return resumed
+
     def __iter__(self) -> Iterator[Any]:
-        skip = self._begin_pass()
-        sampler = self.loader.sampler
-        if isinstance(sampler, DistributedSampler):
-            sampler.set_epoch(self.epoch)
+        self.position.begin_pass()
+        if self.untracked:
+            yield from self._replayed()
+        else:
+            sampler = self.loader.batch_sampler
+            places, sampler.batches = sampler.sampler.pass_batches()
+            for batch_places, batch in zip(places, self.loader, strict=True):
+                self.position.took(batch_places)
+                heartbeat.beat()
+                yield self._moved(batch)
+        self.position.end_pass()
+
+    def _replayed(self) -> Iterator[Any]:
+        """A loader whose data cannot be split anew: its batches, after the ones the
+        resumed position says it gave (read and dropped: nothing else knows them)."""
+        skip = self.position.batch
+        self.position.batch = 0
         for number, batch in enumerate(self.loader):
             if number < skip:
                 continue
-            self.batch = number + 1
+            self.position.batch = number + 1
             heartbeat.beat()
-            yield _to(batch, self.device, None) if self.device is not None else batch
-        self._end_pass()
+            yield self._moved(batch)
+
+    def _moved(self, batch: Any) -> Any:
+        return _to(batch, self.device, None) if self.device is not None else batch
+
+
+def _untracked_reason(loader: DataLoader, add_dist_sampler: bool) -> str | None:
+    """Why ``loader``'s position cannot be tracked by sample, or None."""
+    if isinstance(loader.dataset, IterableDataset):
+        return f"its dataset ({type(loader.dataset).__name__}) is an IterableDataset"
+    if loader.batch_size is None:
+        return f"it has a batch sampler of its own ({type(loader.batch_sampler).__name__})"
+    if not add_dist_sampler:
+        return "prepare_data_loader(add_dist_sampler=False) keeps its own sampler"
+    return None
+
+
+def _shuffle_and_seed(sampler: Any, default_seed: int) -> tuple[bool, int, bool]:
+    """What to keep of the loader's sampler: whether it shuffles, its seed, drop_last."""
+    if isinstance(sampler, DistributedSampler):
+        return sampler.shuffle, sampler.seed, sampler.drop_last
+    if not isinstance(sampler, (RandomSampler, SequentialSampler)):
+        logger.warning("prepare_data_loader replaces the loader's %s by a split of the "
+                       "dataset in its order, as Ray Train does; pass "
+                       "add_dist_sampler=False to keep it (its position then cannot follow "
+                       "a change of the world size).", type(sampler).__name__)
+    return isinstance(sampler, RandomSampler), default_seed, False
 
 
 def prepare_data_loader(data_loader: DataLoader, add_dist_sampler: bool = True,
-                        move_to_device: bool = True, auto_transfer: bool = True
-                        ) -> _PreparedDataLoader:
+                        move_to_device: bool = True, auto_transfer: bool = True,
+                        *, even_batches: bool = False) -> _PreparedDataLoader:
     """Shards a DataLoader across workers and moves its batches to this worker's device.
 
-    A ``DistributedSampler`` replaces the loader's sampler (shuffling iff the
-    original shuffled, seeded by ``enable_reproducibility``); its epoch is set
-    on every pass, so users need not call ``set_epoch``. ``auto_transfer``
-    (Ray's CUDA-stream prefetch) is accepted; batches are copied with
-    ``non_blocking=True`` either way.
+    The loader's sampler is replaced by an :class:`ElasticSampler` (a torch
+    ``DistributedSampler``; shuffling iff the original shuffled, seeded by
+    ``enable_reproducibility`` or by the seed of a ``DistributedSampler`` given), also
+    with one worker; its epoch advances on every pass, so users need not call
+    ``set_epoch``. Its position in the epoch goes with every checkpoint: a resume
+    continues at the next batch, and at another world size the samples of the epoch not
+    trained on yet are split over the new ranks, so each is trained on once per epoch
+    (see the README's "Elastic data"). ``auto_transfer`` (Ray's CUDA-stream prefetch) is
+    accepted; batches are copied with ``non_blocking=True`` either way.
+
+    Args:
+        even_batches: Where the samples left do not divide by the world size, give every
+            rank as many by repeating samples (torch ``DistributedSampler``'s padding)
+            instead of one sample fewer on some ranks. Not in Ray's API.
+
+    Example::
+
+        loader = prepare_data_loader(DataLoader(dataset, batch_size=32, shuffle=True))
+        for epoch in range(start, epochs):
+            for x, y in loader:
+                ...
     """
+    if not isinstance(data_loader, DataLoader):
+        raise ConfigError(f"prepare_data_loader({type(data_loader).__name__}): pass a "
+                          "torch.utils.data.DataLoader, e.g. prepare_data_loader("
+                          "DataLoader(dataset, batch_size=32)).")
     session = get_session()
     world_size = dist.get_world_size() if dist.is_initialized() else 1
-    loader = data_loader
-    if add_dist_sampler and world_size > 1 and not isinstance(loader.sampler, DistributedSampler):
-        shuffle = isinstance(loader.sampler, RandomSampler)
-        sampler = DistributedSampler(loader.dataset, num_replicas=world_size,
-                                     rank=dist.get_rank(), shuffle=shuffle, seed=session.seed)
-        loader = DataLoader(
-            loader.dataset, batch_size=loader.batch_size, sampler=sampler,
-            num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-            pin_memory=loader.pin_memory, drop_last=loader.drop_last,
-            timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-            persistent_workers=loader.persistent_workers,
-        )
-    device = get_device() if move_to_device else None
-    prepared = _PreparedDataLoader(loader, device)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    prepared = prepared_loader(data_loader, EpochPosition(rank, world_size), session.seed,
+                               get_device() if move_to_device else None, add_dist_sampler,
+                               even_batches)
     session.register_resumable(session.next_loader_key(), prepared)
     return prepared
+
+
+def prepared_loader(data_loader: DataLoader, position: EpochPosition, seed: int,
+                    device: torch.device | None, add_dist_sampler: bool = True,
+                    even_batches: bool = False) -> _PreparedDataLoader:
+    """:func:`prepare_data_loader`'s loader for the rank and world of ``position``,
+    shuffled from ``seed`` unless a ``DistributedSampler`` of the user's names one."""
+    untracked = _untracked_reason(data_loader, add_dist_sampler)
+    loader = data_loader
+    if untracked is None:
+        shuffle, seed, dist_drop_last = _shuffle_and_seed(loader.sampler, seed)
+        sampler = ElasticSampler(loader.dataset, position, shuffle, seed, loader.batch_size,
+                                 loader.drop_last or dist_drop_last, even_batches)
+        loader = DataLoader(
+            loader.dataset, batch_sampler=_PassBatches(sampler),
+            num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+            pin_memory=loader.pin_memory, timeout=loader.timeout,
+            worker_init_fn=loader.worker_init_fn,
+            persistent_workers=loader.persistent_workers,
+        )
+    return _PreparedDataLoader(loader, device, position, untracked)

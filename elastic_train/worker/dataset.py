@@ -1,11 +1,12 @@
 """Per-rank dataset shards: ``get_dataset_shard("train").iter_torch_batches(...)``.
 
-A shard splits a map-style torch ``Dataset`` evenly across ranks (every rank
-gets the same number of rows, so collectives stay in step), reshuffles it each
-epoch with a permutation drawn from ``(seed, epoch)`` (the same on every rank,
-so the ranks' slices never overlap) and remembers its position, which the
-session stores with each checkpoint: a resumed run continues at the same epoch
-and batch as an uninterrupted one.
+A shard reshuffles a map-style torch ``Dataset`` each epoch with a permutation
+drawn from ``(seed, epoch)`` (the same on every rank) and splits the part of it
+not yet trained on across the ranks (every rank runs the same number of
+batches, so collectives stay in step): :mod:`.data_position`. Its position is
+stored with each checkpoint: a resumed run continues at the same epoch and
+batch as an uninterrupted one, and a run resumed at another world size trains
+on the rest of the epoch, each row once.
 
 Ray Data shuffles only on request and its order is not reproducible; here a
 shard shuffles by default and always reproducibly (``shuffle=False`` keeps the
@@ -14,78 +15,48 @@ dataset's order).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset, default_collate
 
 from elastic_train.worker import heartbeat
+from elastic_train.worker.data_position import (
+    Done,
+    EpochPosition,
+    Resumed,
+    epoch_order,
+    share,
+)
 
 
-class ResumableIterable:
-    """An iterable whose position is saved with checkpoints and restored on resume.
-
-    ``epoch`` counts completed or abandoned passes; ``batch`` counts batches
-    yielded in the current pass.
-    """
-
-    def __init__(self) -> None:
-        self.epoch = 0
-        self.batch = 0
-        self._resume_pending = False
-        self._in_pass = False
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch": self.batch}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
-        self._resume_pending = self.batch > 0
-
-    def _begin_pass(self) -> int:
-        """Starts a pass and returns how many batches of it to skip."""
-        if self._in_pass and not self._resume_pending:
-            self.epoch += 1  # the previous pass was abandoned: this is a new epoch
-            self.batch = 0
-        skip = self.batch if self._resume_pending else 0
-        if not self._resume_pending:
-            self.batch = 0
-        self._resume_pending = False
-        self._in_pass = True
-        return skip
-
-    def _end_pass(self) -> None:
-        self.epoch += 1
-        self.batch = 0
-        self._in_pass = False
-
-
-class DatasetShard(ResumableIterable):
+class DatasetShard:
     """This rank's share of a dataset passed as ``TorchTrainer(datasets={...})``."""
 
     def __init__(self, dataset: Dataset, rank: int, world_size: int,
                  device: torch.device, default_seed: Callable[[], int]):
-        super().__init__()
         self.dataset = dataset
         self.rank = rank
         self.world_size = world_size
+        self.position = EpochPosition(rank, world_size)
         self._device = device
         self._default_seed = default_seed
 
-    def _indices(self, shuffle: bool, seed: int) -> list[int]:
-        n = len(self.dataset)  # type: ignore[arg-type]
-        if shuffle:
-            gen = torch.Generator().manual_seed(seed + self.epoch)
-            order = torch.randperm(n, generator=gen).tolist()
-        else:
-            order = list(range(n))
-        order = order[: n - n % self.world_size]
-        return order[self.rank :: self.world_size]
+    @property
+    def epoch(self) -> int:
+        return self.position.epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.position.state_dict()
+
+    def restore(self, states: Mapping[int, Mapping[str, Any]]) -> Resumed | None:
+        return self.position.restore(states)
 
     def count(self) -> int:
-        """Rows this rank gets per epoch."""
-        return len(self.dataset) // self.world_size  # type: ignore[arg-type]
+        """Rows this rank gets in a whole epoch (ranks differ by at most one)."""
+        return len(share(Done().rest(len(self.dataset)),  # type: ignore[arg-type]
+                         self.world_size, self.rank))
 
     def iter_torch_batches(
         self,
@@ -110,7 +81,8 @@ class DatasetShard(ResumableIterable):
             device: ``"auto"`` moves batches to this worker's device.
             collate_fn: Builds a batch from a list of rows (default: torch's
                 ``default_collate``).
-            drop_last: Drop the last incomplete batch.
+            drop_last: Drop the samples that do not fill a step of full batches on
+                every rank (otherwise the last batches may be smaller).
             shuffle: Reshuffle every epoch (reproducibly).
             seed: Base seed of the shuffle (default: the seed given to
                 ``enable_reproducibility``, else 0).
@@ -129,7 +101,8 @@ class DatasetShard(ResumableIterable):
                     ...
 
         Resuming from a checkpoint reported inside the loop continues the
-        epoch at the next batch; one reported after the epoch's last batch
+        epoch at the next batch (at another world size: the rows of the epoch
+        not trained on yet, split over the new ranks); one reported after the epoch's last batch
         (a just-in-time checkpoint, or every k batches) resumes into the empty
         rest of that epoch: the first pass yields nothing and the next one is
         the next epoch, in step with a loop that resumes in the checkpoint's
@@ -150,20 +123,18 @@ class DatasetShard(ResumableIterable):
                  collate: Callable[[list[Any]], Any], target: torch.device,
                  dtypes: Any) -> Iterator[Any]:
         """The epoch's batches, from where a restored position left off."""
-        skip = self._begin_pass()  # first: it decides the epoch, which the order depends on
-        indices = self._indices(shuffle, self._default_seed() if seed is None else seed)
-        starts = range(0, len(indices), batch_size)
-        for number, start in enumerate(starts):
-            rows = indices[start : start + batch_size]
-            if drop_last and len(rows) < batch_size:
-                break
-            if number < skip:
-                continue
-            batch = _to(collate([self.dataset[i] for i in rows]), target, dtypes)
-            self.batch = number + 1
+        position = self.position
+        position.begin_pass()  # first: it decides the epoch, which the order depends on
+        n = len(self.dataset)  # type: ignore[arg-type]
+        order = epoch_order(n, shuffle, self._default_seed() if seed is None else seed,
+                            position.epoch)
+        for places in position.batches(n, batch_size, drop_last):
+            batch = _to(collate([self.dataset[i] for i in order[places].tolist()]), target,
+                        dtypes)
+            position.took(places)
             heartbeat.beat()
             yield batch
-        self._end_pass()
+        position.end_pass()
 
 
 def _to(batch: Any, device: torch.device, dtypes: Any, key: str | None = None) -> Any:

@@ -19,8 +19,8 @@ and seconds, for goodput in ``elastic-train show``).
 
 :func:`load_restore_point` is the I/O around it, on rank 0: it reads the rows,
 decides, and rewrites ``metrics.jsonl`` to the kept rows. Every rank then gets
-:meth:`RestorePoint.for_every_rank`, and :func:`resumable_state` gives each
-data iterator its position.
+:meth:`RestorePoint.for_every_rank`; each data iterator finds its position in the
+point's manifest (:mod:`.data_position`).
 """
 
 from __future__ import annotations
@@ -114,19 +114,6 @@ def decide_restore(manifests: Sequence[CommitManifest], rows: Sequence[dict[str,
     )
 
 
-def resumable_state(manifest: CommitManifest, rank: int, world_size: int,
-                    key: str) -> dict[str, Any] | None:
-    """The saved position of the data iterator ``key`` for ``rank``, or None.
-
-    With the world size of the checkpoint, each rank gets its own; with another,
-    the data is split anew: every rank keeps rank 0's epoch and starts it over.
-    """
-    if manifest.world_size == world_size:
-        return manifest.worker_states.get(str(rank), {}).get(key)
-    state = manifest.worker_states.get("0", {}).get(key)
-    return state and {"epoch": state["epoch"], "batch": 0}
-
-
 def agree_on_restore_point(storage: RunStorage, group: ControlGroup,
                            rank: int) -> RestorePoint:
     """The restore point every rank of ``group`` resumes from (collective).
@@ -158,9 +145,8 @@ def load_restore_point(storage: RunStorage, world_size: int,
     if point.manifest and point.manifest.world_size != world_size:
         logger.warning(
             "Resuming from %s, written by %d workers, with %d: your checkpoint files are "
-            "loaded as they are, but dataset shards and prepared data loaders start "
-            "the checkpoint's epoch again from its beginning with the new split, so "
-            "the result will not be bit-identical to a run of fixed size.",
+            "loaded as they are; dataset shards and prepared data loaders split the "
+            "samples of the epoch not trained on yet over the new ranks.",
             point.manifest.name, point.manifest.world_size, world_size)
     if point.recomputed_iterations:
         logger.info("Dropping %d metric rows reported after the restored checkpoint.",

@@ -48,7 +48,8 @@ from elastic_train.worker import preemption
 from elastic_train.worker import upload_fn as by_upload_fn
 from elastic_train.worker.after_report import AFTER_REPORT, AfterReport
 from elastic_train.worker.backend import WorkerResources
-from elastic_train.worker.dataset import DatasetShard, ResumableIterable
+from elastic_train.worker.data_position import Resumable, ranks_states
+from elastic_train.worker.dataset import DatasetShard
 from elastic_train.worker.joined_session import JoinedSession
 from elastic_train.worker.preemption import PreemptionInfo
 from elastic_train.worker.report_args import ReportArgs
@@ -58,7 +59,6 @@ from elastic_train.worker.reported_checkpoints import (
     wait_until_committed,
     wait_until_validated,
 )
-from elastic_train.worker.restore import resumable_state
 from elastic_train.worker.run_spec import RunSpec
 from elastic_train.worker.step_times import StepClock
 
@@ -126,7 +126,7 @@ class TrainSession:
             metadata=spec.metadata,
         )
         self._shards: dict[str, DatasetShard] = {}
-        self._resumables: dict[str, ResumableIterable] = {}
+        self._resumables: dict[str, Resumable] = {}
         self._loader_count = 0
         self._created_at = time.time()
         self._staging_dir = staging_dir
@@ -166,15 +166,23 @@ class TrainSession:
         return self._synced or self.join().restored
 
     # resumable iterables (dataset shards, prepared data loaders)
-    def register_resumable(self, key: str, iterable: ResumableIterable) -> None:
-        """Tracks ``iterable``'s position in checkpoints and restores it now if saved."""
+    def register_resumable(self, key: str, iterable: Resumable) -> None:
+        """Tracks ``iterable``'s position in checkpoints and restores it now if saved; a
+        resume at another world size is said on rank 0's console and in the run's record
+        of the restart (``restores.json``)."""
         self._resumables[key] = iterable
         latest = self._latest()
         if not latest:
             return
-        state = resumable_state(latest, self.env.rank, self.env.world_size, key)
-        if state is not None:
-            iterable.load_state_dict(state)
+        resumed = iterable.restore(ranks_states(latest.worker_states, key))
+        if resumed is not None and self.env.rank == 0:
+            said = resumed.describe(key)
+            logger.warning("Elastic data: %s.", said)
+            try:
+                self.storage.note_restore_data(said)
+            except StorageError:  # bookkeeping only: never fail a restart for it
+                logger.warning("Could not record the data's resume in restores.json",
+                               exc_info=True)
 
     def next_loader_key(self) -> str:
         self._loader_count += 1

@@ -1,10 +1,12 @@
-"""DatasetShard: even, disjoint, reproducible, resumable per-rank shards."""
+"""DatasetShard and prepared loaders: disjoint, covering, reproducible, resumable per-rank
+shares of each epoch."""
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from elastic_train.torch.train_loop_utils import _PreparedDataLoader
+from elastic_train.torch.train_loop_utils import prepared_loader
+from elastic_train.worker.data_position import EpochPosition
 from elastic_train.worker.dataset import DatasetShard
 
 CPU = torch.device("cpu")
@@ -27,15 +29,14 @@ def rows(s, **kwargs):
 
 @pytest.mark.parametrize("n, world_size", [(23, 3), (24, 4), (5, 5), (7, 2)])
 @pytest.mark.parametrize("shuffle", [True, False])
-def test_shards_disjoint_equal_and_cover(n, world_size, shuffle):
+def test_shards_disjoint_and_cover_each_row_once(n, world_size, shuffle):
     ds = dataset(n)
-    parts = [rows(shard(ds, r, world_size), shuffle=shuffle) for r in range(world_size)]
-    per_rank = n // world_size
-    assert all(len(p) == per_rank for p in parts)
-    assert all(shard(ds, r, world_size).count() == per_rank for r in range(world_size))
-    seen = [x for p in parts for x in p]
-    assert len(set(seen)) == len(seen) == per_rank * world_size
-    assert set(seen) <= set(range(n))
+    shards = [shard(ds, r, world_size) for r in range(world_size)]
+    parts = [rows(s, shuffle=shuffle) for s in shards]
+    assert [len(p) for p in parts] == [s.count() for s in shards]
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    seen = sorted(x for p in parts for x in p)
+    assert seen == list(range(n))  # each row once: no padding, nothing dropped
 
 
 def test_same_seed_and_epoch_same_order_new_epoch_new_order():
@@ -57,6 +58,7 @@ def test_no_shuffle_keeps_dataset_order():
     s = shard(dataset(10), rank=1, world_size=3)
     assert rows(s, shuffle=False) == [1, 4, 7]
     assert rows(s, shuffle=False) == [1, 4, 7]
+    assert rows(shard(dataset(10), rank=0, world_size=3), shuffle=False) == [0, 3, 6, 9]
     assert rows(shard(dataset(10)), shuffle=False) == list(range(10))
 
 
@@ -112,24 +114,33 @@ def test_state_dict_resumes_at_batch_k(k):
     for _ in range(k):
         next(it)
     state = interrupted.state_dict()
-    assert state == {"epoch": 1, "batch": k}
+    assert (state["epoch"], state["batch"], state["taken"]) == (1, k, min(2 * k, 11))
 
     resumed = shard(ds, rank=1, world_size=2, seed=3)
-    resumed.load_state_dict(state)
+    resumed.restore({0: {**state, "taken": 0}, 1: state})  # the same world: its own
     rest = list(resumed.iter_torch_batches(batch_size=2))
     assert len(rest) == len(expected) - k
     for got, want in zip(rest, expected[k:], strict=True):
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert resumed.state_dict() == {"epoch": 2, "batch": 0}
+    assert position(resumed) == (2, 0)
     assert rows(resumed) == rows(reference)  # the next epoch matches too
+
+
+def position(s):
+    """(epoch, batch) of a shard's or loader's saved state."""
+    state = s.state_dict()
+    return state["epoch"], state["batch"]
+
+
+def loader(n=12, rank=0, world=1, **kwargs):
+    return prepared_loader(DataLoader(dataset(n), batch_size=4, **kwargs),
+                           EpochPosition(rank, world), seed=0, device=None)
 
 
 def test_prepared_loader_resumed_after_its_last_batch_has_an_empty_rest():
     """A checkpoint saved after an epoch's last batch (e.g. just in time) resumes into the
     empty rest of that epoch, so the loop's epoch and the loader's stay in step: a loop
     that reports after its epoch must not rely on a batch having run in it."""
-    def loader():
-        return _PreparedDataLoader(DataLoader(dataset(12), batch_size=4), None)
 
     reference = loader()
     epochs = [[b[0].tolist() for b in reference] for _ in range(3)]
@@ -138,11 +149,11 @@ def test_prepared_loader_resumed_after_its_last_batch_has_an_empty_rest():
     it = iter(interrupted)
     assert [next(it)[0].tolist() for _ in range(3)] == epochs[1]  # the loop's last step
     state = interrupted.state_dict()
-    assert state == {"epoch": 1, "batch": 3}  # the pass has not ended: its last batch ran
+    assert position(interrupted) == (1, 3)  # the pass has not ended: its last batch ran
     resumed = loader()
-    resumed.load_state_dict(state)
+    resumed.restore({0: state})
     assert list(resumed) == []
-    assert resumed.state_dict() == {"epoch": 2, "batch": 0}
+    assert position(resumed) == (2, 0)
     assert [b[0].tolist() for b in resumed] == epochs[2]
 
 
@@ -155,9 +166,9 @@ def test_abandoned_iteration_starts_next_epoch():
     first = next(it)
     next(it)
     assert first[0].tolist() == epoch0[:4]
-    assert s.state_dict() == {"epoch": 0, "batch": 2}
+    assert position(s) == (0, 2)
     assert rows(s) == epoch1
-    assert s.state_dict() == {"epoch": 2, "batch": 0}
+    assert position(s) == (2, 0)
 
 
 def test_abandoned_resumed_iteration_starts_next_epoch():
@@ -165,9 +176,9 @@ def test_abandoned_resumed_iteration_starts_next_epoch():
     rows(reference)
     epoch1 = rows(reference)
     s = shard(seed=1)
-    s.load_state_dict({"epoch": 0, "batch": 1})
+    s.restore({0: {"epoch": 0, "batch": 1}})  # a state written before positions existed
     next(iter(s.iter_torch_batches(batch_size=4)))
-    assert s.state_dict() == {"epoch": 0, "batch": 2}
+    assert position(s) == (0, 2)
     assert rows(s) == epoch1
 
 
@@ -177,3 +188,41 @@ def test_rays_iter_torch_batches_arguments_port_unchanged():
                 local_shuffle_seed=5) == rows(shard(seed=5))
     with pytest.raises(ValueError, match="prefetch_batches=-1"):
         rows(shard(), prefetch_batches=-1)
+
+
+def test_prepared_loader_keeps_a_distributed_samplers_settings_and_set_epoch_works():
+    from torch.utils.data import DistributedSampler
+
+    ds = dataset(10)
+    given = DistributedSampler(ds, num_replicas=2, rank=0, shuffle=True, seed=9)
+    prepared = prepared_loader(DataLoader(ds, batch_size=2, sampler=given),
+                               EpochPosition(0, 2), seed=0, device=None)
+    assert isinstance(prepared.sampler, DistributedSampler)
+    assert (prepared.sampler.shuffle, prepared.sampler.seed) == (True, 9)
+    whole_epoch = list(prepared.sampler)
+    first = [b[0].tolist() for b in prepared]
+    assert whole_epoch == [x for b in first for x in b]
+    prepared.sampler.set_epoch(0)  # the loop's own epoch: the same order again
+    assert [b[0].tolist() for b in prepared] == first
+    assert len(prepared) == 3 and len(prepared.sampler) == 5
+
+
+def test_prepared_loader_of_an_iterable_dataset_is_left_as_it_is():
+    from torch.utils.data import IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(6))
+
+    prepared = prepared_loader(DataLoader(Stream(), batch_size=4), EpochPosition(0, 2),
+                               seed=0, device=None)
+    assert prepared.untracked and "IterableDataset" in prepared.untracked
+    assert [b.tolist() for b in prepared] == [[0, 1, 2, 3], [4, 5]]
+
+
+def test_prepare_data_loader_refuses_what_is_not_a_data_loader():
+    from elastic_train.errors import ConfigError
+    from elastic_train.torch import prepare_data_loader
+
+    with pytest.raises(ConfigError, match=r"prepare_data_loader\(list\): pass a"):
+        prepare_data_loader([1, 2, 3])

@@ -1,6 +1,5 @@
 """The restore decision, without processes: fed manifests and metric rows."""
 
-import pytest
 
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage.checkpoint_store import scan_directory
@@ -10,7 +9,6 @@ from elastic_train.worker.restore import (
     agree_on_restore_point,
     decide_restore,
     load_restore_point,
-    resumable_state,
 )
 
 
@@ -104,19 +102,6 @@ def test_what_the_other_ranks_get_leaves_rank_0s_history_out():
     assert (shared.manifest, shared.next_index, shared.time_before_restore_s) == \
         (point.manifest, point.next_index, point.time_before_restore_s)
     assert shared.kept_rows == [] and shared.committed == ()
-
-
-@pytest.mark.parametrize("world_size,rank,expected", [
-    (2, 1, {"epoch": 3, "batch": 7}),   # same split: this rank's own position
-    (2, 0, {"epoch": 3, "batch": 5}),
-    (4, 3, {"epoch": 3, "batch": 0}),   # another split: rank 0's epoch, from its start
-])
-def test_resumable_state(world_size, rank, expected):
-    states = {"0": {"loader:0": {"epoch": 3, "batch": 5}},
-              "1": {"loader:0": {"epoch": 3, "batch": 7}}}
-    m = manifest(0, 1, world_size=2, states=states)
-    assert resumable_state(m, rank, world_size, "loader:0") == expected
-    assert resumable_state(m, rank, world_size, "dataset:train") is None
 
 
 def test_load_trims_the_stored_history_and_records_the_restart(tmp_path):

@@ -1,0 +1,118 @@
+"""Elastic data with real agents: when the world size changes, every sample is still
+trained on exactly once per epoch.
+
+The script (``elastic_data_script.py``) all-reduces a per-sample visit counter each step
+and checkpoints it with the data's position, every 5 steps and after each epoch; a node
+SIGKILLs its whole process group at a chosen step, so the loss lands where the test
+says. At the end each epoch's counter must be 1 for every sample.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+import torch
+
+from tests.conftest import wait_until
+from tests.e2e.test_launch import CLI
+from tests.support.launched import run_state, starts
+from tests.support.paths import REPO
+from tests.support.servers import free_port, stop_process
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_leaked_processes")]
+
+SCRIPT = os.path.join(REPO, "tests/e2e/elastic_data_script.py")
+EPOCHS = 3
+
+
+def _node(args: list, log, node: int) -> subprocess.Popen:
+    """An agent in a session of its own (its node can be lost whole); its workers see
+    ``ET_TEST_NODE=node``."""
+    return subprocess.Popen([*CLI, "launch", *map(str, args)], cwd=REPO, text=True,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "ET_TEST_NODE": str(node)})
+
+
+def _job(request, tmp_path, storage_path, backend: str, name: str, script_args: list,
+         nodes: int = 2, late: tuple[int, ...] = (), rejoin: int | None = None) -> list[str]:
+    """Runs one job of ``nodes`` agents (``--nnodes 1:2``, one worker each) to its end;
+    the nodes in ``late`` start once the first has begun training; ``rejoin``: the node
+    started again (a new agent) once the job went on without it. Returns the logs."""
+    endpoint = (request.getfixturevalue("etcd_endpoint") if backend == "etcd"
+                else f"127.0.0.1:{free_port()}")
+    out = tmp_path / "out"
+    out.mkdir()
+    logs = [open(tmp_path / f"node{i}.log", "w") for i in range(nodes + 1)]  # noqa: SIM115
+
+    def start(i: int, log) -> subprocess.Popen:
+        return _node(["--nnodes", "1:2", "--nproc-per-node", 1, "--rdzv-backend", backend,
+                      "--rdzv-endpoint", endpoint, "--rdzv-id", name, "--max-restarts", 3,
+                      "--unwind-timeout", 2, "--storage-path", storage_path, SCRIPT, out,
+                      EPOCHS, *script_args], log, i)
+
+    procs: list[subprocess.Popen] = []
+    try:
+        for i in range(nodes):
+            if i in late:
+                assert wait_until(lambda: starts(out), 90), starts(out)
+            elif i > 0 and backend == "c10d":
+                time.sleep(2)  # node 0 hosts the c10d store: it must outlive the others
+            procs.append(start(i, logs[i]))
+        if rejoin is not None:
+            lost = procs[rejoin]
+            lost.wait(120)
+            assert wait_until(lambda: starts(out)[-1][1] == 1, 60), starts(out)
+            procs.append(start(rejoin, logs[nodes]))
+        assert procs[0].wait(150) == 0, (tmp_path / "node0.log").read_text()[-3000:]
+    finally:
+        for proc in procs:
+            stop_process(proc)
+        for log in logs:
+            log.close()
+    visits = torch.load(out / "visits.pt", weights_only=True)
+    said = [(tmp_path / f"node{i}.log").read_text() for i in range(nodes + 1)]
+    assert visits.shape == (EPOCHS, 480)
+    assert torch.equal(visits, torch.ones_like(visits)), (
+        starts(out), [(e, int((v != 1).sum())) for e, v in enumerate(visits)], said[0][-3000:])
+    assert run_state(storage_path, name)["status"] == "finished"
+    return said
+
+
+def _restores(storage_path: str, name: str) -> list[dict]:
+    with open(os.path.join(storage_path, name, "restores.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("backend", ["c10d", "etcd"])
+def test_a_node_lost_mid_epoch_leaves_the_rest_of_the_epoch_to_the_survivor(
+        request, tmp_path, storage_path, backend):
+    name = f"shrink-{backend}"
+    logs = _job(request, tmp_path, storage_path, backend, name, ["--lose-node", "1:1:12"])
+    assert "Elastic data: loader:0: world 2 -> 1 at epoch 1, sample 160/480" in logs[0]
+    [record] = [r for r in _restores(storage_path, name) if r.get("data")]
+    assert record["data"] == ["loader:0: world 2 -> 1 at epoch 1, sample 160/480: the "
+                              "remaining 320 samples split over 1 rank(s)"]
+
+
+@pytest.mark.timeout(240)
+def test_a_node_lost_right_after_an_epochs_end_and_one_that_joins_mid_epoch(
+        request, tmp_path, storage_path):
+    """Node 1 is lost at epoch 1's last step (after the in-epoch checkpoint of the
+    whole epoch), then a new agent on node 1 joins while the survivor trains alone
+    (world 1 -> 2 mid-epoch): two changes, each sample once per epoch."""
+    _job(request, tmp_path, storage_path, "etcd", "shrink-grow",
+         ["--lose-node", "1:1:29", "--checkpoint-every", 3, "--sleep", 0.15], rejoin=1)
+    worlds = [w for _, w in starts(tmp_path / "out")]
+    assert worlds[0] == 2 and worlds[-1] == 2 and 1 in worlds, starts(tmp_path / "out")
+
+
+@pytest.mark.timeout(240)
+def test_a_node_joining_mid_epoch_takes_half_of_the_rest(request, tmp_path, storage_path):
+    """Node 0 trains alone (``--nnodes 1:2``); node 1 joins during the first epochs."""
+    _job(request, tmp_path, storage_path, "etcd", "grow", ["--sleep", 0.05], late=(1,))
+    assert [w for _, w in starts(tmp_path / "out")][-1] == 2
