@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pathlib
 import re
 
 import pytest
@@ -203,3 +204,42 @@ def test_tune_only_context_methods_raise_what_to_use(name):
     context = TrainContext(env, "run", StorageInfo("/tmp", "run", "/tmp/run", None), {})
     with pytest.raises(DeprecationWarning, match=rf"{name}\(\) belongs to Ray Tune.*use "):
         getattr(context, name)()
+
+
+GUIDE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "porting-from-ray.md"
+_SPAN = re.compile(r"`([^`]+)`")
+_ARGUMENT = re.compile(r"(\w+)\((\w+)(?:\[(?:'(\w+)'|(any other key)|(\.\.\.))\])?\)")
+
+
+def _guide_rows() -> set[tuple[str, str, str]]:
+    """(owner as TABLES names it, argument or key, kind) of each row of the guide's table."""
+    rows = set()
+    for line in GUIDE.read_text().splitlines():
+        if not line.startswith("| `"):
+            continue
+        first, kind = (cell.strip() for cell in line.split(" | ")[:2])
+        owner = None
+        for span in _SPAN.findall(first.lstrip("| ")):
+            if match := _ARGUMENT.fullmatch(span):
+                cls, name, key, other, group = match.groups()
+                if not (key or other or group):
+                    rows.add((cls, name, kind.lower()))
+                    continue
+                owner = f"{cls}({name}"
+                if not group:
+                    rows.add((owner, key or ra.OTHER, kind.lower()))
+            else:  # a key of the group opened before it
+                rows.add((owner, span, kind.lower()))
+    return rows
+
+
+def test_the_porting_guide_lists_every_argument_with_its_kind():
+    expected = {(owner, name, argument.kind.value) for owner, table in TABLES.items()
+                for name, argument in table.items()}
+    assert _guide_rows() == expected
+
+
+def test_the_porting_guides_code_runs(capsys):
+    for block in re.findall(r"```python\n(.*?)```", GUIDE.read_text(), re.S):
+        exec(compile(block, str(GUIDE), "exec"), {})
+    assert "worker_runtime_env['pip']=['torch']) is a Ray setting" in capsys.readouterr().out
