@@ -35,7 +35,7 @@ User switches (:class:`Switches`, read where they act):
   imports of them and never preloads them, so each worker imports them itself, in
   its own environment (:mod:`elastic_train.worker.user_code`).
 - ``RAY_STRICT`` (``ELASTIC_TRAIN_RAY_STRICT=1``, in the environment of the driver
-  script): strict ports, every Ray argument that is accepted and ignored with a warning
+  script): a strict port, every Ray argument that is accepted and ignored with a warning
   (``ScalingConfig(placement_strategy=...)``...) raises ``ConfigError`` instead, where
   the object is built (:mod:`elastic_train.ray_arguments`).
 - ``LEASE_TTL_S``: seconds after its last heartbeat (every quarter of it) a

@@ -15,14 +15,15 @@ a Ray class takes Ray's arguments too, and this module says what each one does h
 
 Passing Ray's default of any argument (which asks for nothing) is accepted silently.
 ``ELASTIC_TRAIN_RAY_STRICT=1`` makes every ignored argument a ``ConfigError`` too, for
-users who want strict ports (:class:`elastic_train.env_vars.Switches`). The tables
-below are the whole list; ``docs/porting-from-ray.md`` shows them.
+users who want a strict port (:class:`elastic_train.env_vars.Switches`). The tables
+below are the whole list; ``docs/porting-from-ray.md`` shows them (a unit test keeps
+the two equal).
 
 Example::
 
     ScalingConfig(num_workers=2, placement_strategy="SPREAD")
-    # fit() logs once: ScalingConfig(placement_strategy='SPREAD') is ignored: a Ray
-    # scheduling hint; each node runs its own workers; ...
+    # fit() logs once: ScalingConfig(placement_strategy='SPREAD') is ignored: each node
+    # runs its own workers (...). (ELASTIC_TRAIN_RAY_STRICT=1 makes this an error.)
 """
 
 from __future__ import annotations
