@@ -31,9 +31,13 @@ from elastic_train.errors import ConfigError
 from elastic_train.ray_arguments import (
     CHECKPOINT_CONFIG,
     FAILURE_CONFIG,
+    RESOURCES_PER_WORKER,
     RUN_CONFIG,
     SCALING_CONFIG,
-    refuse_ray_arguments,
+    env_vars_of,
+    notes_of,
+    sort_keys,
+    takes_ray_arguments,
 )
 from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.stragglers import StragglerConfig
@@ -56,7 +60,7 @@ def _require(field: str, condition: bool, message: str) -> None:
         raise ConfigError(message, field=field)
 
 
-@refuse_ray_arguments(SCALING_CONFIG)
+@takes_ray_arguments(SCALING_CONFIG)
 @dataclass
 class ScalingConfig:
     """How many workers to run, what each one gets, and, across nodes, how they meet.
@@ -97,11 +101,11 @@ class ScalingConfig:
                       rendezvous=RendezvousConfig(backend="etcd", endpoint="etcd-host:2379",
                                                   run_id="job42"))
 
-    Ray's ``placement_strategy``, ``trainer_resources``, ``accelerator_type``
-    (and its TPU and label settings) are scheduling hints for a Ray cluster;
-    there is no such scheduler under torch.distributed.elastic, so any value
-    but Ray's default raises ``ConfigError`` saying what to do instead (see
-    :mod:`elastic_train.ray_arguments`).
+    Ray's ``placement_strategy``, ``trainer_resources``, ``accelerator_type``,
+    ``label_selector`` and ``elastic_resize_monitor_interval_s`` (and resources
+    other than ``CPU`` and ``GPU``) only place Ray's actors: they are accepted and
+    ignored with one warning at ``fit()``; its TPU settings raise ``ConfigError``
+    (see :mod:`elastic_train.ray_arguments`).
     """
 
     num_workers: int | tuple[int, int] | None = None
@@ -132,13 +136,13 @@ class ScalingConfig:
             "such as {'CPU': 2, 'GPU': 0.5}.",
         )
         resources = dict(self.resources_per_worker or {})
+        sort_keys(notes_of(self), "ScalingConfig(resources_per_worker",
+                  {k: v for k, v in resources.items() if k not in ("CPU", "GPU")},
+                  RESOURCES_PER_WORKER)
+        resources = {k: v for k, v in resources.items() if k in ("CPU", "GPU")}
+        if self.resources_per_worker is not None:
+            self.resources_per_worker = resources
         for key, value in resources.items():
-            _require(
-                "ScalingConfig.resources_per_worker",
-                key in ("CPU", "GPU"),
-                f"ScalingConfig.resources_per_worker has unknown resource {key!r}: "
-                "only 'CPU' and 'GPU' are understood.",
-            )
             _require(
                 "ScalingConfig.resources_per_worker",
                 isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
@@ -274,7 +278,7 @@ class ScalingConfig:
         return math.ceil(self.workers_per_node * self.gpus_per_worker - 1e-9)
 
 
-@refuse_ray_arguments(FAILURE_CONFIG)
+@takes_ray_arguments(FAILURE_CONFIG)
 @dataclass
 class FailureConfig:
     """How many worker-group failures to survive.
@@ -323,6 +327,8 @@ class FailureConfig:
             ``elastic-train launch`` exits with code 3, so that Slurm requeue and
             Kubernetes restart policies stop retrying a failure that repeats.
             ``-1`` turns the guard off.
+
+    Ray's ``fail_fast=True`` (or ``"raise"``) is taken as ``max_failures=0``.
     """
 
     max_failures: int = 0
@@ -392,7 +398,7 @@ class FailureConfig:
         return 2**31 - 1 if self.max_failures == -1 else self.max_failures
 
 
-@refuse_ray_arguments(CHECKPOINT_CONFIG)
+@takes_ray_arguments(CHECKPOINT_CONFIG)
 @dataclass
 class CheckpointConfig:
     """Which checkpoints to keep.
@@ -458,7 +464,7 @@ class CheckpointConfig:
         )
 
 
-@refuse_ray_arguments(RUN_CONFIG)
+@takes_ray_arguments(RUN_CONFIG)
 @dataclass
 class RunConfig:
     """Where a run lives and how it survives failures.
@@ -495,6 +501,14 @@ class RunConfig:
             Ray Train v2 instead hands a finished run's latest checkpoint to the
             train function again (which then usually returns at once) and
             offers no way to start over but a new name or deleting the folder.
+        worker_runtime_env: Ray's, ``{"env_vars": {"NAME": "value"}}``: the
+            variables are set in every worker (and validation process) before the
+            train function starts. Not stored with the run (they may hold secrets,
+            as ``storage_options`` do): ``TorchTrainer.restore(path)`` runs without
+            them, so set them in the driver's environment for it (workers inherit
+            it). Ray's other keys that would run other code than the driver's
+            (``pip``, ``conda``, ``working_dir``...) raise ``ConfigError``; Ray's
+            older name ``runtime_env`` is taken too.
     """
 
     name: str | None = None
@@ -508,8 +522,12 @@ class RunConfig:
     callbacks: list[Any] | None = None
     verbose: int = 1
     start_over: bool = False
+    worker_runtime_env: dict[str, Any] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        variables = env_vars_of(notes_of(self), "RunConfig(worker_runtime_env",
+                                self.worker_runtime_env)
+        self.worker_runtime_env = {"env_vars": variables} if variables else None
         if self.failure_config is None:
             self.failure_config = FailureConfig()
         if self.checkpoint_config is None:
@@ -563,6 +581,11 @@ class RunConfig:
             f"RunConfig.name={self.name!r} is invalid: use a non-empty name without '/', "
             "e.g. RunConfig(name='resnet-fashion').",
         )
+
+    @property
+    def worker_env_vars(self) -> dict[str, str]:
+        """The variables ``worker_runtime_env`` sets in every worker."""
+        return dict((self.worker_runtime_env or {}).get("env_vars", {}))
 
 
 def check_together(run_config: RunConfig, scaling: ScalingConfig) -> None:

@@ -34,6 +34,10 @@ User switches (:class:`Switches`, read where they act):
   train function's package: a zygote forked from the driver drops the driver's
   imports of them and never preloads them, so each worker imports them itself, in
   its own environment (:mod:`elastic_train.worker.user_code`).
+- ``RAY_STRICT`` (``ELASTIC_TRAIN_RAY_STRICT=1``, in the environment of the driver
+  script): a strict port, every Ray argument that is accepted and ignored with a warning
+  (``ScalingConfig(placement_strategy=...)``...) raises ``ConfigError`` instead, where
+  the object is built (:mod:`elastic_train.ray_arguments`).
 - ``LEASE_TTL_S``: seconds after its last heartbeat (every quarter of it) a
   driver's lease on its run goes stale and another job may take the run over
   (default 20; :mod:`elastic_train.driver.run_lease`).
@@ -72,6 +76,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+PREFIX = "ELASTIC_TRAIN_"  # of every variable here
 ZYGOTE = "ELASTIC_TRAIN_ZYGOTE"
 STANDBY = "ELASTIC_TRAIN_STANDBY"
 FAIL_AT_REPORT = "ELASTIC_TRAIN_FAIL_AT_REPORT"
@@ -87,8 +92,14 @@ INPROCESS_DIR = "ELASTIC_TRAIN_INPROCESS_DIR"
 ATTEMPT = "ELASTIC_TRAIN_ATTEMPT"
 MODULES_DIR = "ELASTIC_TRAIN_MODULES_DIR"
 USER_CODE = "ELASTIC_TRAIN_USER_CODE"
+RAY_STRICT = "ELASTIC_TRAIN_RAY_STRICT"
 PLAN = "ELASTIC_TRAIN_PLAN"
 STORAGE = "ELASTIC_TRAIN_STORAGE"
+
+
+def is_ours(name: str) -> bool:
+    """Whether ``name`` is one of this module's variables (or would be)."""
+    return name.startswith(PREFIX)
 
 
 def _paths(value: str | None) -> tuple[str, ...]:
@@ -106,6 +117,7 @@ class Switches:
     local_tier: bool
     user_code: tuple[str, ...]
     lease_ttl_s: float | None
+    ray_strict: bool
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str] = os.environ) -> Switches:
@@ -114,7 +126,8 @@ class Switches:
                    fail_at_report=int(fail_at) if fail_at else None,
                    local_tier=env.get(LOCAL_TIER) != "0",
                    user_code=_paths(env.get(USER_CODE)),
-                   lease_ttl_s=float(ttl) if ttl else None)
+                   lease_ttl_s=float(ttl) if ttl else None,
+                   ray_strict=env.get(RAY_STRICT, "0") not in ("", "0"))
 
 
 @dataclass(frozen=True)

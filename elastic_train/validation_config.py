@@ -24,14 +24,16 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from elastic_train.errors import ConfigError
-from elastic_train.ray_arguments import VALIDATION_CONFIG, refuse_ray_arguments
+from elastic_train.ray_arguments import RAY_REMOTE_KWARGS, env_vars_of, notes_of, sort_keys
 
 if TYPE_CHECKING:
     from elastic_train.checkpoint import Checkpoint
+    from elastic_train.config import ScalingConfig
 
 
 class ValidationFn(Protocol):
@@ -82,7 +84,6 @@ class ValidationTaskConfig:
                               field="ValidationTaskConfig.timeout_s")
 
 
-@refuse_ray_arguments(VALIDATION_CONFIG)
 class ValidationConfig:
     """The trainer's validation function and its default task settings (Ray's class).
 
@@ -91,13 +92,18 @@ class ValidationConfig:
             with ``validation=``; returns a dict of metrics.
         task_config: The defaults (``fn_kwargs``, ``timeout_s``); a report's
             ``ValidationTaskConfig`` overrides its ``fn_kwargs`` key by key.
-
-    Ray's ``ray_remote_kwargs`` (resources of the Ray task) has no counterpart: the
-    function runs in a process of its own on rank 0's node, with the worker's devices.
+        ray_remote_kwargs: Ray's options of the validation task. The function runs
+            in a process of its own on rank 0's node, so ``num_gpus=n`` gives it the
+            first ``n`` of rank 0's GPUs (only those are visible to it; without
+            ``num_gpus`` it sees what rank 0's worker sees), ``runtime_env``'s
+            ``env_vars`` are set in it, and the options that only size or place
+            Ray's task (``num_cpus``, ``memory``, ``resources``...) are ignored with
+            one warning at ``fit()`` (see :data:`elastic_train.ray_arguments.RAY_REMOTE_KWARGS`).
     """
 
     def __init__(self, fn: ValidationFn,
-                 task_config: ValidationTaskConfig | None = None):
+                 task_config: ValidationTaskConfig | None = None,
+                 ray_remote_kwargs: dict[str, Any] | None = None):
         if not callable(fn):
             raise ConfigError(f"ValidationConfig(fn={fn!r}) is not callable: pass a function "
                               "def validate(checkpoint, **kwargs) -> dict.",
@@ -105,8 +111,39 @@ class ValidationConfig:
         if task_config is not None and not isinstance(task_config, ValidationTaskConfig):
             raise ConfigError(f"ValidationConfig(task_config={task_config!r}) must be a "
                               "ValidationTaskConfig.", field="ValidationConfig.task_config")
+        if ray_remote_kwargs is not None and not isinstance(ray_remote_kwargs, dict):
+            raise ConfigError(f"ValidationConfig(ray_remote_kwargs={ray_remote_kwargs!r}) must "
+                              "be a dict of Ray task options, e.g. {'num_gpus': 1}.",
+                              field="ValidationConfig.ray_remote_kwargs")
         self.fn = fn
         self.task_config = task_config if task_config is not None else ValidationTaskConfig()
+        honoured = sort_keys(notes_of(self), "ValidationConfig(ray_remote_kwargs",
+                             ray_remote_kwargs or {}, RAY_REMOTE_KWARGS)
+        self.num_gpus = honoured.get("num_gpus", 0)
+        if not (isinstance(self.num_gpus, (int, float)) and not isinstance(self.num_gpus, bool)
+                and self.num_gpus >= 0):
+            raise ConfigError(f"ValidationConfig(ray_remote_kwargs={{'num_gpus': "
+                              f"{self.num_gpus!r}}}) must be a number of GPUs >= 0.",
+                              field="ValidationConfig.ray_remote_kwargs")
+        self.env_vars = env_vars_of(notes_of(self),
+                                    "ValidationConfig(ray_remote_kwargs['runtime_env']",
+                                    honoured.get("runtime_env"))
+
+    def check_devices(self, scaling: ScalingConfig) -> None:
+        """``num_gpus`` must fit in rank 0's devices, which the validation process gets:
+        checked in the driver, before any process starts."""
+        if not self.num_gpus:
+            return
+        have = max(1, int(scaling.gpus_per_worker)) if scaling.use_gpu else 0
+        if math.ceil(self.num_gpus) > have:
+            raise ConfigError(
+                f"ValidationConfig(ray_remote_kwargs={{'num_gpus': {self.num_gpus!r}}}) cannot "
+                f"be given: the validation process gets rank 0's GPUs and rank 0 has {have} "
+                f"(ScalingConfig(use_gpu={scaling.use_gpu}, resources_per_worker="
+                f"{scaling.resources_per_worker!r})). Give each worker as many, e.g. "
+                f"ScalingConfig(use_gpu=True, resources_per_worker={{'GPU': "
+                f"{math.ceil(self.num_gpus)}}}), or ask for fewer.",
+                field="ValidationConfig.ray_remote_kwargs")
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", repr(self.fn))

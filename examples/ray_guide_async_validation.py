@@ -17,7 +17,10 @@ besides the imports, and why:
 - data: Ray Data datasets become map-style torch datasets of dict rows (the
   digits that ship inside scikit-learn: offline, seconds), read with
   ``get_dataset_shard(...).iter_torch_batches`` or a ``DataLoader``;
-- ``use_gpu=True, accelerator_type=...`` are left out (CPU here; ``--use-gpu``);
+- ``use_gpu=True`` is ``--use-gpu`` (CPU here); the guide's ``accelerator_type``
+  stays, accepted and ignored with one warning at ``fit()``, and so do the Ray task
+  options this port adds as a Ray script would carry them (``ray_remote_kwargs``:
+  ``num_cpus`` ignored, ``num_gpus`` honoured as rank 0's GPU);
 - the model is an MLP on 8x8 digits; Ray's guide leaves it as ``...``;
 - ``result.return_values`` in the guide is ``result.return_value`` (Ray's own
   ``Result`` has no ``return_values`` either).
@@ -121,7 +124,7 @@ def distributed_validation_fn(checkpoint: elastic_train.Checkpoint, train_run_na
     trainer = elastic_train.torch.TorchTrainer(
         eval_only_train_fn,
         train_loop_config={"checkpoint": checkpoint},
-        scaling_config=elastic_train.ScalingConfig(num_workers=2),
+        scaling_config=elastic_train.ScalingConfig(num_workers=2, accelerator_type="A10G"),
         # Name validation run to easily associate it with training run
         run_config=elastic_train.RunConfig(
             name=f"{train_run_name}_validation_epoch_{epoch}"
@@ -174,10 +177,18 @@ def run_trainer(epochs: int = 5, distributed_validation: bool = False,
         train_func,
         train_loop_config={"epochs": epochs, "distributed_validation": distributed_validation},
         validation_config=ValidationConfig(
-            fn=distributed_validation_fn if distributed_validation else validation_fn),
+            fn=distributed_validation_fn if distributed_validation else validation_fn,
+            # The distributed one only starts a trainer: its own task needs no CPU
+            ray_remote_kwargs={"num_cpus": 0} if distributed_validation
+            else {"num_cpus": 1, "num_gpus": int(use_gpu)}),
         # Pass training dataset in datasets arg to split it across training workers
         datasets={"train": train_dataset},
-        scaling_config=elastic_train.ScalingConfig(num_workers=2, use_gpu=use_gpu),
+        scaling_config=elastic_train.ScalingConfig(
+            num_workers=2,
+            use_gpu=use_gpu,
+            # Use powerful GPUs for training
+            accelerator_type="A100",
+        ),
         run_config=run_config,
     )
     return trainer.fit()

@@ -32,6 +32,7 @@ from elastic_train.errors import (
     ConfigError,
     StorageError,
 )
+from elastic_train.ray_arguments import warn_ignored
 from elastic_train.redaction import redact_url
 from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.result import Result
@@ -217,6 +218,8 @@ class DataParallelTrainer:
         except TypeError as exc:
             raise ConfigError(f"metadata must be JSON-serialisable: {exc}") from exc
         self.backend_config.validate(self.scaling_config)
+        if self.validation_config is not None:
+            self.validation_config.check_devices(self.scaling_config)
 
     def _experiment_name(self) -> str:
         if self.run_config.name:
@@ -243,6 +246,9 @@ class DataParallelTrainer:
                 left resumable (status ``interrupted``).
         """
         _refuse_inside_a_worker()
+        run = self.run_config
+        warn_ignored(self, self.scaling_config, run, run.failure_config, run.checkpoint_config,
+                     self.validation_config)
         name = self._experiment_name()
         run_config = dataclasses.replace(self.run_config, name=name)
         start = self.resume_from_checkpoint
@@ -283,7 +289,8 @@ class DataParallelTrainer:
         with open(spec_path, "wb") as f:
             f.write(pickled_spec)
         scaling = self.scaling_config
-        env = {"OMP_NUM_THREADS": str(scaling.threads_per_worker(scaling.workers_per_node))}
+        env = {"OMP_NUM_THREADS": str(scaling.threads_per_worker(scaling.workers_per_node)),
+               **self.run_config.worker_env_vars}
         storage_path = node.plan.run_config.storage_path
         if redact_url(storage_path) != storage_path:  # the spec holds it redacted
             env.update(GivenStorage(storage_path).env())
@@ -299,12 +306,14 @@ class DataParallelTrainer:
 
     def _trainable(self, spec: RunSpec, run_config: RunConfig) -> bytes:
         """The spec ``restore(path)`` reads: without what must never be stored
-        (credentials), and without ``start_over``, which applies to this launch only."""
+        (credentials, and the workers' environment variables, which may hold some), and
+        without ``start_over``, which applies to this launch only."""
         start = self.resume_from_checkpoint
         return self._pickle(dataclasses.replace(
             spec, scaling_config=self.scaling_config.without_secrets(),
             run_config=dataclasses.replace(run_config, storage_filesystem=None,
-                                           storage_options=None, start_over=False),
+                                           storage_options=None, start_over=False,
+                                           worker_runtime_env=None),
             resume_from_checkpoint=start and start.without_credentials()))
 
     @staticmethod

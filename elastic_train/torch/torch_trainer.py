@@ -22,13 +22,13 @@ from elastic_train.checkpoint import Checkpoint
 from elastic_train.config import RunConfig, ScalingConfig
 from elastic_train.driver.trainer import DataParallelTrainer, _trainer_arguments
 from elastic_train.errors import ConfigError
-from elastic_train.ray_arguments import TORCH_TRAINER, refuse_ray_arguments
+from elastic_train.ray_arguments import TORCH_TRAINER, takes_ray_arguments
 from elastic_train.torch.config import TorchConfig
 from elastic_train.validation_config import ValidationConfig
 from elastic_train.worker.run_spec import RunSpec
 
 
-@refuse_ray_arguments(TORCH_TRAINER)
+@takes_ray_arguments(TORCH_TRAINER)
 class TorchTrainer(DataParallelTrainer):
     """Runs ``train_loop_per_worker`` on N processes with a torch process group.
 

@@ -12,6 +12,7 @@ is one frozen object, so no part of the session exists half-built.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -82,10 +83,12 @@ class JoinedSession:
     @classmethod
     def join(cls, storage: RunStorage, env: WorkerEnv, config: CheckpointConfig,
              control_group: Any, staging_dir: str, started_at: float,
-             validation: ValidationConfig | None = None) -> JoinedSession:
+             validation: ValidationConfig | None = None,
+             devices: Sequence[Any] = ()) -> JoinedSession:
         """Agrees with the other ranks on the restore point (collective) and builds the
         attempt's parts from it; ``started_at`` is when the session began, ``validation``
-        the trainer's validation settings."""
+        the trainer's validation settings, ``devices`` this rank's (rank 0's are its
+        validations')."""
         group = ControlGroup(env.world_size, control_group)
         settings = node_settings.current()
         node_settings.use(replace(settings, peers=peer_ring(group, env, config,
@@ -96,7 +99,7 @@ class JoinedSession:
         if committer is not None and validation is not None:
             committer.validations = ValidationRunner(
                 validation, storage.checkpoints, committer.finish_validation,
-                os.path.join(os.path.dirname(staging_dir), "validations"))
+                os.path.join(os.path.dirname(staging_dir), "validations"), devices)
             committer.requeue_validations()
         uploader = CheckpointUploader(storage.checkpoints, env.rank, staging_dir,
                                       commit=committer.commit if committer else None)

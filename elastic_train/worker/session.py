@@ -153,7 +153,7 @@ class TrainSession:
             self._joined = JoinedSession.join(
                 self.storage, self.env, self.spec.run_config.checkpoint_config,
                 self._control_group(), self._staging_dir, self._created_at,
-                self.spec.validation_config)
+                self.spec.validation_config, self.resources.devices)
         return self._joined
 
     def _control_group(self) -> Any:

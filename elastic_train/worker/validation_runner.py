@@ -25,7 +25,7 @@ incomplete validations on resumption).
 
 Example::
 
-    runner = ValidationRunner(config, store, committer.finish_validation, scratch)
+    runner = ValidationRunner(config, store, committer.finish_validation, scratch, devices)
     runner.submit(manifest)     # from the commit, on rank 0's upload thread
     runner.close()              # at the end of the run: waits for the queue
 """
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import queue
 import subprocess
@@ -41,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -81,8 +82,10 @@ class ValidationRunner:
     """
 
     def __init__(self, config: ValidationConfig, store: CheckpointStore,
-                 done: Callable[[CommitManifest, Outcome], None], scratch_dir: str):
+                 done: Callable[[CommitManifest, Outcome], None], scratch_dir: str,
+                 devices: Sequence[Any] = ()):
         self._config = config
+        self._env = _child_environment(config, devices)
         self._store = store
         self._done = done
         self._scratch = scratch_dir
@@ -156,7 +159,7 @@ class ValidationRunner:
         started = time.monotonic()
         process = subprocess.Popen(
             [sys.executable, "-m", VALIDATION_PROCESS, result_path, str(os.getpid())],
-            stdin=subprocess.PIPE, env=_child_environment())
+            stdin=subprocess.PIPE, env=self._env)
         try:
             assert process.stdin is not None
             try:
@@ -212,11 +215,26 @@ _WORKER_PLACE = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_
                  "MASTER_ADDR", "MASTER_PORT")
 
 
-def _child_environment() -> dict[str, str]:
-    """The worker's environment less its place in the job (devices kept), its
-    ``sys.path`` as ``PYTHONPATH``: the validation function's module imports in the new
-    interpreter as it did here."""
+def _child_environment(config: ValidationConfig, devices: Sequence[Any]) -> dict[str, str]:
+    """The worker's environment less its place in the job, its ``sys.path`` as
+    ``PYTHONPATH`` (the validation function's module imports in the new interpreter as it
+    did here), with the ``env_vars`` of ``ray_remote_kwargs``' ``runtime_env``; its GPUs
+    are the worker's, or, with ``ray_remote_kwargs={"num_gpus": n}``, the first ``n`` of
+    ``devices`` (rank 0's) only, as Ray's task would see just the GPUs it was given."""
     env = {k: v for k, v in os.environ.items()
            if k not in _WORKER_PLACE and not k.startswith("TORCHELASTIC_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p) or os.getcwd()
+    env.update(config.env_vars)
+    if config.num_gpus:
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices(devices, config.num_gpus,
+                                                      env.get("CUDA_VISIBLE_DEVICES"))
     return env
+
+
+def visible_devices(devices: Sequence[Any], count: float, visible: str | None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a process given the first ``count`` (rounded up) of the
+    CUDA ``devices`` (``torch.device("cuda", i)``), numbered as in ``visible`` (the
+    worker's own ``CUDA_VISIBLE_DEVICES``; None: all of the node's)."""
+    indices = [d.index for d in devices if d.type == "cuda"][:math.ceil(count)]
+    names = visible.split(",") if visible else None
+    return ",".join(names[i] if names else str(i) for i in indices)

@@ -4,11 +4,13 @@ does what the guide says it does."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
 
 import elastic_train as et
+from elastic_train import ray_arguments
 from elastic_train.storage import RunStorage
 from tests.support.examples import load_example
 
@@ -19,6 +21,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300),
 def _files(directory) -> list[str]:
     """What a directory holds, without our dot-files (commit marker, leases)."""
     return sorted(n for n in os.listdir(directory) if not n.startswith("."))
+
+
+def _ignored(caplog) -> list[str]:
+    """The Ray arguments the driver warned of as ignored, sorted."""
+    return sorted(r.getMessage().split(" is ignored: ")[0] for r in caplog.records
+                  if r.name == ray_arguments.__name__)
 
 
 def _run(tmp_path, name: str) -> et.RunConfig:
@@ -66,9 +74,16 @@ def test_checkpoints_guide_restore_resumes_after_its_intentional_error(tmp_path)
     assert list(result.metrics_dataframe["start_epoch"]) == [0, 0, 2, 2, 2]
 
 
-def test_async_validation_guide_scores_each_checkpoint_off_the_training_path(tmp_path):
+def test_async_validation_guide_scores_each_checkpoint_off_the_training_path(tmp_path,
+                                                                             caplog):
+    """With the guide's accelerator_type and ValidationConfig(ray_remote_kwargs=...): one
+    warning each for what only places Ray's task and actors."""
+    caplog.set_level(logging.WARNING, logger=ray_arguments.__name__)
     guide = load_example("ray_guide_async_validation")
     result = guide.run_trainer(epochs=3, run_config=_run(tmp_path, "async_validation"))
+    assert _ignored(caplog) == [
+        "ScalingConfig(accelerator_type='A100')",
+        "ValidationConfig(ray_remote_kwargs['num_cpus']=1)"]
     rows = result.metrics_dataframe
     assert list(rows["epoch"].dropna()) == [0, 1, 2]
     scores = list(rows.dropna(subset=["epoch"])["score"])
@@ -102,3 +117,20 @@ def test_inspect_results_guide(tmp_path):
     assert seen["path"] == str(tmp_path / "results" / "results")
     assert seen["restored_loss"] == 2
     assert "Simulated training error" in seen["failures"][0].message
+
+
+def test_scaling_guide_runs_with_its_scheduling_hints_warned_once_each(tmp_path, caplog):
+    """ScalingConfig(placement_strategy="SPREAD", accelerator_type="A100",
+    trainer_resources={"CPU": 0}) and FailureConfig(fail_fast=True) port as they are:
+    one warning per hint, in the driver; worker_runtime_env's variable in every rank,
+    kept out of what restore() reads; fail_fast recorded as max_failures=0."""
+    caplog.set_level(logging.WARNING, logger=ray_arguments.__name__)
+    result = load_example("ray_guide_scaling").run_job(str(tmp_path / "results"))
+    assert result.error is None and list(result.metrics_dataframe["step"]) == [0, 1, 2]
+    assert result.return_value["ranks"] == [{"device": "cpu", "NCCL_SOCKET_IFNAME": "lo"}] * 2
+    assert _ignored(caplog) == ["ScalingConfig(accelerator_type='A100')",
+                      "ScalingConfig(placement_strategy='SPREAD')",
+                      "ScalingConfig(trainer_resources={'CPU': 0})"]
+    storage = RunStorage(result.filesystem, result.path)
+    assert storage.read_run_state().spec["failure_config"]["max_failures"] == 0
+    assert storage.read_trainable().run_config.worker_env_vars == {}

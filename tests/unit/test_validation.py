@@ -39,6 +39,12 @@ def _score(checkpoint, offset=0.0, sleep_s=0.0, fail=False):
         return {"val": len(f.read()) + offset, "validator_pid": os.getpid()}
 
 
+def _environment(checkpoint):
+    """A validation function that returns what its process was given."""
+    return {"visible": os.environ.get("CUDA_VISIBLE_DEVICES", "unset"),
+            "home": os.environ.get("HF_HOME", "unset")}
+
+
 # config types
 def test_task_config_defaults_and_bad_values_as_rays():
     assert ValidationTaskConfig() == ValidationTaskConfig(fn_kwargs={}, timeout_s=None)
@@ -50,14 +56,13 @@ def test_task_config_defaults_and_bad_values_as_rays():
             ValidationTaskConfig(**bad)
 
 
-def test_config_checks_fn_and_refuses_ray_remote_kwargs():
+def test_config_checks_fn_and_ray_remote_kwargs():
     with pytest.raises(ConfigError, match=r"fn=3\) is not callable"):
         ValidationConfig(3)
     with pytest.raises(ConfigError, match=r"task_config=\{\}\) must be a ValidationTaskConfig"):
         ValidationConfig(_score, task_config={})
-    with pytest.raises(ConfigError, match=r"ray_remote_kwargs=\{'num_gpus': 1\}.*process of "
-                                          r"its own"):
-        ValidationConfig(_score, ray_remote_kwargs={"num_gpus": 1})
+    with pytest.raises(ConfigError, match=r"ray_remote_kwargs=\[1\]\) must be a dict"):
+        ValidationConfig(_score, ray_remote_kwargs=[1])
     assert ValidationConfig(_score, ray_remote_kwargs=None).task_config == ValidationTaskConfig()
 
 
@@ -195,6 +200,32 @@ def test_the_runner_validates_each_checkpoint_in_a_process_of_its_own(store, tmp
     assert (slow.status, slow.error) == ("VALIDATION_TIMEOUT", "exceeded timeout_s=0.5 s")
     assert os.listdir(tmp_path / "scratch") == []
     assert os.path.exists(f"{store.path(0)}/{MARKER}")
+
+
+@pytest.mark.parametrize(("visible", "num_gpus", "expected"), [
+    ("4,5,6,7", 1, "5"),     # rank 0's cuda:1 is the node's 5th visible device
+    (None, 2, "2,3"),       # rank 0 holds cuda:2 and cuda:3, both given
+    ("4,5,6,7", 0, "4,5,6,7"),  # no num_gpus: what rank 0's worker sees
+])
+def test_the_validation_process_sees_rank_0s_gpus_and_the_env_vars_asked_for(
+        store, tmp_path, monkeypatch, visible, num_gpus, expected):
+    """Ray's ray_remote_kwargs={"num_gpus": n, "runtime_env": {"env_vars": ...}}, in the
+    validation's own process (no CUDA call: the variable is what it is given)."""
+    import torch
+
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    config = ValidationConfig(_environment, ray_remote_kwargs={
+        "num_gpus": num_gpus, "runtime_env": {"env_vars": {"HF_HOME": "/data/hf"}}})
+    devices = [torch.device("cuda", 1)] if visible else [torch.device("cuda", i) for i in (2, 3)]
+    outcomes = []
+    runner = ValidationRunner(config, store, lambda m, o: outcomes.append(o),
+                              str(tmp_path / "scratch"), devices)
+    runner.submit(_committed(store, tmp_path, 0, {"fn_kwargs": {}, "timeout_s": None}))
+    runner.close()
+    assert outcomes[0].metrics == {"visible": expected, "home": "/data/hf"}
 
 
 def test_an_abandoned_runner_kills_its_validation_and_records_nothing(store, tmp_path):
