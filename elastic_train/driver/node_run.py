@@ -45,6 +45,8 @@ from elastic_train.driver.supervisor import RunSupervisor
 from elastic_train.errors import NoProgressError, PreemptionError, TrainingFailedError
 from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.storage import RunStorage, replica_server
+from elastic_train.storage.local_tier import run_group
+from elastic_train.storage.replica_access import NodeReplica, ReplicaTLS, new_key
 from elastic_train.storage.run_state import RunStatus
 from elastic_train.worker import user_code
 from elastic_train.worker.worker_plan import WorkerPlan
@@ -130,7 +132,7 @@ class NodeRun:
         self.lease: RunLease | None = None
         self.user_roots: tuple[str, ...] = ()
         self.replicas: subprocess.Popen | None = None
-        self.replica_url = ""
+        self.replica: NodeReplica | None = None
 
     def __enter__(self) -> NodeRun:
         plan = self.plan
@@ -175,10 +177,15 @@ class NodeRun:
                 or not env_vars.Switches.from_environ().local_tier):
             return
         host = replica_server.host_for(plan.local_addr, plan.rendezvous.endpoint)
+        settings = replica_server.ServerSettings(
+            self.tier_root, host, run_group(plan.storage.fs, plan.storage.run_path),
+            ReplicaTLS.from_conf(plan.rendezvous.conf))
+        key, url = new_key(), ""  # the key: this node run's only, never written but 0600
         try:
-            self.replicas, self.replica_url = replica_server.start(self.tier_root, host)
+            self.replicas, url = replica_server.start(settings, key)
         except OSError as exc:
             logger.warning("No copies of checkpoint files on this node's peers: %s", exc)
+        self.replica = NodeReplica(url, key, settings.tls)
 
     def _description(self) -> str:
         """Who holds the run, as a second job's refusal names it."""
@@ -245,7 +252,7 @@ class NodeRun:
         return WorkerPlan(
             run_name=run_config.name, checkpoint_config=run_config.checkpoint_config,
             staging_dir=self.staging_dir,
-            tier_root=self.tier_root, replica_url=self.replica_url,
+            tier_root=self.tier_root, replica=self.replica,
             keep_uploads=env_vars.Switches.from_environ().local_tier,
             storage_retry_s=run_config.storage_retry_timeout_s,
             lease_token=self.lease.token if self.lease else None, user_roots=self.user_roots)
