@@ -142,10 +142,13 @@ def stored_copy(entry: TierEntry, rel: str) -> str | None:
     return None
 
 
-def receive(target: str, body: IO[bytes], size: int, sha256: str) -> bool:
+def receive(target: str, body: IO[bytes], size: int, sha256: str) -> int:
     """Stores ``size`` bytes read from ``body`` at ``target`` if their SHA-256 is
-    ``sha256``; whether it did."""
+    ``sha256``; the answer's status: 201 once stored, 400 for other bytes, 507 (and
+    nothing read) when the disk has not that much room."""
     os.makedirs(os.path.dirname(target), exist_ok=True)
+    if shutil.disk_usage(os.path.dirname(target)).free <= size:
+        return 507
     partial = f"{target}.part-{uuid.uuid4().hex[:8]}"
     digest, left = hashlib.sha256(), size
     try:
@@ -155,9 +158,9 @@ def receive(target: str, body: IO[bytes], size: int, sha256: str) -> bool:
                 left -= len(chunk)
                 out.write(chunk)
         if left or digest.hexdigest() != sha256:
-            return False
+            return 400
         os.replace(partial, target)
-        return True
+        return 201
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(partial)
@@ -277,13 +280,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._empty(403)
         elif size < 0 or not is_sha256(sha256):
             self._empty(400)
-        elif shutil.disk_usage(settings.root).free <= size:
-            self._empty(507)
-        elif receive(target, self.rfile, size, sha256):
-            self.close_connection = False
-            self._empty(201)
         else:
-            self._empty(400)
+            status = receive(target, self.rfile, size, sha256)
+            self.close_connection = status != 201
+            self._empty(status)
 
     def _signed(self, size: int | None = None, sha256: str = "") -> bool:
         """Whether the request is signed with the node's key; answers 401 (and ends the

@@ -253,7 +253,8 @@ def _report(config: dict, model, optimizer, epoch: int, loss, epoch_done: bool,
         elif config.get("ballast_mb"):  # large files from another rank: slow uploads
             files = config.get("ballast_files", 1)
             for i in range(files):
-                name = "ballast.bin" if files == 1 else f"ballast_{i:03d}.bin"
+                name = config.get("ballast_name", "ballast.bin") if files == 1 \
+                    else f"ballast_{i:03d}.bin"
                 with open(os.path.join(d, name), "wb") as f:
                     f.write(os.urandom((config["ballast_mb"] << 20) // files))
             checkpoint = et.Checkpoint.from_directory(d)

@@ -12,6 +12,7 @@ names what its peers' copies are. :func:`run_two_nodes` runs the job: two
 from __future__ import annotations
 
 import glob
+import hashlib
 import http.client
 import json
 import os
@@ -22,6 +23,7 @@ import zlib
 from dataclasses import dataclass
 
 from elastic_train.storage import node_settings
+from elastic_train.storage.replica_access import AUTH_HEADER, SHA256_HEADER, signature
 from tests.support.nodes import node_drivers, node_log
 from tests.support.servers import TcpProxy
 
@@ -63,12 +65,12 @@ def wipe_tier(peer: str, out_dir: str) -> None:
     elif peer == "corrupt":
         for name, data in held.items():
             bad = bytes([data[0] ^ 0xFF]) + data[1:]
-            for url in settings.peers.urls.values():
+            for node, url in settings.peers.urls.items():
                 if url:
-                    _put(url, "/" + name, bad)
+                    assert put(url, settings.peers.keys[node], _quoted(name), bad) == 201
     with open(os.path.join(out_dir, "wiped.json"), "w") as f:
         json.dump({"time": wiped_at, "endpoint": os.environ.get(NODE_ENDPOINT, ""),
-                   "held": sorted(held)}, f)
+                   "held": sorted(held), "key": settings.replica.key}, f)
 
 
 def _remove_copies(root: str, names: dict[str, bytes]) -> None:
@@ -80,14 +82,57 @@ def _remove_copies(root: str, names: dict[str, bytes]) -> None:
                 os.remove(path)
 
 
-def _put(url: str, path: str, data: bytes) -> None:
+def _quoted(name: str) -> str:
+    """The replica server's URL path of a tier file named ``group/checkpoint/rel``."""
+    return "/" + "/".join(urllib.parse.quote(part) for part in name.split("/"))
+
+
+def put(url: str, key: str | None, path: str, data: bytes) -> int:
+    """A ``PUT`` of ``data`` to a replica server, signed with ``key`` (None: unsigned);
+    its status."""
+    sha256 = hashlib.sha256(data).hexdigest()
+    headers = {SHA256_HEADER: sha256}
+    if key is not None:
+        headers[AUTH_HEADER] = signature(key, "PUT", path, len(data), sha256)
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
     try:
-        conn.request("PUT", path, body=data, headers={"X-Crc32": f"{zlib.crc32(data):08x}"})
-        assert conn.getresponse().status == 201
+        conn.request("PUT", path, body=data, headers=headers)
+        response = conn.getresponse()
+        response.read()
+        return response.status
     finally:
         conn.close()
+
+
+def forge_crc(data: bytes, at: int = 0) -> bytes:
+    """Other bytes of the same size and CRC-32 as ``data``: its first byte flipped, and
+    the 4 bytes at ``at`` + 1 rewritten to restore the CRC (CRC-32 is linear over
+    GF(2), so 32 chosen bits reach any CRC). What a forged copy needs to pass a
+    CRC-only check."""
+    forged = bytearray(data)
+    forged[0] ^= 0xFF
+    zero = zlib.crc32(bytes(len(data)))
+    rows = []  # (the CRC change of flipping some bits, those bits as a mask)
+    for bit in range(32):
+        one = bytearray(len(data))
+        one[at + 1 + bit // 8] = 1 << (bit % 8)
+        rows.append((zlib.crc32(one) ^ zero, 1 << bit))
+    want, flips = zlib.crc32(forged) ^ zlib.crc32(data), 0
+    for top in range(31, -1, -1):  # Gaussian elimination, highest bit first
+        pivot = next((r for r in rows if r[0] >> top & 1), None)
+        if pivot is None:
+            continue
+        rows = [(v ^ pivot[0], m ^ pivot[1]) if v >> top & 1 and (v, m) != pivot else (v, m)
+                for v, m in rows if (v, m) != pivot]
+        if want >> top & 1:
+            want, flips = want ^ pivot[0], flips ^ pivot[1]
+    assert want == 0
+    for bit in range(32):
+        if flips >> bit & 1:
+            forged[at + 1 + bit // 8] ^= 1 << (bit % 8)
+    assert zlib.crc32(forged) == zlib.crc32(data) and forged != data
+    return bytes(forged)
 
 
 @dataclass
