@@ -46,7 +46,7 @@ from elastic_train.errors import NoProgressError, PreemptionError, TrainingFaile
 from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.storage import RunStorage, replica_server
 from elastic_train.storage.local_tier import run_group
-from elastic_train.storage.replica_access import NodeReplica, ReplicaTLS, new_key
+from elastic_train.storage.replica_server import NodeReplica, ReplicaTLS, new_key
 from elastic_train.storage.run_state import RunStatus
 from elastic_train.worker import user_code
 from elastic_train.worker.worker_plan import WorkerPlan

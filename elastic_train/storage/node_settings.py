@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from elastic_train.storage.peer_replicas import PeerRing
-    from elastic_train.storage.replica_access import NodeReplica
+    from elastic_train.storage.replica_server import NodeReplica
 
 
 @dataclass(frozen=True)

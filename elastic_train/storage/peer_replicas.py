@@ -10,7 +10,7 @@ node's server (:class:`PeerRing`, gathered with the restore agreement):
   uploader thread sends them to the K nodes after its own in node-rank order (a
   ring: node ``n``'s copies go to ``n+1 .. n+K`` modulo the number of nodes), each
   with the SHA-256 the manifest records, signed with the peer's key
-  (:mod:`.replica_access`), and the peer keeps them as unchecked copies of the same
+  (:mod:`.replica_server`), and the peer keeps them as unchecked copies of the same
   tier entry. Sent as soon as uploaded rather than pulled after the
   commit: the sender knows its files and when they are ready, the receiver needs to
   learn nothing, and a copy is used only once a committed manifest says it matches
@@ -50,13 +50,14 @@ from typing import Any
 
 from elastic_train.storage.local_tier import TierEntry, confined
 from elastic_train.storage.manifest import FileDigest, is_trusted
-from elastic_train.storage.replica_access import (
+from elastic_train.storage.replica_server import (
     AUTH_HEADER,
+    CHUNK,
     SHA256_HEADER,
     ReplicaTLS,
     signature,
+    stored_copy,
 )
-from elastic_train.storage.replica_server import CHUNK, stored_copy
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class PeerRing:
     Attributes:
         node: This rank's node rank.
         urls: Each node's replica server by node rank ("" where it has none).
-        keys: Each node's server key (:mod:`.replica_access`), by node rank.
+        keys: Each node's server key (:mod:`.replica_server`), by node rank.
         copies: K, how many successors keep a node's copies (``peer_replicas``).
         workers_per_node: Ranks per node, to find the node that wrote a rank's file.
         tls: This node's certificate, when the job has them.

@@ -9,8 +9,8 @@ driver stays safe to fork workers from, and so that serving never holds the GIL 
 the agent. It knows only the tier's layout (:class:`~.local_tier.TierEntry`) and the
 run's group in it (:func:`~.local_tier.run_group`):
 
-* Every request is signed with the node's key (:mod:`.replica_access`); one that is
-  not gets 401 with an empty body, and its connection is closed.
+* Every request is signed with the node's key (below); one that is not gets 401 with
+  an empty body, and its connection is closed.
 * ``GET /<run group>/<checkpoint_NNNNNN>/<file>`` (each part URL-quoted): the tier's
   copy of the file, verified or kept (the node's own upload, or a peer's replica);
   404 when it has none, or when a symbolic link is on its way. The reader checks it
@@ -29,6 +29,24 @@ at the cap a new one closes the oldest that has not signed a request yet (or is
 refused at once when every open one has). Each connection has a thread of its own,
 so a slow client delays no other.
 
+Who may use the port (see also docs/SECURITY.md): the node's key is made by the
+node run as it starts (:func:`new_key`), handed to its server on a pipe and to its
+workers in the worker plan (mode 0600), and shared with the other nodes' ranks in the
+all-gather that tells them the server's URL (the job's process group, formed through
+the rendezvous). It is never written elsewhere: not in the run directory, a log or
+``run.json``.
+
+A request carries ``X-Replica-Auth``: the HMAC-SHA256, under the key, of its method,
+its path as sent, and for a ``PUT`` the body's size and SHA-256
+(:func:`signature`). The key itself never travels with a request, and a signature
+taken off the wire authorizes only the same request again (the same file, the
+same bytes). The server compares with :func:`hmac.compare_digest`.
+
+TLS: ``--rdzv-conf replica_cert=...,replica_key=...,replica_ca_cert=...`` (the way the
+etcd client takes its ``cert``/``key``/``ca_cert``): every node serves with its
+certificate and presents it when it fetches or sends (mutual TLS), and each side
+checks the other's against the CA, the server's name included.
+
 Usage: ``python -m elastic_train.storage.replica_server SETTINGS_JSON PARENT_PID``
 with the key on stdin; prints ``PORT <n>``.
 """
@@ -37,13 +55,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import http.server
 import json
 import os
 import re
+import secrets
 import select
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -53,20 +74,106 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
-from elastic_train.errors import CorruptManifestError
+from elastic_train.errors import ConfigError, CorruptManifestError
 from elastic_train.storage.checkpoint_names import dir_name
 from elastic_train.storage.local_tier import TierEntry
 from elastic_train.storage.manifest import check_relpath, is_sha256
-from elastic_train.storage.replica_access import (
-    AUTH_HEADER,
-    SHA256_HEADER,
-    ReplicaTLS,
-    is_signed,
-)
 
 CHUNK = 1 << 20
 START_TIMEOUT_S = 30.0
 _PATH_RE = re.compile(r"^/([0-9a-f]{16})/(checkpoint_(\d{6,}))/(.+)$")
+
+
+AUTH_HEADER = "X-Replica-Auth"
+SHA256_HEADER = "X-Sha256"
+TLS_CONF_KEYS = ("replica_cert", "replica_key", "replica_ca_cert")
+
+
+def new_key() -> str:
+    """A fresh secret key for one node's replica server (256 bits, hex)."""
+    return secrets.token_hex(32)
+
+
+def signature(key: str, method: str, path: str, size: int | None = None,
+              sha256: str = "") -> str:
+    """The ``X-Replica-Auth`` value of a request (see the module docstring)."""
+    message = f"{method}\n{path}\n{'' if size is None else size}\n{sha256}".encode()
+    return hmac.new(bytes.fromhex(key), message, hashlib.sha256).hexdigest()
+
+
+def is_signed(key: str, given: str, method: str, path: str, size: int | None = None,
+              sha256: str = "") -> bool:
+    """Whether ``given`` is the request's signature under ``key`` (in constant time)."""
+    return hmac.compare_digest(given.encode(), signature(key, method, path, size,
+                                                         sha256).encode())
+
+
+@dataclass(frozen=True)
+class ReplicaTLS:
+    """The certificate a node serves and fetches with, and the CA its peers' are checked
+    against (PEM files).
+
+    Attributes:
+        cert: This node's certificate; it must name the address the node serves on
+            (``launch --local-addr``, else its host name).
+        key: Its private key.
+        ca: The CA that signed every node's certificate.
+    """
+
+    cert: str
+    key: str
+    ca: str
+
+    @classmethod
+    def from_conf(cls, conf: dict[str, Any] | None) -> ReplicaTLS | None:
+        """The files the rendezvous conf names (None without any); a ConfigError when
+        only some are given."""
+        given = [str((conf or {}).get(name) or "") for name in TLS_CONF_KEYS]
+        if not any(given):
+            return None
+        if not all(given):
+            raise ConfigError(
+                f"--rdzv-conf {', '.join(TLS_CONF_KEYS)}: give all three for TLS on the "
+                f"replica port, or none; got {dict(zip(TLS_CONF_KEYS, given, strict=True))}, "
+                "e.g. "
+                "replica_cert=node.crt,replica_key=node.key,replica_ca_cert=ca.crt.",
+                field="RendezvousConfig.conf")
+        return cls(*given)
+
+    def server_context(self) -> ssl.SSLContext:
+        """What the replica server wraps its connections with: asks for a peer's
+        certificate signed by the CA."""
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=self.ca)
+        context.load_cert_chain(self.cert, self.key)
+        context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    def client_context(self) -> ssl.SSLContext:
+        """What a peer connects with: checks the server against the CA and its name."""
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca)
+        context.load_cert_chain(self.cert, self.key)
+        return context
+
+
+@dataclass(frozen=True)
+class NodeReplica:
+    """This node's replica server as its workers know it (from the worker plan).
+
+    Attributes:
+        url: Where it serves ("": it did not start; the node still fetches from peers).
+        key: Its key (:func:`new_key`).
+        tls: The node's certificate, when the job has them.
+    """
+
+    url: str
+    key: str
+    tls: ReplicaTLS | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NodeReplica:
+        """The inverse of :func:`dataclasses.asdict` (the worker plan's JSON)."""
+        tls = data.get("tls")
+        return cls(data["url"], data["key"], ReplicaTLS(**tls) if tls else None)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from elastic_train.config import CheckpointConfig
     from elastic_train.context import WorkerEnv
     from elastic_train.storage import CommitManifest, RunStorage
-    from elastic_train.storage.replica_access import NodeReplica
+    from elastic_train.storage.replica_server import NodeReplica
     from elastic_train.validation_config import ValidationConfig
 
 

@@ -28,7 +28,7 @@ from typing import Any
 from elastic_train import env_vars
 from elastic_train.config import CheckpointConfig
 from elastic_train.storage import node_settings
-from elastic_train.storage.replica_access import NodeReplica
+from elastic_train.storage.replica_server import NodeReplica
 
 PLAN_FILE = "worker_plan.json"
 
@@ -51,7 +51,7 @@ class WorkerPlan:
         user_roots: The directories of the user's own code as the driver decided
             them (:mod:`elastic_train.worker.user_code`).
         replica: The node's replica server, its key and certificate
-            (:mod:`elastic_train.storage.replica_access`; None: no copies on peers). The
+            (:mod:`elastic_train.storage.replica_server`; None: no copies on peers). The
             key is why this file is private (mode 0600).
     """
 

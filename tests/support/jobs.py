@@ -97,7 +97,7 @@ def _inject_one(fault: dict, epoch: int, batch: int) -> None:
     if how == "wipe_tier":  # this node's disk wiped; its peers' copies kept, lost or bad
         from tests.support.peer_faults import wipe_tier
 
-        wipe_tier(fault["peer"], fault["out_dir"])
+        wipe_tier(fault["peer"], fault["out_dir"], fault.get("hostile_s", 0.0))
         raise RuntimeError(f"injected failure after wiping the node's tier at epoch {epoch}")
     if how == "wait_for_kill":  # the test SIGKILLs us from outside
         with open(fault["pid_file"], "w") as f:

@@ -17,13 +17,15 @@ import http.client
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 import urllib.parse
 import zlib
 from dataclasses import dataclass
 
 from elastic_train.storage import node_settings
-from elastic_train.storage.replica_access import AUTH_HEADER, SHA256_HEADER, signature
+from elastic_train.storage.replica_server import AUTH_HEADER, SHA256_HEADER, signature
 from tests.support.nodes import node_drivers, node_log
 from tests.support.servers import TcpProxy
 
@@ -45,16 +47,20 @@ def tier_files(root: str) -> dict[str, bytes]:
     return found
 
 
-def wipe_tier(peer: str, out_dir: str) -> None:
+def wipe_tier(peer: str, out_dir: str, hostile_s: float = 0.0) -> None:
     """Removes this node's whole tier (a wiped disk) and does ``peer`` to the copies its
     peers hold of its files: ``keep`` them, ``lose`` them (deleted from the other nodes'
     tiers, whose roots the ranks wrote to ``out_dir/tier.<rank>``) or ``corrupt`` them
-    (a first byte flipped, sent through the peers' own replica servers). Writes
-    ``out_dir/wiped.json``: when, this node's ``$NODE_STORAGE_ENDPOINT`` and what the
-    tier held."""
+    (a first byte flipped, sent through the peers' own replica servers); with
+    ``hostile_s``, a :mod:`tests.support.hostile_peer` attacks every node's server for
+    that long, from just before the wipe (through the restore). Writes
+    ``out_dir/wiped.json``: when, this node's ``$NODE_STORAGE_ENDPOINT``, what the tier
+    held and the node's key (for the test to look for)."""
     settings = node_settings.current()
     wiped_at = time.time()
     held = tier_files(settings.tier_root)
+    if hostile_s:
+        start_hostile_peer(settings.peers, held, hostile_s, out_dir)
     shutil.rmtree(settings.tier_root)
     if peer == "lose":
         for path in glob.glob(os.path.join(out_dir, "tier.*")):
@@ -71,6 +77,31 @@ def wipe_tier(peer: str, out_dir: str) -> None:
     with open(os.path.join(out_dir, "wiped.json"), "w") as f:
         json.dump({"time": wiped_at, "endpoint": os.environ.get(NODE_ENDPOINT, ""),
                    "held": sorted(held), "key": settings.replica.key}, f)
+
+
+def start_hostile_peer(peers, held: dict[str, bytes], duration_s: float, out_dir: str) -> None:
+    """Starts :mod:`tests.support.hostile_peer` against every node's server with forged
+    copies of ``held`` (in a session of its own: it outlives this worker, and ends by
+    itself after ``duration_s``); returns once its idle connections are open."""
+    folder = os.path.join(out_dir, "hostile")
+    os.makedirs(folder, exist_ok=True)
+    files = {}
+    for i, (name, data) in enumerate(sorted(held.items())):
+        files[_quoted(name)] = path = os.path.join(folder, f"{i}.bin")
+        with open(path, "wb") as f:
+            f.write(forge_crc(data))
+    spec = {"urls": [url for url in peers.urls.values() if url], "files": files,
+            "duration_s": duration_s, "flood": 100, "ready": os.path.join(folder, "ready"),
+            "report": os.path.join(out_dir, "hostile.json")}
+    with open(os.path.join(folder, "spec.json"), "w") as f:
+        json.dump(spec, f)
+    with open(os.path.join(folder, "log"), "w") as log:
+        subprocess.Popen([sys.executable, "-m", "tests.support.hostile_peer",
+                          os.path.join(folder, "spec.json")], stdout=log,
+                         stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(spec["ready"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _remove_copies(root: str, names: dict[str, bytes]) -> None:

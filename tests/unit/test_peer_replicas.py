@@ -19,7 +19,7 @@ from elastic_train.storage import CheckpointStore, replica_server
 from elastic_train.storage.checkpoint_store import list_directory
 from elastic_train.storage.local_tier import LocalTier, run_group
 from elastic_train.storage.peer_replicas import PeerRing, fetch, send
-from elastic_train.storage.replica_access import AUTH_HEADER, SHA256_HEADER, new_key, signature
+from elastic_train.storage.replica_server import AUTH_HEADER, SHA256_HEADER, new_key, signature
 from elastic_train.storage.restore_check import check_share
 from elastic_train.storage.uploader import CheckpointUploader, UploadJob
 from tests.support.node_settings import use_node_settings

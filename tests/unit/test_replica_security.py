@@ -21,7 +21,7 @@ import pytest
 from elastic_train.storage import local_tier, replica_server
 from elastic_train.storage.local_tier import LocalTier, run_group
 from elastic_train.storage.peer_replicas import PeerRing, fetch, send
-from elastic_train.storage.replica_access import NodeReplica, ReplicaTLS, new_key
+from elastic_train.storage.replica_server import NodeReplica, ReplicaTLS, new_key
 from elastic_train.storage.restore_check import check_share
 from tests.support.etcd_server import TLSFiles
 from tests.support.peer_faults import forge_crc, put
