@@ -24,10 +24,12 @@ run's group in it (:func:`~.local_tier.run_group`):
 
 Connections (:class:`Limits`): each read waits at most ``idle_timeout_s``; a
 connection must send a signed request within ``auth_timeout_s`` of its accept (TLS
-handshake included) or it is closed; at most ``connections`` are open at once, and
-at the cap a new one closes the oldest that has not signed a request yet (or is
-refused at once when every open one has). Each connection has a thread of its own,
-so a slow client delays no other.
+handshake included) or it is closed; at most ``connections`` are open at once (fewer
+when the process may open fewer files), and at the cap a new one closes the oldest
+connection that has not signed a request yet, of the address that holds the most such
+connections -- a flood from one host evicts its own -- or is refused at once when
+every open one has signed. Each connection has a thread of its own, so a slow client
+delays no other.
 
 Who may use the port (see also docs/SECURITY.md): the node's key is made by the
 node run as it starts (:func:`new_key`), handed to its server on a pipe and to its
@@ -60,6 +62,7 @@ import http.server
 import json
 import os
 import re
+import resource
 import secrets
 import select
 import shutil
@@ -71,6 +74,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
@@ -81,6 +85,7 @@ from elastic_train.storage.manifest import check_relpath, is_sha256
 
 CHUNK = 1 << 20
 START_TIMEOUT_S = 30.0
+_SPARE_FILES = 32  # descriptors kept from connections: files served and received, pipes
 _PATH_RE = re.compile(r"^/([0-9a-f]{16})/(checkpoint_(\d{6,}))/(.+)$")
 
 
@@ -180,7 +185,7 @@ class NodeReplica:
 class Limits:
     """How long and how many connections the server holds (see the module docstring)."""
 
-    connections: int = 64
+    connections: int = 256
     auth_timeout_s: float = 5.0
     idle_timeout_s: float = 15.0
 
@@ -276,6 +281,7 @@ def receive(target: str, body: IO[bytes], size: int, sha256: str) -> int:
 @dataclass
 class _Connection:
     sock: socket.socket
+    address: str
     accepted: float = field(default_factory=time.monotonic)
     signed: bool = False  # has sent a signed request
 
@@ -302,14 +308,20 @@ class _Server(http.server.ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._lock:
-            if len(self._open) >= self.settings.limits.connections and not self._evict():
+            if len(self._open) >= self._cap() and not self._evict():
                 self.shutdown_request(request)  # every open one is a signed peer's
                 return
-            self._open[request] = _Connection(request)
+            self._open[request] = _Connection(request, client_address[0])
         super().process_request(request, client_address)
 
+    def _cap(self) -> int:
+        """``connections``, or fewer when the process may not open that many files (it
+        keeps some for the files it serves and receives)."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return max(1, min(self.settings.limits.connections, soft - _SPARE_FILES))
+
     def process_request_thread(self, request: Any, client_address: Any) -> None:
-        conn = self._open.get(request) or _Connection(request)
+        conn = self._open.get(request) or _Connection(request, client_address[0])
         self._here.conn = conn
         try:
             request.settimeout(self.settings.limits.idle_timeout_s)
@@ -328,12 +340,14 @@ class _Server(http.server.ThreadingHTTPServer):
         self._here.conn.signed = True
 
     def _evict(self) -> bool:
-        """Closes the oldest connection that has not signed a request (lock held);
-        whether there was one."""
+        """Closes the oldest connection that has not signed a request, of the address
+        holding the most of them (lock held); whether there was one."""
         unsigned = [c for c in self._open.items() if not c[1].signed]
         if not unsigned:
             return False
-        request, conn = min(unsigned, key=lambda item: item[1].accepted)
+        crowd = Counter(conn.address for _, conn in unsigned).most_common(1)[0][0]
+        request, conn = min((c for c in unsigned if c[1].address == crowd),
+                            key=lambda item: item[1].accepted)
         del self._open[request]
         conn.cut()
         return True
@@ -420,7 +434,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 def serve(settings: ServerSettings, key: str) -> None:
     """Serves the tier on a free port of ``settings.host``; prints ``PORT <n>`` once
-    listening."""
+    listening. Raises its own limit of open files as far as it may, for connections."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):  # an unlimited hard limit: keep the soft
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     server = _Server(settings, key)
     print(f"PORT {server.server_address[1]}", flush=True)
     server.serve_forever()
