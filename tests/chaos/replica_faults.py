@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 
 from tests.chaos.faults import EPOCHS, NUM_TO_KEEP, Outcome, StorageWatcher, Trial, _outcome
-from tests.conftest import StorageUnderTest, wait_until
+from tests.conftest import StorageUnderTest, pid_alive, wait_until
 from tests.support.peer_faults import run_two_nodes
 from tests.support.servers import free_port
 
@@ -59,6 +59,7 @@ def _check_attack(report_file, hostile_s: float, outcome: Outcome,
         outcome.kind_failures.append("the hostile peer wrote no report")
         return
     report = json.loads(report_file.read_text())
+    wait_until(lambda: not pid_alive(report["pid"]), 10)  # it wrote the report as it ended
     outcome.orphans.append(report["pid"])
     requests = sum(report["statuses"].values())
     if report["accepted"]:
@@ -68,5 +69,6 @@ def _check_attack(report_file, hostile_s: float, outcome: Outcome,
         outcome.kind_failures.append(f"the hostile peer did not attack: {report}")
     outcome.note = (f"hostile peer: {requests} requests, all refused "
                     f"({report['statuses']}); {report['flood_opened']} idle connections "
-                    f"opened, {report['flood_cut']} closed by the servers; the wiped node "
-                    f"read {len(store_reads or [])} checkpoint files from the store")
+                    f"opened, {report['flood_cut']} closed or refused by the servers; the wiped "
+                    f"node read {len(store_reads or [])} checkpoint files from the store "
+                    f"{sorted(store_reads or [])}")

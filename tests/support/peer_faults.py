@@ -179,10 +179,12 @@ class TwoNodes:
 
 
 def data_gets(proxy: TcpProxy, since: float) -> list[str]:
-    """The checkpoint files (not commit markers) a node read from the store since."""
+    """The checkpoint files (not commit or upload markers) a node read from the store
+    since."""
     return [path for at, method, path in proxy.requests
             if at >= since and method == "GET" and "/checkpoint_" in path
-            and ".commit.json" not in path and "list-type" not in path]
+            and ".commit.json" not in path and "/.upload-marks/" not in path
+            and "list-type" not in path]
 
 
 def run_two_nodes(storage, tmp_path, rendezvous: dict, fault: dict, **settings) -> TwoNodes:
