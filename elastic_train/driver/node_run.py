@@ -136,6 +136,7 @@ class NodeRun:
 
     def __enter__(self) -> NodeRun:
         plan = self.plan
+        replica_tls = ReplicaTLS.from_conf(plan.rendezvous.conf)  # bad input: before anything
         plan.storage.ensure_writable()
         # Every node checks before it starts anything; the node that becomes group
         # rank 0 checks again as it records the launch, and is the one that starts over.
@@ -152,7 +153,7 @@ class NodeRun:
         self.lease = RunLease.acquire(plan.storage, plan.rendezvous, self._description())
         plan.storage.use_fence(self.lease.token)
         self.scratch = scratch.make(scratch.NODE_PREFIX)
-        self._start_replica_server()
+        self._start_replica_server(replica_tls)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -168,9 +169,10 @@ class NodeRun:
         """The node's local tier (:mod:`elastic_train.storage.local_tier`)."""
         return os.path.join(self.scratch, "checkpoint_cache")
 
-    def _start_replica_server(self) -> None:
+    def _start_replica_server(self, tls: ReplicaTLS | None) -> None:
         """Serves the node's tier to its peers (:mod:`elastic_train.storage.peer_replicas`)
-        when the job may have several nodes, a remote store and copies asked for."""
+        when the job may have several nodes, a remote store and copies asked for; over
+        TLS with ``tls``."""
         plan = self.plan
         if (plan.storage.is_local or plan.scaling.nodes[1] < 2
                 or plan.run_config.checkpoint_config.peer_replicas == 0
@@ -178,9 +180,8 @@ class NodeRun:
             return
         host = replica_server.host_for(plan.local_addr, plan.rendezvous.endpoint)
         settings = replica_server.ServerSettings(
-            self.tier_root, host, run_group(plan.storage.fs, plan.storage.run_path),
-            ReplicaTLS.from_conf(plan.rendezvous.conf))
-        key, url = new_key(), ""  # the key: this node run's only, never written but 0600
+            self.tier_root, host, run_group(plan.storage.fs, plan.storage.run_path), tls)
+        key, url = new_key(), ""  # written nowhere but the 0600 worker plan
         try:
             self.replicas, url = replica_server.start(settings, key)
         except OSError as exc:

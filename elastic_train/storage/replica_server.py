@@ -143,6 +143,11 @@ class ReplicaTLS:
                 "e.g. "
                 "replica_cert=node.crt,replica_key=node.key,replica_ca_cert=ca.crt.",
                 field="RendezvousConfig.conf")
+        missing = [f"{name}={path}" for name, path in zip(TLS_CONF_KEYS, given, strict=True)
+                   if not os.path.isfile(path)]
+        if missing:
+            raise ConfigError(f"--rdzv-conf {', '.join(missing)}: no such file on this node; "
+                              "give the paths of its PEM files.", field="RendezvousConfig.conf")
         return cls(*given)
 
     def server_context(self) -> ssl.SSLContext:

@@ -1,11 +1,12 @@
 """Peer replicas with real nodes: two ``fit()`` drivers (one worker each, etcd rendezvous)
-on moto's S3, each node through a proxy of its own that records its requests
+on moto's S3, their replica servers on TLS (``replica_cert=...`` in the rendezvous
+conf), each node through a proxy of its own that records its requests
 (:func:`tests.support.peer_faults.run_two_nodes`). Node 1's worker wipes its node's local
 tier and raises; the restart restores node 1's share (its ballast file, whose name has
-a space) and the model
-file from node 0's replica server, or, when node 0's copies were corrupted, from the
-store. A node whose driver is SIGKILLed is replaced by a new driver, which restores
-from the survivor. Each run ends bit-identical to an uninterrupted one."""
+a space) and the model file from node 0's replica server, or, when node 0's copies
+were corrupted, from the store; the node's replica key is in no file of the run and
+no line of a log. A node whose driver is SIGKILLed is replaced by a new driver, which
+restores from the survivor. Each run ends bit-identical to an uninterrupted one."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import urllib.parse
 import pytest
 
 from tests.conftest import EPOCHS, make_storage, wait_until
+from tests.support.etcd_server import TLSFiles
 from tests.support.paths import REPO
 from tests.support.peer_faults import NODE_ENDPOINT, TwoNodes, data_gets, run_two_nodes
 from tests.support.servers import TcpProxy, stop_process
@@ -34,8 +36,11 @@ def run_with_wiped_node(tmp_path, s3_endpoint, etcd_endpoint, peer: str,
                         baseline) -> TwoNodes:
     """Node 1 wipes its tier at epoch 2 (and does ``peer`` to its peers' copies)."""
     storage = make_storage("s3", tmp_path, s3_endpoint)
+    tls = TLSFiles.make(str(tmp_path))  # one certificate for 127.0.0.1 serves both nodes
     ran = run_two_nodes(
-        storage, tmp_path, {"backend": "etcd", "endpoint": etcd_endpoint},
+        storage, tmp_path, {"backend": "etcd", "endpoint": etcd_endpoint, "conf": {
+            "replica_cert": tls.server_cert, "replica_key": tls.server_key,
+            "replica_ca_cert": tls.ca}},
         {"how": "wipe_tier", "peer": peer, "rank": 1, "epoch": 2, "batch": 0,
          "marker": str(tmp_path / "wiped")},
         name="peers", epochs=EPOCHS, checkpoint={"peer_replicas": 1},

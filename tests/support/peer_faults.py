@@ -25,7 +25,12 @@ import zlib
 from dataclasses import dataclass
 
 from elastic_train.storage import node_settings
-from elastic_train.storage.replica_server import AUTH_HEADER, SHA256_HEADER, signature
+from elastic_train.storage.replica_server import (
+    AUTH_HEADER,
+    SHA256_HEADER,
+    ReplicaTLS,
+    signature,
+)
 from tests.support.nodes import node_drivers, node_log
 from tests.support.servers import TcpProxy
 
@@ -73,7 +78,8 @@ def wipe_tier(peer: str, out_dir: str, hostile_s: float = 0.0) -> None:
             bad = bytes([data[0] ^ 0xFF]) + data[1:]
             for node, url in settings.peers.urls.items():
                 if url:
-                    assert put(url, settings.peers.keys[node], _quoted(name), bad) == 201
+                    assert put(url, settings.peers.keys[node], _quoted(name), bad,
+                               settings.peers.tls) == 201
     with open(os.path.join(out_dir, "wiped.json"), "w") as f:
         json.dump({"time": wiped_at, "endpoint": os.environ.get(NODE_ENDPOINT, ""),
                    "held": sorted(held), "key": settings.replica.key}, f)
@@ -118,15 +124,18 @@ def _quoted(name: str) -> str:
     return "/" + "/".join(urllib.parse.quote(part) for part in name.split("/"))
 
 
-def put(url: str, key: str | None, path: str, data: bytes) -> int:
-    """A ``PUT`` of ``data`` to a replica server, signed with ``key`` (None: unsigned);
-    its status."""
+def put(url: str, key: str | None, path: str, data: bytes, tls: ReplicaTLS | None = None
+        ) -> int:
+    """A ``PUT`` of ``data`` to a replica server, signed with ``key`` (None: unsigned),
+    over TLS with ``tls``'s certificate; its status."""
     sha256 = hashlib.sha256(data).hexdigest()
     headers = {SHA256_HEADER: sha256}
     if key is not None:
         headers[AUTH_HEADER] = signature(key, "PUT", path, len(data), sha256)
     parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=10,
+                                       context=tls.client_context()) if tls else \
+        http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
     try:
         conn.request("PUT", path, body=data, headers=headers)
         response = conn.getresponse()

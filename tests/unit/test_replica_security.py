@@ -18,6 +18,7 @@ import urllib.parse
 
 import pytest
 
+from elastic_train.errors import ConfigError
 from elastic_train.storage import local_tier, replica_server
 from elastic_train.storage.local_tier import LocalTier, run_group
 from elastic_train.storage.peer_replicas import PeerRing, fetch, send
@@ -314,3 +315,14 @@ def test_the_worker_plan_carries_the_key_and_tls_back(tmp_path, tls_files):
     path = plan.write(str(tmp_path))[worker_plan.env_vars.PLAN]
     assert os.stat(path).st_mode & 0o777 == 0o600
     assert worker_plan._read(path) == plan
+
+
+def test_tls_files_are_all_given_and_exist_or_the_job_stops_before_it_starts(tls_files):
+    given = {"replica_cert": tls_files.server_cert, "replica_key": tls_files.server_key,
+             "replica_ca_cert": tls_files.ca}
+    assert ReplicaTLS.from_conf({"join_timeout": 5}) is None
+    assert ReplicaTLS.from_conf(given) == ReplicaTLS(*given.values())
+    with pytest.raises(ConfigError, match="give all three"):
+        ReplicaTLS.from_conf({**given, "replica_ca_cert": ""})
+    with pytest.raises(ConfigError, match="replica_key=/nowhere.key: no such file"):
+        ReplicaTLS.from_conf({**given, "replica_key": "/nowhere.key"})
