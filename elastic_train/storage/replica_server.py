@@ -132,7 +132,7 @@ class ReplicaTLS:
     @classmethod
     def from_conf(cls, conf: dict[str, Any] | None) -> ReplicaTLS | None:
         """The files the rendezvous conf names (None without any); a ConfigError when
-        only some are given."""
+        only some are given, or one is no file."""
         given = [str((conf or {}).get(name) or "") for name in TLS_CONF_KEYS]
         if not any(given):
             return None
@@ -140,8 +140,7 @@ class ReplicaTLS:
             raise ConfigError(
                 f"--rdzv-conf {', '.join(TLS_CONF_KEYS)}: give all three for TLS on the "
                 f"replica port, or none; got {dict(zip(TLS_CONF_KEYS, given, strict=True))}, "
-                "e.g. "
-                "replica_cert=node.crt,replica_key=node.key,replica_ca_cert=ca.crt.",
+                "e.g. replica_cert=node.crt,replica_key=node.key,replica_ca_cert=ca.crt.",
                 field="RendezvousConfig.conf")
         missing = [f"{name}={path}" for name, path in zip(TLS_CONF_KEYS, given, strict=True)
                    if not os.path.isfile(path)]
