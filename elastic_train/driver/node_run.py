@@ -45,6 +45,8 @@ from elastic_train.driver.supervisor import RunSupervisor
 from elastic_train.errors import NoProgressError, PreemptionError, TrainingFailedError
 from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.storage import RunStorage, replica_server
+from elastic_train.storage.local_tier import run_group
+from elastic_train.storage.replica_server import NodeReplica, ReplicaTLS, new_key
 from elastic_train.storage.run_state import RunStatus
 from elastic_train.worker import user_code
 from elastic_train.worker.worker_plan import WorkerPlan
@@ -130,10 +132,11 @@ class NodeRun:
         self.lease: RunLease | None = None
         self.user_roots: tuple[str, ...] = ()
         self.replicas: subprocess.Popen | None = None
-        self.replica_url = ""
+        self.replica: NodeReplica | None = None
 
     def __enter__(self) -> NodeRun:
         plan = self.plan
+        replica_tls = ReplicaTLS.from_conf(plan.rendezvous.conf)  # bad input: before anything
         plan.storage.ensure_writable()
         # Every node checks before it starts anything; the node that becomes group
         # rank 0 checks again as it records the launch, and is the one that starts over.
@@ -150,7 +153,7 @@ class NodeRun:
         self.lease = RunLease.acquire(plan.storage, plan.rendezvous, self._description())
         plan.storage.use_fence(self.lease.token)
         self.scratch = scratch.make(scratch.NODE_PREFIX)
-        self._start_replica_server()
+        self._start_replica_server(replica_tls)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -166,19 +169,24 @@ class NodeRun:
         """The node's local tier (:mod:`elastic_train.storage.local_tier`)."""
         return os.path.join(self.scratch, "checkpoint_cache")
 
-    def _start_replica_server(self) -> None:
+    def _start_replica_server(self, tls: ReplicaTLS | None) -> None:
         """Serves the node's tier to its peers (:mod:`elastic_train.storage.peer_replicas`)
-        when the job may have several nodes, a remote store and copies asked for."""
+        when the job may have several nodes, a remote store and copies asked for; over
+        TLS with ``tls``."""
         plan = self.plan
         if (plan.storage.is_local or plan.scaling.nodes[1] < 2
                 or plan.run_config.checkpoint_config.peer_replicas == 0
                 or not env_vars.Switches.from_environ().local_tier):
             return
         host = replica_server.host_for(plan.local_addr, plan.rendezvous.endpoint)
+        settings = replica_server.ServerSettings(
+            self.tier_root, host, run_group(plan.storage.fs, plan.storage.run_path), tls)
+        key, url = new_key(), ""  # written nowhere but the 0600 worker plan
         try:
-            self.replicas, self.replica_url = replica_server.start(self.tier_root, host)
+            self.replicas, url = replica_server.start(settings, key)
         except OSError as exc:
             logger.warning("No copies of checkpoint files on this node's peers: %s", exc)
+        self.replica = NodeReplica(url, key, settings.tls)
 
     def _description(self) -> str:
         """Who holds the run, as a second job's refusal names it."""
@@ -245,7 +253,7 @@ class NodeRun:
         return WorkerPlan(
             run_name=run_config.name, checkpoint_config=run_config.checkpoint_config,
             staging_dir=self.staging_dir,
-            tier_root=self.tier_root, replica_url=self.replica_url,
+            tier_root=self.tier_root, replica=self.replica,
             keep_uploads=env_vars.Switches.from_environ().local_tier,
             storage_retry_s=run_config.storage_retry_timeout_s,
             lease_token=self.lease.token if self.lease else None, user_roots=self.user_roots)

@@ -93,9 +93,9 @@ def list_directory(local_dir: str) -> list[str]:
 
 
 def describe_files(local_dir: str, relpaths: list[str]) -> dict[str, dict[str, Any]]:
-    """``{relative path: {"size", "crc32"}}``: what the manifest records of each file."""
-    return {rel: {"size": os.path.getsize(full := os.path.join(local_dir, rel)),
-                  "crc32": fsutil.file_crc32(full)} for rel in relpaths}
+    """``{relative path: {"size", "crc32", "sha256"}}``: what the manifest records of
+    each file (each read once)."""
+    return {rel: fsutil.file_digest(os.path.join(local_dir, rel)).info() for rel in relpaths}
 
 
 def scan_directory(local_dir: str) -> dict[str, dict[str, Any]]:
@@ -104,13 +104,14 @@ def scan_directory(local_dir: str) -> dict[str, dict[str, Any]]:
 
 
 def file_matches(path: str, info: dict[str, Any]) -> bool:
-    """Whether the local file exists with the manifest's size and CRC-32 (``info``)."""
+    """Whether the local file exists with the manifest's size and checksums (``info``;
+    see :meth:`.manifest.FileDigest.matches`)."""
     return (os.path.isfile(path) and os.path.getsize(path) == info["size"]
-            and fsutil.file_crc32(path) == info["crc32"])
+            and fsutil.file_digest(path).matches(info))
 
 
 def mismatched_files(local_dir: str, manifest: CommitManifest) -> list[str]:
-    """Files of a local copy whose size or CRC-32 differs from the manifest."""
+    """Files of a local copy whose size or checksums differ from the manifest."""
     return [rel for rel, info in manifest.files.items()
             if not file_matches(os.path.join(local_dir, rel), info)]
 
@@ -210,9 +211,9 @@ class CheckpointStore:
         for path in self._retry("listing a checkpoint", lambda: self.fs.find(root)):
             rel = path[len(root):].lstrip("/")
             if rel != MARKER:
-                crc, size = self._retry(f"reading {rel}",
-                                        lambda p=path: fsutil.stream_crc32(self.fs, p))
-                files[rel] = {"size": size, "crc32": crc, "rank": 0}
+                digest = self._retry(f"reading {rel}",
+                                     lambda p=path: fsutil.stream_digest(self.fs, p))
+                files[rel] = {**digest.info(), "rank": 0}
         return files
 
     def _list(self, path: str) -> list[str]:

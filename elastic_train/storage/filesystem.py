@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -18,6 +17,7 @@ import fsspec
 
 from elastic_train.errors import ConfigError, StorageError
 from elastic_train.redaction import public_options
+from elastic_train.storage.manifest import FileDigest
 from elastic_train.storage.stores import adapter_for, open_url
 
 CHUNK = 1 << 20
@@ -139,22 +139,22 @@ def read_unless_missing(fs: fsspec.AbstractFileSystem, path: str,
                            "node?); it is not taken as missing.") from None
 
 
-def file_crc32(path: str) -> str:
-    """CRC-32 of a local file, streamed; detects truncated or corrupted copies."""
-    crc = 0
+def file_digest(path: str) -> FileDigest:
+    """Size, CRC-32 and SHA-256 of a local file, streamed (see :class:`.manifest.FileDigest`)."""
+    digest = FileDigest()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
-            crc = zlib.crc32(chunk, crc)
-    return f"{crc:08x}"
+            digest.update(chunk)
+    return digest
 
 
-def stream_crc32(fs: fsspec.AbstractFileSystem, path: str) -> tuple[str, int]:
-    """CRC-32 and size of a file of ``fs``, streamed."""
-    crc = size = 0
+def stream_digest(fs: fsspec.AbstractFileSystem, path: str) -> FileDigest:
+    """:func:`file_digest` of a file of ``fs``."""
+    digest = FileDigest()
     with fs.open(path, "rb", block_size=CHUNK * 8) as f:
         while chunk := f.read(CHUNK * 8):
-            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
-    return f"{crc:08x}", size
+            digest.update(chunk)
+    return digest
 
 
 def join(*parts: str) -> str:

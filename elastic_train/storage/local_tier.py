@@ -11,8 +11,10 @@ worker plan, see :mod:`.node_settings`). For checkpoints on a remote store it ho
   ``Checkpoint.as_directory()``; :class:`~elastic_train.storage.dcp.CheckpointReader`
   reads only verified files here and fetches byte ranges of the others).
 
-A file is used only once it matches the checkpoint's commit manifest (size and
-CRC-32): a kept file is checked at its first use, a download as it arrives. An
+A file is used only once it matches the checkpoint's commit manifest (size,
+CRC-32 and SHA-256): a kept file is checked at its first use, a download as it
+arrives. A kept file (the node's own upload, or a peer's copy) is trusted only
+against a SHA-256; for a manifest with CRC-32s only, the file is downloaded again. An
 entry goes when it is superseded -- as soon as a newer checkpoint of the run is
 known to be committed, and at a restart every entry of the run but the
 checkpoint resumed from -- and with the scratch space when the node's run ends.
@@ -43,7 +45,6 @@ import os
 import re
 import shutil
 import uuid
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
@@ -54,7 +55,7 @@ from elastic_train.errors import CorruptManifestError, StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage import node_settings
 from elastic_train.storage.checkpoint_store import MARKER, dir_name, file_matches
-from elastic_train.storage.manifest import CommitManifest, check_relpath
+from elastic_train.storage.manifest import CommitManifest, FileDigest, check_relpath, is_trusted
 from elastic_train.storage.retry import RetryPolicy, run_policy
 from elastic_train.storage.stores import adapter_for
 
@@ -140,15 +141,24 @@ def confined(base: str, rel: str) -> str:
 
 def copy_checked(fs: fsspec.AbstractFileSystem, remote: str, out: IO[bytes] | None,
                  info: dict[str, Any] | None) -> bool:
-    """Streams ``remote`` into ``out`` (or nowhere) computing its CRC-32 on the way;
-    whether it matches ``info`` (True when there is nothing to match)."""
-    crc = size = 0
+    """Streams ``remote`` into ``out`` (or nowhere) computing its checksums on the way;
+    whether it matches ``info`` (True when there is nothing to match). Stops at the
+    first byte past the size ``info`` names."""
+    digest = FileDigest()
     with fs.open(remote, "rb", block_size=fsutil.CHUNK * 8) as f:
         while chunk := f.read(fsutil.CHUNK * 8):
-            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+            digest.update(chunk)
+            if info is not None and digest.size > info["size"]:
+                return False
             if out is not None:
                 out.write(chunk)
-    return info is None or (size == info["size"] and f"{crc:08x}" == info["crc32"])
+    return info is None or digest.matches(info)
+
+
+def run_group(fs: fsspec.AbstractFileSystem, run_path: str) -> str:
+    """The name of a run's directory in every node's tier: a hash of the run's URL."""
+    url = fs.unstrip_protocol(run_path.rstrip("/"))
+    return hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
 class LocalTier:
@@ -186,8 +196,7 @@ class LocalTier:
         return self.retry.for_store(adapter_for(fs))
 
     def _group(self, fs: fsspec.AbstractFileSystem, parent: str) -> str:
-        url = fs.unstrip_protocol(parent.rstrip("/"))
-        return os.path.join(self.root, hashlib.sha256(url.encode()).hexdigest()[:16])
+        return os.path.join(self.root, run_group(fs, parent))
 
     def entry(self, fs: fsspec.AbstractFileSystem, path: str,
               index: int | None = None) -> TierEntry:
@@ -251,23 +260,34 @@ class LocalTier:
     # the readers' side
     def local_file(self, entry: TierEntry, rel: str, info: dict[str, Any]) -> str | None:
         """The verified local copy of ``rel``, verifying a kept one first; None if the
-        node has no good copy (a kept file that does not match is deleted)."""
+        node has no good copy (a kept file that does not match is deleted), or only a
+        kept one and a manifest without a SHA-256 to check it against.
+
+        The kept file is moved out of the kept files before it is checked, and the
+        checked file is what becomes verified: a peer's ``PUT`` that replaces the kept
+        file meanwhile lands beside it, unchecked, and stays there."""
         verified = confined(entry.verified, rel)
         if os.path.isfile(verified):
             return verified
         kept = confined(entry.kept, rel)
-        if not os.path.isfile(kept):
-            return None
-        if not file_matches(kept, info):
-            logger.warning("The node's copy of %s does not match its manifest; fetching it "
-                           "again.", rel)
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(kept)
+        if not is_trusted(info) or not os.path.isfile(kept) or os.path.islink(kept):
             return None
         os.makedirs(os.path.dirname(verified), exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):  # another rank of the node moved it
-            os.replace(kept, verified)
-        return verified
+        checking = f"{verified}.check-{uuid.uuid4().hex[:8]}"
+        try:
+            os.replace(kept, checking)
+        except FileNotFoundError:  # another rank of the node took it
+            return verified if os.path.isfile(verified) else None
+        try:
+            if not file_matches(checking, info):
+                logger.warning("The node's copy of %s does not match its manifest; "
+                               "fetching it again.", rel)
+                return None
+            os.replace(checking, verified)
+            return verified
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(checking)
 
     def from_peers(self, entry: TierEntry, rel: str, info: dict[str, Any]) -> str | None:
         """A verified copy of ``rel`` fetched from a peer node into the entry; None without

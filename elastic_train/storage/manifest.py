@@ -3,10 +3,16 @@
 Written last into ``checkpoint_NNNNNN/.commit.json`` (or ``<checkpoint_dir_name>/``,
 see :mod:`.checkpoint_names`) by the committing rank (see
 :mod:`.checkpoint_store`): the checkpoint's index, name and metrics, every file with
-its size, CRC-32 and the rank that uploaded it, the world size that wrote it and
+its size, CRC-32, SHA-256 and the rank that uploaded it, the world size that wrote it and
 each rank's resume state. The node's local tier checks its kept copies against
 it (:func:`~.checkpoint_store.file_matches`), and ``Result.checkpoint`` and
 ``elastic-train show`` show it.
+
+Checksums (:class:`FileDigest`): the CRC-32 catches a torn or rotten copy; the
+SHA-256 (markers written since it was added) also a copy someone forged to match the
+CRC-32. A copy the reader did not just write itself -- kept in the node's tier, sent
+by a peer -- is trusted only against a SHA-256 (:func:`is_trusted`); for an older
+marker, with CRC-32s only, such files come from the store again.
 
 A marker comes from shared storage, which others can write: :meth:`CommitManifest.from_json`
 takes nothing on trust. A marker that is not the shape written here, or that names
@@ -17,7 +23,10 @@ damaged.
 
 from __future__ import annotations
 
+import hashlib
+import re
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +86,7 @@ class CommitManifest:
             check_relpath(rel)
             _expect(isinstance(info, dict) and _is_int(info.get("size"), 0)
                     and isinstance(info.get("crc32"), str)
+                    and ("sha256" not in info or is_sha256(info["sha256"]))
                     and _is_int(info.get("rank", 0), 0), f"files[{rel!r}]={info!r}")
         return manifest
 
@@ -112,6 +122,44 @@ class CommitManifest:
         else:
             who = f"from rank{'s' * (len(ranks) != 1)} {', '.join(map(str, ranks))}"
         return f"{format_size(self.size_bytes)} {who}"
+
+
+class FileDigest:
+    """The size, CRC-32 and SHA-256 of bytes fed in order (:meth:`update`): what the
+    manifest records of a file (:meth:`info`), computed where the bytes are read anyway."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self._crc = 0
+        self._sha256 = hashlib.sha256()
+
+    def update(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        self._crc = zlib.crc32(chunk, self._crc)
+        self._sha256.update(chunk)
+
+    def info(self) -> dict[str, Any]:
+        """``{"size", "crc32", "sha256"}``, as the manifest records them."""
+        return {"size": self.size, "crc32": f"{self._crc:08x}",
+                "sha256": self._sha256.hexdigest()}
+
+    def matches(self, info: dict[str, Any]) -> bool:
+        """Whether the bytes are the file ``info`` (a manifest entry) describes: size,
+        CRC-32, and SHA-256 where the manifest has one."""
+        mine = self.info()
+        return (mine["size"] == info["size"] and mine["crc32"] == info["crc32"]
+                and info.get("sha256", mine["sha256"]) == mine["sha256"])
+
+
+def is_trusted(info: dict[str, Any]) -> bool:
+    """Whether a copy of the file not written by this process may be checked against
+    ``info`` at all: only when the manifest has its SHA-256 (a CRC-32 can be forged)."""
+    return "sha256" in info
+
+
+def is_sha256(value: Any) -> bool:
+    """Whether ``value`` is a SHA-256 as the manifest writes it (64 lowercase hex)."""
+    return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None
 
 
 def check_relpath(rel: Any) -> str:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from elastic_train.storage.peer_replicas import PeerRing
+    from elastic_train.storage.replica_server import NodeReplica
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class NodeSettings:
         keep_uploads: Whether the uploader keeps its staged files in the tier
             (``ELASTIC_TRAIN_LOCAL_TIER=0`` turns it off).
         retry_budget_s: ``RunConfig.storage_retry_timeout_s`` (None: the default).
-        replica_url: Where this node's replica server serves its tier ("": none; see
+        replica: This node's replica server, its key and certificate (None: none; see
             :mod:`.peer_replicas`).
         peers: Every node's replica server, as the ranks agreed at this attempt's start
             (None: no copies on peers).
@@ -34,7 +35,7 @@ class NodeSettings:
     tier_root: str | None = None
     keep_uploads: bool = True
     retry_budget_s: float | None = None
-    replica_url: str = ""
+    replica: NodeReplica | None = None
     peers: PeerRing | None = None
 
 

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from elastic_train.config import CheckpointConfig
     from elastic_train.context import WorkerEnv
     from elastic_train.storage import CommitManifest, RunStorage
+    from elastic_train.storage.replica_server import NodeReplica
     from elastic_train.validation_config import ValidationConfig
 
 
@@ -48,16 +49,19 @@ class CheckpointNumbers:
 
 
 def peer_ring(group: ControlGroup, env: WorkerEnv, config: CheckpointConfig,
-              replica_url: str) -> PeerRing | None:
-    """Where every node serves its tier, this node at ``replica_url`` (collective in a
-    multi-node job that asked for peer copies; see
-    :mod:`elastic_train.storage.peer_replicas`); None when no node does."""
+              replica: NodeReplica | None) -> PeerRing | None:
+    """Where every node serves its tier and with which key, this node's as ``replica``
+    says (collective in a multi-node job that asked for peer copies, over the job's own
+    process group; see :mod:`elastic_train.storage.peer_replicas`); None when no node
+    serves."""
     if config.peer_replicas == 0 or env.world_size == env.local_world_size:
         return None
-    gathered = group.all_gather((env.node_rank, replica_url))
-    if not any(url for _, url in gathered):
+    mine = (replica.url, replica.key) if replica else ("", "")
+    gathered = group.all_gather((env.node_rank, *mine))
+    if not any(url for _, url, _ in gathered):
         return None
-    return PeerRing.of(env.node_rank, gathered, config.peer_replicas, env.local_world_size)
+    return PeerRing.of(env.node_rank, gathered, config.peer_replicas, env.local_world_size,
+                       replica.tls if replica else None)
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ class JoinedSession:
         group = ControlGroup(env.world_size, control_group)
         settings = node_settings.current()
         node_settings.use(replace(settings, peers=peer_ring(group, env, config,
-                                                             settings.replica_url)))
+                                                             settings.replica)))
         point = agree_on_restore_point(storage, group, env.rank)
         committer = Committer(storage, config, point.kept_rows, point.committed) \
             if env.rank == 0 else None

@@ -28,6 +28,7 @@ from typing import Any
 from elastic_train import env_vars
 from elastic_train.config import CheckpointConfig
 from elastic_train.storage import node_settings
+from elastic_train.storage.replica_server import NodeReplica
 
 PLAN_FILE = "worker_plan.json"
 
@@ -49,8 +50,9 @@ class WorkerPlan:
             refused once a newer job holds it (None: unfenced).
         user_roots: The directories of the user's own code as the driver decided
             them (:mod:`elastic_train.worker.user_code`).
-        replica_url: The node's replica server (:mod:`elastic_train.storage.replica_server`;
-            "": none).
+        replica: The node's replica server, its key and certificate
+            (:mod:`elastic_train.storage.replica_server`; None: no copies on peers). The
+            key is why this file is private (mode 0600).
     """
 
     run_name: str
@@ -61,7 +63,7 @@ class WorkerPlan:
     storage_retry_s: float
     lease_token: int | None
     user_roots: tuple[str, ...]
-    replica_url: str = ""
+    replica: NodeReplica | None = None
 
     def write(self, directory: str) -> dict[str, str]:
         """Writes the plan into ``directory`` (private to the node's driver); returns
@@ -82,7 +84,7 @@ class WorkerPlan:
         return node_settings.NodeSettings(tier_root=self.tier_root,
                                           keep_uploads=self.keep_uploads,
                                           retry_budget_s=self.storage_retry_s,
-                                          replica_url=self.replica_url)
+                                          replica=self.replica)
 
 
 @functools.cache
@@ -91,6 +93,8 @@ def _read(path: str) -> WorkerPlan:
         fields = json.load(f)
     fields["checkpoint_config"] = CheckpointConfig(**fields["checkpoint_config"])
     fields["user_roots"] = tuple(fields["user_roots"])
+    fields["replica"] = NodeReplica.from_dict(fields["replica"]) if fields.get("replica") \
+        else None
     return WorkerPlan(**fields)
 
 

@@ -37,7 +37,7 @@ KINDS = ("worker_sigkill", "worker_raise", "worker_hang", "kill_during_upload",
          "sigterm_then_restart",
          "second_driver", "stale_lookups",  # these two: writer_faults.py
          "power_cut_commit", "hostile_manifest",  # these two: storage_faults.py
-         "replica_lost",  # replica_faults.py
+         "replica_lost", "hostile_peer",  # these two: replica_faults.py
          "health_check_fails", "node_fails_twice", "straggler",  # these: node_faults.py
          "node_lost_with_spare")
 STORAGE_KINDS = ("power_cut_commit", "hostile_manifest")
@@ -111,6 +111,8 @@ def _draw_details(kind: str, rng: random.Random) -> tuple[tuple[str, float], ...
                 ("again_batch", rng.randrange(BATCHES_PER_EPOCH)))
     if kind == "replica_lost":  # peer replicas: a remote store and two nodes
         return (("store", "s3"),)
+    if kind == "hostile_peer":  # and how long the attack lasts
+        return (("store", "s3"), ("hostile_s", round(rng.uniform(3.0, 8.0), 1)))
     return ()
 
 
@@ -287,7 +289,7 @@ def run_trial(trial: Trial, storage: StorageUnderTest, tmp_path, through: Storag
         from tests.chaos.storage_faults import run_storage_trial  # it builds on this module
 
         return run_storage_trial(trial, storage, tmp_path, name)
-    if trial.kind == "replica_lost":
+    if trial.kind in ("replica_lost", "hostile_peer"):
         from tests.chaos.replica_faults import run_replica_trial  # it builds on this module
 
         return run_replica_trial(trial, storage, tmp_path, name)

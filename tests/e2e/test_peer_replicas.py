@@ -1,10 +1,12 @@
 """Peer replicas with real nodes: two ``fit()`` drivers (one worker each, etcd rendezvous)
-on moto's S3, each node through a proxy of its own that records its requests
+on moto's S3, their replica servers on TLS (``replica_cert=...`` in the rendezvous
+conf), each node through a proxy of its own that records its requests
 (:func:`tests.support.peer_faults.run_two_nodes`). Node 1's worker wipes its node's local
-tier and raises; the restart restores node 1's share (its ballast file) and the model
-file from node 0's replica server, or, when node 0's copies were corrupted, from the
-store. A node whose driver is SIGKILLed is replaced by a new driver, which restores
-from the survivor. Each run ends bit-identical to an uninterrupted one."""
+tier and raises; the restart restores node 1's share (its ballast file, whose name has
+a space) and the model file from node 0's replica server, or, when node 0's copies
+were corrupted, from the store; the node's replica key is in no file of the run and
+no line of a log. A node whose driver is SIGKILLed is replaced by a new driver, which
+restores from the survivor. Each run ends bit-identical to an uninterrupted one."""
 
 from __future__ import annotations
 
@@ -14,10 +16,12 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 
 import pytest
 
 from tests.conftest import EPOCHS, make_storage, wait_until
+from tests.support.etcd_server import TLSFiles
 from tests.support.paths import REPO
 from tests.support.peer_faults import NODE_ENDPOINT, TwoNodes, data_gets, run_two_nodes
 from tests.support.servers import TcpProxy, stop_process
@@ -25,22 +29,32 @@ from tests.support.servers import TcpProxy, stop_process
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.usefixtures("no_leaked_processes")]
 
+BALLAST = "my ballast.bin"  # a name the replica port's URLs quote
+
 
 def run_with_wiped_node(tmp_path, s3_endpoint, etcd_endpoint, peer: str,
                         baseline) -> TwoNodes:
     """Node 1 wipes its tier at epoch 2 (and does ``peer`` to its peers' copies)."""
+    storage = make_storage("s3", tmp_path, s3_endpoint)
+    tls = TLSFiles.make(str(tmp_path))  # one certificate for 127.0.0.1 serves both nodes
     ran = run_two_nodes(
-        make_storage("s3", tmp_path, s3_endpoint), tmp_path,
-        {"backend": "etcd", "endpoint": etcd_endpoint},
+        storage, tmp_path, {"backend": "etcd", "endpoint": etcd_endpoint, "conf": {
+            "replica_cert": tls.server_cert, "replica_key": tls.server_key,
+            "replica_ca_cert": tls.ca}},
         {"how": "wipe_tier", "peer": peer, "rank": 1, "epoch": 2, "batch": 0,
          "marker": str(tmp_path / "wiped")},
         name="peers", epochs=EPOCHS, checkpoint={"peer_replicas": 1},
-        train={"ballast_mb": 1, "upload_mode": "SYNC"})
+        train={"ballast_mb": 1, "upload_mode": "SYNC", "ballast_name": BALLAST})
     assert ran.codes == [0, 0], [log[-3000:] for log in ran.logs]
     assert ran.digest == baseline.return_value["digest"]  # bit-identical
     starts = (tmp_path / "out" / "starts").read_text().split()
     assert starts[0] == "0" and int(starts[-1]) == 2, starts  # resumed at epoch 2
-    assert any(name.endswith("checkpoint_000001/ballast.bin") for name in ran.held), ran.held
+    assert any(name.endswith(f"checkpoint_000001/{BALLAST}") for name in ran.held), ran.held
+    # The node's replica key is in no file of the run directory and no line of a log.
+    key = json.loads((tmp_path / "out" / "wiped.json").read_text())["key"]
+    run_files = storage.fs.find(f"{storage.url}/peers")
+    assert run_files and not [p for p in run_files if key.encode() in storage.fs.cat_file(p)]
+    assert not [log for log in ran.logs if key in log]
     return ran
 
 
@@ -54,7 +68,8 @@ def test_a_wiped_node_restores_its_share_from_its_peer_not_the_store(
 def test_a_corrupted_copy_on_the_peer_falls_back_to_the_store(
         tmp_path, s3_endpoint, etcd_endpoint, baseline):
     ran = run_with_wiped_node(tmp_path, s3_endpoint, etcd_endpoint, "corrupt", baseline)
-    assert any(p.endswith("/checkpoint_000001/ballast.bin") for p in ran.store_reads), ran
+    assert any(p.endswith(f"/checkpoint_000001/{urllib.parse.quote(BALLAST)}")
+               for p in ran.store_reads), ran
 
 
 def _driver(settings: dict, endpoint: int, log) -> subprocess.Popen:

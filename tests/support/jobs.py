@@ -97,7 +97,7 @@ def _inject_one(fault: dict, epoch: int, batch: int) -> None:
     if how == "wipe_tier":  # this node's disk wiped; its peers' copies kept, lost or bad
         from tests.support.peer_faults import wipe_tier
 
-        wipe_tier(fault["peer"], fault["out_dir"])
+        wipe_tier(fault["peer"], fault["out_dir"], fault.get("hostile_s", 0.0))
         raise RuntimeError(f"injected failure after wiping the node's tier at epoch {epoch}")
     if how == "wait_for_kill":  # the test SIGKILLs us from outside
         with open(fault["pid_file"], "w") as f:
@@ -253,7 +253,8 @@ def _report(config: dict, model, optimizer, epoch: int, loss, epoch_done: bool,
         elif config.get("ballast_mb"):  # large files from another rank: slow uploads
             files = config.get("ballast_files", 1)
             for i in range(files):
-                name = "ballast.bin" if files == 1 else f"ballast_{i:03d}.bin"
+                name = config.get("ballast_name", "ballast.bin") if files == 1 \
+                    else f"ballast_{i:03d}.bin"
                 with open(os.path.join(d, name), "wb") as f:
                     f.write(os.urandom((config["ballast_mb"] << 20) // files))
             checkpoint = et.Checkpoint.from_directory(d)

@@ -4,19 +4,22 @@ the tier (fsspec's in-memory store stands in for the remote one)."""
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import os
 import threading
 import urllib.parse
 import uuid
+from dataclasses import dataclass
 
 import fsspec
 import pytest
 
 from elastic_train.storage import CheckpointStore, replica_server
 from elastic_train.storage.checkpoint_store import list_directory
-from elastic_train.storage.local_tier import LocalTier
+from elastic_train.storage.local_tier import LocalTier, run_group
 from elastic_train.storage.peer_replicas import PeerRing, fetch, send
+from elastic_train.storage.replica_server import AUTH_HEADER, SHA256_HEADER, new_key, signature
 from elastic_train.storage.restore_check import check_share
 from elastic_train.storage.uploader import CheckpointUploader, UploadJob
 from tests.support.node_settings import use_node_settings
@@ -29,16 +32,16 @@ from tests.unit.test_local_tier import committed, write_files
     (1, 1, 0, []),      # alone: nobody to copy to
 ])
 def test_successors_follow_the_ring_of_node_ranks(nodes, copies, node, expected):
-    ring = PeerRing.of(node, [(n, f"http://n{n}") for n in range(nodes)], copies, 1)
+    ring = PeerRing.of(node, [(n, f"http://n{n}", "") for n in range(nodes)], copies, 1)
     assert ring.successors(node) == expected
 
 
 def test_holders_are_the_writers_successors_then_the_writer_never_this_node():
-    gathered = [(n, f"http://n{n}") for n in range(4) for _ in range(2)]  # 2 ranks a node
+    gathered = [(n, f"http://n{n}", "") for n in range(4) for _ in range(2)]  # 2 ranks a node
     ring = PeerRing.of(1, gathered, 1, 2)
     assert ring.holders(writer_rank=1) == [0]  # node 0's copy would be here, on node 1
     assert ring.holders(writer_rank=5) == [3, 2]  # rank 5 is on node 2
-    assert PeerRing.of(1, [(0, ""), (1, "u"), (2, "")], 1, 1).holders(0) == []  # no servers
+    assert PeerRing.of(1, [(0, "", ""), (1, "u", ""), (2, "", "")], 1, 1).holders(0) == []
 
 
 @pytest.mark.parametrize(("local_addr", "endpoint", "expected"), [
@@ -58,12 +61,28 @@ def store():
         fs.rm(run, recursive=True)
 
 
+@dataclass(frozen=True)
+class Peer:
+    """Node 1: its tier, its replica server's URL and key."""
+
+    tier: LocalTier
+    url: str
+    key: str
+
+    def ring(self, node: int = 0) -> PeerRing:
+        """The ring of node 0 (no server) and this node, as ``node`` sees it."""
+        return PeerRing.of(node, [(0, "", ""), (1, self.url, self.key)], 1, 1)
+
+
 @pytest.fixture
-def peer(tmp_path):
-    """Node 1: a replica server (its own process) on a tier of its own."""
-    root = str(tmp_path / "peer_tier")
-    proc, url = replica_server.start(root, "127.0.0.1")
-    yield LocalTier(root), url
+def peer(tmp_path, store):
+    """Node 1: a replica server (its own process) on a tier of its own, serving ``store``'s
+    run."""
+    root, key = str(tmp_path / "peer_tier"), new_key()
+    settings = replica_server.ServerSettings(root, "127.0.0.1",
+                                             run_group(store.fs, store.run_path))
+    proc, url = replica_server.start(settings, key)
+    yield Peer(LocalTier(root), url, key)
     replica_server.stop(proc)
 
 
@@ -79,9 +98,9 @@ SHARE = {"__0_0.distcp": os.urandom(300_000), "nested/extra.pt": b"x" * 1000}
 
 def test_sent_files_reach_the_peer_and_restore_from_it_without_the_store(
         store, tier, peer, tmp_path):
-    peer_tier, url = peer
+    peer_tier = peer.tier
     m = committed(store, 0, tmp_path, {0: SHARE})
-    ring_0 = PeerRing.of(0, [(0, ""), (1, url)], 1, 1)
+    ring_0 = peer.ring()
     entry = tier.entry(store.fs, store.path(0), 0)
     tier.keep(store.fs, store.path(0), _staged(tmp_path, "a"), list(SHARE), 0)
     send(ring_0, entry, m.files)
@@ -104,8 +123,8 @@ def _staged(tmp_path, name):
 
 
 def test_the_uploader_sends_after_the_upload(store, tier, peer, tmp_path):
-    peer_tier, url = peer
-    ring = PeerRing.of(0, [(0, ""), (1, url)], 1, 1)
+    peer_tier = peer.tier
+    ring = peer.ring()
     uploader = CheckpointUploader(store, 0, str(tmp_path / "staging"),
                                   tier=LocalTier(str(tmp_path / "tier"), peers=ring))
     write_files(tmp_path / "src", SHARE)
@@ -118,11 +137,11 @@ def test_the_uploader_sends_after_the_upload(store, tier, peer, tmp_path):
 
 
 def test_a_corrupted_copy_on_the_peer_falls_back_to_the_store(store, tier, peer, tmp_path):
-    peer_tier, url = peer
+    peer_tier = peer.tier
     m = committed(store, 0, tmp_path, {0: SHARE})
     replica = peer_tier.entry(store.fs, store.path(0), 0)
     write_files(replica.kept, {**SHARE, "__0_0.distcp": b"rot" + SHARE["__0_0.distcp"][3:]})
-    ring = PeerRing.of(0, [(0, ""), (1, url)], 1, 1)
+    ring = peer.ring()
     entry = tier.entry(store.fs, store.path(0), 0)
     assert fetch(ring, entry, "__0_0.distcp", m.files["__0_0.distcp"]) is None
     assert not os.path.exists(os.path.join(entry.verified, "__0_0.distcp"))
@@ -133,13 +152,13 @@ def test_a_corrupted_copy_on_the_peer_falls_back_to_the_store(store, tier, peer,
 
 def test_no_peer_at_all_falls_back_to_the_store(store, tier, tmp_path):
     m = committed(store, 0, tmp_path, {0: SHARE})
-    ring = PeerRing.of(0, [(0, ""), (1, "http://127.0.0.1:9")], 1, 1)  # nothing listens
+    ring = PeerRing.of(0, [(0, "", ""), (1, "http://127.0.0.1:9", new_key())], 1, 1)  # none
     assert check_share(store, m, 0, 1, LocalTier(tier.root, peers=ring)) == []
 
 
 def test_replicas_are_pruned_with_the_tier(store, peer, tmp_path):
-    peer_tier, url = peer
-    ring = PeerRing.of(0, [(0, ""), (1, url)], 1, 1)
+    peer_tier = peer.tier
+    ring = peer.ring()
     for index in (0, 1):
         m = committed(store, index, tmp_path, {0: SHARE})
         src = LocalTier(str(tmp_path / "sender"))
@@ -151,7 +170,8 @@ def test_replicas_are_pruned_with_the_tier(store, peer, tmp_path):
     assert sorted(os.listdir(group)) == ["checkpoint_000001.kept"]
 
 
-def _request(url, method, path, body=b"", headers=None):
+def request(url, method, path, body=b"", headers=None):
+    """One request on a connection of its own: the status and body."""
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
     try:
@@ -162,18 +182,32 @@ def _request(url, method, path, body=b"", headers=None):
         conn.close()
 
 
-def test_the_server_keeps_only_matching_bodies_and_serves_only_the_tier(peer, tmp_path):
-    peer_tier, url = peer
-    path = "/0123456789abcdef/checkpoint_000003/a.pt"
-    assert _request(url, "PUT", path, b"data", {"X-Crc32": "00000000"})[0] == 400
-    assert _request(url, "GET", path)[0] == 404
-    assert _request(url, "PUT", path, b"data", {"X-Crc32": "adf3f363"})[0] == 201
-    assert _request(url, "GET", path) == (200, b"data")
+def signed(key, method, path, body=b"", sha256=None):
+    """The headers of a request signed with ``key`` (a PUT's with the body's SHA-256)."""
+    if method == "GET":
+        return {AUTH_HEADER: signature(key, method, path)}
+    sha256 = sha256 or hashlib.sha256(body).hexdigest()
+    return {SHA256_HEADER: sha256,
+            AUTH_HEADER: signature(key, method, path, len(body), sha256)}
+
+
+def test_the_server_keeps_only_matching_bodies_and_serves_only_the_tier(store, peer,
+                                                                         tmp_path):
+    group = run_group(store.fs, store.run_path)
+    path = f"/{group}/checkpoint_000003/a.pt"
+    wrong = signed(peer.key, "PUT", path, b"data", sha256="0" * 64)
+    assert request(peer.url, "PUT", path, b"data", wrong)[0] == 400
+    assert request(peer.url, "GET", path, headers=signed(peer.key, "GET", path))[0] == 404
+    assert request(peer.url, "PUT", path, b"data", signed(peer.key, "PUT", path, b"data"))[0] \
+        == 201
+    assert request(peer.url, "GET", path, headers=signed(peer.key, "GET", path)) \
+        == (200, b"data")
     (tmp_path / "secret").write_text("outside the tier")
-    for bad in ("/0123456789abcdef/checkpoint_000003/../../../secret", "/secret",
-                "/0123456789abcdef/other/a.pt"):
-        assert _request(url, "GET", bad)[0] == 404, bad
-        assert _request(url, "PUT", bad, b"data", {"X-Crc32": "adf3f363"})[0] == 400, bad
+    for bad in (f"/{group}/checkpoint_000003/../../../secret", "/secret",
+                f"/{group}/other/a.pt"):
+        assert request(peer.url, "GET", bad, headers=signed(peer.key, "GET", bad))[0] == 404
+        assert request(peer.url, "PUT", bad, b"data",
+                       signed(peer.key, "PUT", bad, b"data"))[0] == 403, bad
     assert not os.path.exists(tmp_path / "peer_tier" / "secret")
 
 
@@ -181,12 +215,12 @@ def test_a_whole_checkpoint_read_takes_another_nodes_files_from_that_node(
         store, tier, peer, tmp_path):
     """``Checkpoint.as_directory()`` on node 0 of a file node 1 wrote (rank 1): node 1's
     own kept copy serves it, the store is not read."""
-    peer_tier, url = peer
+    peer_tier = peer.tier
     m = committed(store, 0, tmp_path, {1: SHARE})
     peer_tier.keep(store.fs, store.path(0), _staged(tmp_path, "own"), list(SHARE), 0)
     for rel in SHARE:
         store.fs.rm(f"{store.path(0)}/{rel}")
-    ring = PeerRing.of(0, [(0, ""), (1, url)], 1, 1)
+    ring = peer.ring()
     with LocalTier(tier.root, peers=ring).local_copy(store.fs, store.path(0), m) as d:
         with open(os.path.join(d, "__0_0.distcp"), "rb") as f:
             assert f.read() == SHARE["__0_0.distcp"]
@@ -194,12 +228,12 @@ def test_a_whole_checkpoint_read_takes_another_nodes_files_from_that_node(
 
 def test_an_abandoned_upload_sends_no_more_files(store, peer, tmp_path):
     """An in-process restart abandons the uploader: its send stops before the next file."""
-    peer_tier, url = peer
+    peer_tier = peer.tier
     m = committed(store, 0, tmp_path, {0: SHARE})
     src = LocalTier(str(tmp_path / "sender"))
     src.keep(store.fs, store.path(0), _staged(tmp_path, "x"), list(SHARE), 0)
     cancelled = threading.Event()
     cancelled.set()
-    send(PeerRing.of(0, [(0, ""), (1, url)], 1, 1), src.entry(store.fs, store.path(0), 0),
+    send(peer.ring(), src.entry(store.fs, store.path(0), 0),
          m.files, cancelled)
     assert not os.path.exists(peer_tier.entry(store.fs, store.path(0), 0).kept)

@@ -2,6 +2,7 @@
 through s3fs) and on fsspec's in-memory store (the adapter every other store gets)."""
 
 import errno
+import hashlib
 import json
 import os
 import uuid
@@ -162,7 +163,8 @@ def test_scan_directory_sizes_crc_and_no_marker(local_ckpt):
     files = scan_directory(local_ckpt)
     assert set(files) == {"model.pt", "sub/opt.pt"}
     data = b"weights" * 100
-    assert files["model.pt"] == {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}
+    assert files["model.pt"] == {"size": len(data), "crc32": f"{zlib.crc32(data):08x}",
+                                 "sha256": hashlib.sha256(data).hexdigest()}
     assert files["sub/opt.pt"]["size"] == len(b"optimizer")
 
 
@@ -356,7 +358,8 @@ def test_upload_marks_carry_the_checksums_the_commit_records(run, local_ckpt):
     store.mark_uploaded(2, 0, mine)
     store.mark_uploaded(2, 1, theirs)
     assert store.uploaded_files(2, [0, 1]) == described
-    assert described["sub/opt.pt"] == {"size": 9, "crc32": f"{zlib.crc32(b'optimizer'):08x}"}
+    assert described["sub/opt.pt"] == {"size": 9, "crc32": f"{zlib.crc32(b'optimizer'):08x}",
+                                       "sha256": hashlib.sha256(b"optimizer").hexdigest()}
 
 
 def test_local_upload_links_instead_of_copying(tmp_path, local_ckpt, monkeypatch):

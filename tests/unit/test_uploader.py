@@ -1,6 +1,7 @@
 """The background uploader: who uploads what, staging, checksums, the queue bound, errors,
 and close() -- on a local run directory, with threads but no processes."""
 
+import hashlib
 import os
 import threading
 import time
@@ -78,8 +79,9 @@ def test_the_staged_copy_is_uploaded_and_checksummed(run, source, tmp_path):
     (source / "model.pt").write_bytes(b"weights-v2, longer")
     uploader.close()
     [committed] = run.checkpoints.committed()
-    assert committed.files == {"model.pt": {"size": 10, "rank": 0,
-                                            "crc32": f"{zlib.crc32(b'weights-v1'):08x}"}}
+    assert committed.files == {"model.pt": {
+        "size": 10, "rank": 0, "crc32": f"{zlib.crc32(b'weights-v1'):08x}",
+        "sha256": hashlib.sha256(b"weights-v1").hexdigest()}}
     assert run.fs.cat_file(f"{run.checkpoints.path(0)}/model.pt") == b"weights-v1"
     assert list((tmp_path / "staging0").iterdir()) == []  # staged copies are removed
 
