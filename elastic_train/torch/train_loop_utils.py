@@ -3,10 +3,12 @@ devices and reproducibility (mirrors ``ray.train.torch``)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -22,12 +24,13 @@ from torch.utils.data import (
 from elastic_train.errors import ConfigError
 from elastic_train.worker import heartbeat
 from elastic_train.worker.data_position import (
+    Batch,
     Done,
     EpochPosition,
     Resumed,
+    accumulation_for,
     epoch_order,
     plan,
-    steps_of,
 )
 from elastic_train.worker.dataset import _to
 from elastic_train.worker.session import get_session
@@ -110,45 +113,48 @@ class ElasticSampler(DistributedSampler):
     that checks for one or calls ``set_epoch`` keeps working.
 
     Unlike torch's, it splits only what the epoch has not trained on yet, and pads
-    nothing unless ``even`` (torch's padding): the last batches of a rank may be one
-    sample smaller than another rank's.
+    nothing unless ``even`` (torch's padding): the last batch of a rank may be one
+    sample smaller than another rank's. ``accumulation`` micro-batches of
+    ``batch_size`` make one optimizer step.
     """
 
     def __init__(self, dataset: Any, position: EpochPosition, shuffle: bool, seed: int,
-                 batch_size: int, drop_last: bool, even: bool):
+                 batch_size: int, drop_last: bool, even: bool, accumulation: int = 1):
         super().__init__(dataset, num_replicas=position.world, rank=position.rank,
                          shuffle=shuffle, seed=seed, drop_last=drop_last)
         self.position = position
         self.batch_size = batch_size
         self.even = even
+        self.accumulation = accumulation
 
     def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch)
         self.position.set_epoch(epoch)
 
-    def pass_batches(self) -> tuple[list[torch.Tensor], list[list[int]]]:
-        """The current pass's batches still to run: places in the epoch's order, and
-        the dataset's indices at those places."""
+    def _plan(self, done: Done) -> list[Batch]:
+        return plan(done, len(self.dataset), self.num_replicas, self.rank,  # type: ignore[arg-type]
+                    self.batch_size, self.drop_last, self.even, self.accumulation)
+
+    def pass_batches(self) -> tuple[list[Batch], Iterator[list[int]]]:
+        """The current pass's batches still to run, and the dataset's indices of each
+        (made as the loader asks for them)."""
         n = len(self.dataset)  # type: ignore[arg-type]
         order = epoch_order(n, self.shuffle, self.seed, self.position.epoch)
-        places = self.position.batches(n, self.batch_size, self.drop_last, self.even)
-        return places, [order[p].tolist() for p in places]
+        batches = self.position.batches(n, self.batch_size, self.drop_last, self.even,
+                                        self.accumulation)
+        return batches, (order[b.places].tolist() for b in batches)
 
     def __iter__(self) -> Iterator[int]:
-        n = len(self.dataset)  # type: ignore[arg-type]
-        order = epoch_order(n, self.shuffle, self.seed, self.position.epoch)
-        places = plan(Done(), n, self.num_replicas, self.rank, self.batch_size,
-                      self.drop_last, self.even)
-        return iter(order[torch.cat(places)].tolist() if places else [])
+        order = epoch_order(len(self.dataset), self.shuffle, self.seed,  # type: ignore[arg-type]
+                            self.position.epoch)
+        return (i for b in self._plan(Done()) for i in order[b.places].tolist())
 
     def __len__(self) -> int:
-        return sum(len(p) for p in plan(Done(), len(self.dataset), self.num_replicas,
-                                        self.rank, self.batch_size, self.drop_last, self.even))
+        return sum(len(b.places) for b in self._plan(Done()))
 
     def steps(self) -> int:
         """Batches per rank in a whole epoch."""
-        return steps_of(len(self.dataset), self.num_replicas, self.batch_size,  # type: ignore[arg-type]
-                        self.drop_last)
+        return len(self._plan(Done()))
 
 
 class _PassBatches:
@@ -156,10 +162,10 @@ class _PassBatches:
 
     def __init__(self, sampler: ElasticSampler):
         self.sampler = sampler
-        self.batches: list[list[int]] = []
+        self.batches: Iterator[list[int]] = iter(())
 
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.batches)
+        return self.batches
 
     def __len__(self) -> int:
         return self.sampler.steps()
@@ -169,26 +175,37 @@ class _PreparedDataLoader:
     """A data loader whose batches move to the worker's device and whose position in the
     epoch is saved with each checkpoint (see :class:`ElasticSampler`).
 
-    ``position`` is where it stands; ``source`` says why a loader's data cannot be split
-    anew (an ``IterableDataset``, a batch sampler of the user's, ``add_dist_sampler=False``):
-    such a loader resumes at the same world size by skipping the batches it already
-    gave, and at another starts its epoch over, with a warning.
+    ``position`` is where it stands; ``untracked`` says why a loader's data cannot be
+    split anew (an ``IterableDataset``, a batch sampler of the user's,
+    ``add_dist_sampler=False``): such a loader resumes at the same world size by
+    skipping the batches it already gave, and at another starts its epoch over, with a
+    warning. ``loss_scale`` and ``sync_gradients`` describe the batch last handed out
+    (see :func:`prepare_data_loader`).
     """
 
     def __init__(self, loader: DataLoader, device: torch.device | None,
-                 position: EpochPosition, untracked: str | None = None):
+                 position: EpochPosition, untracked: str | None = None,
+                 global_batch_size: int | None = None):
         self.loader = loader
+        self.global_batch_size = global_batch_size
         self.device = device
         self.position = position
         self.untracked = untracked
         # what users find as loader.sampler (set_epoch); a DataLoader's own is fixed
         self.sampler = loader.sampler if untracked else loader.batch_sampler.sampler
+        self.loss_scale = 1.0
+        self.sync_gradients = True
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["loader"], name)
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step (1 without a ``global_batch_size``)."""
+        return 1 if self.untracked else self.sampler.accumulation
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.position.state_dict(), "untracked": self.untracked}
@@ -204,17 +221,40 @@ class _PreparedDataLoader:
                 "map-style Dataset with its own sampler left to prepare_data_loader.",
                 resumed.old_world, resumed.new_world, self.untracked, resumed.epoch)
             return None
+        if resumed is not None and self.global_batch_size is not None:
+            return replace(resumed, global_batch=self.global_batch_size,
+                           accumulation=self.accumulation_steps)
         return resumed
+
+    @contextlib.contextmanager
+    def accumulate(self, model: torch.nn.Module) -> Iterator[None]:
+        """Skips the gradient all-reduce of a micro-batch that does not end its optimizer
+        step (DDP's ``no_sync``; FSDP2's ``set_requires_gradient_sync(False)``), as
+        Hugging Face Accelerate's ``accumulate``. Wrap the forward and backward in it."""
+        if self.sync_gradients:
+            yield
+        elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2's fully_shard
+            model.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)
+        elif hasattr(model, "no_sync"):  # DDP, FSDP1
+            with model.no_sync():
+                yield
+        else:  # one worker: nothing to all-reduce
+            yield
 
     def __iter__(self) -> Iterator[Any]:
         self.position.begin_pass()
         if self.untracked:
             yield from self._replayed()
         else:
-            sampler = self.loader.batch_sampler
-            places, sampler.batches = sampler.sampler.pass_batches()
-            for batch_places, batch in zip(places, self.loader, strict=True):
-                self.position.took(batch_places)
+            planned, self.loader.batch_sampler.batches = self.sampler.pass_batches()
+            for batch_plan, batch in zip(planned, self.loader, strict=True):
+                self.position.took(batch_plan)
+                self.loss_scale = batch_plan.loss_scale(self.position.world)
+                self.sync_gradients = batch_plan.ends_step
                 heartbeat.beat()
                 yield self._moved(batch)
         self.position.end_pass()
@@ -260,7 +300,8 @@ def _shuffle_and_seed(sampler: Any, default_seed: int) -> tuple[bool, int, bool]
 
 def prepare_data_loader(data_loader: DataLoader, add_dist_sampler: bool = True,
                         move_to_device: bool = True, auto_transfer: bool = True,
-                        *, even_batches: bool = False) -> _PreparedDataLoader:
+                        *, even_batches: bool = False,
+                        global_batch_size: int | None = None) -> _PreparedDataLoader:
     """Shards a DataLoader across workers and moves its batches to this worker's device.
 
     The loader's sampler is replaced by an :class:`ElasticSampler` (a torch
@@ -270,20 +311,33 @@ def prepare_data_loader(data_loader: DataLoader, add_dist_sampler: bool = True,
     ``set_epoch``. Its position in the epoch goes with every checkpoint: a resume
     continues at the next batch, and at another world size the samples of the epoch not
     trained on yet are split over the new ranks, so each is trained on once per epoch
-    (see the README's "Elastic data"). ``auto_transfer`` (Ray's CUDA-stream prefetch) is
+    (see docs/elastic-data.md). ``auto_transfer`` (Ray's CUDA-stream prefetch) is
     accepted; batches are copied with ``non_blocking=True`` either way.
 
     Args:
         even_batches: Where the samples left do not divide by the world size, give every
             rank as many by repeating samples (torch ``DistributedSampler``'s padding)
             instead of one sample fewer on some ranks. Not in Ray's API.
+        global_batch_size: Keep each optimizer step at this many samples whatever the
+            world size: the loader yields micro-batches (of at most its ``batch_size``),
+            ``accumulation_steps`` of them per step. Wrap each micro-batch's forward and
+            backward in ``loader.accumulate(model)``, scale its loss by
+            ``loader.loss_scale``, and step the optimizer when ``loader.sync_gradients``
+            (Accelerate's names). Report checkpoints after optimizer steps. Without it
+            the global batch is ``batch_size`` times the world size, as in Ray. Not in
+            Ray's API.
 
     Example::
 
-        loader = prepare_data_loader(DataLoader(dataset, batch_size=32, shuffle=True))
+        loader = prepare_data_loader(DataLoader(dataset, batch_size=32, shuffle=True),
+                                     global_batch_size=64)
         for epoch in range(start, epochs):
             for x, y in loader:
-                ...
+                with loader.accumulate(model):
+                    (loss_fn(model(x), y) * loader.loss_scale).backward()
+                if loader.sync_gradients:
+                    optimizer.step()
+                    optimizer.zero_grad()
     """
     if not isinstance(data_loader, DataLoader):
         raise ConfigError(f"prepare_data_loader({type(data_loader).__name__}): pass a "
@@ -294,22 +348,29 @@ def prepare_data_loader(data_loader: DataLoader, add_dist_sampler: bool = True,
     rank = dist.get_rank() if dist.is_initialized() else 0
     prepared = prepared_loader(data_loader, EpochPosition(rank, world_size), session.seed,
                                get_device() if move_to_device else None, add_dist_sampler,
-                               even_batches)
+                               even_batches, global_batch_size)
     session.register_resumable(session.next_loader_key(), prepared)
     return prepared
 
 
 def prepared_loader(data_loader: DataLoader, position: EpochPosition, seed: int,
                     device: torch.device | None, add_dist_sampler: bool = True,
-                    even_batches: bool = False) -> _PreparedDataLoader:
+                    even_batches: bool = False, global_batch_size: int | None = None
+                    ) -> _PreparedDataLoader:
     """:func:`prepare_data_loader`'s loader for the rank and world of ``position``,
     shuffled from ``seed`` unless a ``DistributedSampler`` of the user's names one."""
     untracked = _untracked_reason(data_loader, add_dist_sampler)
+    if global_batch_size is not None and untracked:
+        raise ConfigError(f"prepare_data_loader(global_batch_size={global_batch_size}) "
+                          f"needs a loader whose data it splits, but {untracked}.")
     loader = data_loader
     if untracked is None:
         shuffle, seed, dist_drop_last = _shuffle_and_seed(loader.sampler, seed)
-        sampler = ElasticSampler(loader.dataset, position, shuffle, seed, loader.batch_size,
-                                 loader.drop_last or dist_drop_last, even_batches)
+        accumulation, batch_size = (1, loader.batch_size) if global_batch_size is None \
+            else accumulation_for(global_batch_size, position.world, loader.batch_size)
+        sampler = ElasticSampler(loader.dataset, position, shuffle, seed, batch_size,
+                                 loader.drop_last or dist_drop_last, even_batches,
+                                 accumulation)
         loader = DataLoader(
             loader.dataset, batch_sampler=_PassBatches(sampler),
             num_workers=loader.num_workers, collate_fn=loader.collate_fn,
@@ -317,4 +378,4 @@ def prepared_loader(data_loader: DataLoader, position: EpochPosition, seed: int,
             worker_init_fn=loader.worker_init_fn,
             persistent_workers=loader.persistent_workers,
         )
-    return _PreparedDataLoader(loader, device, position, untracked)
+    return _PreparedDataLoader(loader, device, position, untracked, global_batch_size)

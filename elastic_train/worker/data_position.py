@@ -1,36 +1,39 @@
 """Where an epoch's data stands, whatever the world size.
 
 A position is a fact about the epoch, not about a rank: which places of the epoch's
-seeded global order are done (:class:`Done`). Each pass splits the places not yet done
-among the ranks, round robin (rank ``r`` of ``W`` takes every ``W``-th, from its
-``r``-th), and every rank runs the same number of steps. A checkpoint keeps each rank's
-:class:`EpochPosition` (the epoch, what was done when the pass split, the world it
-split over, and what the rank has taken since). A resume at the same world size goes on
-with each rank's own share where it stopped, so it stays bit-identical; at another, the
-ranks' shares are merged back into one :class:`Done` (:func:`merge`) and the rest of
-the epoch is split over the new ranks. Every sample is then trained on once per epoch,
-whatever sequence of shrinks and grows happens, and a resume seeks by index: nothing it
-skips is read again.
+seeded global order are done (:class:`Done`). Each pass takes the places not yet done
+in optimizer steps of ``W * accumulation * batch_size`` places; rank ``r`` of ``W``
+takes every ``W``-th place of a step from its ``r``-th, in ``accumulation``
+micro-batches (:func:`plan`), and every rank runs the same number of batches. A
+checkpoint keeps each rank's :class:`EpochPosition` (the epoch, what was done when the
+pass split, the world it split over, and what the rank has taken since). A resume at the
+same world size goes on with each rank's own plan where it stopped, so it stays
+bit-identical; at another, the ranks' shares are merged back into one :class:`Done`
+(:func:`merge`) and the rest of the epoch is split over the new ranks. Every sample is
+then trained on once per epoch, whatever sequence of shrinks and grows happens, and a
+resume seeks by index: nothing it skips is read again. With a global batch
+(:func:`accumulation_for`), step ``k`` after a resume at a step's end holds the same
+samples at any world size, so the optimizer sees the same global batches.
 
-What happens where the rest does not divide evenly (the tail of an epoch):
+Where the last step of a pass has fewer places than it holds (the tail of an epoch):
 
-- by default (exactly once) ranks take one sample fewer or more, and a rank's last
-  batches can be smaller than the others' (never empty while it has samples left);
-- ``drop_last`` drops the samples that do not fill a step of ``W`` full batches
-  (torch's ``drop_last``: up to ``W * batch_size - 1`` samples skipped per pass);
-- ``even`` (torch ``DistributedSampler``'s padding) gives every rank the same number
-  of samples by repeating the first samples of the rest on the ranks short of one.
+- by default (exactly once) ranks take one sample fewer or more, so a rank's last batch
+  can be smaller than the others';
+- ``drop_last`` drops the places that do not fill a step (torch's ``drop_last``: up to
+  ``W * batch_size - 1`` samples skipped per pass without accumulation);
+- ``even`` (torch ``DistributedSampler``'s padding) gives every rank as many samples by
+  repeating one on the ranks short of one.
 
-Where a rank would have a step without any sample (fewer samples left than ranks, or
-``batch_size=1`` with an uneven rest) it repeats one sample in that step, as torch's
-padding does; padding is never counted as done.
+A rank left without any sample for a batch (fewer samples left than ranks) repeats one:
+padding, as torch's. Padding is never counted as done, and its :meth:`Batch.loss_scale`
+is 0, so a loop that scales its loss by it trains on every sample exactly once.
 
 Example::
 
     position = EpochPosition(rank=0, world=2)
     position.begin_pass()
-    for places in position.batches(n=10, batch_size=2):
-        position.took(places)   # after the batch was handed to the training loop
+    for batch in position.batches(n=10, batch_size=2):
+        position.took(batch)   # after batch.places was handed to the training loop
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
+
+from elastic_train.errors import ConfigError
 
 
 def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
@@ -78,45 +83,68 @@ def share(rest: torch.Tensor, world: int, rank: int) -> torch.Tensor:
     return rest[rank::world]
 
 
-def steps_of(remaining: int, world: int, batch_size: int, drop_last: bool) -> int:
-    """How many steps every rank runs to go through ``remaining`` samples."""
-    if drop_last:
-        return remaining // (world * batch_size)
-    return math.ceil(math.ceil(remaining / world) / batch_size)
+class Batch(NamedTuple):
+    """One batch of a rank's plan: ``places`` in the epoch's order, of which the first
+    ``real`` are the rank's own (the rest repeat one: padding), in an optimizer step of
+    ``step_samples`` samples over all ranks, whose last micro-batch it is if ``ends_step``."""
+
+    places: torch.Tensor
+    real: int
+    step_samples: int
+    ends_step: bool
+
+    def loss_scale(self, world: int) -> float:
+        """The factor that makes the mean losses of the step's micro-batches, averaged over
+        ranks (DDP) and summed over micro-batches, the mean over the step's samples; 0 for
+        a batch of padding."""
+        return world * self.real / self.step_samples if self.real else 0.0
 
 
-def batch_sizes(count: int, steps: int, batch_size: int) -> list[int]:
-    """``count`` samples cut into ``steps`` batches of at most ``batch_size``: full ones
-    first, then the rest spread so that no batch is empty while samples last (0: that
-    step has none of this rank's samples left)."""
-    sizes = []
-    for step in range(steps):
-        size = min(batch_size, max(count - (steps - step - 1), min(count, 1)))
-        sizes.append(size)
-        count -= size
-    return sizes
+def steps_of(remaining: int, step_size: int, drop_last: bool) -> int:
+    """How many optimizer steps of ``step_size`` samples go through ``remaining``."""
+    return remaining // step_size if drop_last else math.ceil(remaining / step_size)
 
 
 def plan(done: Done, n: int, world: int, rank: int, batch_size: int,
-         drop_last: bool = False, even: bool = False) -> list[torch.Tensor]:
-    """Rank ``rank``'s batches (places of the epoch's order) for the rest of an epoch of
-    ``n`` after ``done``, split over ``world`` ranks. Every rank gets as many batches;
-    see the module's docstring for the tail."""
+         drop_last: bool = False, even: bool = False, accumulation: int = 1) -> list[Batch]:
+    """Rank ``rank``'s batches for the rest of an epoch of ``n`` after ``done``, split
+    over ``world`` ranks in optimizer steps of ``world * accumulation * batch_size``
+    places: step ``k`` takes the next such run of the rest, and rank ``r`` its every
+    ``world``-th place from its ``r``-th, in ``accumulation`` micro-batches. Every rank
+    gets as many batches; see the module's docstring for the tail."""
     rest = done.rest(n)
-    steps = steps_of(len(rest), world, batch_size, drop_last)
-    mine = share(rest, world, rank)
-    if drop_last:
-        mine = mine[: steps * batch_size]
-    elif even and len(mine) < math.ceil(len(rest) / world) and len(rest):
-        mine = torch.cat([mine, rest[:1]])  # torch's padding: a repeat of the rest's first
-    batches, start = [], 0
-    for size in batch_sizes(len(mine), steps, batch_size):
-        if size == 0:  # no sample of this rank left for this step: repeat one (padding)
-            batches.append(rest[:1] if len(rest) else torch.arange(0))
-            continue
-        batches.append(mine[start : start + size])
-        start += size
+    step_size = world * accumulation * batch_size
+    batches = []
+    for step in range(steps_of(len(rest), step_size, drop_last)):
+        places = rest[step * step_size : (step + 1) * step_size]
+        mine = share(places, world, rank)
+        real = len(mine)
+        if even and real < math.ceil(len(places) / world):
+            mine = torch.cat([mine, rest[:1]])  # torch's padding: a repeat of the rest's first
+        for micro in range(accumulation):
+            part = mine[micro * batch_size : (micro + 1) * batch_size]
+            own = min(max(real - micro * batch_size, 0), len(part))
+            if not len(part):  # none of this rank's samples left for this batch: padding
+                part = rest[:1]
+            batches.append(Batch(part, own, len(places), micro == accumulation - 1))
     return batches
+
+
+def accumulation_for(global_batch_size: int, world: int, batch_size: int) -> tuple[int, int]:
+    """(micro-batches per optimizer step, micro-batch size) that keep a step at
+    ``global_batch_size`` samples on ``world`` ranks, with micro-batches of at most
+    ``batch_size`` (fewer, smaller ones where it does not divide)."""
+    if global_batch_size % world:
+        raise ConfigError(
+            f"prepare_data_loader(global_batch_size={global_batch_size}) cannot be split over "
+            f"{world} workers: use a multiple of every world size the job may run at (e.g. "
+            f"{math.lcm(global_batch_size, world)}), or leave it out to let the global batch "
+            "follow the world size.")
+    per_rank = global_batch_size // world
+    steps = math.ceil(per_rank / batch_size)
+    while per_rank % steps:
+        steps += 1
+    return steps, per_rank // steps
 
 
 def merge(done: Done, n: int, world: int, taken: Mapping[int, int]) -> Done:
@@ -143,12 +171,18 @@ class Resumed:
     new_world: int
     done: int
     total: int
+    global_batch: int | None = None  # samples per optimizer step, where kept
+    accumulation: int = 1  # micro-batches per optimizer step on each rank
 
     def describe(self, name: str) -> str:
         left = self.total - self.done
-        return (f"{name}: world {self.old_world} -> {self.new_world} at epoch {self.epoch}, "
+        said = (f"{name}: world {self.old_world} -> {self.new_world} at epoch {self.epoch}, "
                 f"sample {self.done}/{self.total}: the remaining {left} samples split over "
                 f"{self.new_world} rank(s)")
+        if self.global_batch:
+            said += (f"; global batch {self.global_batch} kept by {self.accumulation} "
+                     "accumulation step(s)")
+        return said
 
 
 class EpochPosition:
@@ -167,7 +201,6 @@ class EpochPosition:
         self.taken = 0
         self.done = Done()
         self.size: int | None = None  # the dataset's length, once a pass has begun
-        self._share = 0  # this rank's share of the pass's rest (padding not counted)
         self._resume_pending = False
         self._in_pass = False
 
@@ -225,19 +258,17 @@ class EpochPosition:
         self._resume_pending = False
         self._in_pass = True
 
-    def batches(self, n: int, batch_size: int, drop_last: bool = False,
-                even: bool = False) -> list[torch.Tensor]:
-        """This rank's batches (places of the epoch's order) still to run in this pass."""
+    def batches(self, n: int, batch_size: int, drop_last: bool = False, even: bool = False,
+                accumulation: int = 1) -> list[Batch]:
+        """This rank's batches (see :func:`plan`) still to run in this pass."""
         self.size = n
-        batches = plan(self.done, n, self.world, self.rank, batch_size, drop_last, even)
-        self._share = len(share(self.done.rest(n), self.world, self.rank))
-        return batches[self.batch :]
+        return plan(self.done, n, self.world, self.rank, batch_size, drop_last, even,
+                    accumulation)[self.batch :]
 
-    def took(self, places: torch.Tensor) -> None:
-        """Notes a batch handed to the training loop. A rank's own samples come before
-        any padding in its plan, so what it took of its share is capped by the share."""
+    def took(self, batch: Batch) -> None:
+        """Notes a batch handed to the training loop (its padding is not the rank's)."""
         self.batch += 1
-        self.taken = min(self.taken + len(places), self._share)
+        self.taken += batch.real
 
     def end_pass(self) -> None:
         self.epoch += 1

@@ -128,10 +128,10 @@ class DatasetShard:
         n = len(self.dataset)  # type: ignore[arg-type]
         order = epoch_order(n, shuffle, self._default_seed() if seed is None else seed,
                             position.epoch)
-        for places in position.batches(n, batch_size, drop_last):
-            batch = _to(collate([self.dataset[i] for i in order[places].tolist()]), target,
-                        dtypes)
-            position.took(places)
+        for planned in position.batches(n, batch_size, drop_last):
+            batch = _to(collate([self.dataset[i] for i in order[planned.places].tolist()]),
+                        target, dtypes)
+            position.took(planned)
             heartbeat.beat()
             yield batch
         position.end_pass()

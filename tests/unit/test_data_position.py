@@ -5,19 +5,22 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pytest
+
+from elastic_train.errors import ConfigError
 from elastic_train.worker.data_position import (
     Done,
     EpochPosition,
-    batch_sizes,
+    accumulation_for,
     merge,
     plan,
-    share,
 )
 
 
 def run_epoch(n: int, batch_size: int, phases: list[tuple[int, int]], even: bool = False,
-              drop_last: bool = False) -> tuple[list[list[list[int]]], list[int]]:
-    """One epoch of ``n`` samples over ``phases`` of (world size, steps run before the
+              drop_last: bool = False, accumulation: int = 1
+              ) -> tuple[list[list[list[int]]], list[int]]:
+    """One epoch of ``n`` samples over ``phases`` of (world size, batches run before the
     world changes), every rank checkpointing and resuming at each change. Returns each
     phase's batches per rank, and each place's count of non-padding visits."""
     visits = [0] * n
@@ -28,15 +31,15 @@ def run_epoch(n: int, batch_size: int, phases: list[tuple[int, int]], even: bool
         for p in positions:
             p.restore(states)
             p.begin_pass()
-        plans = [p.batches(n, batch_size, drop_last, even) for p in positions]
-        shares = [set(share(p.done.rest(n), world, p.rank).tolist()) for p in positions]
-        assert len({len(b) for b in plans}) <= 1  # every rank runs as many steps
-        for p, batches, mine in zip(positions, plans, shares, strict=True):
-            for places in batches[:steps]:
-                p.took(places)
-                for place in places.tolist():
-                    visits[place] += place in mine
-        batches_by_phase.append([[b.tolist() for b in batches[:steps]] for batches in plans])
+        plans = [p.batches(n, batch_size, drop_last, even, accumulation) for p in positions]
+        assert len({len(b) for b in plans}) <= 1  # every rank runs as many batches
+        for p, batches in zip(positions, plans, strict=True):
+            for batch in batches[:steps]:
+                p.took(batch)
+                for place in batch.places[: batch.real].tolist():
+                    visits[place] += 1
+        batches_by_phase.append([[b.places.tolist() for b in batches[:steps]]
+                                 for batches in plans])
         states = {p.rank: p.state_dict() for p in positions}
     return batches_by_phase, visits
 
@@ -45,10 +48,13 @@ phases = st.lists(st.tuples(st.integers(1, 5), st.integers(0, 6)), min_size=1, m
 
 
 @settings(max_examples=300, deadline=None)
-@given(n=st.integers(1, 60), batch_size=st.integers(1, 5), phases=phases)
-def test_any_sequence_of_world_sizes_visits_each_sample_at_most_once(n, batch_size, phases):
+@given(n=st.integers(1, 60), batch_size=st.integers(1, 5), phases=phases,
+       accumulation=st.integers(1, 3))
+def test_any_sequence_of_world_sizes_visits_each_sample_once(n, batch_size, phases,
+                                                             accumulation):
     *_, last = phases
-    _, visits = run_epoch(n, batch_size, [*phases, (last[0], 10**6)])
+    _, visits = run_epoch(n, batch_size, [*phases, (last[0], 10**6)],
+                          accumulation=accumulation)
     assert visits == [1] * n  # the last phase runs to the epoch's end: every sample once
 
 
@@ -81,14 +87,50 @@ def test_even_pads_like_torch_and_padding_is_not_counted():
     _, visits = run_epoch(5, 2, [(2, 10**6)], even=True)
     assert visits == [1] * 5
     rank1 = plan(Done(), 5, 2, 1, 2, even=True)
-    assert [len(b) for b in rank1] == [2, 1]  # its 2 samples, then a repeat of the first
-    assert rank1[1].tolist() == [0]
+    assert [b.places.tolist() for b in rank1] == [[1, 3], [0]]  # step 2: [4] + a repeat
+    assert [b.real for b in plan(Done(), 5, 2, 1, 2)] == [2, 0]  # it has none: padding
+    assert plan(Done(), 5, 2, 1, 2)[1].loss_scale(2) == 0.0
 
 
-def test_batches_are_full_first_and_never_empty_while_samples_last():
-    assert batch_sizes(17, 3, 8) == [8, 8, 1]
-    assert batch_sizes(16, 3, 8) == [8, 7, 1]
-    assert batch_sizes(2, 3, 8) == [1, 1, 0]
+def test_a_global_batch_step_holds_the_same_samples_at_any_world_size():
+    """Step k of a pass takes the same places whatever the world size and accumulation:
+    the optimizer sees the same global batches after a shrink."""
+    def steps(world, accumulation, batch_size):
+        by_rank = [plan(Done(16), 64, world, r, batch_size, accumulation=accumulation)
+                   for r in range(world)]
+        per_step = []
+        for k in range(len(by_rank[0]) // accumulation):
+            micro = [b for rank in by_rank for b in rank[k * accumulation:
+                                                         (k + 1) * accumulation]]
+            per_step.append(sorted(p for b in micro for p in b.places.tolist()))
+        return per_step
+
+    assert steps(4, 1, 4) == steps(2, 2, 4) == steps(1, 4, 4) == steps(1, 2, 8)
+    assert steps(4, 1, 4)[0] == list(range(16, 32))
+
+
+def test_loss_scales_weigh_every_sample_of_a_step_alike():
+    """Uneven micro-batches in the last step: scale / batch length is the same for all."""
+    batches = [b for r in range(3) for b in plan(Done(), 10, 3, r, 2, accumulation=2)]
+    assert sorted(b.real for b in batches) == [1, 1, 2, 2, 2, 2]  # one step of 10
+    # a sample's gradient weight: DDP's 1/world x the scale x its micro-batch's mean
+    weights = {round(b.loss_scale(3) / 3 / b.real, 12) for b in batches}
+    assert weights == {round(1 / 10, 12)}
+
+
+@pytest.mark.parametrize("global_batch, world, batch_size, expected", [
+    (32, 2, 8, (2, 8)), (32, 1, 8, (4, 8)), (32, 4, 8, (1, 8)), (24, 2, 8, (2, 6)),
+    (30, 3, 4, (5, 2)),
+])
+def test_accumulation_keeps_the_global_batch(global_batch, world, batch_size, expected):
+    steps, micro = accumulation_for(global_batch, world, batch_size)
+    assert (steps, micro) == expected and steps * micro * world == global_batch
+
+
+def test_a_global_batch_that_does_not_divide_by_the_world_size_is_refused():
+    with pytest.raises(ConfigError, match=r"global_batch_size=32\) cannot be split over 3 "
+                                          r"workers: use a multiple .* \(e.g. 96\)"):
+        accumulation_for(32, 3, 8)
 
 
 def test_merge_turns_uneven_shares_into_a_prefix_and_the_places_beyond():
@@ -106,4 +148,4 @@ def test_a_resume_at_90_percent_of_a_large_epoch_reads_nothing_before_it():
     position.begin_pass()
     batches = position.batches(n, 32)
     assert position.done == Done(900_000)
-    assert sum(map(len, batches)) == torch.arange(900_000, n)[0::3].numel()
+    assert sum(len(b.places) for b in batches) == torch.arange(900_000, n)[0::3].numel()
