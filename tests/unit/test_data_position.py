@@ -1,11 +1,10 @@
 """Elastic data positions: any sequence of world sizes trains on each sample of an epoch
 once; the same world size resumes exactly where it stopped."""
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import pytest
 
 from elastic_train.errors import ConfigError
 from elastic_train.worker.data_position import (
