@@ -6,7 +6,7 @@
                                        memory, scaling, storage, rendezvous,
                                        rendezvous_scale, node_loss, shard_reads,
                                        peer_restore, local_tier, overhead,
-                                       straggler_cost, nodes,
+                                       straggler_cost, data_position, nodes,
                                        soak, gpu); repeatable
     python -m bench --smoke            tiny and quick (CI); writes a file only with --output
     python -m bench --output FILE      write the markdown there instead

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
+from bench.data_position_figure import data_position
 from bench.gpu_figure import gpu
 from bench.measure import FaultPlan, Sample, measure, phase_order
 from bench.node_loss_figure import node_loss
@@ -351,7 +352,7 @@ FIGURE_FUNCTIONS: dict[str, Callable[[Suite], list[Table]]] = {
     "recovery": recovery, "memory": memory, "scaling": scaling, "storage": storage,
     "rendezvous": rendezvous, "rendezvous_scale": rendezvous_scale, "node_loss": node_loss,
     "shard_reads": shard_reads, "peer_restore": peer_restore, "local_tier": local_tier,
-    "overhead": overhead, "straggler_cost": straggler_cost,
+    "overhead": overhead, "straggler_cost": straggler_cost, "data_position": data_position,
     "nodes": nodes, "soak": soak, "gpu": gpu,
 }
 

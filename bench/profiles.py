@@ -17,7 +17,8 @@ from bench.workload import WorkloadConfig
 
 FIGURES = ("cold_start", "steps", "checkpoint", "recovery", "memory", "scaling", "storage",
            "rendezvous", "rendezvous_scale", "shard_reads", "peer_restore", "local_tier",
-           "node_loss", "overhead", "straggler_cost", "nodes", "soak", "gpu")
+           "node_loss", "overhead", "straggler_cost", "data_position", "nodes", "soak",
+           "gpu")
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ SMOKE = Profile(
     background_steps=2,
     # gpu: one line without CUDA (its device count is all it costs here)
     figures=("cold_start", "steps", "checkpoint", "memory", "storage", "rendezvous",
-             "rendezvous_scale", "overhead", "straggler_cost", "gpu"),
+             "rendezvous_scale", "overhead", "straggler_cost", "data_position", "gpu"),
     rendezvous_agents=(2,), rendezvous_launchers=("c10d",), rendezvous_recovery=False,
     fault=FaultPlan(how="sigkill", epoch=1, step=2, rank=1, recover_within_s=30.0),
     faults=("exit",),
