@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+import sys
 import time
 
 import pytest
@@ -144,3 +146,19 @@ def test_a_constant_global_batch_ends_with_the_weights_of_an_uninterrupted_run(
     for key, value in want.items():
         # measured: at most 1.2e-7 apart on weights of about 2 (float32 sums in another order)
         torch.testing.assert_close(got[key], value, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(180)
+def test_the_elastic_data_guides_code_runs(tmp_path):
+    """docs/elastic-data.md's example, as a user's script (its runs under a HOME of the
+    test's)."""
+    guide = os.path.join(REPO, "docs", "elastic-data.md")
+    with open(guide) as f:
+        [block] = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    script = tmp_path / "guide.py"
+    script.write_text(block)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=150,
+                          env={**os.environ, "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "steps of 64 samples, final loss" in done.stdout
