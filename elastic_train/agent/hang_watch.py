@@ -20,8 +20,6 @@ import re
 import signal
 import time
 
-from fsspec.implementations.local import LocalFileSystem
-
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.worker.heartbeat import STACK_SIGNAL, progress_file, stack_file
 
@@ -90,7 +88,7 @@ class HangWatch:
             data = {"message": {"message": message, "extraInfo": {
                 "py_callstack": stack or "(no Python stack could be taken)",
                 "timestamp": str(int(now))}}}
-            fsutil.write_bytes_atomic(LocalFileSystem(), error_file, json.dumps(data).encode())
+            fsutil.write_local_atomic(error_file, json.dumps(data).encode())
             self._signal(pid, signal.SIGKILL)
         return hung
 

@@ -15,7 +15,6 @@ import sys
 from dataclasses import replace
 
 import cloudpickle
-from fsspec.implementations.local import LocalFileSystem
 
 from elastic_train import pickling
 from elastic_train.context import WorkerEnv
@@ -73,7 +72,7 @@ def run(spec_path: str, result_dir: str) -> None:
 
     value = inprocess.run_attempts(attempt, release) if inprocess.enabled() else attempt()
     if WorkerEnv.from_environ().rank == 0:
-        fsutil.write_bytes_atomic(LocalFileSystem(), os.path.join(result_dir, RETURN_VALUE_FILE),
+        fsutil.write_local_atomic(os.path.join(result_dir, RETURN_VALUE_FILE),
                                   pickling.dumps(value))
     shutdown_session()
     spec.backend.on_worker_shutdown()

@@ -46,8 +46,6 @@ import signal
 import time
 from dataclasses import asdict, dataclass
 
-from fsspec.implementations.local import LocalFileSystem
-
 from elastic_train import env_vars
 from elastic_train.storage import filesystem as fsutil
 
@@ -181,7 +179,7 @@ def _record_path(directory: str, rank: int) -> str:
 
 
 def _write(path: str, data: dict) -> None:
-    fsutil.write_bytes_atomic(LocalFileSystem(), path, json.dumps(data).encode())
+    fsutil.write_local_atomic(path, json.dumps(data).encode())
 
 
 def _read(path: str) -> dict | None:

@@ -19,7 +19,6 @@ import traceback
 from typing import Any
 
 import cloudpickle
-from fsspec.implementations.local import LocalFileSystem
 
 from elastic_train.metric_rows import AUTO_FIELDS, clean_metrics
 from elastic_train.storage import filesystem as fsutil
@@ -51,7 +50,7 @@ def main(argv: list[str]) -> int:
                                                       payload["fn_kwargs"])}
     except BaseException:  # noqa: BLE001 - whatever the user's function raised is reported
         result = {"error": traceback.format_exc()}
-    fsutil.write_json_atomic(LocalFileSystem(), result_path, result)
+    fsutil.write_local_json(result_path, result)
     return 0 if "metrics" in result else 1
 
 
