@@ -20,6 +20,7 @@ from elastic_train.storage import CheckpointStore, CommitManifest, RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_names import MAX_NAME_BYTES, check_dir_name
 from elastic_train.storage.checkpoint_store import (
+    DAMAGED_DIR,
     MARKER,
     dir_name,
     list_directory,
@@ -465,6 +466,23 @@ def test_the_longest_name_report_accepts_is_claimed_and_committed(run, local_ckp
     assert len(name.encode()) == MAX_NAME_BYTES
     commit_named(run.checkpoints, 10**12 - 1, name, local_ckpt)
     assert [m.name for m in CheckpointStore(run.fs, run.run_path).committed()] == [name]
+
+
+def test_a_damaged_checkpoint_set_aside_frees_its_name_and_keeps_its_number(run, local_ckpt):
+    store = run.checkpoints
+    commit_named(store, 0, "epoch_0", local_ckpt)
+    damaged = commit_named(store, 1, "epoch_1", local_ckpt)
+    store.set_aside(1)
+    aside = fsutil.join(run.run_path, DAMAGED_DIR, "000001.epoch_1")
+    assert json.loads(run.fs.cat_file(fsutil.join(aside, MARKER)))["index"] == 1
+    assert run.fs.cat_file(fsutil.join(aside, "sub", "opt.pt")) == b"optimizer"
+    assert not run.fs.exists(fsutil.join(run.run_path, "epoch_1"))
+    again = CheckpointStore(run.fs, run.run_path)  # the next start's
+    assert [m.name for m in again.committed()] == ["epoch_0"]
+    assert again.sweep()[0] == [1]  # its number stays used
+    commit_named(again, 2, "epoch_1", local_ckpt)  # the name is free again
+    assert [(m.index, m.name) for m in again.committed()] == [(0, "epoch_0"), (2, "epoch_1")]
+    assert damaged.files == again.committed()[1].files
 
 
 def test_sweep_removes_claimed_uploads_cut_short_and_leaves_other_entries(run, local_ckpt):
