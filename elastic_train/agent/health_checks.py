@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
 from elastic_train.forked_call import call_in_child
+from elastic_train.process_identity import has_exited
 
 DEFAULT_TIMEOUT_S = 60.0  # a context on each of 8 GPUs takes seconds; a hung driver never ends
 MATMUL_SIZE = 128  # 128**3 = 2**21: the sum of a product of ones is exact in float32
@@ -223,7 +224,7 @@ def _exited(pid: int, deadline: float) -> bool:
     """Waits until the child ``pid`` has exited, leaving it unreaped (its pid, and the
     group it leads, stay its own); False once ``deadline`` (monotonic) passed."""
     delay = 0.001
-    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+    while not has_exited(pid):
         if time.monotonic() >= deadline:
             return False
         time.sleep(delay)
