@@ -158,6 +158,41 @@ def test_an_outcome_lands_in_the_manifest_and_the_row_then_retention_ranks(store
         (3, ReportedCheckpointStatus.COMMITTED), (1, ReportedCheckpointStatus.VALIDATED)]
 
 
+class _Crash(BaseException):
+    """The process dies here."""
+
+
+@pytest.mark.parametrize("crash_at", ["metrics.jsonl", "marker"])
+def test_a_crash_while_an_outcome_is_recorded_leaves_it_to_be_validated_again(
+        store, tmp_path, monkeypatch, crash_at):
+    """Never a VALIDATED marker without its metrics in ``metrics.jsonl``: the rows are
+    written first, so a crash before the marker leaves the checkpoint pending, and the
+    next attempt validates it again."""
+    committer = committer_for(store)
+    committer.validations = _Runner()
+    task = {"fn_kwargs": {}, "timeout_s": None}
+    manifest = _commit(committer, store, tmp_path, 0, {"loss": 1.0}, task)
+
+    def crash(*args):
+        raise _Crash
+
+    if crash_at == "marker":
+        monkeypatch.setattr(store, "commit", crash)
+    else:
+        monkeypatch.setattr(committer.storage, "write_metrics", crash)
+    with pytest.raises(_Crash):
+        committer.finish_validation(manifest, Outcome("VALIDATED", {"val": 0.9}))
+    [marker] = CheckpointStore(store.fs, store.run_path).committed()
+    [row] = [json.loads(line) for line in open(f"{store.run_path}/metrics.jsonl")]
+    assert status_of(marker) is ReportedCheckpointStatus.PENDING_VALIDATION
+    assert row.get("val") == (0.9 if crash_at == "marker" else None)
+    again = committer_for(CheckpointStore(store.fs, store.run_path))
+    again.validations = runner = _Runner()
+    runner.requeue = runner.submitted.extend
+    again.requeue_validations()
+    assert [m.index for m in runner.submitted] == [0]
+
+
 def test_a_restarted_attempt_takes_the_pending_validations_again(store, tmp_path):
     committer = committer_for(store)
     committer.validations = _Runner()
