@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.05
-_WAITING_LOG_S = 300.0  # how often the end of the run says which validation it waits for
+_WAITING_LOG_S = 60.0  # how often the end of the run says which validation it waits for
 
 
 @dataclass(frozen=True)
@@ -126,12 +126,12 @@ class ValidationRunner:
         watch (``FailureConfig.hang_timeout_s``); during training it never does.
 
         As Ray's controller does, it waits for a validation without ``timeout_s`` for as
-        long as it runs, saying every :data:`_WAITING_LOG_S` which one it waits for. An
+        long as it runs, saying each :data:`_WAITING_LOG_S` which one it waits for. An
         interrupted run (Ctrl-C, a scheduler's SIGTERM) kills it with everything it
         started, and a restore validates the checkpoint again."""
         if self._thread is not None:
             self._queue.put(None)
-            said = -_WAITING_LOG_S
+            said = time.monotonic()
             while self._thread.is_alive():
                 if time.monotonic() - said >= _WAITING_LOG_S:
                     said = time.monotonic()
@@ -144,11 +144,10 @@ class ValidationRunner:
         if (running := self._running) is None:
             return
         name, started, timeout_s = running
-        logger.info("The run ends once the validation of %s has (running for %.0f s; %s). "
-                    "Ctrl-C ends it now: a restore validates the checkpoint again.", name,
-                    time.monotonic() - started, "without timeout_s, it is waited for as "
-                    "long as it runs, as Ray's" if timeout_s is None else
-                    f"timeout_s={timeout_s:g}")
+        logger.warning("The run ends once the validation of %s has ended (running for %.0f s; "
+                       "%s). Ctrl-C ends it now; fit() again validates it again.", name,
+                       time.monotonic() - started, "no timeout_s: waited for as long as it "
+                       "runs, as Ray waits" if timeout_s is None else f"timeout_s={timeout_s:g}")
 
     def abandon(self) -> None:
         """Kills the validation running and drops the queue (a failed attempt): the
