@@ -5,7 +5,10 @@ sweeps the run directory (what cut-short uploads left goes; the committed
 checkpoints are listed); every rank checks its share of the newest checkpoint
 against the manifest (:mod:`elastic_train.storage.restore_check`: the files it
 wrote, from or into its node's local tier), and if any rank found a bad file all
-fall back to the previous one together; rank 0 then decides and tells every rank.
+fall back to the previous one together; rank 0 sets the damaged ones aside
+(:meth:`~elastic_train.storage.CheckpointStore.set_aside`: a report of the same
+``checkpoint_dir_name`` is not refused when the group redoes it), then decides and
+tells every rank.
 
 :func:`decide_restore` is the decision, a pure function of what the run
 directory holds: the newest committed checkpoint that is intact (asked newest
@@ -120,16 +123,24 @@ def agree_on_restore_point(storage: RunStorage, group: ControlGroup,
 
     Rank 0 sweeps the run directory; all ranks check their share of the newest
     committed checkpoint and fall back together (see
-    :func:`~elastic_train.storage.restore_check.choose_intact`); rank 0 decides and
-    trims the history past the point, and every rank learns it.
+    :func:`~elastic_train.storage.restore_check.choose_intact`); rank 0 sets aside the
+    checkpoints found damaged (their names are free for the reports that come again,
+    their numbers stay used), decides and trims the history past the point, and every
+    rank learns it.
     """
     swept = storage.checkpoints.sweep() if rank == 0 else None
     removed, manifests = group.broadcast(swept)
     storage.checkpoints.remember(manifests)  # custom directory names, on every rank
     chosen = choose_intact(storage.checkpoints, manifests, rank, group.world_size,
                            lambda ok: not group.any_rank(not ok)[0])
-    point = load_restore_point(storage, group.world_size, manifests, chosen, removed) \
-        if rank == 0 else None
+    point = None
+    if rank == 0:
+        damaged = [m.index for m in manifests if chosen is None or m.index > chosen.index]
+        for index in damaged:  # found damaged by the ranks: their names are free again
+            storage.checkpoints.set_aside(index)
+        point = load_restore_point(storage, group.world_size,
+                                   [m for m in manifests if m.index not in damaged], chosen,
+                                   [*removed, *damaged])
     shared = group.broadcast(point.for_every_rank() if point is not None else None)
     return point if point is not None else shared
 

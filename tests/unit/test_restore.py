@@ -139,3 +139,8 @@ def test_one_rank_agrees_with_itself_and_skips_a_damaged_checkpoint(tmp_path):
     point = agree_on_restore_point(run, ControlGroup(1), rank=0)
     assert point.manifest.index == 0 and point.next_index == 3
     assert run.read_metrics() == rows(1)
+    # the damaged one is set aside (its name free again), out of retention's records
+    assert [m.index for m in run.checkpoints.committed()] == [0]
+    assert [r.index for r in point.committed] == [0]
+    assert (tmp_path / "run" / ".damaged" / "000001.checkpoint_000001" / "state.pt").exists()
+    assert agree_on_restore_point(run, ControlGroup(1), rank=0).next_index == 2
