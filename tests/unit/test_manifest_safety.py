@@ -47,7 +47,7 @@ def commit(store: CheckpointStore, index: int, tmp: str) -> CommitManifest:
 
 
 def restore(store: CheckpointStore) -> CommitManifest | None:
-    """What rank 0 of a one-worker group does before a restart (worker.restore)."""
+    """What rank 0 of a one-worker group does before a restart (worker.resume_point)."""
     _, manifests = store.sweep()
     return choose_intact(store, manifests, 0, 1, lambda ok: ok)
 
