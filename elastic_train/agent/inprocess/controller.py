@@ -1,4 +1,4 @@
-"""The agent's part of in-process restarts: an object the agent owns (departure 8 of
+"""The agent's part of in-process restarts: an object the agent owns ("in-process restarts" of
 :mod:`elastic_train.agent.local_agent`).
 
 :class:`InProcessController` watches the workers before torch's monitoring does
