@@ -19,7 +19,8 @@ import cloudpickle
 from elastic_train import pickling
 from elastic_train.context import WorkerEnv
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.worker import group_sockets, inprocess
+from elastic_train.worker.inprocess import group_sockets
+from elastic_train.worker.inprocess import loop as inprocess
 from elastic_train.worker.lifecycle import run_worker
 from elastic_train.worker.run_spec import RunSpec
 from elastic_train.worker.session import (

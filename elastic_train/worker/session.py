@@ -362,7 +362,7 @@ class TrainSession:
         """Ends a failed attempt's session (in-process restarts), after finishing the
         uploads in flight -- this rank's files, and on rank 0 the commits, which wait
         for the other ranks' files -- for up to ``finish_s`` seconds (the agent's
-        verdict, see :class:`~elastic_train.worker.restart_channel.Verdict`). What is not
+        verdict, see :class:`~elastic_train.worker.inprocess.channel.Verdict`). What is not
         finished by then is dropped, as if the process had died: the next attempt
         resumes from what is committed. ``finish_s`` is inf when the run stops after
         this attempt: a checkpoint every rank reported is kept although a rank failed

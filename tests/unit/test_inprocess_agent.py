@@ -11,8 +11,8 @@ import pytest
 from elastic_train.agent.inprocess import restarts as inprocess
 from elastic_train.agent.inprocess.restarts import FailedAttempt, InProcessRestarts, Seen
 from elastic_train.errors import WorkerFailure
-from elastic_train.worker import restart_channel as channel
-from elastic_train.worker.restart_channel import FailureNote, Stage, WorkerRecord
+from elastic_train.worker.inprocess import channel
+from elastic_train.worker.inprocess.channel import FailureNote, Stage, WorkerRecord
 
 
 def group(ranks: int = 2) -> SimpleNamespace:

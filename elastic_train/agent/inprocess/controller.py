@@ -56,7 +56,7 @@ from elastic_train.agent.worker_slots import replace_worker
 from elastic_train.errors import WorkerFailure
 from elastic_train.failure_kinds import FailureKind
 from elastic_train.storage.uploader import discard_staged
-from elastic_train.worker.restart_channel import NewWorld
+from elastic_train.worker.inprocess.channel import NewWorld
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """In-process restarts, the agent's side: end a failed attempt without ending the processes.
 
 The worker's side is :mod:`elastic_train.worker.inprocess`; they talk through
-the files of :mod:`elastic_train.worker.restart_channel`. The agents of a
+the files of :mod:`elastic_train.worker.inprocess.channel`. The agents of a
 multi-node job talk through the rendezvous round's store (:mod:`.attempt_store`).
 One attempt ends in four steps:
 
@@ -50,8 +50,8 @@ from elastic_train.agent.inprocess import attempt_store
 from elastic_train.agent.node_liveness import nobody
 from elastic_train.agent.worker_slots import kill
 from elastic_train.errors import WorkerFailure
-from elastic_train.worker import restart_channel as channel
-from elastic_train.worker.restart_channel import Go, NewWorld, Stage, Verdict, WorkerRecord
+from elastic_train.worker.inprocess import channel
+from elastic_train.worker.inprocess.channel import Go, NewWorld, Stage, Verdict, WorkerRecord
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ AGENT_BARRIER_EXTRA_S = 5.0  # on top of the unwind timeout, for the other nodes
 @dataclass(frozen=True)
 class InProcessSettings:
     """``directory``: where the agent and its workers exchange their records (see
-    :mod:`elastic_train.worker.restart_channel`); ``unwind_timeout_s``: how long a
+    :mod:`elastic_train.worker.inprocess.channel`); ``unwind_timeout_s``: how long a
     survivor may take to leave a failed attempt before it is killed and replaced."""
 
     directory: str
@@ -268,7 +268,7 @@ class InProcessRestarts:
     def give_up(self, group: WorkerGroup, pcontext: Any) -> None:
         """This node stops (its budget is spent): the other nodes must not wait for it.
         Its workers learn it from the verdict; a worker with a checkpoint upload in
-        flight finishes it (see :mod:`elastic_train.worker.restart_channel`), and this
+        flight finishes it (see :mod:`elastic_train.worker.inprocess.channel`), and this
         waits up to ``unwind_timeout_s`` for every worker to have left the attempt."""
         attempt_store.give_up(group, self.attempt)
         channel.write_verdict(self.directory, Verdict(self.attempt, restart=False))

@@ -34,7 +34,7 @@ a node is gone, it drops the upload (the next attempt resumes from what is
 committed).
 
 The agent interrupts a running worker with :data:`ABORT_SIGNAL`, which the
-worker turns into :class:`~elastic_train.worker.inprocess.RestartAttempt`.
+worker turns into :class:`~elastic_train.worker.inprocess.loop.RestartAttempt`.
 """
 
 from __future__ import annotations

@@ -49,9 +49,8 @@ from types import TracebackType
 from typing import TypeVar
 
 from elastic_train import env_vars
-from elastic_train.worker import group_sockets
-from elastic_train.worker import restart_channel as channel
-from elastic_train.worker.restart_channel import FailureNote, Stage, WorkerRecord
+from elastic_train.worker.inprocess import channel, group_sockets
+from elastic_train.worker.inprocess.channel import FailureNote, Stage, WorkerRecord
 from elastic_train.worker.session import uploads_in_flight
 
 logger = logging.getLogger(__name__)
