@@ -162,6 +162,9 @@ _REQUEST_LINE = re.compile(rb"(GET|PUT|POST|HEAD|DELETE) (/\S*) HTTP/1\.[01]\r\n
 class TcpProxy:
     """Forwards 127.0.0.1:port to a target; ``cut()`` makes the endpoint refuse
     and drop connections (a storage outage), ``restore()`` brings it back.
+    ``freeze()`` makes connections go silent without a reset (a NAT or load balancer
+    that forgot a flow, a host gone, a partition): what they carry is held, not
+    forwarded, and neither end hears of it; ``thaw()`` forwards what was held.
     ``upload_bytes_per_s`` caps what all connections together send to the target
     (a slow link: uploads progress steadily, but take long), ``download_bytes_per_s``
     what they receive from it (a node's share of a store's bandwidth).
@@ -178,6 +181,10 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._received: list[tuple[float, int]] = []  # (time, bytes) sent to clients
         self.requests: list[tuple[float, str, str]] = []
+        self._paths: dict[socket.socket, str] = {}  # each client's last request path
+        self._open = threading.Event()  # cleared while frozen for all connections
+        self._open.set()
+        self._frozen: dict[socket.socket, threading.Event] = {}  # frozen one by one
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self.restore()
@@ -205,6 +212,38 @@ class TcpProxy:
             self._conns.clear()
         if self._thread is not None:
             self._thread.join(5)
+        self.thaw()  # the pipes held up then see their sockets closed, and end
+
+    def freeze(self, path_prefix: str | None = None) -> int:
+        """Stops forwarding, silently: with ``path_prefix``, on the connections open now
+        whose last HTTP request's path starts with it (e.g. etcd's watch streams, the
+        flows idle for long, which a NAT forgets first); without, on every connection,
+        later ones too. Returns how many connections it froze (all open now, without a
+        prefix)."""
+        with self._lock:
+            if path_prefix is None:
+                self._open.clear()
+                return len(self._conns) // 2
+            chosen = [c for c, path in self._paths.items() if path.startswith(path_prefix)]
+            for client in chosen:
+                self._frozen.setdefault(client, threading.Event())
+            return len(chosen)
+
+    def thaw(self) -> None:
+        """Forwards again what every frozen connection held, and all that follows."""
+        with self._lock:
+            gates, self._frozen = list(self._frozen.values()), {}
+        for gate in gates:
+            gate.set()
+        self._open.set()
+
+    def _hold(self, client: socket.socket) -> None:
+        """Waits while the proxy, or ``client``'s connection, is frozen."""
+        self._open.wait()
+        with self._lock:
+            gate = self._frozen.get(client)
+        if gate is not None:
+            gate.wait()
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -220,7 +259,8 @@ class TcpProxy:
             with self._lock:
                 self._conns += [client, upstream]
             for a, b, upload in ((client, upstream, True), (upstream, client, False)):
-                threading.Thread(target=self._pipe, args=(a, b, upload), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(a, b, upload, client),
+                                 daemon=True).start()
 
     def downloaded_between(self, start: float, end: float) -> int:
         """Bytes sent from the target to clients between two ``time.time()`` stamps."""
@@ -235,24 +275,27 @@ class TcpProxy:
             self._link_free_at[upload] = free_at
         time.sleep(free_at - now)
 
-    def _note_requests(self, carry: bytes, data: bytes) -> bytes:
+    def _note_requests(self, carry: bytes, data: bytes, client: socket.socket) -> bytes:
         """Records the request lines in ``data`` (``carry``: the end of what came
         before on the connection, so a line split between reads is seen once)."""
         text = carry + data
         for match in _REQUEST_LINE.finditer(text):
             if match.end() > len(carry):
+                path = match.group(2).decode(errors="replace")
                 with self._lock:
-                    self.requests.append((time.time(), match.group(1).decode(),
-                                          match.group(2).decode(errors="replace")))
+                    self.requests.append((time.time(), match.group(1).decode(), path))
+                    self._paths[client] = path
         return text[-4096:]
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, upload: bool) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, upload: bool,
+              client: socket.socket) -> None:
         paced = self._rates[upload] is not None
         carry = b""
         try:
             while data := src.recv(16384 if paced else 65536):
                 if upload:
-                    carry = self._note_requests(carry, data)
+                    carry = self._note_requests(carry, data, client)
+                self._hold(client)
                 if paced:
                     self._pace(len(data), upload)
                 dst.sendall(data)
@@ -265,6 +308,8 @@ class TcpProxy:
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+            with self._lock:
+                self._paths.pop(client, None)
 
 
 def s3_options(endpoint: str) -> dict:
