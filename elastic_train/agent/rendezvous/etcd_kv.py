@@ -306,7 +306,10 @@ class Watch:
         self._key = key
         self._prefix = prefix
         self.revision = start_revision  # the first revision not yet seen
-        self._events: queue.Queue[list[Event] | Exception | None] = queue.Queue()
+        # (the stream it came from, what): a stream replaced by restart() hands nothing on
+        self._events: queue.Queue[tuple[int | None, list[Event] | Exception | None]] = \
+            queue.Queue()
+        self._stream_number = 0
         self._response: requests.Response | None = None
         self._reader: threading.Thread | None = None
         self._cancelled = False
@@ -319,7 +322,8 @@ class Watch:
         """Opens the stream now and returns once etcd has created the watch, so that no
         change written after this returns is missed (a watch from revision 0 starts at
         its creation); RendezvousConnectionError if etcd did not within ``timeout`` s
-        (the client's request timeout by default). A watch already open is left as is."""
+        (the client's request timeout by default; the stream is then closed, and opened
+        again by the next call). A watch already open is left as is."""
         if self._reader is None:
             self._open()
         if timeout is None:
@@ -327,7 +331,7 @@ class Watch:
         reader, deadline = self._reader, time.monotonic() + timeout
         while reader is not None and not self._created.wait(0.05):
             if not reader.is_alive() or time.monotonic() >= deadline:
-                self.cancel()
+                self._end_stream()
                 raise RendezvousConnectionError(
                     f"etcd did not create a watch on {self._key!r} within {timeout:g} s"
                     + (" (its stream ended)." if not reader.is_alive() else "."))
@@ -342,9 +346,11 @@ class Watch:
             if self._reader is None:
                 self._open()
             try:
-                item = self._events.get(timeout=max(deadline - time.monotonic(), 0))
+                number, item = self._events.get(timeout=max(deadline - time.monotonic(), 0))
             except queue.Empty:
                 return None
+            if number is not None and number != self._stream_number:
+                continue
             if not isinstance(item, Exception):
                 if item:
                     self.revision = max(e.kv.mod_revision for e in item) + 1
@@ -354,19 +360,30 @@ class Watch:
                 with connection_errors():
                     raise item
 
-    def follow(self, on_events: Callable[[list[Event]], None]) -> None:
+    def follow(self, on_events: Callable[[list[Event]], None],
+               check: Callable[[Exception | None], list[Event]], every: float) -> None:
         """Calls ``on_events`` from a daemon thread for every change, until :meth:`cancel` or
-        :meth:`unfollow` (what an open stream queued already comes first); a stream that
-        broke (etcd restarting) is opened again from where it stopped, after a pause if it
-        broke right after opening."""
+        :meth:`unfollow` (what an open stream queued already comes first). A stream that
+        broke (etcd restarting) is opened again from where it stopped. ``check`` is asked
+        for the changes the stream did not bring: with the error when it broke and cannot
+        be opened there again (etcd compacted that history; ``check`` may :meth:`restart`
+        it), and with None after ``every`` seconds without a change (a stream that died
+        silently looks just like an idle one); a check that fails is tried again a
+        second later."""
         def run() -> None:
             while self._follower is threading.current_thread() and not self._cancelled:
                 try:
-                    events = self.next(60.0)
+                    events = self.next(every)
+                    if events is None and not self._cancelled:
+                        events = check(None)
                 except RendezvousConnectionError as exc:
-                    log.warning("An etcd watch broke (%s); opening it again.", exc)
-                    time.sleep(1.0)
-                    continue
+                    try:
+                        events = check(exc)
+                    except RendezvousConnectionError as again:
+                        log.warning("An etcd watch broke (%s) and its check failed (%s); "
+                                    "trying again.", exc, again)
+                        time.sleep(1.0)
+                        continue
                 if events:  # even after unfollow(): what was taken is handed on
                     on_events(events)
 
@@ -378,16 +395,33 @@ class Watch:
         those stay queued for :meth:`next`."""
         follower, self._follower = self._follower, None
         if follower is not None:
-            self._events.put([])  # wakes it; next() hands the empty list on as no change
+            self._events.put((None, []))  # wakes it; next() hands [] on as no change
             follower.join()
+
+    def restart(self, timeout: float | None = None) -> None:
+        """Ends the stream and watches anew from now (as :meth:`start`): for a stream that
+        cannot resume where it stopped, or that died silently. What the old stream brought
+        and was not taken yet is dropped: the caller reads what the keys hold now."""
+        self._end_stream()
+        self.revision = 0
+        self._created.clear()
+        self.start(timeout)
+
+    def _end_stream(self) -> None:
+        """Closes the stream; nothing it brought is handed on any more."""
+        with self._lock:
+            self._stream_number += 1
+            response, self._response = self._response, None
+        _shut(response)
+        self._reader = None
 
     def _open(self) -> None:
         response = self._connect()
         if response is None:
             return
         self._opened_at = time.monotonic()
-        self._reader = threading.Thread(target=self._read, args=(response,), daemon=True,
-                                        name="etcd-watch")
+        self._reader = threading.Thread(target=self._read, args=(response, self._stream_number),
+                                        daemon=True, name="etcd-watch")
         self._reader.start()
 
     def _connect(self) -> requests.Response | None:
@@ -408,9 +442,9 @@ class Watch:
             self._response = response
             return response
 
-    def _stream(self, response: requests.Response | None) -> Iterator[list[Event]]:
-        """The stream's changes, one list per message; raises when the stream ends. etcd's
-        first message says the watch was created, at which revision (:meth:`start`)."""
+    def _stream(self, response: requests.Response | None, number: int) -> Iterator[list[Event]]:
+        """The changes of stream ``number``, one list per message; raises when it ends.
+        etcd's first message says the watch was created, at which revision (:meth:`start`)."""
         if response is None:
             return
         try:
@@ -419,7 +453,8 @@ class Watch:
                     continue
                 with etcd_answer("a watch", line):
                     result = json.loads(line).get("result", {})
-                    if result.get("created") and not self._created.is_set():
+                    if result.get("created") and number == self._stream_number \
+                            and not self._created.is_set():
                         if not self.revision:
                             self.revision = int(result["header"]["revision"]) + 1
                         self._created.set()
@@ -435,26 +470,31 @@ class Watch:
         finally:
             response.close()
 
-    def _read(self, response: requests.Response) -> None:
-        """The reader thread of :meth:`next`: queues the stream's changes."""
+    def _read(self, response: requests.Response, number: int) -> None:
+        """The reader thread of :meth:`next`: queues the changes of stream ``number``."""
         try:
-            for events in self._stream(response):
-                self._events.put(events)
+            for events in self._stream(response, number):
+                self._events.put((number, events))
         except Exception as exc:  # handed to the waiting thread, which decides
             if not self._cancelled:
-                self._events.put(exc)
+                self._events.put((number, exc))
 
     def cancel(self) -> None:
         """Ends the watch; a :meth:`next` waiting in another thread returns None."""
         with self._lock:
             self._cancelled = True
             response = self._response
-        self._events.put(None)
-        raw = getattr(response, "raw", None)
-        connection = getattr(raw, "_connection", None) or getattr(raw, "connection", None)
-        sock = getattr(connection, "sock", None)
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)  # wakes the reader blocked in recv
-            except OSError:
-                pass
+        self._events.put((None, None))
+        _shut(response)
+
+
+def _shut(response: requests.Response | None) -> None:
+    """Shuts a watch stream's socket down, which wakes its reader blocked in recv."""
+    raw = getattr(response, "raw", None)
+    connection = getattr(raw, "_connection", None) or getattr(raw, "connection", None)
+    sock = getattr(connection, "sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
