@@ -414,25 +414,25 @@ def test_members_count_a_waiting_node_after_etcd_compacted_and_restarted(etcd_se
 
 
 @pytest.fixture
-def frozen_etcd(etcd_endpoint: str) -> Iterator[TcpProxy]:
-    """The session's etcd behind a proxy that can silently stop forwarding."""
+def forgetful_etcd(etcd_endpoint: str) -> Iterator[TcpProxy]:
+    """The session's etcd behind a proxy that can silently stop forwarding some flows."""
     proxy = TcpProxy(int(etcd_endpoint.rsplit(":", 1)[1]))
     yield proxy
     proxy.cut()
 
 
-def test_a_member_whose_idle_watch_died_silently_still_gets_its_seal(frozen_etcd) -> None:
+def test_a_member_whose_idle_watch_died_silently_still_gets_its_seal(forgetful_etcd) -> None:
     """A member awaits the next round's seal on the watch it kept, idle since its last
     rendezvous. Should that flow have died without a reset (a NAT's idle timeout), a
     check after watch_check_interval seconds without a change (one read) finds the seal
     the watch did not bring: the round forms at once, not after the join timeout."""
-    run = Nodes(f"127.0.0.1:{frozen_etcd.port}", 2, 2, watch_check_interval=1,
+    run = Nodes(f"127.0.0.1:{forgetful_etcd.port}", 2, 2, watch_check_interval=1,
                 join_timeout=20)
     try:
         members = run.add(2)
         assert Joins(members).wait().worlds() == {2}
         assert _watching_the_next_round(members)
-        assert frozen_etcd.freeze("/v3/watch") == 2
+        assert forgetful_etcd.forget("/v3/watch") == 2
         began = time.monotonic()
         again = Joins(members).wait()
         assert not again.errors and again.worlds() == {2} and again.ranks() == [0, 1]
@@ -442,17 +442,17 @@ def test_a_member_whose_idle_watch_died_silently_still_gets_its_seal(frozen_etcd
 
 
 def test_members_count_a_waiting_node_though_their_watches_died_silently(
-        frozen_etcd) -> None:
+        forgetful_etcd) -> None:
     """The members' watches of the next round die without a reset while they train;
     within seconds of a newcomer's wait, their checks (one read each per
     watch_check_interval seconds without a change) count it, and they take it in."""
-    run = Nodes(f"127.0.0.1:{frozen_etcd.port}", 1, 3, watch_check_interval=1,
+    run = Nodes(f"127.0.0.1:{forgetful_etcd.port}", 1, 3, watch_check_interval=1,
                 join_timeout=20)
     try:
         members = run.add(2)
         assert Joins(members).wait().worlds() == {2}
         assert _watching_the_next_round(members)
-        assert frozen_etcd.freeze("/v3/watch") == 2
+        assert forgetful_etcd.forget("/v3/watch") == 2
         newcomer = Joins(run.add(1))
         assert wait_until(lambda: all(h.num_nodes_waiting() >= 1 for h in members), 5)
         again = Joins(members).wait()

@@ -162,9 +162,9 @@ _REQUEST_LINE = re.compile(rb"(GET|PUT|POST|HEAD|DELETE) (/\S*) HTTP/1\.[01]\r\n
 class TcpProxy:
     """Forwards 127.0.0.1:port to a target; ``cut()`` makes the endpoint refuse
     and drop connections (a storage outage), ``restore()`` brings it back.
-    ``freeze()`` makes connections go silent without a reset (a NAT or load balancer
-    that forgot a flow, a host gone, a partition): what they carry is held, not
-    forwarded, and neither end hears of it; ``thaw()`` forwards what was held.
+    ``freeze()`` makes connections go silent without a reset (a partition, a hung
+    balancer): what they carry is held, not forwarded, and neither end hears of it,
+    until ``thaw()``; ``forget()`` does so for good to chosen flows (a NAT's timeout).
     ``upload_bytes_per_s`` caps what all connections together send to the target
     (a slow link: uploads progress steadily, but take long), ``download_bytes_per_s``
     what they receive from it (a node's share of a store's bandwidth).
@@ -184,7 +184,7 @@ class TcpProxy:
         self._paths: dict[socket.socket, str] = {}  # each client's last request path
         self._open = threading.Event()  # cleared while frozen for all connections
         self._open.set()
-        self._frozen: dict[socket.socket, threading.Event] = {}  # frozen one by one
+        self._forgotten: dict[socket.socket, threading.Event] = {}  # held till cut()
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self.restore()
@@ -212,36 +212,35 @@ class TcpProxy:
             self._conns.clear()
         if self._thread is not None:
             self._thread.join(5)
-        self.thaw()  # the pipes held up then see their sockets closed, and end
+        with self._lock:  # the pipes held up see their sockets closed, and end
+            gates, self._forgotten = list(self._forgotten.values()), {}
+        for gate in (*gates, self._open):
+            gate.set()
 
-    def freeze(self, path_prefix: str | None = None) -> int:
-        """Stops forwarding, silently: with ``path_prefix``, on the connections open now
-        whose last HTTP request's path starts with it (e.g. etcd's watch streams, the
-        flows idle for long, which a NAT forgets first); without, on every connection,
-        later ones too. Returns how many connections it froze (all open now, without a
-        prefix)."""
-        with self._lock:
-            if path_prefix is None:
-                self._open.clear()
-                return len(self._conns) // 2
-            chosen = [c for c, path in self._paths.items() if path.startswith(path_prefix)]
-            for client in chosen:
-                self._frozen.setdefault(client, threading.Event())
-            return len(chosen)
+    def freeze(self) -> None:
+        """Stops forwarding on every connection, later ones too, silently, until thaw()."""
+        self._open.clear()
 
     def thaw(self) -> None:
-        """Forwards again what every frozen connection held, and all that follows."""
-        with self._lock:
-            gates, self._frozen = list(self._frozen.values()), {}
-        for gate in gates:
-            gate.set()
+        """Forwards again what the connections held while frozen (not those forgotten)."""
         self._open.set()
 
+    def forget(self, path_prefix: str) -> int:
+        """Stops forwarding for good, silently, on the connections open now whose last
+        HTTP request's path starts with ``path_prefix``: a NAT that forgot those flows
+        (e.g. etcd's watch streams, idle for long, which it forgets first). Returns how
+        many."""
+        with self._lock:
+            chosen = [c for c, path in self._paths.items() if path.startswith(path_prefix)]
+            for client in chosen:
+                self._forgotten.setdefault(client, threading.Event())
+            return len(chosen)
+
     def _hold(self, client: socket.socket) -> None:
-        """Waits while the proxy, or ``client``'s connection, is frozen."""
+        """Waits while the proxy is frozen, or for good if ``client``'s flow is forgotten."""
         self._open.wait()
         with self._lock:
-            gate = self._frozen.get(client)
+            gate = self._forgotten.get(client)
         if gate is not None:
             gate.wait()
 
@@ -310,6 +309,34 @@ class TcpProxy:
                     s.shutdown(socket.SHUT_RDWR)
             with self._lock:
                 self._paths.pop(client, None)
+
+
+class Blackhole:
+    """A port on 127.0.0.1 where connecting hangs until the connect timeout, as to a host
+    that drops packets: a listener that never accepts, its queue filled (Linux then
+    drops further SYNs). On ``port`` if given (e.g. a :class:`TcpProxy`'s after
+    ``cut()``), else a free one; ``close()`` frees it."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", port or 0))
+        self._listener.listen(0)
+        self.port = self._listener.getsockname()[1]
+        self._held: list[socket.socket] = []
+        while True:  # fill the queue: a connection that is not answered says it is full
+            conn = socket.socket()
+            conn.settimeout(0.2)
+            try:
+                conn.connect(("127.0.0.1", self.port))
+            except OSError:
+                conn.close()
+                return
+            self._held.append(conn)
+
+    def close(self) -> None:
+        for conn in (*self._held, self._listener):
+            conn.close()
 
 
 def s3_options(endpoint: str) -> dict:
