@@ -414,51 +414,49 @@ def test_members_count_a_waiting_node_after_etcd_compacted_and_restarted(etcd_se
 
 
 @pytest.fixture
-def forgetful_etcd(etcd_endpoint: str) -> Iterator[TcpProxy]:
-    """The session's etcd behind a proxy that can silently stop forwarding some flows."""
+def forgotten(etcd_endpoint: str) -> Iterator[Callable[[int, int], tuple[Nodes, list]]]:
+    """Makes a run of ``min_nodes``-``max_nodes`` whose two members formed through a proxy
+    to the session's etcd, which then forgot the flows of their watches of the next round
+    (a NAT's idle timeout: no reset, nothing forwarded again): (run, members)."""
     proxy = TcpProxy(int(etcd_endpoint.rsplit(":", 1)[1]))
-    yield proxy
+    made: list[Nodes] = []
+
+    def make(min_nodes: int, max_nodes: int) -> tuple[Nodes, list[EtcdNativeHandler]]:
+        made.append(Nodes(f"127.0.0.1:{proxy.port}", min_nodes, max_nodes,
+                          watch_check_interval=1, join_timeout=20))
+        members = made[-1].add(2)
+        assert Joins(members).wait().worlds() == {2}
+        assert _watching_the_next_round(members)
+        assert proxy.forget("/v3/watch") == 2
+        return made[-1], members
+
+    yield make
+    for run in made:
+        run.close()
     proxy.cut()
 
 
-def test_a_member_whose_idle_watch_died_silently_still_gets_its_seal(forgetful_etcd) -> None:
+def test_a_member_whose_idle_watch_died_silently_still_gets_its_seal(forgotten) -> None:
     """A member awaits the next round's seal on the watch it kept, idle since its last
-    rendezvous. Should that flow have died without a reset (a NAT's idle timeout), a
-    check after watch_check_interval seconds without a change (one read) finds the seal
-    the watch did not bring: the round forms at once, not after the join timeout."""
-    run = Nodes(f"127.0.0.1:{forgetful_etcd.port}", 2, 2, watch_check_interval=1,
-                join_timeout=20)
-    try:
-        members = run.add(2)
-        assert Joins(members).wait().worlds() == {2}
-        assert _watching_the_next_round(members)
-        assert forgetful_etcd.forget("/v3/watch") == 2
-        began = time.monotonic()
-        again = Joins(members).wait()
-        assert not again.errors and again.worlds() == {2} and again.ranks() == [0, 1]
-        assert time.monotonic() - began < 8
-    finally:
-        run.close()
+    rendezvous. Should that flow have died without a reset, a check after
+    watch_check_interval seconds without a change (one read) finds the seal the watch
+    did not bring: the round forms at once, not after the join timeout."""
+    _, members = forgotten(2, 2)
+    began = time.monotonic()
+    again = Joins(members).wait()
+    assert not again.errors and again.worlds() == {2} and again.ranks() == [0, 1]
+    assert time.monotonic() - began < 8
 
 
-def test_members_count_a_waiting_node_though_their_watches_died_silently(
-        forgetful_etcd) -> None:
+def test_members_count_a_waiting_node_though_their_watches_died_silently(forgotten) -> None:
     """The members' watches of the next round die without a reset while they train;
     within seconds of a newcomer's wait, their checks (one read each per
     watch_check_interval seconds without a change) count it, and they take it in."""
-    run = Nodes(f"127.0.0.1:{forgetful_etcd.port}", 1, 3, watch_check_interval=1,
-                join_timeout=20)
-    try:
-        members = run.add(2)
-        assert Joins(members).wait().worlds() == {2}
-        assert _watching_the_next_round(members)
-        assert forgetful_etcd.forget("/v3/watch") == 2
-        newcomer = Joins(run.add(1))
-        assert wait_until(lambda: all(h.num_nodes_waiting() >= 1 for h in members), 5)
-        again = Joins(members).wait()
-        assert again.worlds() == newcomer.wait().worlds() == {3}
-    finally:
-        run.close()
+    run, members = forgotten(1, 3)
+    newcomer = Joins(run.add(1))
+    assert wait_until(lambda: all(h.num_nodes_waiting() >= 1 for h in members), 5)
+    again = Joins(members).wait()
+    assert again.worlds() == newcomer.wait().worlds() == {3}
 
 
 def test_closing(nodes) -> None:

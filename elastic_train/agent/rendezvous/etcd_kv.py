@@ -371,22 +371,25 @@ class Watch:
         for the changes the stream did not bring: with the error when it broke and cannot
         be opened there again (etcd compacted that history; ``check`` may :meth:`restart`
         it), and with None after ``every`` seconds without a change (a stream that died
-        silently looks just like an idle one); a check that fails is tried again a
-        second later."""
+        silently looks just like an idle one). A check that failed makes the watch count
+        as broken: its check is tried again each second until it succeeds."""
         def run() -> None:
+            broken: Exception | None = None
             while self._follower is threading.current_thread() and not self._cancelled:
                 try:
-                    events = self.next(every)
-                    if events is None and not self._cancelled:
-                        events = check(None)
+                    if broken is None:
+                        events = self.next(every)
+                        if events is None and not self._cancelled:
+                            events = check(None)
+                    else:
+                        events, broken = check(broken), None
                 except RendezvousConnectionError as exc:
-                    try:
-                        events = check(exc)
-                    except RendezvousConnectionError as again:
-                        log.warning("An etcd watch broke (%s) and its check failed (%s); "
-                                    "trying again.", exc, again)
+                    if broken is not None:
+                        log.warning("An etcd watch broke (%s) and could not be checked "
+                                    "(%s); trying again.", broken, exc)
                         time.sleep(1.0)
-                        continue
+                    broken = broken or exc
+                    continue
                 if events:  # even after unfollow(): what was taken is handed on
                     on_events(events)
 

@@ -533,10 +533,9 @@ class EtcdNativeHandler(RendezvousHandler):
                     sealer_held and all(kv.key != keys.sealer(r) for kv in found)):
                 return []
             why = RendezvousConnectionError(
-                f"it brought nothing for {self._settings.watch_check_interval:g} s, and the "
-                "round's control keys changed meanwhile")
-        log.warning("The watch of rendezvous round %d broke and cannot resume (%s); "
-                    "watching it anew.", r, why)
+                f"it brought nothing for {self._settings.watch_check_interval:g} s while the "
+                "round's control keys changed: its stream died silently")
+        log.warning("The watch of rendezvous round %d failed (%s); watching it anew.", r, why)
         watch.restart()
         found = self._kv.read(ops.get(keys.ctl(r), prefix=True)).ranges[0]
         events = [ops.Event(False, kv) for kv in found]
