@@ -225,6 +225,11 @@ class TcpProxy:
         """Forwards again what the connections held while frozen (not those forgotten)."""
         self._open.set()
 
+    def flows(self, path_prefix: str) -> int:
+        """How many connections open now last requested a path starting with ``path_prefix``."""
+        with self._lock:
+            return sum(path.startswith(path_prefix) for path in self._paths.values())
+
     def forget(self, path_prefix: str) -> int:
         """Stops forwarding for good, silently, on the connections open now whose last
         HTTP request's path starts with ``path_prefix``: a NAT that forgot those flows
