@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import time
@@ -69,11 +68,11 @@ def _single_number(value: Any) -> bool:
 
 
 def jsonable(value: Any, key: str) -> Any:
-    """Plain JSON values; one-element tensors and numpy scalars become numbers."""
-    if isinstance(value, (str, bool, int)) or value is None:
+    """Plain JSON values; one-element tensors and numpy scalars become numbers. NaN and
+    ±inf stay floats, as Ray keeps them: Python's ``json`` writes them as ``NaN`` and
+    ``Infinity`` and reads them back as floats."""
+    if isinstance(value, (str, bool, int, float)) or value is None:
         return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
     if _single_number(value):
         return jsonable(value.item(), key)
     if isinstance(value, (list, tuple)):

@@ -1,0 +1,39 @@
+"""Users' mistakes in the train function, through ``fit()`` with real workers: each gets a
+clear answer naming the rank and the fix (issue 42, its "Bad" list)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+import elastic_train as et
+from elastic_train.torch import TorchTrainer
+from tests.support import mistake_jobs
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120),
+              pytest.mark.usefixtures("no_leaked_processes")]
+
+
+def fit(fn, storage_path: str, name: str, workers: int = 2, **run_settings) -> et.Result:
+    return TorchTrainer(fn, scaling_config=et.ScalingConfig(num_workers=workers),
+                        run_config=et.RunConfig(storage_path=storage_path, name=name,
+                                                **run_settings)).fit()
+
+
+def test_nan_and_inf_metrics_stay_floats_and_a_nan_score_ranks_worst(storage_path):
+    """A diverged loss is reported as NaN/±inf: the run goes on, the metrics are floats (as
+    Ray's), and the checkpoint kept as the best is the one with a real number."""
+    result = fit(mistake_jobs.report_nan_loss, storage_path, "nan", workers=1,
+                 checkpoint_config=et.CheckpointConfig(
+                     num_to_keep=2, checkpoint_score_attribute="loss",
+                     checkpoint_score_order="min"))
+    assert result.error is None
+    assert result.metrics["loss"] == -math.inf
+    losses = list(result.metrics_dataframe["loss"])
+    assert losses[0] == 0.5 and math.isnan(losses[1]) and losses[2:] == [math.inf, -math.inf]
+    assert result.metrics_dataframe["loss"].dtype == float
+    kept = sorted(os.path.basename(c.path) for c, _ in result.best_checkpoints)
+    assert kept == ["checkpoint_000000", "checkpoint_000003"]  # 0.5 and -inf; NaN went first
+    assert result.get_best_checkpoint("loss", "max").path.endswith("checkpoint_000000")
