@@ -37,3 +37,14 @@ def test_nan_and_inf_metrics_stay_floats_and_a_nan_score_ranks_worst(storage_pat
     kept = sorted(os.path.basename(c.path) for c, _ in result.best_checkpoints)
     assert kept == ["checkpoint_000000", "checkpoint_000003"]  # 0.5 and -inf; NaN went first
     assert result.get_best_checkpoint("loss", "max").path.endswith("checkpoint_000000")
+
+
+def test_a_rank_that_returns_without_reporting_is_named(storage_path):
+    """Rank 1 returns while rank 0 reports: both fail at once with the rule and the
+    counts, not with gloo's "Connection closed by peer" after a wait."""
+    with pytest.raises(et.TrainingFailedError) as info:
+        fit(mistake_jobs.only_rank_0_reports, storage_path, "uneven")
+    headline = str(info.value).splitlines()
+    assert any("report() must be called by every rank the same number of times; rank 1 "
+               "returned after 0 calls while rank 0 made call 1" in line for line in headline)
+    assert "Connection closed" not in str(info.value)
