@@ -48,3 +48,22 @@ def test_a_rank_that_returns_without_reporting_is_named(storage_path):
     assert any("report() must be called by every rank the same number of times; rank 1 "
                "returned after 0 calls while rank 0 made call 1" in line for line in headline)
     assert "Connection closed" not in str(info.value)
+
+
+def test_a_hang_names_the_rank_that_stopped_and_its_place(storage_path):
+    """Rank 1 sleeps in the train function; rank 0 waits for it in report(). The root cause
+    is rank 1, stuck in the user's frame (not the idle upload thread that faulthandler
+    lists first); rank 0 is said to have waited for it."""
+    with pytest.raises(et.TrainingFailedError) as info:
+        fit(mistake_jobs.rank_1_sleeps, storage_path, "hang",
+            failure_config=et.FailureConfig(hang_timeout_s=5))
+    root, *others = info.value.failures
+    assert root.rank == 1 and [o.rank for o in others] == [0]
+    assert str(info.value).startswith("Training failed: rank 1 ")
+    assert "uploader.py" not in root.message and "uploader.py" not in others[0].message
+    assert "HangError: rank 1 made no progress" in root.message
+    assert "rank 0 waited for it in a collective" in root.message
+    assert "stuck at mistake_jobs.py:" in root.message and "rank_1_sleeps" in root.message
+    assert "it waited in a collective for rank 1" in others[0].message
+    assert "called from mistake_jobs.py:" in others[0].message
+    assert root.message in str(info.value)
