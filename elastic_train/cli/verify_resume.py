@@ -110,6 +110,7 @@ def verify(script_and_args: list[str], nproc_per_node: int, fail_at_report: int,
                      *script_and_args], os.environ)
     if workdir is not None:
         _refuse_used_workdir(workdir)
+        os.makedirs(workdir, exist_ok=True)  # for the launches' logs
     storage = workdir or tempfile.mkdtemp(prefix="elastic_train_verify_")
     verdict = None
     try:

@@ -34,10 +34,9 @@ def test_verify_resume(tmp_path, extra, code, verdict):
         env={**os.environ, "TMPDIR": str(temp)})
     assert proc.returncode == code, proc.stdout + proc.stderr
     assert verdict in proc.stdout
-    kept = list(temp.iterdir())
+    kept = list(temp.glob("elastic_train_verify_*"))  # torch writes there too
     if code == 0:
         assert proc.stdout.count("\n") == 3 and not proc.stderr, proc.stdout + proc.stderr
         assert not kept
     else:
-        assert [p.name for p in kept] == [p.name for p in temp.glob("elastic_train_verify_*")]
-        assert f"The runs are in {kept[0]}." in proc.stdout
+        assert len(kept) == 1 and f"The runs are in {kept[0]}." in proc.stdout
