@@ -178,6 +178,18 @@ class RunStorage:
             logger.warning("Could not remove unfinished uploads from %s: %r",
                            self.display_path, exc)
 
+    def check_reachable(self) -> None:
+        """One look at the run directory without retries, before the first retried read of
+        a restore: a store that cannot be reached at all (a refused connection, an unknown
+        host, no credentials) is a wrong setting there, not an outage to wait out. A
+        StorageError naming the cause and what to check comes in seconds, as ``ls`` and
+        ``show`` answer, not after the retry budget."""
+        try:
+            self.fs.exists(self.run_path)
+        except Exception as exc:  # the store's own error types vary (botocore, OSError, ...)
+            raise StorageError(f"cannot reach {self.display_path} ({type(exc).__name__}: "
+                               f"{exc}); {self.adapter.access_hint}") from exc
+
     # run.json: the driver's record of the run
     def _read_unless_missing(self, name: str, what: str, read: Callable[[str], T]) -> T | None:
         """``read`` of the run's file ``name``, None when it is missing (confirmed by a

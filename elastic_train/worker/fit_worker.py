@@ -61,6 +61,7 @@ def run(spec_path: str, result_dir: str) -> None:
         session = TrainSession(spec, env, resources, storage, staging)
         init_session(session)
         value = spec.call_train_function()
+        session.returned()
         session.finish()
         return value
 

@@ -46,6 +46,7 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import Worker, WorkerGroup
 
 from elastic_train import env_vars
+from elastic_train.agent.failures import Cause, Observed
 from elastic_train.agent.inprocess import attempt_store
 from elastic_train.agent.node_liveness import nobody
 from elastic_train.agent.worker_slots import kill
@@ -132,13 +133,14 @@ class InProcessRestarts:
 
     ``replace(worker, env)`` starts a new process in a worker's slot (see
     :mod:`.worker_slots`); ``failure_of(worker, exitcode)`` describes a dead
-    worker from its error file; ``gone()``: the group ranks known gone
+    worker from its error file, and how it ended (by itself, or waiting for a peer:
+    :class:`~elastic_train.agent.failures.Cause`); ``gone()``: the group ranks known gone
     (:mod:`elastic_train.agent.node_liveness`), never waited for.
     """
 
     def __init__(self, directory: str, unwind_timeout_s: float,
                  replace: Callable[[Worker, dict[str, str]], int],
-                 failure_of: Callable[[Worker, int], WorkerFailure],
+                 failure_of: Callable[[Worker, int], Observed],
                  gone: Callable[[], set[int]] = nobody):
         self._gone = gone
         self.directory = directory
@@ -181,7 +183,8 @@ class InProcessRestarts:
         for worker in group.workers:
             code, record = exits[worker.local_rank], records[worker.local_rank]
             if code not in (None, 0):
-                found.append((self._failure_of(worker, code), True))  # it died: its own
+                seen = self._failure_of(worker, code)  # it died: its own, unless it was
+                found.append((seen.failure, seen.cause is not Cause.BROKEN))  # a peer's
                 died = True
                 if code < 0:
                     killed.add(worker.global_rank)
