@@ -3,7 +3,7 @@
 Started by the agent with torch.distributed.elastic's environment. It joins
 the process group, runs the user's train function inside a session, waits
 for pending checkpoint uploads and, on rank 0, saves the function's return
-value for the driver. With in-process restarts (:mod:`.inprocess`) a failed
+value for the driver. With in-process restarts (:mod:`.inprocess.loop`) a failed
 attempt is followed by another in the same process: process group, session
 and train function again.
 """
