@@ -304,7 +304,7 @@ class CheckpointStore:
                 manifests.append(manifest)
                 continue
             if manifest is DAMAGED:
-                self.set_aside(index)
+                self._set_aside_if_possible(index)
                 removed.append(index)
                 continue
             if not self._in_place(index):  # the user's own files (NO_UPLOAD) stay
@@ -319,6 +319,16 @@ class CheckpointStore:
         aside = [claim[0] for claim in map(parse_claim, self._list(
             fsutil.join(self.run_path, DAMAGED_DIR))) if claim]
         return sorted({*removed, *aside}), manifests
+
+    def _set_aside_if_possible(self, index: int) -> None:
+        """:meth:`set_aside` at a sweep: a damaged checkpoint that cannot be moved (the
+        store refuses a name its marker made it write) stays where it is, unread -- a
+        start never fails for it; the next start tries again."""
+        try:
+            self.set_aside(index)
+        except (OSError, StorageError) as e:
+            logger.warning("Could not set the damaged checkpoint %s aside (%s); it stays "
+                           "where it is and is not read.", self.name(index), e)
 
     def set_aside(self, index: int) -> None:
         """Moves checkpoint ``index``, found damaged, to ``.damaged/<NNNNNN>.<name>/``,
