@@ -5,13 +5,9 @@ tests/unit/test_doc_blocks.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-from tests.support.doc_blocks import PRELUDES, runnable
+from tests.support.doc_blocks import run_python_block, runnable
 
 pytestmark = pytest.mark.e2e
 
@@ -19,9 +15,5 @@ pytestmark = pytest.mark.e2e
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("block", runnable("python", with_fit=True), ids=str)
 def test_python_block_that_trains_runs(block, tmp_path):
-    prelude = PRELUDES.get(block.key, ("", ""))[1]
-    done = subprocess.run([sys.executable, "-c", prelude + block.code], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=130,
-                          env={**os.environ, "HOME": str(tmp_path)})
-    assert done.returncode == 0, f"{block}:\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
+    run_python_block(block, tmp_path, timeout_s=130)
     assert (tmp_path / "elastic_train_results").is_dir(), "the run was not kept under HOME"

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import shlex
+import subprocess
+import sys
 import textwrap
 from dataclasses import dataclass
 
@@ -139,3 +142,14 @@ def runnable(language: str, with_fit: bool | None = None) -> list[DocBlock]:
     return [block for block in doc_blocks() if block.language == language
             and block.key not in NOT_RUN
             and (with_fit is None or calls_fit(block) == with_fit)]
+
+
+def run_python_block(block: DocBlock, directory: pathlib.Path, timeout_s: float) -> None:
+    """Runs a python block (after its PRELUDES entry) as a user's script would run: in a
+    process of its own, in ``directory``, with HOME there (where runs go by default);
+    fails with its output unless it exits 0."""
+    prelude = PRELUDES.get(block.key, ("", ""))[1]
+    done = subprocess.run([sys.executable, "-c", prelude + block.code], cwd=directory,
+                          capture_output=True, text=True, timeout=timeout_s,
+                          env={**os.environ, "HOME": str(directory)})
+    assert done.returncode == 0, f"{block}:\n{done.stdout[-2000:]}{done.stderr[-3000:]}"

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -24,6 +21,7 @@ from tests.support.doc_blocks import (
     ROOT,
     doc_blocks,
     doc_files,
+    run_python_block,
     runnable,
     shell_commands,
 )
@@ -63,11 +61,7 @@ def test_a_run_bash_block_holds_only_elastic_train_commands(block):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("block", runnable("python", with_fit=False), ids=str)
 def test_python_block_runs(block, tmp_path):
-    prelude = PRELUDES.get(block.key, ("", ""))[1]
-    done = subprocess.run([sys.executable, "-c", prelude + block.code], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=100,
-                          env={**os.environ, "HOME": str(tmp_path)})
-    assert done.returncode == 0, f"{block}:\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
+    run_python_block(block, tmp_path, timeout_s=100)
 
 
 @pytest.mark.timeout(120)
