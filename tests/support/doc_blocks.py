@@ -95,10 +95,6 @@ NOT_RUN: dict[tuple[str, int], tuple[str, str]] = {
                                  "the chaos suite's rounds (minutes)"),
     ("docs/elastic-data.md", 0): ("import torch", "runs in tests/e2e/test_elastic_data.py::"
                                   "test_the_elastic_data_guides_code_runs (checks its output)"),
-    ("docs/fault-tolerance.md", 0): ("@elastic_train.restart_in_process",
-                                     "a launch script's shape (`...` for the training): such "
-                                     "scripts (tests/e2e/launch_script.py) run under launch "
-                                     "in tests/e2e/test_launch.py"),
     ("docs/fault-tolerance.md", 1): ("saved = False", "a fragment of a train function's loop "
                                      "(`start`, `steps`, `metrics` are the function's)"),
     ("docs/large-models.md", 0): ("import torch.distributed.checkpoint as dcp",
@@ -129,6 +125,13 @@ PRELUDES: dict[tuple[str, int], tuple[str, str]] = {
                              "path = 'no-such-run'  # a run directory\n"),
 }
 
+# Python blocks that are a script for `elastic-train launch`: (first line, prelude); an
+# e2e test runs each under `launch --standalone --nproc-per-node 2`.
+LAUNCH_SCRIPTS: dict[tuple[str, int], tuple[str, str]] = {
+    ("docs/fault-tolerance.md", 0): ("@elastic_train.restart_in_process",
+                                     "import elastic_train\nimport torch.distributed as dist\n"),
+}
+
 
 def calls_fit(block: DocBlock) -> bool:
     """Whether a python block trains: builds a ``TorchTrainer`` and fits it (a
@@ -140,7 +143,7 @@ def runnable(language: str, with_fit: bool | None = None) -> list[DocBlock]:
     """The blocks of ``language`` that a test runs (for python: those that call ``fit()``
     or not, when ``with_fit`` says which)."""
     return [block for block in doc_blocks() if block.language == language
-            and block.key not in NOT_RUN
+            and block.key not in NOT_RUN and block.key not in LAUNCH_SCRIPTS
             and (with_fit is None or calls_fit(block) == with_fit)]
 
 
@@ -148,8 +151,14 @@ def run_python_block(block: DocBlock, directory: pathlib.Path, timeout_s: float)
     """Runs a python block (after its PRELUDES entry) as a user's script would run: in a
     process of its own, in ``directory``, with HOME there (where runs go by default);
     fails with its output unless it exits 0."""
-    prelude = PRELUDES.get(block.key, ("", ""))[1]
-    done = subprocess.run([sys.executable, "-c", prelude + block.code], cwd=directory,
+    done = subprocess.run([sys.executable, "-c", with_prelude(block)], cwd=directory,
                           capture_output=True, text=True, timeout=timeout_s,
                           env={**os.environ, "HOME": str(directory)})
     assert done.returncode == 0, f"{block}:\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
+
+
+def with_prelude(block: DocBlock) -> str:
+    """The block's code after the names the text around it gives (PRELUDES,
+    LAUNCH_SCRIPTS)."""
+    prelude = {**PRELUDES, **LAUNCH_SCRIPTS}.get(block.key, ("", ""))[1]
+    return prelude + block.code

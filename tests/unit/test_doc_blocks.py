@@ -16,6 +16,7 @@ import pytest
 from elastic_train.cli.launch_command import main_launch
 from elastic_train.cli.main import build_parser
 from tests.support.doc_blocks import (
+    LAUNCH_SCRIPTS,
     NOT_RUN,
     PRELUDES,
     ROOT,
@@ -33,7 +34,7 @@ COMMANDS = [(str(block), command) for block in runnable("bash")
 def test_the_lists_name_blocks_that_exist_by_their_first_line():
     """An entry whose block moved or changed fails here, rather than skip another block."""
     blocks = {block.key: block for block in doc_blocks()}
-    for listing in (NOT_RUN, PRELUDES):
+    for listing in (NOT_RUN, PRELUDES, LAUNCH_SCRIPTS):
         for key, (first_line, _) in listing.items():
             assert key in blocks, f"{key} names no block"
             assert blocks[key].first_line == first_line, \
