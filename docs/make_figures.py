@@ -1,4 +1,4 @@
-"""Makes the README's pictures from a real run of examples/digits.py.
+"""Makes the pictures of docs/observability.md from a real run of examples/digits.py.
 
     tmux new-session -d -s et -x 120 -y 24 "python examples/digits.py --tensorboard \\
         --storage-path /tmp/figs --name digits; sleep 60"

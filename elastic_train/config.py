@@ -313,7 +313,7 @@ class FailureConfig:
             and, on GPUs, the CUDA context survive -- but module-level state of
             the user's code survives too, where under Ray it would not. The
             restart is charged like any other. ``False``: every restart starts
-            new worker processes, as Ray and torchrun do. See the README's
+            new worker processes, as Ray and torchrun do. See docs/fault-tolerance.md,
             "Restarts in process".
         unwind_timeout_s: Our addition: with ``restart_in_process``, how long a
             surviving worker may take to leave the train function after a failure

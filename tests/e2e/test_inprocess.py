@@ -87,8 +87,9 @@ def test_sigkill_replaces_only_the_dead_rank(storage_path, tmp_path, baseline):
 
 
 def test_a_rank_whose_device_is_left_unhealthy_is_replaced(storage_path, tmp_path, baseline):
-    """README's table: a CUDA error that sticks to the context cannot be repaired in place;
-    the rank's check after the failure says so, and only that rank gets a new process."""
+    """docs/fault-tolerance.md's table: a CUDA error that sticks to the context cannot be
+    repaired in place; the rank's check after the failure says so, and only that rank
+    gets a new process."""
     result = fit_mlp(storage_path, "sticky", tmp_path, [fault(tmp_path, 0, "sticky_device")])
     assert result.return_value["digest"] == baseline.return_value["digest"]
     pids = pids_by_rank(tmp_path / "pids")
