@@ -1,0 +1,103 @@
+"""What a user is told when the train function fails: the exit code as the process
+would have ended, a process that left no exception said so, retry advice only where a
+retry can help, one line per failed attempt with one budget count."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+import elastic_train as et
+from elastic_train.errors import TrainingFailedError
+from elastic_train.torch import TorchTrainer
+from tests.support import mistake_jobs
+from tests.support.paths import REPO
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120),
+              pytest.mark.usefixtures("no_leaked_processes")]
+
+RETRY = "To retry automatically"
+
+
+def _fail(storage_path: str, name: str, max_failures: int = 0, **config) -> str:
+    """fit() of :func:`mistake_jobs.fail`; the TrainingFailedError's message."""
+    trainer = TorchTrainer(
+        mistake_jobs.fail, train_loop_config=config,
+        scaling_config=et.ScalingConfig(num_workers=2),
+        run_config=et.RunConfig(name=name, storage_path=storage_path,
+                                failure_config=et.FailureConfig(max_failures=max_failures)))
+    with pytest.raises(TrainingFailedError) as info:
+        trainer.fit()
+    return str(info.value)
+
+
+def _state(storage_path: str, name: str) -> dict:
+    with open(os.path.join(storage_path, name, "run.json")) as f:
+        return json.load(f)
+
+
+def test_retry_advice_only_where_a_retry_can_help(storage_path):
+    """An exception before the first report() of the first attempt comes back on every
+    retry: the message says to fix it. The same exception after a report may pass."""
+    first = _fail(storage_path, "first-step", how="raise")
+    assert RETRY not in first and "a retry would meet it again" in first, first
+    later = _fail(storage_path, "after-report", how="raise", after_report=True)
+    assert RETRY in later, later
+
+
+def test_exit_codes_and_a_process_without_an_exception(storage_path):
+    """sys.exit(3) is exit code 3 (not 1); os._exit(1) is said to be an exit without a
+    Python exception -- not torch's "To enable traceback see: <url>" -- in the error,
+    run.json and `elastic-train show`."""
+    assert "rank 1 (local rank 1" in (exit3 := _fail(storage_path, "exit3", how="exit3"))
+    assert "exited with code 3." in exit3.splitlines()[0], exit3
+    message = _fail(storage_path, "os-exit", how="os_exit")
+    headline = message.splitlines()[0]
+    assert headline.endswith("exited with code 1 without a Python exception."), message
+    state = _state(storage_path, "os-exit")
+    assert "To enable traceback" not in json.dumps(state), state
+    shown = subprocess.run([sys.executable, "-m", "elastic_train.cli", "show",
+                            os.path.join(storage_path, "os-exit")], cwd=REPO, text=True,
+                           capture_output=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "without a Python exception" in shown.stdout, shown.stdout
+    assert "To enable traceback" not in shown.stdout, shown.stdout
+
+
+def test_one_line_per_failure_with_one_budget_count(storage_path, caplog):
+    """max_failures=2: three failed attempts, each logged once; the two restarts say what
+    is left after them (as run.json's restarts_left), only the last says the run stops."""
+    with caplog.at_level(logging.WARNING):
+        _fail(storage_path, "budget", max_failures=2, how="raise")
+    said = [r.getMessage() for r in caplog.records if "Worker group failed" in r.getMessage()]
+    assert len(said) == 3, said
+    assert said[0].endswith("restarting; 1 restart(s) left after this one."), said
+    assert said[1].endswith("restarting; no restart(s) left after this one."), said
+    assert said[2].endswith("no restart left: the run stops."), said
+    assert [f["restarts_left"] for f in _state(storage_path, "budget")["failures"]] == [1, 0, 0]
+
+
+@pytest.mark.timeout(90)
+def test_a_survivor_of_a_peers_failure_prints_one_line(tmp_path):
+    """`launch`: rank 1 raises while rank 0 waits in a barrier; rank 0's gloo error is one
+    line on the console, not its 8-25 line traceback; rank 1's traceback is shown whole."""
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\nimport torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "if dist.get_rank() == 1:\n    raise ValueError('a mistake')\n"
+                      "dist.barrier()\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "elastic_train.cli", "launch", "--nproc-per-node", "2",
+         "--storage-path", str(tmp_path / "results"), str(script)],
+        cwd=REPO, text=True, capture_output=True, timeout=80)
+    assert out.returncode == 1, out.stderr
+    console = out.stdout + out.stderr
+    rank0 = [line for line in console.splitlines() if line.startswith("[rank0]")]
+    assert len(rank0) == 1 and "a peer may have failed first" in rank0[0], console
+    assert "[rank1]: ValueError: a mistake" in console, console
+    assert RETRY not in console, console
