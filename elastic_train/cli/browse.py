@@ -43,12 +43,31 @@ def reading(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[None]:
                            ) from exc
 
 
+def check_directory(fs: fsspec.AbstractFileSystem, path: str, what: str) -> None:
+    """``path`` must be an existing directory: ``what`` it should be (``"a run directory"``,
+    ``"a storage path"``) names the fix when it is missing or a file (a run.json given
+    for its run: its directory)."""
+    with reading(fs, path):
+        if not fs.exists(path):
+            raise FileNotFoundError(path)
+        if fs.isdir(path):
+            return
+    shown = fsutil.display_path(fs, path)
+    parent = fsutil.display_path(fs, path.rstrip("/").rpartition("/")[0] or "/")
+    if what == "a storage path":
+        fix = ("pass the directory that holds the runs (the storage path they were "
+               f"started with), e.g. {parent}")
+    else:
+        fix = (f"pass the run's directory{f', {parent}' if shown.endswith('/run.json') else ''}"
+               " (`elastic-train ls STORAGE_PATH` lists them)")
+    raise StorageError(f"{shown} is a file, not {what}: {fix}")
+
+
 def _runs(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[str, RunStorage, RunState]]:
     """The runs under ``root``, oldest first; an unreadable run.json is skipped with a
     warning."""
+    check_directory(fs, root, "a storage path")
     with reading(fs, root):
-        if not fs.isdir(root):
-            raise FileNotFoundError(root)
         entries = fs.ls(root, detail=True)
     runs = []
     for entry in entries:
@@ -84,9 +103,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     fs, path = fsutil.resolve(args.run_path,
                               options=fsutil.options_from_flags(args.storage_option))
     storage = RunStorage(fs, path)
+    check_directory(fs, path, "a run directory")
     with reading(fs, path):
-        if not fs.exists(path):
-            raise FileNotFoundError(path)
         state = storage.read_run_state()
         if state is None:
             raise StorageError(f"{storage.display_path} is not a run directory (no run.json); "

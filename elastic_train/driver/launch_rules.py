@@ -10,10 +10,12 @@ differ, the docstring says why.
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import re
 import shutil
 import signal
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -141,9 +143,44 @@ def check_program(settings: LaunchSettings) -> None:
         raise ConfigError(f"--no-python program {s.target!r} was not found or is not "
                           "executable: pass a program on PATH or the path of an executable "
                           "file.")
+    if s.mode == "script" and os.path.isdir(s.target):
+        raise ConfigError(f"The training script {s.target!r} is a directory: pass the script "
+                          f"in it ({os.path.join(s.target, 'train.py')}, say), or -m "
+                          "MODULE to run a package's __main__.")
     if s.mode == "script" and not os.path.isfile(s.target):
         raise ConfigError(f"The training script {s.target!r} does not exist. Pass a script "
                           "path, or -m MODULE, or --no-python PROGRAM.")
+    if s.mode == "script":
+        _check_compiles(s.target)
+    if s.mode == "module":
+        _check_module(s.target)
+
+
+def _check_compiles(script: str) -> None:
+    """A script that Python cannot compile would fail in every worker, each with its
+    traceback: said once, before any process starts."""
+    try:
+        with open(script, "rb") as f:
+            compile(f.read(), script, "exec", dont_inherit=True)
+    except SyntaxError as exc:  # (an IndentationError is one)
+        raise ConfigError(f"The training script {script!r} has a syntax error at line "
+                          f"{exc.lineno}: {exc.msg}. Fix it, then launch again.") from None
+    except (OSError, ValueError) as exc:  # unreadable, or a null byte
+        raise ConfigError(f"The training script {script!r} cannot be read as Python "
+                          f"({exc}): pass a Python script, or --no-python PROGRAM.") from None
+
+
+def _check_module(module: str) -> None:
+    """-m MODULE: its top-level package must be importable where the workers look (the
+    current directory first, as ``python -m``), without importing anything."""
+    top = module.split(".")[0]
+    if top and importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path]):
+        return
+    if top in sys.builtin_module_names:
+        return
+    raise ConfigError(f"-m {module}: no module named {top!r} in {os.getcwd()} or on the "
+                      "Python path: run launch from the directory that holds it, or add its "
+                      "directory to PYTHONPATH.")
 
 
 def check_static_job(settings: LaunchSettings) -> None:

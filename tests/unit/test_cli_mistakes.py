@@ -1,0 +1,75 @@
+"""Users' mistakes on the command line, through the real entry point
+(``python -m elastic_train.cli``): each ends at once with exit code 2 and one line
+that names the real cause and the fix in the command line's own terms, and leaves no
+run directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.paths import REPO
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def cli(*args: str, cwd: str | os.PathLike = REPO) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "elastic_train.cli", *args], cwd=cwd,
+                          env=env, text=True, capture_output=True, timeout=100)
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    """A directory with a script that does not compile, a file, a package directory and
+    a run."""
+    (tmp_path / "broken.py").write_text("import os\nx = (1,\nprint(x)\n")
+    (tmp_path / "notes.txt").write_text("not a run\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "train.py").write_text("print('hi')\n")
+    run = tmp_path / "results" / "run1"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"status": "failed", "format_version": 1}))
+    return tmp_path
+
+
+CASES = [
+    # (d) checked before any process starts
+    ("syntax-error", ["launch", "--storage-path", "results", "broken.py"],
+     ["'broken.py' has a syntax error at line 2", "Fix it"]),
+    ("missing-module", ["launch", "--storage-path", "results", "-m", "no_such_module_xyz"],
+     ["no module named 'no_such_module_xyz'", "PYTHONPATH"]),
+    # (e) the flags' names, not the Python API's
+    ("num-to-keep", ["launch", "--num-to-keep", "0", "pkg/train.py"],
+     ["--num-to-keep=0", "omit --num-to-keep"]),
+    ("name", ["launch", "--name", "a/b", "pkg/train.py"], ["--name='a/b'", "e.g. --name "]),
+    ("hang-timeout", ["launch", "--hang-timeout", "-1", "pkg/train.py"],
+     ["--hang-timeout=-1.0", "omit --hang-timeout"]),
+    # (f) paths: the real cause and the fix
+    ("launch-dir", ["launch", "--storage-path", "results", "pkg"],
+     ["'pkg' is a directory", "pkg/train.py"]),
+    ("ls-file", ["ls", "notes.txt"], ["notes.txt is a file, not a storage path",
+                                      "directory that holds the runs"]),
+    ("show-file", ["show", "notes.txt"], ["notes.txt is a file, not a run directory"]),
+    ("show-run-json", ["show", "results/run1/run.json"],
+     ["is a file, not a run directory", "results/run1 "]),
+    ("restore-missing", ["restore", "results/nothing"], ["nothing does not exist",
+                                                         "check the path"]),
+    ("restore-file", ["restore", "notes.txt"], ["notes.txt is a file, not a run directory"]),
+]
+
+
+@pytest.mark.parametrize("args, words", [pytest.param(a, w, id=i) for i, a, w in CASES])
+def test_a_mistake_exits_2_with_one_line(args, words, workdir):
+    before = sorted(p.name for p in (workdir / "results").iterdir())
+    out = cli(*args, cwd=workdir)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("elastic-train: ") and out.stderr.count("\n") == 1, out.stderr
+    for word in words:
+        assert word in out.stderr, out.stderr
+    assert "Config" not in out.stderr and "None" not in out.stderr, out.stderr
+    assert sorted(p.name for p in (workdir / "results").iterdir()) == before
