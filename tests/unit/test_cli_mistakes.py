@@ -73,3 +73,31 @@ def test_a_mistake_exits_2_with_one_line(args, words, workdir):
         assert word in out.stderr, out.stderr
     assert "Config" not in out.stderr and "None" not in out.stderr, out.stderr
     assert sorted(p.name for p in (workdir / "results").iterdir()) == before
+
+
+def _undocumented(help_text: str) -> list[str]:
+    """The arguments of an argparse --help without a description: an entry line (two
+    spaces, then the argument) followed by neither its text nor an indented line."""
+    lines = help_text.splitlines()
+    bare, listing = [], False
+    for i, line in enumerate(lines):
+        if line and not line.startswith(" "):  # a section: arguments, options, examples
+            listing = line.endswith(("arguments:", "options:"))
+        if not listing or not line.startswith("  ") or line.startswith("   "):
+            continue
+        entry, _, text = line[2:].partition("  ")
+        following = lines[i + 1] if i + 1 < len(lines) else ""
+        if not text.strip() and not following.startswith(" " * 6):
+            bare.append(entry)
+    return bare
+
+
+@pytest.mark.parametrize("command", ["ls", "show", "restore", "verify-resume", "launch"])
+def test_every_argument_of_help_is_described(command):
+    """(g) Every positional argument and flag of a command's --help says what it is;
+    ls shows its default storage path."""
+    out = cli(command, "--help")
+    assert out.returncode == 0, out.stderr
+    assert _undocumented(out.stdout) == [], out.stdout
+    if command == "ls":
+        assert "(default ~/elastic_train_results)" in " ".join(out.stdout.split())
