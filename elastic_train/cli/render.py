@@ -12,6 +12,8 @@ from elastic_train.errors import NO_PROGRESS_EXIT_CODE
 from elastic_train.metric_rows import user_metrics
 from elastic_train.storage.run_state import FailureRecord, RunState
 
+SHOWN_DELETED = 3  # more checkpoints deleted by retention than this are counted, not named
+
 
 def when(timestamp: float | None) -> str:
     if not timestamp:
@@ -146,7 +148,11 @@ def checkpoint_lines(summary: RunSummary) -> list[str]:
                      f"{c.describe_contents()}  {shown}{validation}")
     if best is not None:
         lines.append(f"  (* best: {summary.best_label()})")
-    if summary.deleted:
-        lines.append(f"  deleted: {', '.join(summary.deleted)}")
+    deleted = summary.deleted
+    if len(deleted) > SHOWN_DELETED:  # a long run deletes hundreds: their range
+        lines.append(f"  deleted: {len(deleted)}, {deleted[0]} to {deleted[-1]} "
+                     "(`show --json` lists them)")
+    elif deleted:
+        lines.append(f"  deleted: {', '.join(deleted)}")
     return lines
 

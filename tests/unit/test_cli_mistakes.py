@@ -101,3 +101,19 @@ def test_every_argument_of_help_is_described(command):
     assert _undocumented(out.stdout) == [], out.stdout
     if command == "ls":
         assert "(default ~/elastic_train_results)" in " ".join(out.stdout.split())
+
+
+def test_show_counts_a_long_runs_deleted_checkpoints(tmp_path):
+    """(h) 58 checkpoints deleted by retention: one line with their count and range, not
+    58 names."""
+    run = tmp_path / "long"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"status": "finished", "format_version": 1}))
+    rows = [{"training_iteration": i + 1, "checkpoint_dir_name": f"checkpoint_{i:06d}"}
+            for i in range(58)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = cli("show", str(run))
+    assert out.returncode == 0, out.stderr
+    deleted = [line for line in out.stdout.splitlines() if "deleted:" in line]
+    assert deleted == ["  deleted: 58, checkpoint_000000 to checkpoint_000057 "
+                       "(`show --json` lists them)"], out.stdout
