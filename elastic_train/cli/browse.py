@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 import time
 from collections.abc import Iterator
@@ -19,10 +20,11 @@ import fsspec
 
 from elastic_train.cli import render
 from elastic_train.cli.run_summary import RunSummary
+from elastic_train.driver.run_lease import held_by_a_live_job
 from elastic_train.errors import ConfigError, StorageError
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.run_state import RunState
+from elastic_train.storage.run_state import RunState, RunStatus
 from elastic_train.storage.stores import adapter_for
 
 
@@ -77,12 +79,26 @@ def _runs(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[str, RunStorag
         try:
             with reading(fs, entry["name"]):
                 state = storage.read_run_state()
+                state = state and _as_it_stands(storage, state)
         except StorageError as exc:
             print(f"elastic-train: skipping {storage.display_path}: {exc}", file=sys.stderr)
             continue
         if state is not None:
             runs.append((entry["name"].rstrip("/").rsplit("/", 1)[-1], storage, state))
     return sorted(runs, key=lambda r: r[2].created)
+
+
+def _as_it_stands(storage: RunStorage, state: RunState) -> RunState:
+    """``state``, with a ``running`` run whose job is gone (its driver killed with
+    SIGKILL, its node lost: nothing wrote its end) shown as ``interrupted``, as its
+    lease tells."""
+    if state.status is RunStatus.RUNNING and held_by_a_live_job(storage) is False:
+        gone = RunStatus.INTERRUPTED
+        launches = [dataclasses.replace(launch, status=gone)
+                    if launch.status is RunStatus.RUNNING else launch
+                    for launch in state.launches]
+        return dataclasses.replace(state, status=gone, launches=launches)
+    return state
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -109,6 +125,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         if state is None:
             raise StorageError(f"{storage.display_path} is not a run directory (no run.json); "
                                "pass a run's directory, as `elastic-train ls` lists them")
+        state = _as_it_stands(storage, state)
         summary = RunSummary.read(storage, state)
     if args.json:
         print(render.run_json(state, summary))

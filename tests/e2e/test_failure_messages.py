@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ import pytest
 import elastic_train as et
 from elastic_train.errors import TrainingFailedError
 from elastic_train.torch import TorchTrainer
+from tests.conftest import start_driver, stop_driver_after_commit
 from tests.support import mistake_jobs
 from tests.support.paths import REPO
 
@@ -101,3 +103,19 @@ def test_a_survivor_of_a_peers_failure_prints_one_line(tmp_path):
     assert len(rank0) == 1 and "a peer may have failed first" in rank0[0], console
     assert "[rank1]: ValueError: a mistake" in console, console
     assert RETRY not in console, console
+
+
+@pytest.mark.timeout(200)
+def test_a_run_whose_driver_was_killed_is_shown_interrupted(storage_path, tmp_path):
+    """(i) The driver killed with SIGKILL never writes its end: run.json keeps saying
+    "running", but its lease's holder is a dead process on this host, so `ls` and
+    `show` say "interrupted"."""
+    driver = start_driver(storage_path, "killed", tmp_path)
+    run_dir = os.path.join(storage_path, "killed")
+    stop_driver_after_commit(driver, run_dir, 0, signal.SIGKILL)
+    assert _state(storage_path, "killed")["status"] == "running"
+    for args in (["show", run_dir], ["ls", storage_path]):
+        out = subprocess.run([sys.executable, "-m", "elastic_train.cli", *args], cwd=REPO,
+                             text=True, capture_output=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert "interrupted" in out.stdout and "running" not in out.stdout, out.stdout
