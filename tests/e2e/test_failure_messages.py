@@ -119,3 +119,16 @@ def test_a_run_whose_driver_was_killed_is_shown_interrupted(storage_path, tmp_pa
                              text=True, capture_output=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert "interrupted" in out.stdout and "running" not in out.stdout, out.stdout
+
+
+def test_a_reported_training_iteration_is_replaced_with_a_warning(storage_path, capfd):
+    """(j) report({"training_iteration": 100}): the row keeps the count of reports (as
+    Ray's), and each worker says once that its value was replaced and what to do."""
+    result = TorchTrainer(
+        mistake_jobs.report_own_iteration, scaling_config=et.ScalingConfig(num_workers=2),
+        run_config=et.RunConfig(name="own-iteration", storage_path=storage_path)).fit()
+    assert result.metrics["training_iteration"] == 2
+    out = "".join(capfd.readouterr())
+    said = [line for line in out.splitlines() if "'training_iteration' is a field" in line]
+    assert len(said) == 2, out  # once per worker, not per report
+    assert "100, is replaced" in said[0] and "'my_training_iteration'" in said[0], said

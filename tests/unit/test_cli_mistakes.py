@@ -117,3 +117,14 @@ def test_show_counts_a_long_runs_deleted_checkpoints(tmp_path):
     deleted = [line for line in out.stdout.splitlines() if "deleted:" in line]
     assert deleted == ["  deleted: 58, checkpoint_000000 to checkpoint_000057 "
                        "(`show --json` lists them)"], out.stdout
+
+
+def test_a_launch_script_run_with_plain_python_is_told_to_use_launch(tmp_path):
+    """(j) A script written for `elastic-train launch`, run with `python script.py`."""
+    script = tmp_path / "train.py"
+    script.write_text("import elastic_train as et\net.report({'loss': 1.0})\n")
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, text=True,
+                         capture_output=True, timeout=100,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 1
+    assert "`elastic-train launch SCRIPT`" in out.stderr.splitlines()[-1], out.stderr
