@@ -132,3 +132,27 @@ def test_a_reported_training_iteration_is_replaced_with_a_warning(storage_path, 
     said = [line for line in out.splitlines() if "'training_iteration' is a field" in line]
     assert len(said) == 2, out  # once per worker, not per report
     assert "100, is replaced" in said[0] and "'my_training_iteration'" in said[0], said
+
+
+@pytest.mark.timeout(150)
+def test_restore_of_a_fit_run_from_another_directory_names_the_module_and_where(tmp_path):
+    """(j) A fit() run whose train function lives in the module fns of the directory it
+    was started in, restored from elsewhere: one line naming fns and that directory."""
+    started = tmp_path / "project"
+    started.mkdir()
+    (started / "fns.py").write_text("def train(config):\n    raise ValueError('stop')\n")
+    results = tmp_path / "results"
+    fit = ("import elastic_train as et, fns\nfrom elastic_train.torch import TorchTrainer\n"
+           "try:\n    TorchTrainer(fns.train, scaling_config=et.ScalingConfig(num_workers=1),"
+           f" run_config=et.RunConfig(name='r', storage_path={str(results)!r})).fit()\n"
+           "except et.TrainingFailedError:\n    pass\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    ran = subprocess.run([sys.executable, "-c", fit], cwd=started, env=env, text=True,
+                         capture_output=True, timeout=120)
+    assert ran.returncode == 0 and _state(str(results), "r")["status"] == "failed", ran.stderr
+    out = subprocess.run([sys.executable, "-m", "elastic_train.cli", "restore",
+                          str(results / "r")], cwd=tmp_path, env=env, text=True,
+                         capture_output=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "the module 'fns'" in out.stderr and f"from {started}," in out.stderr, out.stderr
