@@ -128,3 +128,25 @@ def test_a_launch_script_run_with_plain_python_is_told_to_use_launch(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 1
     assert "`elastic-train launch SCRIPT`" in out.stderr.splitlines()[-1], out.stderr
+
+
+def test_fit_to_s3_without_credentials_says_so_in_a_short_traceback(tmp_path):
+    """(k) fit() to an s3:// path with no credentials anywhere: the error names the
+    credentials to set (as `ls` does), and the store's own traceback (60 lines of
+    botocore's) is not chained to it. No worker starts: the driver checks first."""
+    script = tmp_path / "fit_s3.py"
+    script.write_text(
+        "import elastic_train as et\nfrom elastic_train.torch import TorchTrainer\n"
+        "def train(config):\n    et.report({'x': 1})\n"
+        "TorchTrainer(train, run_config=et.RunConfig(name='r', storage_path='s3://bucket/x',"
+        " storage_options={'endpoint_url': 'http://127.0.0.1:9'})).fit()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(PYTHONPATH=str(REPO), AWS_EC2_METADATA_DISABLED="true",
+               AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"))
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, text=True,
+                         capture_output=True, timeout=100)
+    assert out.returncode == 1
+    last = out.stderr.splitlines()[-1]
+    assert "NoCredentialsError" in last and "AWS_ACCESS_KEY_ID" in last, out.stderr
+    assert "direct cause" not in out.stderr and "botocore" not in out.stderr, out.stderr
