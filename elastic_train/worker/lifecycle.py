@@ -136,8 +136,11 @@ def collective_line(message: str) -> str:
 
 def print_error(exc: BaseException) -> None:
     """The worker's error on its stderr (the console): its traceback, or one line for an
-    error out of a collective, which a peer's failure causes in every survivor."""
-    if from_communication(exc):
+    error out of a collective, which a peer's failure causes in every survivor; nothing
+    for a Ctrl-C (every rank has it, and the driver says what it did)."""
+    if isinstance(exc, KeyboardInterrupt):
+        pass
+    elif from_communication(exc):
         sys.stderr.write(collective_line(f"{type(exc).__name__}: {exc}"))
     else:
         traceback.print_exception(exc)

@@ -16,9 +16,10 @@ import pytest
 import elastic_train as et
 from elastic_train.errors import TrainingFailedError
 from elastic_train.torch import TorchTrainer
-from tests.conftest import start_driver, stop_driver_after_commit
+from tests.conftest import start_driver, stop_driver_after_commit, wait_until
 from tests.support import mistake_jobs
 from tests.support.paths import REPO
+from tests.support.servers import stop_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120),
               pytest.mark.usefixtures("no_leaked_processes")]
@@ -156,3 +157,27 @@ def test_restore_of_a_fit_run_from_another_directory_names_the_module_and_where(
     assert out.returncode == 2, out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
     assert "the module 'fns'" in out.stderr and f"from {started}," in out.stderr, out.stderr
+
+
+@pytest.mark.timeout(150)
+def test_ctrl_c_on_fit_says_one_thing(storage_path):
+    """(k) Ctrl-C (SIGINT to the terminal's process group: the driver, its agent and the
+    workers) once training runs: the run stops resumable and says so, without torch's
+    "death signal" warning or a KeyboardInterrupt traceback from every rank."""
+    driver = subprocess.Popen([sys.executable, "-m", "tests.support.mistake_jobs",
+                               storage_path, "ctrl-c"], cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    try:
+        metrics = os.path.join(storage_path, "ctrl-c", "metrics.jsonl")
+        assert wait_until(lambda: os.path.exists(metrics) and os.path.getsize(metrics) > 0,
+                          120), "no report"
+        os.killpg(driver.pid, signal.SIGINT)
+        out, _ = driver.communicate(timeout=60)
+    finally:
+        stop_process(driver)
+    assert driver.returncode != 0
+    assert "Run interrupted by SIGINT" in out, out
+    assert "death signal" not in out, out
+    assert not [line for line in out.splitlines() if line.startswith("[rank")
+                and "KeyboardInterrupt" in line], out

@@ -33,3 +33,19 @@ def report_own_iteration(config: dict) -> None:
     """Reports a metric named as a field report() fills in itself, twice."""
     for step in (100, 200):
         et.report({"training_iteration": step, "loss": 1.0})
+
+
+def report_slowly(config: dict) -> None:
+    """Reports every 0.2 s for up to a minute (to be stopped with Ctrl-C)."""
+    import time
+
+    for step in range(300):
+        et.report({"step": step})
+        time.sleep(0.2)
+
+
+if __name__ == "__main__":  # a driver: fit() of report_slowly at STORAGE_PATH NAME
+    from elastic_train.torch import TorchTrainer
+
+    TorchTrainer(report_slowly, scaling_config=et.ScalingConfig(num_workers=2),
+                 run_config=et.RunConfig(storage_path=sys.argv[1], name=sys.argv[2])).fit()
