@@ -64,7 +64,8 @@ class RunMonitor:
                  view: ConsoleView | None = None, interval_s: float = 1.0,
                  plain_every_s: float = 10.0, nproc_per_node: int = 1,
                  stragglers: StragglerConfig | None = None,
-                 on_straggler: Callable[[Straggler], None] | None = None):
+                 on_straggler: Callable[[Straggler], None] | None = None,
+                 starting: str = "starting"):
         self.context = context
         self.callbacks = list(callbacks)
         self.verbose = verbose
@@ -80,7 +81,7 @@ class RunMonitor:
         self._last_iteration = 0
         self._last_row: dict[str, Any] | None = None
         self._waiting: list[dict[str, Any]] = []  # rows not handed to the callbacks yet
-        self._workers = "starting"
+        self._workers = starting  # until the first rendezvous (e.g. the etcd it waits for)
         self._restarts = 0
         self._uploading = 0  # reported checkpoints not committed yet
         self._last_plain = time.monotonic()  # the first plain line after plain_every_s

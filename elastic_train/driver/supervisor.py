@@ -34,6 +34,8 @@ from elastic_train.driver.console import ConsoleView
 from elastic_train.driver.run_monitor import RunMonitor
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.errors import NodeLeftError, RendezvousLostError, StorageError, WorkerFailure
+from elastic_train.redaction import redact_url
+from elastic_train.rendezvous_config import LOCAL_ENDPOINT, RendezvousConfig
 from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunStatus
 from elastic_train.stragglers import Straggler, StragglerConfig
@@ -75,7 +77,7 @@ class RunSupervisor:
         monitor = self._monitor = RunMonitor(
             context, self.callbacks, spec.log_dir, verbose=self.verbose, view=self.view,
             nproc_per_node=spec.nproc_per_node, stragglers=self.stragglers,
-            on_straggler=self._note_straggler)
+            on_straggler=self._note_straggler, starting=_starting(spec.rendezvous))
 
         def on_rendezvous(group_rank: int, nodes: int) -> None:
             if self.check_lease is not None:
@@ -191,6 +193,16 @@ class RunSupervisor:
             except Exception:
                 logger.warning("Could not upload the logs in %s to %s.", log_dir,
                                self.storage.display_path, exc_info=True)
+
+
+def _starting(rendezvous: RendezvousConfig) -> str:
+    """The status until the first rendezvous: a job that meets at a server (etcd, another
+    node's store) says it waits for it -- where nothing listens, it waits until its
+    join timeout."""
+    if rendezvous.endpoint == LOCAL_ENDPOINT:
+        return "starting"
+    return (f"waiting for the rendezvous ({rendezvous.backend} at "
+            f"{redact_url(rendezvous.endpoint)})")
 
 
 def read_progress(storage: RunStorage) -> Progress | None:

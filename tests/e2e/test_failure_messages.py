@@ -19,7 +19,7 @@ from elastic_train.torch import TorchTrainer
 from tests.conftest import start_driver, stop_driver_after_commit, wait_until
 from tests.support import mistake_jobs
 from tests.support.paths import REPO
-from tests.support.servers import stop_process
+from tests.support.servers import free_port, stop_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120),
               pytest.mark.usefixtures("no_leaked_processes")]
@@ -181,3 +181,23 @@ def test_ctrl_c_on_fit_says_one_thing(storage_path):
     assert "death signal" not in out, out
     assert not [line for line in out.splitlines() if line.startswith("[rank")
                 and "KeyboardInterrupt" in line], out
+
+
+@pytest.mark.timeout(90)
+def test_an_etcd_endpoint_where_nothing_listens_is_said_to_be_waited_for(tmp_path):
+    """(k) `launch --rdzv-backend etcd` at an endpoint where nothing listens waits up to
+    its join timeout before the (clear) error: meanwhile its status says what it waits
+    for, not "starting"."""
+    script = tmp_path / "hi.py"
+    script.write_text("print('hi')\n")
+    endpoint = f"127.0.0.1:{free_port()}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "elastic_train.cli", "launch", "--rdzv-backend", "etcd",
+         "--rdzv-endpoint", endpoint, "--rdzv-id", "nowhere", "--storage-path",
+         str(tmp_path / "results"), str(script)],
+        cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        status = next(line for line in proc.stdout if line.startswith("[elastic-train]"))
+    finally:
+        stop_process(proc)
+    assert f"waiting for the rendezvous (etcd at {endpoint})" in status, status
