@@ -77,7 +77,7 @@ class RunSupervisor:
         monitor = self._monitor = RunMonitor(
             context, self.callbacks, spec.log_dir, verbose=self.verbose, view=self.view,
             nproc_per_node=spec.nproc_per_node, stragglers=self.stragglers,
-            on_straggler=self._note_straggler, starting=_starting(spec.rendezvous))
+            on_straggler=self._note_straggler, waiting_for=_server(spec.rendezvous))
 
         def on_rendezvous(group_rank: int, nodes: int) -> None:
             if self.check_lease is not None:
@@ -195,14 +195,13 @@ class RunSupervisor:
                                self.storage.display_path, exc_info=True)
 
 
-def _starting(rendezvous: RendezvousConfig) -> str:
-    """The status until the first rendezvous: a job that meets at a server (etcd, another
-    node's store) says it waits for it -- where nothing listens, it waits until its
-    join timeout."""
+def _server(rendezvous: RendezvousConfig) -> str | None:
+    """The server a job meets at (etcd, another node's store), which it waits for before
+    its first rendezvous -- where nothing listens, until its join timeout; None for a
+    node's own store."""
     if rendezvous.endpoint == LOCAL_ENDPOINT:
-        return "starting"
-    return (f"waiting for the rendezvous ({rendezvous.backend} at "
-            f"{redact_url(rendezvous.endpoint)})")
+        return None
+    return f"the rendezvous ({rendezvous.backend} at {redact_url(rendezvous.endpoint)})"
 
 
 def read_progress(storage: RunStorage) -> Progress | None:
