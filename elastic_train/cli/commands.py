@@ -26,8 +26,8 @@ from elastic_train.storage.filesystem import options_from_flags as storage_optio
 def cmd_restore(args: argparse.Namespace) -> int:
     options = storage_options(args.storage_option)
     fs, path = fsutil.resolve(args.run_path, options=options)
-    storage = RunStorage(fs, path)
     check_directory(fs, path, "a run directory")
+    storage = RunStorage(fs, path)
     state = storage.read_run_state()
     finished = state is not None and state.is_finished and not args.start_over
     command = state.spec.get("command") if state is not None else None

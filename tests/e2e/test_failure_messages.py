@@ -17,7 +17,7 @@ import elastic_train as et
 from elastic_train.errors import TrainingFailedError
 from elastic_train.torch import TorchTrainer
 from tests.conftest import start_driver, stop_driver_after_commit, wait_until
-from tests.support import mistake_jobs
+from tests.support import message_jobs
 from tests.support.paths import REPO
 from tests.support.servers import free_port, stop_process
 
@@ -28,9 +28,9 @@ RETRY = "To retry automatically"
 
 
 def _fail(storage_path: str, name: str, max_failures: int = 0, **config) -> str:
-    """fit() of :func:`mistake_jobs.fail`; the TrainingFailedError's message."""
+    """fit() of :func:`message_jobs.fail`; the TrainingFailedError's message."""
     trainer = TorchTrainer(
-        mistake_jobs.fail, train_loop_config=config,
+        message_jobs.fail, train_loop_config=config,
         scaling_config=et.ScalingConfig(num_workers=2),
         run_config=et.RunConfig(name=name, storage_path=storage_path,
                                 failure_config=et.FailureConfig(max_failures=max_failures)))
@@ -126,7 +126,7 @@ def test_a_reported_training_iteration_is_replaced_with_a_warning(storage_path, 
     """(j) report({"training_iteration": 100}): the row keeps the count of reports (as
     Ray's), and each worker says once that its value was replaced and what to do."""
     result = TorchTrainer(
-        mistake_jobs.report_own_iteration, scaling_config=et.ScalingConfig(num_workers=2),
+        message_jobs.report_own_iteration, scaling_config=et.ScalingConfig(num_workers=2),
         run_config=et.RunConfig(name="own-iteration", storage_path=storage_path)).fit()
     assert result.metrics["training_iteration"] == 2
     out = "".join(capfd.readouterr())
@@ -164,7 +164,7 @@ def test_ctrl_c_on_fit_says_one_thing(storage_path):
     """(k) Ctrl-C (SIGINT to the terminal's process group: the driver, its agent and the
     workers) once training runs: the run stops resumable and says so, without torch's
     "death signal" warning or a KeyboardInterrupt traceback from every rank."""
-    driver = subprocess.Popen([sys.executable, "-m", "tests.support.mistake_jobs",
+    driver = subprocess.Popen([sys.executable, "-m", "tests.support.message_jobs",
                                storage_path, "ctrl-c"], cwd=REPO, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               start_new_session=True)
