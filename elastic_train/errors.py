@@ -165,9 +165,9 @@ class TrainingFailedError(RuntimeError):
                          "spent: the job's nodes were preempted more often than that.")
         elif max_failures == 0 and not retry_helps:
             lines.append(f"Rank {root.rank}'s error came before the run's first report(), "
-                         "in its first attempt: a retry would meet it again, so fix it "
-                         "first (automatic retries help with failures that pass: a lost "
-                         "node, a preemption, a storage outage).")
+                         "in its first attempt: a retry would most likely meet it again, so "
+                         "fix it first (automatic retries help with failures that pass: a "
+                         "lost node, a preemption, a storage outage).")
         elif max_failures == 0:
             lines.append(f"To retry automatically, {retry_hint}.")
         else:
