@@ -117,8 +117,8 @@ def step_lines(state: RunState, summary: RunSummary) -> list[str]:
 def failure_line(failure: FailureRecord) -> str:
     root = failure.root
     how = f"signal {root.signal_name}" if root.signal_name else f"exit code {root.exitcode}"
-    line = (f"  {when(failure.time)}  [{failure.kind.value}] rank {root.rank} {how}: "
-            f"{root.message[:100]}")
+    said = "without a Python exception" if root.without_exception else root.message[:100]
+    line = f"  {when(failure.time)}  [{failure.kind.value}] rank {root.rank} {how}: {said}"
     if failure.restart:
         replaced = "".join(f"; rank {rank} in a new process ({why})"
                            for rank, why in sorted(failure.replaced.items()))

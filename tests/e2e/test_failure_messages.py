@@ -68,7 +68,8 @@ def test_exit_codes_and_a_process_without_an_exception(storage_path):
                             os.path.join(storage_path, "os-exit")], cwd=REPO, text=True,
                            capture_output=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
-    assert "without a Python exception" in shown.stdout, shown.stdout
+    failure = next(line for line in shown.stdout.splitlines() if "[failure]" in line)
+    assert failure.endswith("rank 1 exit code 1: without a Python exception"), shown.stdout
     assert "To enable traceback" not in shown.stdout, shown.stdout
 
 
