@@ -2,12 +2,8 @@
 
     python -m bench                    full profile, 3 repetitions, writes BENCHMARKS.md
     python -m bench --repeat 5         more repetitions
-    python -m bench --only steps       one figure (cold_start, steps, checkpoint, recovery,
-                                       memory, scaling, storage, rendezvous,
-                                       rendezvous_scale, node_loss, shard_reads,
-                                       peer_restore, local_tier, overhead,
-                                       straggler_cost, data_position, nodes,
-                                       soak, gpu); repeatable
+    python -m bench --only steps       one figure (names: bench/figures.py's FIGURES, or
+                                       --help); repeatable
     python -m bench --smoke            tiny and quick (CI); writes a file only with --output
     python -m bench --output FILE      write the markdown there instead
 
@@ -26,9 +22,10 @@ import shlex
 import sys
 import time
 
-from bench.figures import FIGURE_FUNCTIONS, NOT_AVAILABLE, Suite, failures_table
-from bench.profiles import FIGURES, FULL, SMOKE, Profile
+from bench.figures import FIGURES
+from bench.profiles import FULL, SMOKE, Profile
 from bench.report import Table, document, machine_lines
+from bench.suite import NOT_AVAILABLE, Suite, failures_table
 from bench.variants import REPO
 
 DEFAULT_OUTPUT = os.path.join(REPO, "BENCHMARKS.md")
@@ -79,7 +76,8 @@ def main(argv: list[str]) -> int:
     profile = SMOKE if args.smoke else FULL
     if args.repeat is not None:
         profile = dataclasses.replace(profile, repeat=args.repeat)
-    figures = tuple(dict.fromkeys(args.only)) if args.only else profile.figures
+    figures = tuple(dict.fromkeys(args.only)) if args.only else (profile.figures
+                                                                 or tuple(FIGURES))
     command = "python -m bench" + ("" if not argv else " " + shlex.join(argv))
     started = datetime.datetime.now().astimezone()
     t0 = time.monotonic()
@@ -97,7 +95,7 @@ def main(argv: list[str]) -> int:
     tables: list[Table] = []
     for name in figures:
         echo(f"figure {name} ...")
-        for table in FIGURE_FUNCTIONS[name](suite):
+        for table in FIGURES[name](suite):
             tables.append(table)
             print("\n" + table.markdown(), flush=True)
     failed = failures_table(suite.failures)

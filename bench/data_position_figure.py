@@ -33,7 +33,7 @@ from elastic_train.torch.train_loop_utils import prepared_loader
 from elastic_train.worker.data_position import EpochPosition
 
 if TYPE_CHECKING:
-    from bench.figures import Suite
+    from bench.suite import Suite
 
 GOAL_PERCENT = 0.5
 GOAL_RESUME_MS = 50.0

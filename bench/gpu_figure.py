@@ -48,7 +48,7 @@ from bench.variants import ET_EPOCH, ET_LAUNCH_INPROC, ET_NO_STANDBY, FLOOR_NS
 from bench.workload import parameter_count
 
 if TYPE_CHECKING:
-    from bench.figures import Suite
+    from bench.suite import Suite
 
 DRY_RUN_ENV = "BENCH_GPU_DRY_RUN"
 WORKERS_ENV = "BENCH_GPU_WORKERS"

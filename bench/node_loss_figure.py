@@ -36,7 +36,7 @@ from bench.report import Table
 from bench.stats import Target
 
 if TYPE_CHECKING:
-    from bench.figures import Suite
+    from bench.suite import Suite
 
 LOSSES = (NO_SPARE, WITH_SPARE)
 TITLES = {NO_SPARE.key: "1 of 3 lost (`--nnodes 2:3`)",

@@ -40,7 +40,7 @@ from bench.variants import (
 )
 
 if TYPE_CHECKING:
-    from bench.figures import Suite
+    from bench.suite import Suite
 
 NODES = 3
 VARIANTS = (FLOOR, ET_LAUNCH, ET_LAUNCH_INPROC)

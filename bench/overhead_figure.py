@@ -23,8 +23,8 @@ from bench.stats import Difference
 from bench.variants import ET_EPOCH, ET_LAUNCH, FLOOR, TORCH_SAVE, Variant
 
 if TYPE_CHECKING:
-    from bench.figures import Suite
     from bench.measure import Sample
+    from bench.suite import Suite
 
 GOAL_PERCENT = 1.0
 CLOCKS = (("wall", "wall time"), ("thread_cpu", "training thread's CPU"),

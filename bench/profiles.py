@@ -15,11 +15,6 @@ from dataclasses import dataclass, field
 from bench.measure import FaultPlan
 from bench.workload import WorkloadConfig
 
-FIGURES = ("cold_start", "steps", "checkpoint", "recovery", "memory", "scaling", "storage",
-           "rendezvous", "rendezvous_scale", "shard_reads", "peer_restore", "local_tier",
-           "node_loss", "overhead", "straggler_cost", "data_position", "nodes", "soak",
-           "gpu")
-
 
 @dataclass(frozen=True)
 class Profile:
@@ -45,7 +40,7 @@ class Profile:
     local_tier_mb: float = 400  # figure 11's 2-rank sharded checkpoint
     peer_restore_mb: float = 256  # figure 10b's share of each node
     background_steps: int = 12  # figure 11b's bound: steps timed per phase
-    figures: tuple[str, ...] = field(default=FIGURES)
+    figures: tuple[str, ...] | None = None  # None: every figure of bench.figures.FIGURES
     rendezvous_agents: tuple[int, ...] = (2, 4, 8, 16)
     rendezvous_launchers: tuple[str, ...] = ("torchrun", "torchrun-unshared", "c10d", "etcd",
                                              "etcd-v3", "c10d-wrapped", "etcd-wrapped")

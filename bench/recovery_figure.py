@@ -34,7 +34,7 @@ from bench.variants import (
 )
 
 if TYPE_CHECKING:
-    from bench.figures import Suite
+    from bench.suite import Suite
 
 RECOVERY_TARGET = Target(1.0, at_least=False)  # seconds, elastic-train's in-process rows
 VARIANTS = (FLOOR_NS, ET_EPOCH, ET_NO_STANDBY, ET_PROC, ET_LAUNCH, ET_LAUNCH_INPROC, RAY)

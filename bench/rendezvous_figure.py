@@ -44,7 +44,7 @@ from bench.stats import Summary, Target
 from bench.variants import REPO
 
 if TYPE_CHECKING:
-    from bench.figures import Suite
+    from bench.suite import Suite
 
 WORKER = os.path.join(REPO, "bench", "rdzv_worker.py")
 RECOVERY_WITHIN_S = 90.0

@@ -26,7 +26,7 @@ from bench.stats import Target
 from bench.variants import REPO
 
 if TYPE_CHECKING:
-    from bench.figures import Suite
+    from bench.suite import Suite
 
 BACKENDS = {
     "c10d": "c10d: torch's dynamic handler, TCPStore backend",

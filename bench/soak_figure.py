@@ -22,7 +22,7 @@ from bench.stats import Target
 from bench.variants import REPO, base_env
 
 if TYPE_CHECKING:
-    from bench.figures import Suite
+    from bench.suite import Suite
 
 RSS_GROWTH = Target(0.05, at_least=False)
 

@@ -42,7 +42,7 @@ from tests.support.paths import REPO
 from tests.support.servers import free_port
 
 if TYPE_CHECKING:
-    from bench.figures import Suite
+    from bench.suite import Suite
 
 GOAL_PERCENT = 0.5
 JOB_SIZES = (2, 64, 1024)

@@ -47,7 +47,7 @@ _EXPORTS = {
     "get_preemption_info": "elastic_train.worker.session",
     "report": "elastic_train.worker.session",
     "step": "elastic_train.worker.session",
-    "restart_in_process": "elastic_train.worker.script_restart",
+    "restart_in_process": "elastic_train.worker.inprocess.decorator",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]
@@ -83,8 +83,8 @@ if TYPE_CHECKING:  # what static tools see
         ValidationFn,
         ValidationTaskConfig,
     )
+    from elastic_train.worker.inprocess.decorator import restart_in_process
     from elastic_train.worker.preemption import PreemptionInfo
-    from elastic_train.worker.script_restart import restart_in_process
     from elastic_train.worker.session import (
         get_all_reported_checkpoints,
         get_checkpoint,

@@ -37,6 +37,7 @@ from elastic_train.checkpoint import Checkpoint
 from elastic_train.metric_rows import plotted
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.run_state import PROGRESS_FILE, TENSORBOARD_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class CSVLoggerCallback(UserCallback):
     resumed run's file holds each iteration once.
     """
 
-    FILE = "progress.csv"
+    FILE = PROGRESS_FILE
 
     def __init__(self, every_s: float = 5.0) -> None:
         self.every_s = every_s
@@ -126,7 +127,7 @@ class TensorBoardLoggerCallback(UserCallback):
     written locally and uploaded when the run ends.
     """
 
-    DIR = "tensorboard"
+    DIR = TENSORBOARD_DIR
 
     def __init__(self) -> None:
         try:

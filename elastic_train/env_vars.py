@@ -63,7 +63,7 @@ Set by the agent for each worker (read through :class:`AgentFacts`, but for
   it stands in for, so the agent can stop and wait for that worker itself
   (:mod:`elastic_train.agent.forked_workers`; the stand-in spells the name out).
 - ``INPROCESS_DIR``: with in-process restarts on, the directory through which
-  the worker and its agent agree on attempts (:mod:`elastic_train.worker.restart_channel`).
+  the worker and its agent agree on attempts (:mod:`elastic_train.worker.inprocess.channel`).
 - ``ATTEMPT``: the attempt a worker starts in (0, or the attempt a replacement
   worker joins); in-process restarts count it up inside the process.
 - ``MODULES_DIR``: where a worker lists the modules it imported, which the

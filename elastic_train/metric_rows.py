@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import time
@@ -69,11 +68,11 @@ def _single_number(value: Any) -> bool:
 
 
 def jsonable(value: Any, key: str) -> Any:
-    """Plain JSON values; one-element tensors and numpy scalars become numbers."""
-    if isinstance(value, (str, bool, int)) or value is None:
+    """Plain JSON values; one-element tensors and numpy scalars become numbers. NaN and
+    ±inf stay floats, as Ray keeps them: Python's ``json`` writes them as ``NaN`` and
+    ``Infinity`` and reads them back as floats."""
+    if isinstance(value, (str, bool, int, float)) or value is None:
         return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
     if _single_number(value):
         return jsonable(value.item(), key)
     if isinstance(value, (list, tuple)):
@@ -109,6 +108,11 @@ class ReportRows:
         self._start = time.time() if start is None else start
         self._last_report = self._start
 
+    @property
+    def since_start(self) -> int:
+        """The reports of this attempt so far."""
+        return self.iteration - self._iterations_at_start
+
     def next(self, metrics: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         """The row of the next report: ``metrics`` (already clean) and the automatic fields
         (``checkpoint_dir_name`` is the caller's, as only it knows of a checkpoint)."""
@@ -122,7 +126,7 @@ class ReportRows:
             "time_this_iter_s": now - self._last_report,
             "time_total_s": self._time_before_restore_s + now - self._start,
             "time_since_restore": now - self._start,
-            "iterations_since_restore": self.iteration - self._iterations_at_start,
+            "iterations_since_restore": self.since_start,
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
         }

@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,7 +71,7 @@ class Result:
         """The retained checkpoint with the best ``metric`` (``mode`` "max" or "min").
 
         As Ray's ``Result.get_best_checkpoint``; checkpoints that did not report
-        the metric are skipped, and None is returned when none did.
+        the metric (or reported NaN) are skipped, and None is returned when none did.
 
         Example::
 
@@ -79,7 +80,7 @@ class Result:
         if mode not in ("max", "min"):
             raise ValueError(f"get_best_checkpoint(mode={mode!r}): use 'max' or 'min'.")
         scored = [(m[metric], c) for c, m in self.best_checkpoints
-                  if isinstance(m.get(metric), (int, float))]
+                  if isinstance(m.get(metric), (int, float)) and not math.isnan(m[metric])]
         if not scored:
             return None
         pick = max if mode == "max" else min

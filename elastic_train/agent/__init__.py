@@ -2,7 +2,7 @@
 process, or in ``elastic-train launch``'s).
 
 - :mod:`.api`: :class:`~.api.AgentSpec` and :func:`~.api.run_agent`, what the driver calls.
-- :mod:`.local_agent`: torch's ``LocalElasticAgent`` with our numbered departures.
+- :mod:`.local_agent`: torch's ``LocalElasticAgent`` with our changes, each named.
 - :mod:`.restart_budget`: which budget a failed attempt spends, and whether to restart.
 - :mod:`.failures`: torch's run result as :class:`~elastic_train.errors.WorkerFailure` records.
 - :mod:`.hang_watch`: stops workers that make no progress.

@@ -13,8 +13,9 @@ How a worker ended is read from facts, never from the words of its message:
   :mod:`.attribution`.
 - ``BROKEN``: the exception torch raises for a collective whose peer is gone
   (``torch.distributed.DistError``: NCCL's ``DistBackendError``,
-  ``DistNetworkError``, ``DistStoreError``), or NCCL's watchdog abort
-  (SIGABRT): another worker failed first.
+  ``DistNetworkError``, ``DistStoreError``), NCCL's watchdog abort
+  (SIGABRT), or a hang of a worker that waited in a collective for another
+  (:mod:`.hang_watch`): another worker failed first.
 
 Workers the agent itself stopped after the first failure are no failures and
 are left out (see :class:`~elastic_train.agent.local_agent.TrainAgent`).
@@ -32,6 +33,7 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from elastic_train.agent.hang_watch import WAITED_FOR_PEER
 from elastic_train.errors import WorkerFailure
 from elastic_train.worker.lifecycle import EXCEPTION_TYPES, FAILED_AT, FAILED_SEQ
 
@@ -56,7 +58,8 @@ class Observed:
 
 
 def _cause(exitcode: int, extra: dict[str, Any]) -> Cause:
-    if exitcode == -signal.SIGABRT or _BROKEN_COLLECTIVE in extra.get(EXCEPTION_TYPES, ()):
+    if exitcode == -signal.SIGABRT or _BROKEN_COLLECTIVE in extra.get(EXCEPTION_TYPES, ()) \
+            or extra.get(WAITED_FOR_PEER):
         return Cause.BROKEN
     if exitcode < 0 or FAILED_AT not in extra:
         return Cause.OWN

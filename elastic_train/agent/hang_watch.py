@@ -18,9 +18,9 @@ import logging
 import os
 import re
 import signal
+import sysconfig
 import time
-
-from fsspec.implementations.local import LocalFileSystem
+from dataclasses import dataclass
 
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.worker.heartbeat import STACK_SIGNAL, progress_file, stack_file
@@ -28,12 +28,51 @@ from elastic_train.worker.heartbeat import STACK_SIGNAL, progress_file, stack_fi
 logger = logging.getLogger(__name__)
 
 STARTUP_ALLOWANCE_S = 120.0
+# In a hung worker's error file: it was waiting in a collective for another rank (so it is
+# no cause of the hang: :mod:`.failures` ranks it after the rank that stopped).
+WAITED_FOR_PEER = "waited_for_peer"
+_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x", re.MULTILINE)
+_COLLECTIVES = f"{os.sep}torch{os.sep}distributed{os.sep}"  # torch's collectives and stores
+# Where library code lives: the standard library, installed packages, this package.
+_LIBRARIES = tuple({path.rstrip(os.sep) + os.sep for path in (
+    *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")),
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))})
 
 
-def _where(stack: str) -> str:
-    """The innermost frames of the dump's first thread, as the hang's signature."""
-    frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', stack)
-    return " <- ".join(f"{os.path.basename(f)}:{line} {fn}" for f, line, fn in frames[:3])
+@dataclass(frozen=True)
+class Stuck:
+    """Where a hung worker's main thread is (``where``: its innermost frame, and the
+    user's frame that led there), and whether it is waiting in a collective for another
+    rank (a frame of ``torch.distributed``) rather than stuck by itself."""
+
+    where: str
+    waiting: bool
+
+    @classmethod
+    def of(cls, stack: str) -> Stuck:
+        """From a ``faulthandler`` dump of every thread: the main thread's frames (the
+        thread not started by ``threading``: the others are the project's upload and
+        heartbeat threads, idle by design)."""
+        threads = [_FRAME.findall(part) for part in _THREAD.split(stack)]
+        threads = [frames for frames in threads if frames]
+        if not threads:
+            return cls("", False)
+        main = next((frames for frames in threads
+                     if os.path.basename(frames[-1][0]) != "threading.py"), threads[0])
+        inner = _frame(main[0])
+        user = next((f for f in main if not f[0].startswith(_LIBRARIES + ("<",))), None)
+        where = inner if user is None or user == main[0] else f"{inner}, called from {_frame(user)}"
+        return cls(where, any(_COLLECTIVES in f[0] for f in main))
+
+
+def _frame(frame: tuple[str, str, str]) -> str:
+    path, line, function = frame
+    return f"{os.path.basename(path)}:{line} {function}"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 class HangWatch:
@@ -75,24 +114,38 @@ class HangWatch:
         for rank in hung:
             self._signal(workers[rank][0], STACK_SIGNAL)
         time.sleep(0.5)  # let faulthandler write
-        for rank in hung:
+        stacks = {rank: self._read_stack(rank) for rank in hung}
+        stuck = {rank: Stuck.of(stacks[rank]) for rank in hung}
+        stopped = [rank for rank in hung if not stuck[rank].waiting]
+        waiters = [rank for rank in hung if stuck[rank].waiting]
+        for rank in stopped + waiters:  # the cause first, in the log too
             pid, error_file = workers[rank]
-            stack = self._read_stack(rank)
-            where = _where(stack)
-            repeat = where and self._previous.get(rank) == where
-            self._previous[rank] = where
-            message = (f"HangError: rank {rank} made no progress (no report() or batch) for "
-                       f"{stale[rank]:.0f}s, over the hang timeout of {self.timeout_s:.0f}s"
-                       + (f"; stuck at {where}" if where else "")
-                       + ("; it hung at the same place in the previous attempt" if repeat
-                          else ""))
+            message = self._message(rank, stale[rank], stuck[rank], stopped, waiters)
             logger.warning("%s; stopping it.", message)
             data = {"message": {"message": message, "extraInfo": {
-                "py_callstack": stack or "(no Python stack could be taken)",
+                "py_callstack": (stacks[rank] or "(no Python stack could be taken)\n")
+                + message, WAITED_FOR_PEER: stuck[rank].waiting,
                 "timestamp": str(int(now))}}}
-            fsutil.write_bytes_atomic(LocalFileSystem(), error_file, json.dumps(data).encode())
+            fsutil.write_local_atomic(error_file, json.dumps(data).encode())
             self._signal(pid, signal.SIGKILL)
         return hung
+
+    def _message(self, rank: int, idle: float, stuck: Stuck, stopped: list[int],
+                 waiters: list[int]) -> str:
+        """The HangError of ``rank``: the rank that stopped reporting is named as the
+        cause, with the ranks that waited for it; a waiter says whom it waited for."""
+        repeat = stuck.where and self._previous.get(rank) == stuck.where
+        self._previous[rank] = stuck.where
+        if stuck.waiting:
+            whom = _ranks(stopped) if stopped else "another rank"
+            what = (f"rank {rank} made no progress for {idle:.0f}s: it waited in a collective "
+                    f"for {whom}, which stopped reporting")
+        else:
+            others = (f"; {_ranks(waiters)} waited for it in a collective" if waiters else "")
+            what = (f"rank {rank} made no progress (no report() or batch) for {idle:.0f}s, "
+                    f"over the hang timeout of {self.timeout_s:.0f}s{others}")
+        return (f"HangError: {what}" + (f"; stuck at {stuck.where}" if stuck.where else "")
+                + ("; it hung at the same place in the previous attempt" if repeat else ""))
 
     def _read_stack(self, rank: int) -> str:
         try:

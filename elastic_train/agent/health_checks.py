@@ -16,7 +16,8 @@ Built in:
   multiply two matrices of ones and check the sum, and read the free memory.
 - :class:`FreeSpaceCheck`: the free space where checkpoints are staged and kept.
 - :class:`StorageCheck`: write, read back and remove a probe in the run directory.
-- :class:`CommandCheck`: a command; exit code 0 is healthy.
+- :class:`CommandCheck`: a command; exit code 0 is healthy (whatever it left running
+  is ended).
 - :class:`CallableCheck`: a function; it fails by raising or returning False.
 
 Example::
@@ -29,17 +30,23 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 from elastic_train.forked_call import call_in_child
+from elastic_train.process_identity import has_exited
 
 DEFAULT_TIMEOUT_S = 60.0  # a context on each of 8 GPUs takes seconds; a hung driver never ends
 MATMUL_SIZE = 128  # 128**3 = 2**21: the sum of a product of ones is exact in float32
+OUTPUT_TAIL_BYTES = 2048  # what is read of a command's output: its last lines say why
 
 
 @dataclass(frozen=True)
@@ -175,7 +182,14 @@ class StorageCheck:
 @dataclass(frozen=True)
 class CommandCheck:
     """The user's command: healthy when it exits 0 within ``timeout_s``; the end of its
-    output says why not."""
+    output says why not.
+
+    It is judged by its exit code, not by the end of its output: a command that starts
+    a daemon (``cmd &``) ends while the daemon still holds its output. It runs in a
+    process group of its own, ended once it has exited or timed out, so that nothing
+    it started outlives the check. Its output goes to unnamed temporary files, of which
+    only the last :data:`OUTPUT_TAIL_BYTES` are read.
+    """
 
     argv: tuple[str, ...]
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -185,18 +199,43 @@ class CommandCheck:
         return "command " + " ".join(self.argv)
 
     def check(self) -> str:
-        try:
-            done = subprocess.run(self.argv, capture_output=True, text=True,
-                                  timeout=self.timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            raise CheckFailed(f"it did not end within {self.timeout_s:g}s") from None
-        except OSError as exc:
-            raise CheckFailed(f"it could not start: {exc}") from None
-        said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-3:]
-        if done.returncode != 0:
-            raise CheckFailed(f"exit code {done.returncode}" + (
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            try:
+                process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=out,
+                                           stderr=err, start_new_session=True)
+            except OSError as exc:
+                raise CheckFailed(f"it could not start: {exc}") from None
+            try:
+                ended = _exited(process.pid, time.monotonic() + self.timeout_s)
+            finally:  # its group while its pid is still held (not yet reaped): no other's
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            if not ended:
+                raise CheckFailed(f"it did not end within {self.timeout_s:g}s")
+            said = (_tail(err) or _tail(out)).splitlines()[-3:]
+        if process.returncode != 0:
+            raise CheckFailed(f"exit code {process.returncode}" + (
                 ": " + " / ".join(said) if said else ""))
         return "exit code 0"
+
+
+def _exited(pid: int, deadline: float) -> bool:
+    """Waits until the child ``pid`` has exited, leaving it unreaped (its pid, and the
+    group it leads, stay its own); False once ``deadline`` (monotonic) passed."""
+    delay = 0.001
+    while not has_exited(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    return True
+
+
+def _tail(file: IO[bytes]) -> str:
+    """The last :data:`OUTPUT_TAIL_BYTES` written to ``file``, stripped."""
+    file.seek(max(0, file.seek(0, os.SEEK_END) - OUTPUT_TAIL_BYTES))
+    return file.read().decode(errors="replace").strip()
 
 
 @dataclass(frozen=True)

@@ -1,67 +1,64 @@
-"""``TrainAgent``: torch's ``LocalElasticAgent`` with these departures.
+"""``TrainAgent``: torch's ``LocalElasticAgent`` with these changes, each named (the
+name is how code and docs refer to it).
 
-1. Each incarnation of the worker group gets a *generation id*, agreed among
-   the agents through the rendezvous round's store and given to the workers
-   as ``ELASTIC_TRAIN_GENERATION``. Workers namespace their process-group keys
-   with it, so a restarted group never reads the addresses of the previous one
-   from the agent's long-lived store (the cause of torchrun's intermittent
-   ``Gloo connectFullMesh failed`` after a restart).
-2. Every failed attempt is reported to a callback before the agent restarts
-   the group, so the driver can record it in the run's history; every
-   rendezvous is reported too (this node's group rank and the node count).
-3. Whether a failed group restarts is decided by a
-   :class:`~elastic_train.agent.restart_budget.RestartBudget`, not by torch's
-   counter (which this agent sets to the decision before torch reads it), and
-   whether this node stays in the job by its node policy
-   (:mod:`elastic_train.agent.node_policy`), asked after each failure and before
-   each rendezvous.
-   Only this node's own failures spend its restart budget: the agents tell
-   each other how and when their workers failed and settle which node is at
-   fault (:mod:`.attribution`); the others restart for free, and a lost node
-   is a membership change (counted in ``membership_changes``), not a failure
-   of the job. On a single node every failure is the node's own and is charged.
-   Nobody waits for a node known gone, and a lost node's failure is charged to
-   none of the survivors (:mod:`.node_liveness`: each agent's beacon, probed by
-   the others; :attr:`TrainAgent.liveness` answers for the current round). Before
-   it joins the next round, a survivor drops the nodes known gone from torch's
-   dynamic rendezvous (c10d, etcd-v3), which would wait for their heartbeats to
-   age, and ends the next round's last call once every survivor is in
-   (:mod:`elastic_train.agent.rendezvous.gone_nodes`).
-4. A failure after a preemption notice (see :mod:`elastic_train.worker.preemption`)
-   spends the preemption budget (``FailureConfig.max_preemption_failures``)
-   instead of the restart budget.
-5. A group is stopped for a restart with SIGKILL, not torch's SIGTERM and
-   30 s wait -- also the rest of the group that torch's process context
-   stops at the first failure, which are then not reported as failures: the
-   failed group's state is discarded anyway, SIGTERM is the workers'
-   preemption notice (which they outlast), and a worker blocked in a
-   collective with a dead peer would only die at the end of the wait.
-6. The worker command is asked for again at every start, so a worker zygote
-   that died (see :mod:`elastic_train.agent.zygote.server`) is replaced by a new one.
-7. Stopping a group stops the workers a zygote forked behind the processes
-   torch started, and waits for them (:mod:`.forked_workers`); a group starts
-   with an empty staging directory (what a killed attempt staged is stale).
-8. With in-process restarts (:mod:`elastic_train.agent.inprocess.restarts`) a failed
-   attempt does not stop the group: the agent's
-   :class:`~elastic_train.agent.inprocess.controller.InProcessController` watches its
-   workers (torch's process context would stop them all at the first death), charges
-   the failure, lets the survivors unwind and start the next attempt, and
-   starts a new process only in the slot of a worker that died, hung or lost
-   its device. It leaves the failure to torch's monitoring when a live worker
-   cannot restart in process (a script without the wrapper).
-9. When the job's membership changes during an in-process restart (a node is
-   gone, gave up or is waiting to join), or a node joins while the workers run
-   in process, torch's restart of the group is only its rendezvous: the workers
-   wait in their processes, and the new round's ranks, world size, store and
-   generation are handed to them
-   (:meth:`~elastic_train.agent.inprocess.controller.InProcessController.reform`);
-   only a slot whose process ended gets a new one. Where a rendezvous backend
-   keeps one store for every round (static), torch restarts the whole group.
-10. A node asked to leave for a spare (``AgentEvents.leave_request``: it is the named
-   straggler) leaves while its group is healthy, once a spare waits
-   (:mod:`.leave_for_spare`): its workers are stopped, nothing is charged, and it
-   ends as a node its policy sent away (:attr:`TrainAgent.leaving`), keeping the
-   rendezvous open; the survivors meet it as a lost node, and the spare takes its ranks.
+- **Generation ids.** Each incarnation of the worker group gets a *generation id*, agreed
+  among the agents through the rendezvous round's store and given to the workers as
+  ``ELASTIC_TRAIN_GENERATION``. Workers namespace their process-group keys with it, so a
+  restarted group never reads the addresses of the previous one from the agent's long-lived
+  store (the cause of torchrun's intermittent ``Gloo connectFullMesh failed`` after a
+  restart).
+- **Attempts reported.** Every failed attempt is reported to a callback before the agent
+  restarts the group, so the driver can record it in the run's history; every rendezvous is
+  reported too (this node's group rank and the node count).
+- **Our restart decision.** Whether a failed group restarts is decided by a
+  :class:`~elastic_train.agent.restart_budget.RestartBudget`, not by torch's counter (which
+  this agent sets to the decision before torch reads it), and whether this node stays in the
+  job by its node policy (:mod:`elastic_train.agent.node_policy`), asked after each failure
+  and before each rendezvous. Only this node's own failures spend its restart budget: the
+  agents tell each other how and when their workers failed and settle which node is at fault
+  (:mod:`.attribution`); the others restart for free, and a lost node is a membership change
+  (counted in ``membership_changes``), not a failure of the job. On a single node every
+  failure is the node's own and is charged. Nobody waits for a node known gone, and a lost
+  node's failure is charged to none of the survivors (:mod:`.node_liveness`: each agent's
+  beacon, probed by the others; :attr:`TrainAgent.liveness` answers for the current round).
+  Before it joins the next round, a survivor drops the nodes known gone from torch's dynamic
+  rendezvous (c10d, etcd-v3), which would wait for their heartbeats to age, and ends the
+  next round's last call once every survivor is in
+  (:mod:`elastic_train.agent.rendezvous.gone_nodes`).
+- **Preemption budget.** A failure after a preemption notice (see
+  :mod:`elastic_train.worker.preemption`) spends the preemption budget
+  (``FailureConfig.max_preemption_failures``) instead of the restart budget.
+- **SIGKILL stops.** A group is stopped for a restart with SIGKILL, not torch's SIGTERM and
+  30 s wait -- also the rest of the group that torch's process context stops at the first
+  failure, which are then not reported as failures: the failed group's state is discarded
+  anyway, SIGTERM is the workers' preemption notice (which they outlast), and a worker
+  blocked in a collective with a dead peer would only die at the end of the wait.
+- **A live zygote at every start.** The worker command is asked for again at every start, so
+  a worker zygote that died (see :mod:`elastic_train.agent.zygote.server`) is replaced by a
+  new one.
+- **Forked workers stopped.** Stopping a group stops the workers a zygote forked behind the
+  processes torch started, and waits for them (:mod:`.forked_workers`); a group starts with
+  an empty staging directory (what a killed attempt staged is stale).
+- **In-process restarts.** With in-process restarts
+  (:mod:`elastic_train.agent.inprocess.restarts`) a failed attempt does not stop the group:
+  the agent's :class:`~elastic_train.agent.inprocess.controller.InProcessController` watches
+  its workers (torch's process context would stop them all at the first death), charges the
+  failure, lets the survivors unwind and start the next attempt, and starts a new process
+  only in the slot of a worker that died, hung or lost its device. It leaves the failure to
+  torch's monitoring when a live worker cannot restart in process (a script without the
+  wrapper).
+- **Membership changes in process.** When the job's membership changes during an in-process
+  restart (a node is gone, gave up or is waiting to join), or a node joins while the workers
+  run in process, torch's restart of the group is only its rendezvous: the workers wait in
+  their processes, and the new round's ranks, world size, store and generation are handed to
+  them (:meth:`~elastic_train.agent.inprocess.controller.InProcessController.reform`); only
+  a slot whose process ended gets a new one. Where a rendezvous backend keeps one store for
+  every round (static), torch restarts the whole group.
+- **Leaving for a spare.** A node asked to leave for a spare (``AgentEvents.leave_request``:
+  it is the named straggler) leaves while its group is healthy, once a spare waits
+  (:mod:`.leave_for_spare`): its workers are stopped, nothing is charged, and it ends as a
+  node its policy sent away (:attr:`TrainAgent.leaving`), keeping the rendezvous open; the
+  survivors meet it as a lost node, and the spare takes its ranks.
 
 Everything else -- rendezvous, spawning, monitoring, restart budget,
 membership changes, shutdown -- is torch.distributed.elastic's own.
@@ -246,7 +243,7 @@ class TrainAgent(LocalElasticAgent):
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         """torch's restart of the group (stop, rendezvous, start); with the workers parked
         for a new world -- after a failure, or now for a node that joins a running job
-        -- the rendezvous alone (departure 9)."""
+        -- the rendezvous alone (membership changes in process, in this module's docstring)."""
         if self._in_process is None or not (self._in_process.parked
                                             or self._in_process.park(worker_group)):
             return super()._restart_workers(worker_group)
@@ -261,7 +258,7 @@ class TrainAgent(LocalElasticAgent):
 
     def _command(self) -> tuple[str, tuple[str, ...]]:
         """The worker command now: asked for again at every start and replacement (e.g. a
-        new zygote if the last one died; departure 6), else the spec's."""
+        new zygote if the last one died: a live zygote at every start), else the spec's."""
         if self.options.worker_command is not None:
             return self.options.worker_command()
         spec = self.get_worker_group().spec
@@ -270,7 +267,7 @@ class TrainAgent(LocalElasticAgent):
     def _stop_rest_at_once(self) -> None:
         """Makes the stop of the rest of the group that torch's process context does on
         the first failure a SIGKILL (it sends SIGTERM and waits 30 s), and notes whom
-        it stops: they did not fail (see departure 5)."""
+        it stops: they did not fail (see SIGKILL stops)."""
         pcontext, close = self._pcontext, self._pcontext.close
         self._stopped = set()
 
@@ -309,7 +306,7 @@ class TrainAgent(LocalElasticAgent):
         return spares.waiting(self.get_worker_group().spec.rdzv_handler)
 
     def _leave_for_spare(self, verdict: NodeVerdict) -> RunResult:
-        """This node leaves a healthy group for a spare (departure 10): torch stops the
+        """This node leaves a healthy group for a spare (leaving for a spare): torch stops the
         workers (no restart is left), nothing is charged, and the run ends failed with
         no failure of its own, as a node its policy sent away."""
         logger.warning("This node leaves the job (%s); a spare takes its place.",

@@ -26,8 +26,9 @@ from elastic_train.storage.filesystem import options_from_flags as storage_optio
 def cmd_restore(args: argparse.Namespace) -> int:
     options = storage_options(args.storage_option)
     fs, path = fsutil.resolve(args.run_path, options=options)
-    check_directory(fs, path, "a run directory")
     storage = RunStorage(fs, path)
+    storage.check_reachable()
+    check_directory(fs, path, "a run directory")
     state = storage.read_run_state()
     finished = state is not None and state.is_finished and not args.start_over
     command = state.spec.get("command") if state is not None else None
@@ -83,4 +84,4 @@ def cmd_verify_resume(args: argparse.Namespace) -> int:
     verdict = verify([args.script, *args.script_args], args.nproc_per_node,
                      args.fail_at_report, args.workdir)
     print(verdict.describe())
-    return 0 if verdict.identical and verdict.resumed else 1
+    return 0 if verdict.passed else 1

@@ -12,8 +12,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from elastic_train.cli.errors import guarded
+
+if TYPE_CHECKING:
+    from elastic_train.driver.launch_settings import LaunchSettings
 
 # Flags of the command line that are not launch settings.
 _COMMAND_ONLY = ("dry_run", "debug", "print_completion")
@@ -26,16 +30,23 @@ def main_launch(argv: list[str], env: Mapping[str, str] | None = None) -> int:
                    debug="--debug" in argv, flags=True)
 
 
-def _launch(argv: list[str], env: Mapping[str, str]) -> int:
+def launch_settings(argv: list[str], env: Mapping[str, str]) -> tuple[LaunchSettings, bool]:
+    """The checked settings of ``elastic-train launch ARGV`` (a ConfigError names a bad
+    value and its source; nothing is started or written), and whether it is a dry run."""
     from elastic_train.cli.launch_parser import parse
-    from elastic_train.driver.launch_run import launch, report
     from elastic_train.driver.launch_settings import LaunchSettings
 
     parsed = parse(argv, env)
     values = {k: v for k, v in parsed.values.items() if k not in _COMMAND_ONLY}
-    settings = LaunchSettings(target=parsed.target, target_args=parsed.target_args,
-                              sources=parsed.sources, **values)
-    if parsed.values["dry_run"]:
+    return LaunchSettings(target=parsed.target, target_args=parsed.target_args,
+                          sources=parsed.sources, **values), parsed.values["dry_run"]
+
+
+def _launch(argv: list[str], env: Mapping[str, str]) -> int:
+    from elastic_train.driver.launch_run import launch, report
+
+    settings, dry_run = launch_settings(argv, env)
+    if dry_run:
         print(json.dumps(report(settings), indent=2))
         return 0
     return launch(settings, argv)

@@ -15,15 +15,20 @@ a learning-rate scheduler...).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 
 from elastic_train import env_vars
+from elastic_train.cli.launch_command import launch_settings
 from elastic_train.errors import ConfigError
 from elastic_train.storage import RunStorage
 from elastic_train.storage.manifest import CommitManifest
+
+RUNS = ("straight", "interrupted")
+_TAIL_LINES = 30  # of a failed launch's output, shown on stderr
 
 
 @dataclass
@@ -33,8 +38,21 @@ class Verdict:
     differing: list[str]
     straight: CommitManifest | None
     resumed_run: CommitManifest | None
+    crash_at: int = 0
+    failed: str = ""  # a launch that failed: which, and where its output is
+    kept_in: str | None = None  # where both runs are, when they are kept
+
+    @property
+    def passed(self) -> bool:
+        return self.identical and self.resumed and not self.failed
 
     def describe(self) -> str:
+        kept = f" The runs are in {self.kept_in}." if self.kept_in and not self.failed else ""
+        return self._verdict() + kept
+
+    def _verdict(self) -> str:
+        if self.failed:
+            return f"FAILED: {self.failed}."
         if self.straight is None or self.resumed_run is None:
             return ("FAILED: a run committed no checkpoint; report() a checkpoint at least "
                     "at the end of training.")
@@ -49,8 +67,6 @@ class Verdict:
                 f"{', '.join(self.differing)}: some state is not saved in (or not restored "
                 "from) the checkpoint -- RNG states, the data order, a scheduler...")
 
-    crash_at: int = 0
-
 
 def _final(storage_path: str, name: str) -> tuple[CommitManifest | None, int]:
     storage = RunStorage.open(storage_path, name)
@@ -59,32 +75,72 @@ def _final(storage_path: str, name: str) -> tuple[CommitManifest | None, int]:
     return (committed[-1] if committed else None), len(state.failures) if state else 0
 
 
-def verify(script_and_args: list[str], nproc_per_node: int, fail_at_report: int,
-           workdir: str | None = None) -> Verdict:
-    """Runs both launches (subprocesses of ``elastic-train launch``) and compares them."""
-    storage = workdir or tempfile.mkdtemp(prefix="elastic_train_verify_")
-    for name in ("straight", "interrupted"):  # a stored one would be continued, not redone
+def _refuse_used_workdir(storage: str) -> None:
+    for name in RUNS:  # a stored one would be continued, not redone
         if RunStorage.open(storage, name).read_run_state() is not None:
             raise ConfigError(f"--workdir {storage} already holds a run {name!r} of an earlier "
                               "verify-resume: pass an empty directory, or none for a new "
                               "temporary one.")
-    base = [sys.executable, "-m", "elastic_train.cli", "launch", "--standalone", "--quiet",
-            "--nproc-per-node", str(nproc_per_node), "--storage-path", storage]
+
+
+def _run_launch(argv: list[str], env: dict[str, str], log_path: str) -> str:
+    """Runs ``elastic-train launch ARGV`` with its output in ``log_path`` (a passing run
+    stays quiet: the injected crash's messages are expected); on a failure its last
+    lines go to stderr and the answer says what failed, else it is empty."""
+    with open(log_path, "w") as log:
+        code = subprocess.run([sys.executable, "-m", "elastic_train.cli", "launch", *argv],
+                              env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    if code == 0:
+        return ""
+    with open(log_path) as log:
+        print("".join(log.readlines()[-_TAIL_LINES:]), end="", file=sys.stderr)
+    return f"the launch exited with code {code}; its output is in {log_path}"
+
+
+def verify(script_and_args: list[str], nproc_per_node: int, fail_at_report: int,
+           workdir: str | None = None) -> Verdict:
+    """Runs both launches (subprocesses of ``elastic-train launch``) and compares them.
+
+    Their command line is checked first, so that a mistake (a missing script, a bad
+    flag) is a ConfigError before anything starts. A temporary directory of ours is
+    removed when the script passes and kept (and named) otherwise; a ``workdir`` given
+    is the user's and stays."""
+    base = ["--standalone", "--quiet", "--nproc-per-node", str(nproc_per_node)]
+    launch_settings([*base, "--storage-path", workdir or tempfile.gettempdir(),
+                     *script_and_args], os.environ)
+    if workdir is not None:
+        _refuse_used_workdir(workdir)
+        os.makedirs(workdir, exist_ok=True)  # for the launches' logs
+    storage = workdir or tempfile.mkdtemp(prefix="elastic_train_verify_")
+    verdict = None
+    try:
+        verdict = _verify_in(storage, [*base, "--storage-path", storage], script_and_args,
+                             fail_at_report)
+    finally:
+        if workdir is None and (verdict is None or verdict.passed):
+            shutil.rmtree(storage, ignore_errors=True)
+    verdict.kept_in = storage if workdir is None and not verdict.passed else None
+    return verdict
+
+
+def _verify_in(storage: str, base: list[str], script_and_args: list[str],
+               fail_at_report: int) -> Verdict:
     for name, extra, env in (
         ("straight", [], {}),
         ("interrupted", ["--max-restarts", "1"], {env_vars.FAIL_AT_REPORT: str(fail_at_report)}),
     ):
         print(f"verify-resume: {name} run ...", flush=True)
-        subprocess.run([*base, *extra, "--name", name, *script_and_args],
-                       env={**os.environ, **env}, check=True)
+        failed = _run_launch([*base, *extra, "--name", name, *script_and_args],
+                             {**os.environ, **env}, os.path.join(storage, f"{name}.log"))
+        if failed:
+            return Verdict(False, False, [], None, None, failed=f"the {name} run failed: "
+                                                                f"{failed}")
     straight, _ = _final(storage, "straight")
     resumed_run, failures = _final(storage, "interrupted")
     differing = []
     if straight and resumed_run:
         names = sorted(set(straight.files) | set(resumed_run.files))
         differing = [n for n in names if straight.files.get(n) != resumed_run.files.get(n)]
-    verdict = Verdict(identical=bool(straight and resumed_run) and not differing,
-                      resumed=failures > 0, differing=differing, straight=straight,
-                      resumed_run=resumed_run)
-    verdict.crash_at = fail_at_report
-    return verdict
+    return Verdict(identical=bool(straight and resumed_run) and not differing,
+                   resumed=failures > 0, differing=differing, straight=straight,
+                   resumed_run=resumed_run, crash_at=fail_at_report)

@@ -35,7 +35,7 @@ from elastic_train.driver.console import ConsoleView
 from elastic_train.driver.flag_terms import FIELD_SETTINGS, in_flag_terms
 from elastic_train.errors import ConfigError
 from elastic_train.redaction import redact_conf, redacted_options
-from elastic_train.rendezvous_backends import TORCHRUN_DEFAULT, lookup
+from elastic_train.rendezvous_backends import TORCHRUN_DEFAULT, Backend, lookup
 from elastic_train.rendezvous_config import LOCAL_ENDPOINT, RendezvousConfig, parse_rdzv_conf
 from elastic_train.storage.filesystem import options_from_flags
 from elastic_train.stragglers import StragglerConfig
@@ -208,8 +208,9 @@ class LaunchSettings:
             # The platform's endpoint is a node's store; etcd needs one given.
             given = "" if self._from_platform("rdzv_endpoint") \
                 and not backend.endpoint_is_node_store else self.rdzv_endpoint
-            endpoint = given or (LOCAL_ENDPOINT if self._meeting == 1 else "")
-            self._check_elastic_job(backend.name, endpoint)
+            alone = self._meeting == 1 and backend.endpoint_is_node_store
+            endpoint = given or (LOCAL_ENDPOINT if alone else "")
+            self._check_elastic_job(backend, endpoint)
             source = self.named("rdzv_endpoint")
         else:
             rules.check_static_job(self)
@@ -230,14 +231,21 @@ class LaunchSettings:
         """How many nodes may meet at the rendezvous: the job's, and its spares."""
         return self.max_nodes + max(self.spares, 0)
 
-    def _check_elastic_job(self, backend: str, endpoint: str) -> None:
+    def _check_elastic_job(self, backend: Backend, endpoint: str) -> None:
+        """A job across nodes needs an endpoint and an id; a backend whose state lives in a
+        server of its own (etcd) needs the server's endpoint on one node too."""
+        if self._meeting == 1 and backend.endpoint_is_node_store:
+            return
+        if not endpoint:
+            spares = f" and {self.named('spares')}={self.spares}" if self.spares > 0 else ""
+            why, example = (f"with {self.named('nnodes')}={self.nnodes}{spares}", "host0:29400") \
+                if self._meeting > 1 else ("(its server's HOST:PORT; on one node, omit "
+                                           "--rdzv-backend: no server is needed)",
+                                           "etcd-host:2379")
+            raise ConfigError(f"--rdzv-endpoint is required for --rdzv-backend {backend.name} "
+                              f"{why}, e.g. --rdzv-endpoint {example}.")
         if self._meeting == 1:
             return
-        spares = f" and {self.named('spares')}={self.spares}" if self.spares > 0 else ""
-        if not endpoint:
-            raise ConfigError(f"--rdzv-endpoint is required for --rdzv-backend {backend} with "
-                              f"{self.named('nnodes')}={self.nnodes}{spares}, e.g. "
-                              "--rdzv-endpoint host0:29400.")
         if self.rdzv_id == "none":
             raise ConfigError(
                 "--rdzv-id is required with more than one node: every node of one job "

@@ -92,8 +92,11 @@ def _read_trainable(storage: RunStorage, stored: dict[str, Any], path: str) -> R
 
 def _storage_at(path: str | os.PathLike, filesystem: Any,
                 options: dict[str, Any] | None) -> RunStorage:
+    """The run directory at ``path``, reachable (see :meth:`RunStorage.check_reachable`)."""
     fs, run_path = fsutil.resolve(os.fspath(path), filesystem, options)
-    return RunStorage(fs, run_path)
+    storage = RunStorage(fs, run_path)
+    storage.check_reachable()
+    return storage
 
 
 def _refuse_inside_a_worker() -> None:
@@ -208,11 +211,13 @@ class DataParallelTrainer:
     def can_restore(cls, path: str | os.PathLike, storage_filesystem: Any = None,
                     storage_options: dict[str, Any] | None = None) -> bool:
         """Whether ``path`` is a run that :meth:`restore` can continue: a run directory
-        whose run did not finish. False for a finished run, another directory, or no path."""
+        whose run did not finish. False for a finished run, another directory, or no path;
+        also for a store that cannot be read, with a warning naming the cause."""
         try:
             storage = _storage_at(path, storage_filesystem, storage_options)
             state = storage.read_run_state()
-        except (ConfigError, StorageError, OSError):
+        except (ConfigError, StorageError, OSError) as exc:
+            logger.warning("can_restore(%r) is False: %s", os.fspath(path), exc)
             return False
         return state is not None and not state.is_finished and storage.has_trainable()
 

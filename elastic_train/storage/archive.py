@@ -15,7 +15,8 @@ import time
 
 from elastic_train.errors import StorageError
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.run_storage import RUN_FILE, RunStorage
+from elastic_train.storage.run_state import RUN_FILE
+from elastic_train.storage.run_storage import RunStorage
 
 
 def archive_path(storage: RunStorage, status: str, now: float | None = None) -> str:

@@ -20,14 +20,22 @@ Example::
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
 from elastic_train.errors import ConfigError
+from elastic_train.storage.run_state import RUN_ENTRIES
 
 NAMES_DIR = ".checkpoint-names"
 DEFAULT_RE = re.compile(r"^checkpoint_(\d{6,})$")
 _CLAIM_RE = re.compile(r"^(\d{6,})\.(.+)$")
+NAME_MAX = 255  # bytes in one name of a path on Linux's file systems (ext4, xfs, NFS)
+# The longest name a checkpoint's name is part of: its claim ``<index>.<name>``, written
+# through the temporary sibling ``<claim>.tmp-<8 hex digits>`` on local disk (see
+# stores/local.py), with room for an index of 12 digits.
+_CLAIM_EXTRA_BYTES = len(f"{10**12 - 1}.") + len(".tmp-01234567")
+MAX_NAME_BYTES = NAME_MAX - _CLAIM_EXTRA_BYTES
 
 
 def dir_name(index: int) -> str:
@@ -48,6 +56,13 @@ def check_dir_name(name: Any) -> str:
         problem = "starts with '.' (the run's own entries do, and '..' leaves the run)"
     elif DEFAULT_RE.match(name):
         problem = "is a default name, whose number another checkpoint may get"
+    elif name in RUN_ENTRIES:
+        problem = ("is the name of one of the run directory's own entries "
+                   f"({', '.join(sorted(RUN_ENTRIES))})")
+    elif (size := len(os.fsencode(name))) > MAX_NAME_BYTES:
+        problem = (f"is {size} bytes long (UTF-8), over the {MAX_NAME_BYTES} bytes a "
+                   f"checkpoint name may have (its claim file adds the index, and a file "
+                   f"name has at most {NAME_MAX} bytes)")
     if problem:
         raise ConfigError(f"report(checkpoint_dir_name={name!r}) {problem}: pass a plain "
                           "directory name unique in the run, e.g. f'epoch_{epoch}'.")

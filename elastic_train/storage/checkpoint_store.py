@@ -6,7 +6,9 @@ every rank that reported one, plus the commit marker ``.commit.json``
 (:class:`CommitManifest`: index, metrics, file list with sizes and CRC-32s,
 per-rank resume state) written last. A directory without the marker does not
 exist for readers and is removed at the next start; deletion removes the
-marker first, so a reader never sees half a checkpoint.
+marker first, so a reader never sees half a checkpoint. A checkpoint found damaged
+(a corrupt marker, or files that do not match it) is set aside under ``.damaged/``:
+its name is free again, its number stays used.
 
 The protocol is the same on every fsspec store: files are written into their
 final place (no directory rename, which object stores cannot do atomically)
@@ -65,6 +67,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MARKER = ".commit.json"
+# Checkpoints found damaged, kept for a person to look at: <NNNNNN>.<name>/ (see set_aside).
+DAMAGED_DIR = ".damaged"
 # Not ".uploads": SeaweedFS keeps its multipart parts under that name and hides it
 # from listings, so markers there would never be seen.
 UPLOADS_DIR = ".upload-marks"
@@ -285,7 +289,8 @@ class CheckpointStore:
     def sweep(self) -> tuple[list[int], list[CommitManifest]]:
         """:meth:`remove_uncommitted` and :meth:`committed` in one pass over the run
         directory (a start needs both; each marker is read once). The indices returned
-        also name the directories with a corrupt marker, which stay (no number is reused)."""
+        also name the checkpoints set aside as damaged, now (a corrupt marker) or at an
+        earlier start: no number is reused."""
         self._fenced("removing unfinished uploads")
         aborted = self._retry("aborting unfinished multipart uploads",
                               lambda: self.adapter.abort_unfinished_uploads(self.run_path))
@@ -298,7 +303,8 @@ class CheckpointStore:
             if isinstance(manifest, CommitManifest):
                 manifests.append(manifest)
                 continue
-            if manifest is DAMAGED:  # left for a person to look at; its number not reused
+            if manifest is DAMAGED:
+                self._set_aside_if_possible(index)
                 removed.append(index)
                 continue
             if not self._in_place(index):  # the user's own files (NO_UPLOAD) stay
@@ -310,7 +316,42 @@ class CheckpointStore:
         uploads = fsutil.join(self.run_path, UPLOADS_DIR)
         if self._retry("listing upload markers", lambda: self.fs.exists(uploads)):
             self._retry("removing upload markers", lambda: self.adapter.remove_tree(uploads))
-        return removed, manifests
+        aside = [claim[0] for claim in map(parse_claim, self._list(
+            fsutil.join(self.run_path, DAMAGED_DIR))) if claim]
+        return sorted({*removed, *aside}), manifests
+
+    def _set_aside_if_possible(self, index: int) -> None:
+        """:meth:`set_aside` at a sweep: a damaged checkpoint that cannot be moved (the
+        store refuses a name its marker made it write) stays where it is, unread -- a
+        start never fails for it; the next start tries again."""
+        try:
+            self.set_aside(index)
+        except (OSError, StorageError) as e:
+            logger.warning("Could not set the damaged checkpoint %s aside (%s); it stays "
+                           "where it is and is not read.", self.name(index), e)
+
+    def set_aside(self, index: int) -> None:
+        """Moves checkpoint ``index``, found damaged, to ``.damaged/<NNNNNN>.<name>/``,
+        marker and all, for a person to look at: readers no longer see it, its name is
+        free for a later report (its claim goes last), and :meth:`sweep` still counts its
+        number as used. One rename where the store has one; elsewhere a copy, then the
+        original is deleted marker first -- a move cut short is done again at the next
+        start (the original is still damaged), or swept (its marker gone)."""
+        name = self.name(index)
+        what = f"setting aside the damaged checkpoint {name}"
+        self._fenced(what)
+        source = self.path(index)
+        target = fsutil.join(self.run_path, DAMAGED_DIR, claim_file(index, name))
+        logger.warning("Checkpoint %s is damaged: it is moved to %s, and its name is free "
+                       "again.", name, fsutil.display_path(self.fs, target))
+        self._retry(what, lambda: self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True))
+        if self._retry(what, lambda: self.adapter.rename_tree(source, target)):
+            self._unclaim(index)
+            return
+        files = self._retry(what, lambda: self.fs.find(source))
+        self._retry(what, lambda: self.fs.copy(
+            files, [target + f[len(source.rstrip("/")):] for f in files]))
+        self.delete(index)
 
     def upload(self, index: int, local_dir: str, relpaths: list[str],
                callback: Callback | None = None,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from elastic_train.errors import ConfigError, StorageError
 from elastic_train.redaction import public_options
@@ -94,6 +95,16 @@ def write_bytes_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) ->
 
 def write_json_atomic(fs: fsspec.AbstractFileSystem, path: str, obj: Any) -> None:
     write_bytes_atomic(fs, path, json.dumps(obj, indent=2, sort_keys=True).encode())
+
+
+def write_local_atomic(path: str, data: bytes) -> None:
+    """:func:`write_bytes_atomic` to a file of this node's disk (scratch, never a store)."""
+    write_bytes_atomic(LocalFileSystem(), path, data)
+
+
+def write_local_json(path: str, obj: Any) -> None:
+    """:func:`write_json_atomic` to a file of this node's disk (scratch, never a store)."""
+    write_json_atomic(LocalFileSystem(), path, obj)
 
 
 def read_json(fs: fsspec.AbstractFileSystem, path: str) -> Any:

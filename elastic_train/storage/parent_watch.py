@@ -7,7 +7,9 @@ would go on writing a checkpoint nobody commits, holding its memory and CPU.
 child exits, and torch starts its writer from an executor thread that ends after
 the first save. So a thread in the writer watches its owner instead, through a
 pidfd (Linux 5.3+; elsewhere by polling the parent pid), and SIGKILLs the writer
-once the owner is gone. Files half written then stay in a directory nobody commits.
+once the owner is gone -- with every process it started, if any (a validation's, see
+:mod:`elastic_train.worker.validation_process`). Files half written then stay in a
+directory nobody commits.
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ import signal
 import threading
 import time
 
+from elastic_train.process_identity import end_tree
+
 _POLL_S = 0.2
 _watched: int | None = None  # the owner this process watches, once started
 
 
 def die_with(owner_pid: int) -> None:
-    """Makes this process die (SIGKILL) when ``owner_pid``, its parent, ends: at once
-    when it has ended already. Idempotent: one watch per process."""
+    """Makes this process die (SIGKILL), with what it started, when ``owner_pid``, its
+    parent, ends: at once when it has ended already. Idempotent: one watch per process."""
     global _watched
     if _watched == owner_pid:
         return
@@ -42,4 +46,4 @@ def _watch(owner_pid: int) -> None:
             time.sleep(_POLL_S)
     else:
         select.select([fd], [], [])  # readable once the owner has exited
-    os.kill(os.getpid(), signal.SIGKILL)
+    end_tree(os.getpid())

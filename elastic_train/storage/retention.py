@@ -8,11 +8,14 @@ may make it one of the best). A checkpoint
 whose metrics lack the score attribute -- one committed before a resume changed
 ``checkpoint_score_attribute`` -- ranks below every scored one (the newest first
 among such), so the ranking never fails: ``report()`` refuses a *new* checkpoint
-without the attribute before it is uploaded (:func:`score_of`).
+without the attribute before it is uploaded (:func:`score_of`). A NaN score (a
+diverged loss) is a number, not a mistake: it ranks below every other number, as
+Ray's manager ranks it, and the run goes on.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,15 +59,16 @@ def _score_or_none(record: CheckpointRecord, config: CheckpointConfig) -> float 
 
 def ranked(records: Sequence[CheckpointRecord], config: CheckpointConfig
            ) -> list[CheckpointRecord]:
-    """Best first: by score in the configured order, ties by recency; records without a
-    score last, newest first."""
+    """Best first: by score in the configured order, ties by recency; then NaN scores,
+    then records without a score, each newest first."""
     if config.checkpoint_score_attribute is None:
         return sorted(records, key=lambda r: -r.index)
     sign = -1.0 if config.checkpoint_score_order == "max" else 1.0
 
-    def key(record: CheckpointRecord) -> tuple[bool, float, int]:
+    def key(record: CheckpointRecord) -> tuple[bool, bool, float, int]:
         score = _score_or_none(record, config)
-        return (score is None, 0.0 if score is None else sign * score, -record.index)
+        unranked = score is None or math.isnan(score)
+        return (score is None, unranked, 0.0 if unranked else sign * score, -record.index)
 
     return sorted(records, key=key)
 

@@ -1,10 +1,30 @@
-"""``run.json`` and ``restores.json`` as typed records: what a run directory says of its run.
+"""``run.json`` and ``restores.json`` as typed records: what a run directory says of its run,
+and the names of the run directory's own entries (:data:`RUN_ENTRIES`).
 
 The driver writes them (:mod:`elastic_train.driver.run_record`, rank 0's
 session for restores); ``elastic-train ls``/``show``, ``Result`` and restore
 read them. Every record reads the JSON of older versions (missing fields get
 their defaults) and writes the same field names as before, so a run directory
 stays readable across versions.
+
+The run directory, ``<storage_path>/<name>/``::
+
+    run.json           spec, status, attempts and failures (written by the driver only)
+    trainable.pkl      the train function and settings, pickled (for restore)
+    metrics.jsonl      one line per report() of rank 0
+    restores.json      one entry per start that resumed
+    checkpoint_NNNNNN/ committed checkpoints, or the name a report chose
+                       (see :mod:`.checkpoint_store`, :mod:`.checkpoint_names`)
+    logs/              per-rank logs
+    departures/        nodes that left on their node policy's word (one JSON file each)
+    progress.csv       CSVLoggerCallback's table of the metrics
+    tensorboard/       TensorBoardLoggerCallback's event files
+    .<anything>        the run's bookkeeping (claims, upload markers, checkpoints set
+                       aside as damaged, probes)
+
+A checkpoint may take any other plain name (``report(checkpoint_dir_name=)``): the
+names of :data:`RUN_ENTRIES` are refused there, so that a checkpoint never takes the
+place of one of these entries, nor one of them the place of a checkpoint.
 
 Example::
 
@@ -23,6 +43,18 @@ from elastic_train.departures import Departure
 from elastic_train.errors import WorkerFailure
 from elastic_train.failure_kinds import FailureKind
 from elastic_train.stragglers import Straggler
+
+RUN_FILE = "run.json"
+TRAINABLE_FILE = "trainable.pkl"
+METRICS_FILE = "metrics.jsonl"
+RESTORES_FILE = "restores.json"
+LOGS_DIR = "logs"
+DEPARTURES_DIR = "departures"
+PROGRESS_FILE = "progress.csv"
+TENSORBOARD_DIR = "tensorboard"
+
+RUN_ENTRIES = frozenset({RUN_FILE, TRAINABLE_FILE, METRICS_FILE, RESTORES_FILE, LOGS_DIR,
+                         DEPARTURES_DIR, PROGRESS_FILE, TENSORBOARD_DIR})
 
 
 class RunStatus(str, enum.Enum):

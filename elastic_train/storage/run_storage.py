@@ -1,13 +1,5 @@
-"""The run directory: ``<storage_path>/<name>/`` and what lives in it.
-
-::
-
-    run.json           spec, status, attempts and failures (written by the driver only)
-    trainable.pkl      the train function and settings, pickled (for restore)
-    metrics.jsonl      one line per report() of rank 0
-    checkpoint_NNNNNN/ committed checkpoints (see checkpoint_store)
-    logs/              per-rank logs
-    departures/        nodes that left on their node policy's word (one JSON file each)
+"""The run directory: ``<storage_path>/<name>/`` and what lives in it (its entries are
+named in :mod:`.run_state`).
 
 The run directory is the source of truth for resuming: a new attempt reads
 its checkpoints and metrics from here, never from memory. One job at a time
@@ -37,7 +29,16 @@ from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import CheckpointStore
 from elastic_train.storage.lease import LeaseDir, LeaseFence, lease_path
 from elastic_train.storage.retry import RetryPolicy
-from elastic_train.storage.run_state import RestoreRecord, RunState
+from elastic_train.storage.run_state import (
+    DEPARTURES_DIR,
+    LOGS_DIR,
+    METRICS_FILE,
+    RESTORES_FILE,
+    RUN_FILE,
+    TRAINABLE_FILE,
+    RestoreRecord,
+    RunState,
+)
 from elastic_train.storage.stores import adapter_for
 
 if TYPE_CHECKING:
@@ -47,11 +48,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-RUN_FILE = "run.json"
-METRICS_FILE = "metrics.jsonl"
-RESTORES_FILE = "restores.json"
-TRAINABLE_FILE = "trainable.pkl"
-DEPARTURES_DIR = "departures"
 RUN_FORMAT_VERSION = 1
 # A metric row is appended at every report(): its lease check may be this old.
 _ROW_FENCE_AGE_S = 2.0
@@ -183,6 +179,18 @@ class RunStorage:
         except Exception as exc:  # never hide the run's own error behind this one
             logger.warning("Could not remove unfinished uploads from %s: %r",
                            self.display_path, exc)
+
+    def check_reachable(self) -> None:
+        """One look at the run directory without retries, before the first retried read of
+        a restore: a store that cannot be reached at all (a refused connection, an unknown
+        host, no credentials) is a wrong setting there, not an outage to wait out. A
+        StorageError naming the cause and what to check comes in seconds, as ``ls`` and
+        ``show`` answer, not after the retry budget."""
+        try:
+            self.fs.exists(self.run_path)
+        except Exception as exc:  # the store's own error types vary (botocore, OSError, ...)
+            raise StorageError(f"cannot reach {self.display_path} ({type(exc).__name__}: "
+                               f"{exc}); {self.adapter.access_hint}") from exc
 
     # run.json: the driver's record of the run
     def _read_unless_missing(self, name: str, what: str, read: Callable[[str], T]) -> T | None:
@@ -333,4 +341,4 @@ class RunStorage:
             local_dir.rstrip("/") + "/", self.log_dir() + "/", recursive=True))
 
     def log_dir(self) -> str:
-        return self._path("logs")
+        return self._path(LOGS_DIR)

@@ -20,9 +20,9 @@ that follows is rank 0's, and lives here:
    checkpoints it keeps a record of;
 7. asynchronous validation's outcome (:mod:`.validation_runner` runs it): a committed
    checkpoint reported with ``validation=`` is handed to the runner, kept by retention
-   while pending, and once validated its metrics are merged into its manifest and its
-   ``metrics.jsonl`` row (same-named keys overwritten, as Ray's) before retention ranks
-   again -- so a validation metric can be the score attribute.
+   while pending, and once validated its metrics are merged into its ``metrics.jsonl``
+   row, then its manifest (same-named keys overwritten, as Ray's), before retention
+   ranks again -- so a validation metric can be the score attribute.
 
 Example::
 
@@ -153,21 +153,24 @@ class Committer:
             self.validations.requeue(pending)
 
     def finish_validation(self, manifest: CommitManifest, outcome: Outcome) -> None:
-        """Records how checkpoint ``manifest``'s validation ended: its status (and, when
-        it failed, why) in the manifest; when VALIDATED, its metrics merged into the
-        manifest's and the checkpoint's row, which ``metrics.jsonl`` is rewritten with
-        (same-named keys overwritten, as Ray's); then retention ranks again."""
+        """Records how checkpoint ``manifest``'s validation ended: when VALIDATED, its
+        metrics merged into the checkpoint's row, which ``metrics.jsonl`` is rewritten
+        with (same-named keys overwritten, as Ray's), and into the manifest; then its
+        status (and, when it failed, why) in the manifest's marker; then retention ranks
+        again. The rows go first: a crash before the marker leaves the checkpoint
+        ``PENDING_VALIDATION``, validated again by the next attempt (which writes the
+        same metrics over the same keys), never ended without its metrics in the rows."""
         with self._lock:
-            manifest.validation = {**manifest.validation, "status": outcome.status,
-                                   **({"error": outcome.error} if outcome.error else {})}
-            manifest.metrics.update(outcome.metrics)
-            self.store.commit(manifest)  # the marker again, now with the outcome
             rows = [r for r in self._history
                     if r.get("checkpoint_dir_name") == manifest.name]
             for row in rows:
                 row.update(outcome.metrics)
             if rows and outcome.metrics:
                 self.storage.write_metrics(self._history)
+            manifest.validation = {**manifest.validation, "status": outcome.status,
+                                   **({"error": outcome.error} if outcome.error else {})}
+            manifest.metrics.update(outcome.metrics)
+            self.store.commit(manifest)  # the marker again, now with the outcome
             self._committed = [CheckpointRecord(r.index, manifest.metrics)
                                if r.index == manifest.index else r for r in self._committed]
             self._pending.discard(manifest.index)

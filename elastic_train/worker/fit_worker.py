@@ -3,7 +3,7 @@
 Started by the agent with torch.distributed.elastic's environment. It joins
 the process group, runs the user's train function inside a session, waits
 for pending checkpoint uploads and, on rank 0, saves the function's return
-value for the driver. With in-process restarts (:mod:`.inprocess`) a failed
+value for the driver. With in-process restarts (:mod:`.inprocess.loop`) a failed
 attempt is followed by another in the same process: process group, session
 and train function again.
 """
@@ -15,12 +15,12 @@ import sys
 from dataclasses import replace
 
 import cloudpickle
-from fsspec.implementations.local import LocalFileSystem
 
 from elastic_train import pickling
 from elastic_train.context import WorkerEnv
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.worker import group_sockets, inprocess
+from elastic_train.worker.inprocess import group_sockets
+from elastic_train.worker.inprocess import loop as inprocess
 from elastic_train.worker.lifecycle import run_worker
 from elastic_train.worker.run_spec import RunSpec
 from elastic_train.worker.session import (
@@ -61,6 +61,7 @@ def run(spec_path: str, result_dir: str) -> None:
         session = TrainSession(spec, env, resources, storage, staging)
         init_session(session)
         value = spec.call_train_function()
+        session.returned()
         session.finish()
         return value
 
@@ -73,7 +74,7 @@ def run(spec_path: str, result_dir: str) -> None:
 
     value = inprocess.run_attempts(attempt, release) if inprocess.enabled() else attempt()
     if WorkerEnv.from_environ().rank == 0:
-        fsutil.write_bytes_atomic(LocalFileSystem(), os.path.join(result_dir, RETURN_VALUE_FILE),
+        fsutil.write_local_atomic(os.path.join(result_dir, RETURN_VALUE_FILE),
                                   pickling.dumps(value))
     shutdown_session()
     spec.backend.on_worker_shutdown()

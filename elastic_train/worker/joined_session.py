@@ -1,7 +1,7 @@
 """What a session learns when the ranks join, and what it builds from it.
 
 :meth:`JoinedSession.join` is the whole join (collective, once per attempt): the
-ranks agree on the restore point (:mod:`.restore`), and from it each rank builds
+ranks agree on the resume point (:mod:`.resume_point`), and from it each rank builds
 its report rows (:mod:`elastic_train.metric_rows`), its checkpoint numbering and
 its background uploader; rank 0 also its :class:`~.committer.Committer` and, when the
 trainer has a ``validation_config``, its :class:`~.validation_runner.ValidationRunner`
@@ -22,7 +22,7 @@ from elastic_train.storage.peer_replicas import PeerRing
 from elastic_train.storage.uploader import CheckpointUploader
 from elastic_train.worker.committer import Committer
 from elastic_train.worker.control_group import ControlGroup
-from elastic_train.worker.restore import agree_on_restore_point
+from elastic_train.worker.resume_point import agree_on_resume_point
 from elastic_train.worker.validation_runner import ValidationRunner
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class JoinedSession:
              control_group: Any, staging_dir: str, started_at: float,
              validation: ValidationConfig | None = None,
              devices: Sequence[Any] = ()) -> JoinedSession:
-        """Agrees with the other ranks on the restore point (collective) and builds the
+        """Agrees with the other ranks on the resume point (collective) and builds the
         attempt's parts from it; ``started_at`` is when the session began, ``validation``
         the trainer's validation settings, ``devices`` this rank's (rank 0's are its
         validations')."""
@@ -97,7 +97,7 @@ class JoinedSession:
         settings = node_settings.current()
         node_settings.use(replace(settings, peers=peer_ring(group, env, config,
                                                              settings.replica)))
-        point = agree_on_restore_point(storage, group, env.rank)
+        point = agree_on_resume_point(storage, group, env.rank)
         committer = Committer(storage, config, point.kept_rows, point.committed) \
             if env.rank == 0 else None
         if committer is not None and validation is not None:

@@ -22,8 +22,6 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
-from fsspec.implementations.local import LocalFileSystem
-
 from elastic_train import env_vars
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.worker import heartbeat, worker_plan
@@ -102,7 +100,7 @@ def write_error_file(exc: BaseException) -> None:
                       EXCEPTION_TYPES: [f"{c.__module__}.{c.__qualname__}"
                                         for c in type(exc).__mro__]},
     }}
-    fsutil.write_bytes_atomic(LocalFileSystem(), path, json.dumps(data).encode())
+    fsutil.write_local_atomic(path, json.dumps(data).encode())
 
 
 def _user_frames(tb: TracebackType | None) -> TracebackType | None:

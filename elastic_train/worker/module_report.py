@@ -17,8 +17,6 @@ import json
 import os
 import sys
 
-from fsspec.implementations.local import LocalFileSystem
-
 from elastic_train import env_vars
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.worker import user_code
@@ -51,6 +49,6 @@ def note_imports(rank: int, local_rank: int) -> None:
         return
     _done = True
     os.makedirs(directory, exist_ok=True)
-    fsutil.write_bytes_atomic(LocalFileSystem(), os.path.join(directory, f"rank{rank}.json"),
+    fsutil.write_local_atomic(os.path.join(directory, f"rank{rank}.json"),
                               json.dumps({"modules": installed_modules(),
                                           "cuda": uses_cuda()}).encode())

@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+import torch.distributed as dist
+
 from elastic_train.checkpoint import Checkpoint, committed_checkpoint
 from elastic_train.context import StorageInfo, TrainContext, WorkerEnv
 from elastic_train.errors import ConfigError, StorageError
@@ -50,6 +52,7 @@ from elastic_train.worker.after_report import AFTER_REPORT, AfterReport
 from elastic_train.worker.backend import WorkerResources
 from elastic_train.worker.data_position import Resumable, ranks_states
 from elastic_train.worker.dataset import DatasetShard
+from elastic_train.worker.even_reports import uneven_reports
 from elastic_train.worker.joined_session import JoinedSession
 from elastic_train.worker.preemption import PreemptionInfo
 from elastic_train.worker.report_args import ReportArgs
@@ -259,9 +262,8 @@ class TrainSession:
         notice = preemption.local_notice()
         # Most reports carry metrics alone: then the ranks only learn that nobody
         # has a checkpoint or a notice, and each rank's step time and node.
-        (any_checkpoint, any_notice), (times, nodes) = joined.group.any_rank_and_each(
-            (files is not None, notice is not None),
-            (self.step_clock.report_begins(), self.env.node_rank))
+        any_checkpoint, any_notice, times, nodes = self._first_round(
+            joined, files is not None, notice is not None, self.step_clock.report_begins())
         row.update(step_fields(times, [int(n) for n in nodes]))
         if any_checkpoint and joined.committer is not None:  # whichever rank holds files
             joined.committer.check_score(args.metrics, joined.numbers.next_index,
@@ -298,6 +300,30 @@ class TrainSession:
         for hook in self._after_report:
             hook(joined.rows.iteration, self.env)
         self.step_clock.report_ends()
+
+    def _first_round(self, joined: JoinedSession, has_files: bool, has_notice: bool,
+                     step_time: float, returned: bool = False
+                     ) -> tuple[bool, bool, list[float], list[float]]:
+        """The all_reduce every ``report()`` starts with (and a returning rank's last, see
+        :mod:`.even_reports`): whether any rank has checkpoint files or a preemption
+        notice, and each rank's step time and node. A ConfigError on every rank when
+        one rank returned while others report."""
+        (any_files, any_notice, any_returned), (times, nodes, gone, calls) = \
+            joined.group.any_rank_and_each(
+                (has_files, has_notice, returned),
+                (step_time, self.env.node_rank, float(returned), joined.rows.since_start))
+        error = uneven_reports(gone, calls) if any_returned else None
+        if error is not None:
+            raise error
+        return any_files, any_notice, times, nodes
+
+    def returned(self) -> None:
+        """The train function returned on this rank: a last round of the report's first
+        collective, so that a rank still in ``report()`` learns of it, and every rank
+        fails naming the uneven calls (see :mod:`.even_reports`). Skipped when the train
+        function destroyed the process group itself."""
+        if self._joined is not None and (self.env.world_size == 1 or dist.is_initialized()):
+            self._first_round(self._joined, False, False, 0.0, returned=True)
 
     def _persist_checkpoint(self, gathered: list[tuple[list[str] | str | None, dict]],
                             checkpoint: Checkpoint | None, row: dict[str, Any],
@@ -362,7 +388,7 @@ class TrainSession:
         """Ends a failed attempt's session (in-process restarts), after finishing the
         uploads in flight -- this rank's files, and on rank 0 the commits, which wait
         for the other ranks' files -- for up to ``finish_s`` seconds (the agent's
-        verdict, see :class:`~elastic_train.worker.restart_channel.Verdict`). What is not
+        verdict, see :class:`~elastic_train.worker.inprocess.channel.Verdict`). What is not
         finished by then is dropped, as if the process had died: the next attempt
         resumes from what is committed. ``finish_s`` is inf when the run stops after
         this attempt: a checkpoint every rank reported is kept although a rank failed

@@ -5,8 +5,10 @@ Started by rank 0's :mod:`.validation_runner`, it reads the pickled validation
 function, the committed checkpoint and the keyword arguments from stdin (so the
 checkpoint's filesystem, credentials included, never touches a disk), calls
 ``fn(checkpoint, **fn_kwargs)`` and writes ``{"metrics": {...}}`` -- or
-``{"error": traceback}`` -- to ``RESULT_PATH``. It dies with the worker that started
-it (:func:`~elastic_train.storage.parent_watch.die_with`): a validation nobody waits
+``{"error": traceback}`` -- to ``RESULT_PATH``, then kills whatever the function left
+running (:func:`~elastic_train.process_identity.end_started`). It dies with the worker
+that started it, and so does every process it started
+(:func:`~elastic_train.storage.parent_watch.die_with`): a validation nobody waits
 for any more is not left running. Its own interpreter, so it holds no GIL the
 training needs and touches no CUDA context of the worker's; it inherits the worker's
 environment (devices, ``sys.path`` as ``PYTHONPATH``) and output (prefixed by rank 0).
@@ -14,14 +16,15 @@ environment (devices, ``sys.path`` as ``PYTHONPATH``) and output (prefixed by ra
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from typing import Any
 
 import cloudpickle
-from fsspec.implementations.local import LocalFileSystem
 
 from elastic_train.metric_rows import AUTO_FIELDS, clean_metrics
+from elastic_train.process_identity import end_started
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.parent_watch import die_with
 
@@ -51,7 +54,8 @@ def main(argv: list[str]) -> int:
                                                       payload["fn_kwargs"])}
     except BaseException:  # noqa: BLE001 - whatever the user's function raised is reported
         result = {"error": traceback.format_exc()}
-    fsutil.write_json_atomic(LocalFileSystem(), result_path, result)
+    fsutil.write_local_json(result_path, result)
+    end_started(os.getpid())  # what the function left running ends with it
     return 0 if "metrics" in result else 1
 
 

@@ -18,6 +18,13 @@ Outcomes, as Ray's (the committer records them in the checkpoint's manifest and 
   the traceback logged on rank 0 and kept in the manifest; training goes on;
 - it outlives ``timeout_s``: its process is killed, ``VALIDATION_TIMEOUT``.
 
+However it ends, every process the validation started dies with it (its process and
+their descendants, found through ``/proc`` and stopped before they are killed, and
+whatever is left in the session it leads: see
+:func:`~elastic_train.process_identity.end_tree`): a nested trainer's agent, zygote
+and workers included. ``timeout_s=None`` (the default, Ray's) sets no limit: the end
+of the run waits for the validation as long as it runs, as Ray's controller does.
+
 When an attempt fails, the validation running is killed and the queue dropped; the
 checkpoints stay ``PENDING_VALIDATION`` in their manifests, and the next attempt's
 rank 0 validates them again (:meth:`ValidationRunner.requeue`, as Ray requeues
@@ -46,7 +53,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from elastic_train import pickling
+from elastic_train import pickling, process_identity
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.worker import heartbeat
 from elastic_train.worker.validation_process import VALIDATION_PROCESS
@@ -58,6 +65,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.05
+_WAITING_LOG_S = 60.0  # how often the end of the run says which validation it waits for
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,7 @@ class ValidationRunner:
         self._queue: queue.Queue[CommitManifest | None] = queue.Queue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._running: tuple[str, float, float | None] | None = None  # name, start, timeout_s
 
     def submit(self, manifest: CommitManifest) -> None:
         """Queues the validation of the committed checkpoint ``manifest`` (its task in
@@ -114,13 +123,31 @@ class ValidationRunner:
     def close(self) -> None:
         """Waits until every queued validation has ended (the end of the run). Training
         is over then, so the wait counts as this rank's progress for the agent's hang
-        watch (``FailureConfig.hang_timeout_s``); during training it never does."""
+        watch (``FailureConfig.hang_timeout_s``); during training it never does.
+
+        As Ray's controller does, it waits for a validation without ``timeout_s`` for as
+        long as it runs, saying each :data:`_WAITING_LOG_S` which one it waits for. An
+        interrupted run (Ctrl-C, a scheduler's SIGTERM) kills it with everything it
+        started, and a restore validates the checkpoint again."""
         if self._thread is not None:
             self._queue.put(None)
+            said = time.monotonic()
             while self._thread.is_alive():
+                if time.monotonic() - said >= _WAITING_LOG_S:
+                    said = time.monotonic()
+                    self._say_waiting()
                 self._thread.join(1.0)
                 heartbeat.beat()
             self._thread = None
+
+    def _say_waiting(self) -> None:
+        if (running := self._running) is None:
+            return
+        name, started, timeout_s = running
+        logger.warning("The run ends once the validation of %s has ended (running for %.0f s; "
+                       "%s). Ctrl-C ends it now; fit() again validates it again.", name,
+                       time.monotonic() - started, "no timeout_s: waited for as long as it "
+                       "runs, as Ray waits" if timeout_s is None else f"timeout_s={timeout_s:g}")
 
     def abandon(self) -> None:
         """Kills the validation running and drops the queue (a failed attempt): the
@@ -157,9 +184,30 @@ class ValidationRunner:
         os.unlink(result_path)  # the process writes it atomically when it ends
         logger.info("Validating %s in the background.", manifest.name)
         started = time.monotonic()
+        self._running = (manifest.name, started, timeout_s)
         process = subprocess.Popen(
             [sys.executable, "-m", VALIDATION_PROCESS, result_path, str(os.getpid())],
-            stdin=subprocess.PIPE, env=self._env)
+            stdin=subprocess.PIPE, env=self._env, start_new_session=True)
+        try:
+            if not self._finish(process, payload,
+                                None if timeout_s is None else started + timeout_s):
+                logger.error("Validation of %s exceeded timeout_s=%s s: its process, and "
+                             "every process it started, was killed; the checkpoint's status "
+                             "is VALIDATION_TIMEOUT.", manifest.name, timeout_s)
+                return Outcome("VALIDATION_TIMEOUT", {},
+                               f"exceeded timeout_s={timeout_s} s")
+            return _read_outcome(manifest.name, result_path, process.returncode)
+        finally:
+            self._running = None
+            if os.path.exists(result_path):
+                os.unlink(result_path)
+
+    def _finish(self, process: subprocess.Popen, payload: bytes,
+                deadline: float | None) -> bool:
+        """Hands ``process`` its payload and waits for it (:meth:`_wait`); then it is
+        reaped, killed first with every process it started when it is still running
+        (the deadline passed, or the attempt ended), and what it started is killed
+        when it ended alone: a validation leaves nothing behind."""
         try:
             assert process.stdin is not None
             try:
@@ -167,24 +215,16 @@ class ValidationRunner:
                 process.stdin.close()
             except BrokenPipeError:  # it died at start; its exit code tells
                 pass
-            if not self._wait(process, None if timeout_s is None else started + timeout_s):
-                logger.error("Validation of %s exceeded timeout_s=%s s: its process was "
-                             "killed; the checkpoint's status is VALIDATION_TIMEOUT.",
-                             manifest.name, timeout_s)
-                return Outcome("VALIDATION_TIMEOUT", {},
-                               f"exceeded timeout_s={timeout_s} s")
-            return _read_outcome(manifest.name, result_path, process.returncode)
+            return self._wait(process, deadline)
         finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            if os.path.exists(result_path):
-                os.unlink(result_path)
+            process_identity.end_tree(process.pid)
+            process.wait()
 
     def _wait(self, process: subprocess.Popen, deadline: float | None) -> bool:
-        """Waits for ``process``; False (it is killed) once ``deadline`` passed.
-        :class:`_Abandoned` when the attempt ends meanwhile."""
-        while process.poll() is None:
+        """Waits for ``process`` to exit (left unreaped, see
+        :func:`~elastic_train.process_identity.has_exited`); False once ``deadline``
+        passed. :class:`_Abandoned` when the attempt ends meanwhile."""
+        while not process_identity.has_exited(process.pid):
             if self._stop.is_set():
                 raise _Abandoned
             if deadline is not None and time.monotonic() >= deadline:

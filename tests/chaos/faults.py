@@ -39,13 +39,17 @@ KINDS = ("worker_sigkill", "worker_raise", "worker_hang", "kill_during_upload",
          "power_cut_commit", "hostile_manifest",  # these two: storage_faults.py
          "replica_lost", "hostile_peer",  # these two: replica_faults.py
          "health_check_fails", "node_fails_twice", "straggler",  # these: node_faults.py
-         "node_lost_with_spare")
+         "node_lost_with_spare",
+         "etcd_silent", "etcd_compacted_restart")  # these two: etcd_faults.py
 STORAGE_KINDS = ("power_cut_commit", "hostile_manifest")
 # node_faults.py's (its NODE_KINDS): three agents at most, drawn by the long and all
 # profiles only, so that CI's short profile costs what it did.
 NODE_KINDS = ("health_check_fails", "node_fails_twice", "straggler", "node_lost_with_spare")
+# etcd_faults.py's: three agents at most, their etcd out of reach; long and all only too.
+ETCD_WATCH_KINDS = ("etcd_silent", "etcd_compacted_restart")
+LONG_ONLY_KINDS = (*NODE_KINDS, *ETCD_WATCH_KINDS)
 LAUNCH_KINDS = ("agent_sigkill", "etcd_restart", "node_sigterm", "corrupt_rdzv_state",
-                "clock_skew", *NODE_KINDS)
+                "clock_skew", *NODE_KINDS, *ETCD_WATCH_KINDS)
 LAUNCH_SCRIPT = "tests/e2e/launch_script.py"  # its digest does not depend on the world size
 BATCHES_PER_EPOCH = 6  # jobs.make_dataset(): 96 rows, 2 ranks, batches of 8
 NUM_TO_KEEP = 2
@@ -109,6 +113,10 @@ def _draw_details(kind: str, rng: random.Random) -> tuple[tuple[str, float], ...
     if kind == "sigterm_then_restart":
         return (("raise_rank", rng.randrange(2)), ("again_rank", rng.randrange(2)),
                 ("again_batch", rng.randrange(BATCHES_PER_EPOCH)))
+    if kind == "etcd_silent":  # how long etcd's flows are held
+        from tests.chaos.etcd_faults import STALL_RANGE_S
+
+        return (("stall_s", round(rng.uniform(*STALL_RANGE_S), 2)),)
     if kind == "replica_lost":  # peer replicas: a remote store and two nodes
         return (("store", "s3"),)
     if kind == "hostile_peer":  # and how long the attack lasts
@@ -279,6 +287,10 @@ def run_trial(trial: Trial, storage: StorageUnderTest, tmp_path, through: Storag
         from tests.chaos.node_faults import run_node_trial  # it builds on this module
 
         return run_node_trial(trial, storage, tmp_path, name)
+    if trial.kind in ETCD_WATCH_KINDS:
+        from tests.chaos.etcd_faults import run_etcd_trial  # it builds on this module
+
+        return run_etcd_trial(trial, storage, tmp_path, name)
     if trial.kind in LAUNCH_KINDS:
         return _launch_trial(trial, storage, tmp_path, name)
     if trial.kind in ("second_driver", "stale_lookups"):
@@ -510,6 +522,20 @@ def _launch_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str) 
                        num_to_keep=None)
     outcome.recovery_s = restarted - fault_at if restarted else None
     outcome.orphans = [int(p.name.split("-")[1]) for p in out_dir.glob("pid-*")] + node_pids
+    return outcome
+
+
+def _launched_outcome(logs: str, run_storage: RunStorage, watcher: StorageWatcher, tmp_path,
+                      out_dir) -> Outcome:
+    """What a trial of launched agents showed: the digest their ``logs`` printed, the
+    storage's checks, recovery (to the job's last start, if after the fault) and the
+    workers that must be gone (``out_dir``: the launch script's)."""
+    outcome = _outcome(launch_digest(logs), run_storage, watcher, tmp_path, num_to_keep=None)
+    fault_at = float((tmp_path / "fault").read_text())
+    starts = out_dir / "starts"
+    restarted = os.path.getmtime(starts) > fault_at and os.path.getmtime(starts)
+    outcome.recovery_s = restarted - fault_at if restarted else None
+    outcome.orphans = [int(p.name.split("-")[1]) for p in out_dir.glob("pid-*")]
     return outcome
 
 

@@ -29,9 +29,8 @@ from tests.chaos.faults import (
     StorageWatcher,
     Trial,
     _at_fault_time,
-    _outcome,
+    _launched_outcome,
     _write_atomically,
-    launch_digest,
 )
 from tests.conftest import StorageUnderTest, wait_until
 from tests.support.etcd_server import EtcdServer, etcd_binary, run_keys
@@ -132,13 +131,8 @@ def run_node_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: str)
             stop_logged(agents)
             etcd.stop()
     logs = "".join(log_of(i) for i in range(len(agents)))
-    outcome = _outcome(launch_digest(logs), run_storage, watcher, tmp_path, num_to_keep=None)
+    outcome = _launched_outcome(logs, run_storage, watcher, tmp_path, out_dir)
     outcome.kind_failures = _kind_checks(trial, run_storage, codes, log_of, out_dir)
-    fault_at = float((tmp_path / "fault").read_text())
-    starts = out_dir / "starts"
-    restarted = os.path.getmtime(starts) > fault_at and os.path.getmtime(starts)
-    outcome.recovery_s = restarted - fault_at if restarted else None
-    outcome.orphans = [int(p.name.split("-")[1]) for p in out_dir.glob("pid-*")]
     return outcome
 
 

@@ -6,7 +6,8 @@ checkpoint was ever visible, that retention kept what it should, and that no
 process was left behind. The table of all trials is printed at the end.
 
     python -m pytest tests/chaos                      # short profile (CI): 3 kinds, drawn
-                                                      # (node care's kinds: long and all only)
+                                                      # (node care's and etcd watches'
+                                                      # kinds: long and all only)
     CHAOS_PROFILE=all python -m pytest tests/chaos    # each kind once
     CHAOS_PROFILE=all CHAOS_ROUNDS=20 ...             # each kind 20 times (round by round)
     CHAOS_PROFILE=long CHAOS_TRIALS=40 python -m pytest tests/chaos   # by hand
@@ -32,7 +33,7 @@ from tests.chaos.conftest import RESULTS, SEED, save
 from tests.chaos.faults import (
     KINDS,
     LAUNCH_KINDS,
-    NODE_KINDS,
+    LONG_ONLY_KINDS,
     Trial,
     run_trial,
 )
@@ -68,9 +69,9 @@ def _draw() -> list[Trial]:
         kinds = [rng.choice(kinds) for _ in range(int(os.environ.get("CHAOS_TRIALS", "28")))]
     elif profile == "all":
         kinds = list(kinds) * int(os.environ.get("CHAOS_ROUNDS", "1"))
-    else:  # node care's kinds only when asked for by name: CI's cost stays as it was
-        asked = bool(os.environ.get("CHAOS_KINDS", "").strip())
-        kinds = [k for k in kinds if asked or k not in NODE_KINDS]
+    else:  # node care's and etcd watches' kinds only when asked for by name: CI's cost
+        asked = bool(os.environ.get("CHAOS_KINDS", "").strip())  # stays as it was
+        kinds = [k for k in kinds if asked or k not in LONG_ONLY_KINDS]
         kinds = rng.sample(kinds, min(3, len(kinds)))
     return [Trial.draw(n, kind, rng) for n, kind in enumerate(kinds)]
 
@@ -101,7 +102,7 @@ def _selected() -> list[Trial]:
 def test_trial(trial: Trial, tmp_path, baseline, request):
     replay = replay_command(trial)
     print(f"chaos seed {SEED}: {trial}\nreplay: {replay}")
-    if trial.kind == "etcd_restart" and etcd_binary() is None:
+    if "etcd" in trial.kind and etcd_binary() is None:
         pytest.skip("the etcd binary is not installed (apt-get install etcd-server)")
     before = set(child_pids(os.getpid()))
     storage, through, proxy = make_storage("local", tmp_path, None), None, None

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+import sys
 import time
 
 import pytest
@@ -97,7 +99,8 @@ def test_a_node_lost_mid_epoch_leaves_the_rest_of_the_epoch_to_the_survivor(
     name = f"shrink-{backend}"
     logs = _job(request, tmp_path, storage_path, backend, name, ["--lose-node", "1:1:12"])
     assert "Elastic data: loader:0: world 2 -> 1 at epoch 1, sample 160/480" in logs[0]
-    [record] = [r for r in _restores(storage_path, name) if r.get("data")]
+    # the last resize (on a loaded machine node 0 may form alone first, then grow to 2)
+    *_, record = [r for r in _restores(storage_path, name) if r.get("data")]
     assert record["data"] == ["loader:0: world 2 -> 1 at epoch 1, sample 160/480: the "
                               "remaining 320 samples split over 1 rank(s)"]
 
@@ -138,9 +141,59 @@ def test_a_constant_global_batch_ends_with_the_weights_of_an_uninterrupted_run(
     logs = _job(request, shrunk, storage_path, "etcd", "global-shrunk",
                 [*args, "--lose-node", "1:1:12"])
     assert "global batch 16 kept by 2 accumulation step(s)" in logs[0]
-    assert [w for _, w in starts(shrunk / "out")] == [2, 1]
+    assert [w for _, w in starts(shrunk / "out")][-2:] == [2, 1]
     want = torch.load(reference / "out" / "weights.pt", weights_only=True)
     got = torch.load(shrunk / "out" / "weights.pt", weights_only=True)
     for key, value in want.items():
         # measured: at most 1.2e-7 apart on weights of about 2 (float32 sums in another order)
         torch.testing.assert_close(got[key], value, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(180)
+def test_the_elastic_data_guides_code_runs(tmp_path):
+    """docs/elastic-data.md's example, as a user's script (its runs under a HOME of the
+    test's)."""
+    guide = os.path.join(REPO, "docs", "elastic-data.md")
+    with open(guide) as f:
+        [block] = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    script = tmp_path / "guide.py"
+    script.write_text(block)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=150,
+                          env={**os.environ, "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "steps of 64 samples, final loss" in done.stdout
+
+
+@pytest.mark.timeout(240)
+def test_fit_with_num_workers_min_max_loses_a_node_and_its_shards_rows_are_trained_once(
+        etcd_endpoint, tmp_path, storage_path):
+    """``ScalingConfig(num_workers=(1, 2))`` under ``fit()``: two drivers (one worker
+    each); node 1's driver is SIGKILLed mid-epoch; the survivor's dataset shard trains on
+    the rest of the epoch, each row once."""
+    name = "fit-shrink"
+    out = tmp_path / "out"
+    out.mkdir()
+    logs = [open(tmp_path / f"node{i}.log", "w") for i in (0, 1)]  # noqa: SIM115
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "tests.e2e.elastic_data_driver", storage_path, name, str(out),
+         etcd_endpoint, str(EPOCHS)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True, env={**os.environ, "ET_TEST_NODE": str(i)})
+        for i, log in enumerate(logs)]
+    try:
+        code = procs[0].wait(200)
+    finally:
+        for proc in procs:
+            stop_process(proc)
+        for log in logs:
+            log.close()
+    said = (tmp_path / "node0.log").read_text()
+    assert code == 0, said[-3000:]
+    worlds = (out / "worlds").read_text().split()
+    assert worlds[-2:] == ["2", "1"], worlds  # (node 0 may form alone first when loaded)
+    visits = torch.load(out / "visits.pt", weights_only=True)
+    assert torch.equal(visits, torch.ones_like(visits)), \
+        [(e, int((v != 1).sum())) for e, v in enumerate(visits)]
+    *_, record = [r for r in _restores(storage_path, name) if r.get("data")]
+    assert record["data"] == ["dataset:train: world 2 -> 1 at epoch 1, sample 160/480: the "
+                              "remaining 320 samples split over 1 rank(s)"]

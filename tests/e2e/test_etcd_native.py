@@ -27,6 +27,7 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from tests.conftest import wait_until
 from tests.support.etcd_server import EtcdServer, TLSFiles, run_keys
+from tests.support.servers import TcpProxy
 
 pytest.importorskip("etcd3gw", reason="etcd3gw is not installed (pip install etcd3gw)")
 
@@ -361,18 +362,101 @@ def test_a_member_whose_watch_of_the_next_round_cannot_resume_still_gets_its_sea
     run = nodes(2, 2, last_call_timeout=1)
     members = run.add(2)
     assert Joins(members).wait().worlds() == {2}
-    assert wait_until(lambda: all(h._last.waiting is not None for h in members
-                                  if h.num_nodes_waiting() == 0), 10)
-    kv = members[0]._kv
-    for i in range(3):  # history to compact, past the watches' start revision
-        kv.txn([], [ops.put(b"/compaction-test/%d" % i, b"")])
-    revision = kv.read(ops.get(b"/compaction-test/0")).revision
-    kv.client.post(kv.client.get_url("/kv/compaction"), json={"revision": str(revision),
-                                                               "physical": True})
+    assert _watching_the_next_round(members)
+    _compact(members[0]._kv)
     for handler in members:
         _break(handler._last.waiting._watch)
     again = Joins(members).wait()
     assert not again.errors and again.worlds() == {2} and again.ranks() == [0, 1]
+
+
+def _compact(kv: ops.EtcdKV) -> None:
+    """Writes a little history and has etcd compact it, past every watch's start revision."""
+    for i in range(3):
+        kv.txn([], [ops.put(b"/compaction-test/%d" % i, b"")])
+    revision = kv.read(ops.get(b"/compaction-test/0")).revision
+    kv.client.post(kv.client.get_url("/kv/compaction"), json={"revision": str(revision),
+                                                               "physical": True})
+
+
+def _watching_the_next_round(members: list[EtcdNativeHandler]) -> bool:
+    """Whether each member watches the round after its last (opened on its first
+    num_nodes_waiting() call, as an agent's monitor makes, and created by etcd)."""
+    return wait_until(lambda: all(h.num_nodes_waiting() == 0 and h._last.waiting is not None
+                                  and h._last.waiting._watch._created.is_set()
+                                  for h in members), 10)
+
+
+@pytest.mark.timeout(120)
+def test_members_count_a_waiting_node_after_etcd_compacted_and_restarted(etcd_server) -> None:
+    """etcd compacts past where the members' watches of the next round would resume, then
+    restarts, breaking their streams: each member watches anew from now and reads the
+    round's control keys once, so a node that waits for the next round is counted and
+    taken in (it was never counted: the watch retried its compacted revision for ever)."""
+    server = EtcdServer(etcd_server.binary)
+    server.start()
+    run = Nodes(server.endpoint, 1, 3, join_timeout=60)
+    try:
+        members = run.add(2)
+        assert Joins(members).wait().worlds() == {2}
+        assert _watching_the_next_round(members)
+        _compact(members[0]._kv)
+        server.kill()
+        server.start()
+        newcomer = Joins(run.add(1))
+        assert wait_until(lambda: all(h.num_nodes_waiting() >= 1 for h in members), 20)
+        again = Joins(members).wait()
+        assert again.worlds() == newcomer.wait().worlds() == {3}
+        assert sorted(again.ranks() + newcomer.ranks()) == [0, 1, 2]
+    finally:
+        run.close()
+        server.stop()
+
+
+@pytest.fixture
+def forgotten(etcd_endpoint: str) -> Iterator[Callable[[int, int], tuple[Nodes, list]]]:
+    """Makes a run of ``min_nodes``-``max_nodes`` whose two members formed through a proxy
+    to the session's etcd, which then forgot the flows of their watches of the next round
+    (a NAT's idle timeout: no reset, nothing forwarded again): (run, members)."""
+    proxy = TcpProxy(int(etcd_endpoint.rsplit(":", 1)[1]))
+    made: list[Nodes] = []
+
+    def make(min_nodes: int, max_nodes: int) -> tuple[Nodes, list[EtcdNativeHandler]]:
+        made.append(Nodes(f"127.0.0.1:{proxy.port}", min_nodes, max_nodes,
+                          watch_check_interval=1, join_timeout=20))
+        members = made[-1].add(2)
+        assert Joins(members).wait().worlds() == {2}
+        assert _watching_the_next_round(members)
+        assert proxy.forget("/v3/watch") == 2
+        return made[-1], members
+
+    yield make
+    for run in made:
+        run.close()
+    proxy.cut()
+
+
+def test_a_member_whose_idle_watch_died_silently_still_gets_its_seal(forgotten) -> None:
+    """A member awaits the next round's seal on the watch it kept, idle since its last
+    rendezvous. Should that flow have died without a reset, a check after
+    watch_check_interval seconds without a change (one read) finds the seal the watch
+    did not bring: the round forms at once, not after the join timeout."""
+    _, members = forgotten(2, 2)
+    began = time.monotonic()
+    again = Joins(members).wait()
+    assert not again.errors and again.worlds() == {2} and again.ranks() == [0, 1]
+    assert time.monotonic() - began < 8
+
+
+def test_members_count_a_waiting_node_though_their_watches_died_silently(forgotten) -> None:
+    """The members' watches of the next round die without a reset while they train;
+    within seconds of a newcomer's wait, their checks (one read each per
+    watch_check_interval seconds without a change) count it, and they take it in."""
+    run, members = forgotten(1, 3)
+    newcomer = Joins(run.add(1))
+    assert wait_until(lambda: all(h.num_nodes_waiting() >= 1 for h in members), 5)
+    again = Joins(members).wait()
+    assert again.worlds() == newcomer.wait().worlds() == {3}
 
 
 def test_closing(nodes) -> None:

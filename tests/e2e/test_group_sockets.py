@@ -17,7 +17,7 @@ from tests.support.paths import REPO
 
 WORKER = """
 import os, socket, sys, time
-from elastic_train.worker import group_sockets
+from elastic_train.worker.inprocess import group_sockets
 
 with group_sockets.recording():   # a launched script's main: one block
     group = socket.create_connection(("127.0.0.1", int(sys.argv[1])))   # its process group

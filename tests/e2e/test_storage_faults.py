@@ -4,6 +4,8 @@ that must stay out of the run directory."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 import uuid
 
@@ -12,6 +14,8 @@ import pytest
 import torch
 
 import elastic_train as et
+from elastic_train import collective
+from elastic_train.storage import RunStorage
 from elastic_train.storage.checkpoint_store import MARKER, UPLOADS_DIR
 from elastic_train.torch import TorchTrainer
 from tests.conftest import EPOCHS, StorageUnderTest, fit, make_storage, wait_until
@@ -83,6 +87,54 @@ def test_corrupted_checkpoint_falls_back_to_previous(storage, tmp_path, baseline
     result = fit(storage, "corrupt", config={"starts_file": str(starts)})
     assert starts.read_text().split() == ["2"]  # checkpoint 2 rejected, resumed after 1
     assert result.return_value["digest"] == baseline.return_value["digest"]
+
+
+def _named_epochs(config: dict) -> None:
+    """Reports ``epoch_0``..``epoch_2`` by name (SYNC). The first attempt damages its
+    committed ``epoch_1`` (rank 0 replaces its file) and fails on every rank; the next
+    resumes from ``epoch_0`` and reports ``epoch_1`` again."""
+    rank = et.get_context().get_world_rank()
+    start = 0
+    if (ckpt := et.get_checkpoint()) is not None:
+        with ckpt.as_directory() as d, open(os.path.join(d, "epoch.txt")) as f:
+            start = int(f.read()) + 1
+    if rank == 0:
+        with open(config["starts"], "a") as f:
+            f.write(f"{start}\n")
+    for epoch in range(start, 3):
+        local = tempfile.mkdtemp()
+        with open(os.path.join(local, "epoch.txt"), "w") as f:
+            f.write(str(epoch))
+        et.report({"epoch": epoch}, checkpoint=et.Checkpoint.from_directory(local) if rank == 0
+                  else None, checkpoint_dir_name=f"epoch_{epoch}",
+                  checkpoint_upload_mode=et.CheckpointUploadMode.SYNC)
+        if epoch == 1 and start == 0:
+            if rank == 0:
+                damaged = os.path.join(config["run_path"], "epoch_1", "epoch.txt")
+                with open(damaged + ".new", "w") as f:
+                    f.write("9")  # same size, other bytes
+                os.replace(damaged + ".new", damaged)
+            collective.barrier()
+            raise RuntimeError("the first attempt fails once epoch_1 is damaged")
+
+
+@pytest.mark.timeout(120)
+def test_a_damaged_checkpoints_name_is_free_for_the_attempt_that_reports_it_again(tmp_path):
+    starts, run_path = tmp_path / "starts", tmp_path / "results" / "named"
+    result = TorchTrainer(
+        _named_epochs, train_loop_config={"starts": str(starts), "run_path": str(run_path)},
+        scaling_config=et.ScalingConfig(num_workers=2),
+        run_config=et.RunConfig(name="named", storage_path=str(tmp_path / "results"),
+                                failure_config=et.FailureConfig(max_failures=1))).fit()
+    assert starts.read_text().split() == ["0", "1"]  # epoch_1 rejected, resumed after 0
+    committed = RunStorage.open(str(tmp_path / "results"), "named").checkpoints.committed()
+    assert [(m.name, (run_path / m.name / "epoch.txt").read_text()) for m in committed] == [
+        ("epoch_0", "0"), ("epoch_1", "1"), ("epoch_2", "2")]
+    # the damaged one is kept aside for a person to look at, under its number
+    aside = run_path / ".damaged" / "000001.epoch_1"
+    assert (aside / "epoch.txt").read_text() == "9" and (aside / MARKER).exists()
+    assert [m.index for m in committed] == [0, 2, 3]  # its number is not reused
+    assert result.checkpoint.path.endswith("/epoch_2")
 
 
 def test_worker_killed_during_upload_leaves_no_partial_checkpoint(storage, tmp_path,

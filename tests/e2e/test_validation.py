@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -18,7 +21,7 @@ import elastic_train as et
 from elastic_train import collective
 from elastic_train.storage import RunStorage
 from elastic_train.torch import TorchTrainer
-from tests.conftest import wait_until
+from tests.conftest import pid_alive, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.usefixtures("no_leaked_processes")]
@@ -148,10 +151,14 @@ def test_training_steps_go_on_while_a_slow_validation_runs(tmp_path):
     assert result.checkpoint.get_commit_info() is not None
 
 
-def _failing_validation(checkpoint: et.Checkpoint, how: str) -> dict:
+def _failing_validation(checkpoint: et.Checkpoint, how: str, pid_file: str) -> dict:
     if how == "raise":
         raise RuntimeError("the validation set is missing")
-    if how == "sleep":
+    if how == "sleep":  # and a process in a session of its own (a nested trainer's zygote)
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                                 start_new_session=True)
+        with open(pid_file, "w") as f:
+            f.write(f"{child.pid}\n")
         time.sleep(60)
     if how == "not a dict":
         return [1.0]
@@ -163,15 +170,18 @@ def _three_outcomes(config: dict) -> dict:
         checkpoint = _checkpoint_of(epoch)
         et.report({"loss": float(epoch)}, checkpoint=checkpoint,
                   validation=checkpoint is not None and et.ValidationTaskConfig(
-                      fn_kwargs={"how": how}, timeout_s=2.0 if how == "sleep" else None))
+                      fn_kwargs={"how": how, "pid_file": config["pid_file"]},
+                      timeout_s=8.0 if how == "sleep" else None))
     return {"listed": [(r.metrics["loss"], r.status.value, r.metrics.get("val_loss"))
                        for r in et.get_all_reported_checkpoints()]}
 
 
 def test_a_failing_or_slow_validation_is_reported_and_training_goes_on(tmp_path, capfd):
+    pid_file = tmp_path / "started"
     started = time.monotonic()
     result = TorchTrainer(
-        _three_outcomes, scaling_config=et.ScalingConfig(num_workers=2),
+        _three_outcomes, train_loop_config={"pid_file": str(pid_file)},
+        scaling_config=et.ScalingConfig(num_workers=2),
         validation_config=et.ValidationConfig(_failing_validation),
         run_config=et.RunConfig(name="failing", storage_path=str(tmp_path / "results"))).fit()
     assert time.monotonic() - started < 50  # the 60 s sleep was cut at timeout_s
@@ -182,11 +192,16 @@ def test_a_failing_or_slow_validation_is_reported_and_training_goes_on(tmp_path,
     errors = [m.validation.get("error", "") for m in
               RunStorage(result.filesystem, result.path).checkpoints.committed()]
     assert "RuntimeError: the validation set is missing" in errors[0]
-    assert "timeout_s=2.0" in errors[1]
+    assert "timeout_s=8.0" in errors[1]
     assert "must return a dictionary of metrics" in errors[2]
     out = capfd.readouterr()
     assert "VALIDATION_FAILED" in out.out + out.err
     assert "RuntimeError: the validation set is missing" in out.out + out.err
+    # the slow one's process, killed at its timeout, took what it started with it
+    left = [pid for pid in map(int, pid_file.read_text().split()) if pid_alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes the timed-out validation started were left: {left}"
 
 
 def test_validation_without_a_validation_config_fails_the_report(tmp_path):

@@ -85,7 +85,7 @@ def _inject_one(fault: dict, epoch: int, batch: int) -> None:
         libc.pthread_mutex_lock(mutex)  # a default mutex locked twice: waits for ever
     if how == "sticky_device":  # a CUDA error that sticks to the context, as the worker's
         # check after the failure finds it (torch.cuda.synchronize() raising); then fail
-        from elastic_train.worker import inprocess
+        from elastic_train.worker.inprocess import loop as inprocess
 
         inprocess.device_healthy = lambda: False
         raise RuntimeError(f"injected CUDA error at epoch {epoch}")

@@ -234,9 +234,15 @@ class MemoryWatch:
         self.revision = max(e.kv.mod_revision for e in events) + 1
         return events
 
-    def follow(self, on_events: Callable[[list[Event]], None]) -> None:
+    def restart(self, timeout: float | None = None) -> None:
+        """Watches from now on."""
+        self.revision = self._kv.revision + 1
+
+    def follow(self, on_events: Callable[[list[Event]], None],
+               check: Callable[[Exception | None], list[Event]], every: float) -> None:
         """Delivers what is there now, and each later change as the KV makes it, in the
-        thread that makes it (no thread of its own)."""
+        thread that makes it (no thread of its own; a change is never lost, so ``check``
+        is never needed)."""
         self._on_events = on_events
         self._kv._followers.append(self)
         self.deliver()

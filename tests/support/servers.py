@@ -162,6 +162,9 @@ _REQUEST_LINE = re.compile(rb"(GET|PUT|POST|HEAD|DELETE) (/\S*) HTTP/1\.[01]\r\n
 class TcpProxy:
     """Forwards 127.0.0.1:port to a target; ``cut()`` makes the endpoint refuse
     and drop connections (a storage outage), ``restore()`` brings it back.
+    ``freeze()`` makes connections go silent without a reset (a partition, a hung
+    balancer): what they carry is held, not forwarded, and neither end hears of it,
+    until ``thaw()``; ``forget()`` does so for good to chosen flows (a NAT's timeout).
     ``upload_bytes_per_s`` caps what all connections together send to the target
     (a slow link: uploads progress steadily, but take long), ``download_bytes_per_s``
     what they receive from it (a node's share of a store's bandwidth).
@@ -178,6 +181,10 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._received: list[tuple[float, int]] = []  # (time, bytes) sent to clients
         self.requests: list[tuple[float, str, str]] = []
+        self._paths: dict[socket.socket, str] = {}  # each client's last request path
+        self._open = threading.Event()  # cleared while frozen for all connections
+        self._open.set()
+        self._forgotten: dict[socket.socket, threading.Event] = {}  # held till cut()
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self.restore()
@@ -205,6 +212,42 @@ class TcpProxy:
             self._conns.clear()
         if self._thread is not None:
             self._thread.join(5)
+        with self._lock:  # the pipes held up see their sockets closed, and end
+            gates, self._forgotten = list(self._forgotten.values()), {}
+        for gate in (*gates, self._open):
+            gate.set()
+
+    def freeze(self) -> None:
+        """Stops forwarding on every connection, later ones too, silently, until thaw()."""
+        self._open.clear()
+
+    def thaw(self) -> None:
+        """Forwards again what the connections held while frozen (not those forgotten)."""
+        self._open.set()
+
+    def flows(self, path_prefix: str) -> int:
+        """How many connections open now last requested a path starting with ``path_prefix``."""
+        with self._lock:
+            return sum(path.startswith(path_prefix) for path in self._paths.values())
+
+    def forget(self, path_prefix: str) -> int:
+        """Stops forwarding for good, silently, on the connections open now whose last
+        HTTP request's path starts with ``path_prefix``: a NAT that forgot those flows
+        (e.g. etcd's watch streams, idle for long, which it forgets first). Returns how
+        many."""
+        with self._lock:
+            chosen = [c for c, path in self._paths.items() if path.startswith(path_prefix)]
+            for client in chosen:
+                self._forgotten.setdefault(client, threading.Event())
+            return len(chosen)
+
+    def _hold(self, client: socket.socket) -> None:
+        """Waits while the proxy is frozen, or for good if ``client``'s flow is forgotten."""
+        self._open.wait()
+        with self._lock:
+            gate = self._forgotten.get(client)
+        if gate is not None:
+            gate.wait()
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -220,7 +263,8 @@ class TcpProxy:
             with self._lock:
                 self._conns += [client, upstream]
             for a, b, upload in ((client, upstream, True), (upstream, client, False)):
-                threading.Thread(target=self._pipe, args=(a, b, upload), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(a, b, upload, client),
+                                 daemon=True).start()
 
     def downloaded_between(self, start: float, end: float) -> int:
         """Bytes sent from the target to clients between two ``time.time()`` stamps."""
@@ -235,24 +279,27 @@ class TcpProxy:
             self._link_free_at[upload] = free_at
         time.sleep(free_at - now)
 
-    def _note_requests(self, carry: bytes, data: bytes) -> bytes:
+    def _note_requests(self, carry: bytes, data: bytes, client: socket.socket) -> bytes:
         """Records the request lines in ``data`` (``carry``: the end of what came
         before on the connection, so a line split between reads is seen once)."""
         text = carry + data
         for match in _REQUEST_LINE.finditer(text):
             if match.end() > len(carry):
+                path = match.group(2).decode(errors="replace")
                 with self._lock:
-                    self.requests.append((time.time(), match.group(1).decode(),
-                                          match.group(2).decode(errors="replace")))
+                    self.requests.append((time.time(), match.group(1).decode(), path))
+                    self._paths[client] = path
         return text[-4096:]
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, upload: bool) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, upload: bool,
+              client: socket.socket) -> None:
         paced = self._rates[upload] is not None
         carry = b""
         try:
             while data := src.recv(16384 if paced else 65536):
                 if upload:
-                    carry = self._note_requests(carry, data)
+                    carry = self._note_requests(carry, data, client)
+                self._hold(client)
                 if paced:
                     self._pace(len(data), upload)
                 dst.sendall(data)
@@ -265,6 +312,36 @@ class TcpProxy:
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+            with self._lock:
+                self._paths.pop(client, None)
+
+
+class Blackhole:
+    """A port on 127.0.0.1 where connecting hangs until the connect timeout, as to a host
+    that drops packets: a listener that never accepts, its queue filled (Linux then
+    drops further SYNs). On ``port`` if given (e.g. a :class:`TcpProxy`'s after
+    ``cut()``), else a free one; ``close()`` frees it."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", port or 0))
+        self._listener.listen(0)
+        self.port = self._listener.getsockname()[1]
+        self._held: list[socket.socket] = []
+        while True:  # fill the queue: a connection that is not answered says it is full
+            conn = socket.socket()
+            conn.settimeout(0.2)
+            try:
+                conn.connect(("127.0.0.1", self.port))
+            except OSError:
+                conn.close()
+                return
+            self._held.append(conn)
+
+    def close(self) -> None:
+        for conn in (*self._held, self._listener):
+            conn.close()
 
 
 def s3_options(endpoint: str) -> dict:

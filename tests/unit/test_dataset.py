@@ -226,3 +226,25 @@ def test_prepare_data_loader_refuses_what_is_not_a_data_loader():
 
     with pytest.raises(ConfigError, match=r"prepare_data_loader\(list\): pass a"):
         prepare_data_loader([1, 2, 3])
+
+
+def test_an_untracked_loader_warns_at_a_world_size_change_and_starts_its_epoch_over(caplog):
+    from torch.utils.data import IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(6))
+
+    saved = {r: {"epoch": 2, "batch": 1, "untracked": "x"} for r in range(2)}
+    same = prepared_loader(DataLoader(Stream(), batch_size=2), EpochPosition(0, 2), seed=0,
+                           device=None)
+    assert same.restore(saved) is None and not caplog.records
+    assert [b.tolist() for b in same] == [[2, 3], [4, 5]]  # the same world: it skips one
+    shrunk = prepared_loader(DataLoader(Stream(), batch_size=2), EpochPosition(0, 1),
+                             seed=0, device=None)
+    assert shrunk.restore(saved) is None  # nothing to say in restores.json: it is warned
+    [warning] = caplog.records
+    assert "cannot follow the world size change (2 -> 1 rank(s)): its dataset (Stream) " \
+           "is an IterableDataset. Its epoch 2 starts over" in warning.getMessage()
+    assert [b.tolist() for b in shrunk] == [[0, 1], [2, 3], [4, 5]]
+    assert position(shrunk) == (3, 0)

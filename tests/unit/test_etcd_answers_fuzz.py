@@ -137,7 +137,7 @@ def test_any_keep_alive_answer_reads_or_is_a_connection_error(text):
 def test_any_watch_stream_reads_or_is_a_connection_error(text):
     watch = Watch(EtcdKV(client(Answering())), b"k", 0, prefix=True)
     try:
-        for events in watch._stream(Answering(text=text).post("/v3/watch")):
+        for events in watch._stream(Answering(text=text).post("/v3/watch"), 0):
             assert all(isinstance(e, Event) and isinstance(e.kv, KeyValue) for e in events)
     except RendezvousConnectionError as exc:
         _named(exc, "a watch")

@@ -6,10 +6,12 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import time
 
+import elastic_train
 from elastic_train import env_vars
-from elastic_train.agent.hang_watch import HangWatch
+from elastic_train.agent.hang_watch import HangWatch, Stuck
 from elastic_train.worker.heartbeat import progress_file
 from tests.conftest import pid_alive, wait_until
 
@@ -87,3 +89,35 @@ def test_a_worker_that_survives_a_restart_still_gives_its_stack(tmp_path):
     finally:
         worker.kill()
         worker.wait()
+
+
+
+TORCH_FRAME = '  File "{site}/torch/distributed/distributed_c10d.py", line 3913 in all_reduce\n'
+DUMP = """Thread 0x00007f4b2ffff6c0 (most recent call first):
+  File "{lib}/threading.py", line 327 in wait
+  File "{lib}/queue.py", line 171 in get
+  File "{pkg}/storage/uploader.py", line 253 in _run
+  File "{lib}/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f4c0cbfab80 (most recent call first):
+{torch}  File "{pkg}/worker/session.py", line 262 in report
+  File "/home/me/train.py", line 10 in train
+  File "{pkg}/worker/run_spec.py", line 66 in call_train_function
+  File "/home/me/train.py", line 16 in <module>
+"""
+
+
+def dump(in_collective: bool) -> str:
+    paths = {"lib": sysconfig.get_paths()["stdlib"], "site": sysconfig.get_paths()["purelib"],
+             "pkg": os.path.dirname(elastic_train.__file__)}
+    return DUMP.format(torch=TORCH_FRAME.format(**paths) if in_collective else "", **paths)
+
+
+def test_the_main_threads_frame_is_reported_not_the_first_threads():
+    """faulthandler lists the idle upload thread first; the hang is the main thread's, and
+    a rank in a collective of torch's is waiting for another rank."""
+    assert Stuck.of(dump(in_collective=True)) == Stuck(
+        "distributed_c10d.py:3913 all_reduce, called from train.py:10 train", waiting=True)
+    assert Stuck.of(dump(in_collective=False)) == Stuck(
+        "session.py:262 report, called from train.py:10 train", waiting=False)
+    assert Stuck.of("") == Stuck("", False)

@@ -27,6 +27,7 @@ from elastic_train.agent.node_policy import (
     ChargedFailures,
     leave,
 )
+from elastic_train.agent.worker_slots import surviving
 from elastic_train.failure_kinds import FailureKind
 from elastic_train.storage import RunStorage
 
@@ -106,6 +107,28 @@ def test_a_command_fails_with_its_exit_code_and_last_words():
     assert bad.name == "command sh -c echo checking; echo 'ECC errors: 12' >&2; exit 3"
     assert not missing.ok and "could not start" in missing.detail
     assert not slow.ok and slow.detail == "it did not end within 0.3s" and slow.seconds < 2
+
+
+def test_a_command_is_judged_by_its_exit_code_and_what_it_left_running_is_ended(tmp_path):
+    """A command that exits 0 at once but leaves a background child holding its output
+    (a daemon it starts, ``cmd &``) is healthy as soon as it exits; the child is ended
+    with the command's process group, not left running."""
+    pid_file = tmp_path / "child.pid"
+    result = run_checks([CommandCheck(
+        ("sh", "-c", f"sleep 60 & echo $! > {pid_file}; echo started"), timeout_s=20)])[0]
+    assert result.ok and result.detail == "exit code 0", result
+    assert result.seconds < 5, result  # not the 20 s of timeout_s
+    child = int(pid_file.read_text())
+    assert surviving([child], wait_s=5) == {}, f"the background child {child} was left running"
+
+
+def test_a_commands_output_is_read_up_to_a_bound():
+    """Only the end of what a command wrote is read, whatever it wrote."""
+    result = run_checks([CommandCheck(
+        (sys.executable, "-c", "import sys; sys.stdout.write('x' * 10**7 + '\\nthe end\\n'); "
+         "sys.exit(2)"))])[0]
+    assert not result.ok and result.detail.startswith("exit code 2: x")
+    assert result.detail.endswith("x / the end") and len(result.detail) < 3000
 
 
 def _raises():

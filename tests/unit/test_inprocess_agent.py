@@ -3,16 +3,18 @@ restarts (fakes stand in for torch's worker group and process context)."""
 
 from __future__ import annotations
 
+import math
 import os
 from types import SimpleNamespace
 
 import pytest
 
+from elastic_train.agent.failures import Cause, Observed
 from elastic_train.agent.inprocess import restarts as inprocess
 from elastic_train.agent.inprocess.restarts import FailedAttempt, InProcessRestarts, Seen
 from elastic_train.errors import WorkerFailure
-from elastic_train.worker import restart_channel as channel
-from elastic_train.worker.restart_channel import FailureNote, Stage, WorkerRecord
+from elastic_train.worker.inprocess import channel
+from elastic_train.worker.inprocess.channel import FailureNote, Stage, WorkerRecord
 
 
 def group(ranks: int = 2) -> SimpleNamespace:
@@ -26,9 +28,10 @@ def context(exits: dict[int, int | None]) -> SimpleNamespace:
         for r, code in exits.items()})
 
 
-def died(worker, exitcode: int) -> WorkerFailure:
-    return WorkerFailure(rank=worker.global_rank, local_rank=worker.local_rank,
-                         pid=worker.id, exitcode=exitcode, message="", traceback=None)
+def died(worker, exitcode: int) -> Observed:
+    return Observed(WorkerFailure(rank=worker.global_rank, local_rank=worker.local_rank,
+                                  pid=worker.id, exitcode=exitcode, message="",
+                                  traceback=None), Cause.OWN, math.inf)
 
 
 @pytest.fixture
@@ -78,7 +81,7 @@ def test_uploads_are_finished_before_a_restart_only_while_every_worker_lives(res
     assert raised.all_alive
     killed = restarts.poll(group(), context({0: None, 1: -9})).failed
     assert not killed.all_alive
-    remote = FailedAttempt(0, [], False, died(group().workers[1], -9))
+    remote = FailedAttempt(0, [], False, died(group().workers[1], -9).failure)
     assert not remote.all_alive
     workers = group()
     workers.spec = SimpleNamespace(rdzv_handler=SimpleNamespace(use_agent_store=True))

@@ -13,14 +13,12 @@ import zlib
 
 import fsspec
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from elastic_train.checkpoint import Checkpoint
-from elastic_train.errors import CorruptManifestError
 from elastic_train.storage import CheckpointStore, CommitManifest
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.checkpoint_store import MARKER, describe_files
+from elastic_train.storage.checkpoint_store import DAMAGED_DIR, MARKER, describe_files
 from elastic_train.storage.local_tier import LocalTier
 from elastic_train.storage.restore_check import choose_intact
 from tests.support.node_settings import use_node_settings
@@ -49,9 +47,14 @@ def commit(store: CheckpointStore, index: int, tmp: str) -> CommitManifest:
 
 
 def restore(store: CheckpointStore) -> CommitManifest | None:
-    """What rank 0 of a one-worker group does before a restart (worker.restore)."""
+    """What rank 0 of a one-worker group does before a restart (worker.resume_point)."""
     _, manifests = store.sweep()
     return choose_intact(store, manifests, 0, 1, lambda ok: ok)
+
+
+def set_aside(store: CheckpointStore, index: int) -> str:
+    """Where the damaged checkpoint ``index`` of the default name is kept."""
+    return fsutil.join(store.run_path, DAMAGED_DIR, f"{index:06d}.checkpoint_{index:06d}")
 
 
 def files_under(root: str) -> set[str]:
@@ -94,7 +97,7 @@ def test_a_manifest_naming_paths_outside_the_checkpoint_writes_nothing_there(nod
     written = files_under(outside) - before
     assert all(p.startswith(tier_root + os.sep) for p in written), written
     assert not os.path.exists(absolute)
-    assert store.fs.exists(fsutil.join(store.path(1), MARKER))  # left for a person to see
+    assert store.fs.exists(fsutil.join(set_aside(store, 1), MARKER))  # for a person to see
 
 
 def test_a_listing_with_names_outside_the_checkpoint_writes_nothing_there(node, tmp_path):
@@ -130,9 +133,9 @@ def test_a_malformed_marker_is_a_damaged_checkpoint(node, tmp_path, marker):
     assert [m.index for m in store.committed()] == [0]
     removed, manifests = store.sweep()
     assert manifests == [older] and removed == [1]  # kept, and its number never reused
-    assert store.fs.exists(fsutil.join(store.path(1), MARKER))
-    with pytest.raises(CorruptManifestError):
-        Checkpoint(store.path(1), store.fs).get_commit_info()
+    assert not store.fs.exists(store.path(1))  # set aside: its name is free again
+    assert store.fs.cat_file(fsutil.join(set_aside(store, 1), MARKER)) == marker  # as it was
+    assert CheckpointStore(store.fs, store.run_path).sweep() == ([1], [older])
 
 
 # Fuzz: markers built from arbitrary JSON, and from valid markers whose names are hostile.
@@ -159,6 +162,13 @@ markers = (json_values | valid_shaped).map(lambda d: json.dumps(d).encode()) \
           phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(marker=markers)
+# found by the fuzz: files under names memory's rm cannot remove, in a damaged checkpoint
+# that the sweep sets aside (the start must go on, leaving it where it is)
+@example(marker=json.dumps({"training_iteration": 0, "index": 0, "metrics": True,
+                            "world_size": 1, "files": {
+                                "//model.pt/\\/./model.pt/model.pt": {"size": 41},
+                                "/..//abs/model.pt": {"size": {}},
+                                "../../\\//../a": {"size": {}}}}).encode())
 def test_fuzzed_markers_fall_back_and_never_write_outside_the_tier(node, tmp_path, marker):
     tier_root, outside = node
     store = new_run()

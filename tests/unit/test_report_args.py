@@ -35,6 +35,14 @@ def test_deleting_a_directory_that_holds_the_run_is_refused(tmp_path):
     ({"dir_name": ".."}, r"checkpoint_dir_name='..'\) starts with '.'.*unique in the run"),
     ({"dir_name": ""}, r"checkpoint_dir_name=''\) is not a non-empty string"),
     ({"dir_name": "checkpoint_000004"}, r"is a default name, whose number another"),
+    # a claim file "<index>.<name>.tmp-<hex>" must fit in 255 bytes (ENAMETOOLONG)
+    ({"dir_name": "e" * 236}, r"'e{236}'\) is 236 bytes long.*over the 229 bytes"),
+    ({"dir_name": "é" * 115}, r"is 230 bytes long \(UTF-8\), over the 229 bytes"),
+    # the run directory's own entries
+    ({"dir_name": "logs"}, r"checkpoint_dir_name='logs'\) is the name of one of the run "
+                           r"directory's own entries \(departures, logs, metrics.jsonl"),
+    ({"dir_name": "restores.json"}, r"'restores.json'\) is the name of one of the run"),
+    ({"dir_name": "departures"}, r"'departures'\) is the name of one of the run"),
     ({"upload_fn": "s3://x"}, r"checkpoint_upload_fn='s3://x'\) must be a function"),
     ({"upload_fn": print, "mode": "NO_UPLOAD"}, r"NO_UPLOAD uploads nothing.*drop one"),
     ({"validation": True}, r"validation=True\): `validation_config` was not set on the "

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from elastic_train.worker import inprocess
-from elastic_train.worker import restart_channel as channel
-from elastic_train.worker.restart_channel import FailureNote, Go, NewWorld, Stage, WorkerRecord
+from elastic_train.worker.inprocess import channel
+from elastic_train.worker.inprocess import loop as inprocess
+from elastic_train.worker.inprocess.channel import FailureNote, Go, NewWorld, Stage, WorkerRecord
 
 
 def test_records_round_trip(tmp_path):

@@ -1,5 +1,7 @@
 """Top-k checkpoint retention as a pure decision."""
 
+import math
+
 import pytest
 
 from elastic_train import CheckpointConfig, ConfigError
@@ -59,6 +61,18 @@ def test_non_numeric_score_raises_naming_it(value):
     with pytest.raises(ConfigError, match="'loss'") as info:
         score_of(CheckpointRecord(5, {"loss": value}), cfg)
     assert repr(value) in str(info.value)
+
+
+@pytest.mark.parametrize("order", ["min", "max"])
+def test_a_nan_score_ranks_below_every_number_and_above_none(order):
+    """A diverged loss does not stop the run: NaN is a score, the worst there is."""
+    recs = [CheckpointRecord(0, {"loss": math.nan}), CheckpointRecord(1, {"loss": 0.5}),
+            CheckpointRecord(2, {"acc": 1.0}), CheckpointRecord(3, {"loss": -math.inf})]
+    cfg = config(num_to_keep=2, checkpoint_score_attribute="loss", checkpoint_score_order=order)
+    assert math.isnan(score_of(recs[0], cfg))
+    best = [1, 3] if order == "max" else [3, 1]
+    assert [r.index for r in ranked(recs, cfg)] == [*best, 0, 2]
+    assert to_delete(recs, cfg) == [0, 2]
 
 
 @pytest.mark.parametrize("value", ["0.3", None, True, "missing"])

@@ -18,7 +18,9 @@ from elastic_train.checkpoint import Checkpoint
 from elastic_train.errors import StorageError, WorkerFailure
 from elastic_train.storage import CheckpointStore, CommitManifest, RunStorage
 from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.checkpoint_names import MAX_NAME_BYTES, check_dir_name
 from elastic_train.storage.checkpoint_store import (
+    DAMAGED_DIR,
     MARKER,
     dir_name,
     list_directory,
@@ -455,6 +457,32 @@ def test_a_name_the_run_has_already_is_refused_before_any_upload(run, local_ckpt
     with pytest.raises(ConfigError, match=r"'notes'.*already has a checkpoint or an entry"):
         store.claim(2, "notes")
     assert [m.index for m in store.committed()] == [0]
+
+
+def test_the_longest_name_report_accepts_is_claimed_and_committed(run, local_ckpt):
+    """check_dir_name's byte limit leaves room for the claim's index and the temporary
+    name of its atomic write: no ENAMETOOLONG from the claim of a name it accepts."""
+    name = check_dir_name("é" * (MAX_NAME_BYTES // 2) + "x" * (MAX_NAME_BYTES % 2))
+    assert len(name.encode()) == MAX_NAME_BYTES
+    commit_named(run.checkpoints, 10**12 - 1, name, local_ckpt)
+    assert [m.name for m in CheckpointStore(run.fs, run.run_path).committed()] == [name]
+
+
+def test_a_damaged_checkpoint_set_aside_frees_its_name_and_keeps_its_number(run, local_ckpt):
+    store = run.checkpoints
+    commit_named(store, 0, "epoch_0", local_ckpt)
+    damaged = commit_named(store, 1, "epoch_1", local_ckpt)
+    store.set_aside(1)
+    aside = fsutil.join(run.run_path, DAMAGED_DIR, "000001.epoch_1")
+    assert json.loads(run.fs.cat_file(fsutil.join(aside, MARKER)))["index"] == 1
+    assert run.fs.cat_file(fsutil.join(aside, "sub", "opt.pt")) == b"optimizer"
+    assert not run.fs.exists(fsutil.join(run.run_path, "epoch_1"))
+    again = CheckpointStore(run.fs, run.run_path)  # the next start's
+    assert [m.name for m in again.committed()] == ["epoch_0"]
+    assert again.sweep()[0] == [1]  # its number stays used
+    commit_named(again, 2, "epoch_1", local_ckpt)  # the name is free again
+    assert [(m.index, m.name) for m in again.committed()] == [(0, "epoch_0"), (2, "epoch_1")]
+    assert damaged.files == again.committed()[1].files
 
 
 def test_sweep_removes_claimed_uploads_cut_short_and_leaves_other_entries(run, local_ckpt):

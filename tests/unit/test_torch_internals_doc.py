@@ -327,7 +327,7 @@ def test_every_private_torch_name_the_code_uses_is_in_the_document(uses):
 def test_the_scan_finds_each_kind_of_use_and_not_our_own_names(uses):
     found = {(u.name, u.where.split(":")[0]) for u in uses}
     for expected in [
-        ("_abort_process_group", "elastic_train/worker/inprocess.py"),  # (a) dist.
+        ("_abort_process_group", "elastic_train/worker/inprocess/loop.py"),  # (a) dist.
         ("_get_default_store", "elastic_train/worker/lifecycle.py"),  # (a) sys.modules
         ("_is_in_bad_fork", "elastic_train/agent/zygote/fork.py"),  # (a) getattr
         ("_registry", "elastic_train/agent/rendezvous/registry.py"),  # (a) imported name

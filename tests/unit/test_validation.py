@@ -5,8 +5,12 @@ outcome (manifest, metrics.jsonl row, re-ranking), the runner's real processes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -19,6 +23,7 @@ from elastic_train import (
     ValidationConfig,
     ValidationTaskConfig,
 )
+from elastic_train.agent.worker_slots import surviving
 from elastic_train.errors import CorruptManifestError
 from elastic_train.storage import CheckpointStore, CommitManifest
 from elastic_train.storage.checkpoint_store import MARKER, scan_directory
@@ -27,7 +32,8 @@ from elastic_train.storage.retry import RetryPolicy
 from elastic_train.validation_config import check_validation
 from elastic_train.worker.reported_checkpoints import reported_checkpoints, status_of
 from elastic_train.worker.validation_runner import Outcome, ValidationRunner
-from tests.conftest import committer_for
+from tests.conftest import REPO, committer_for, wait_until
+from tests.support.process_tree import child_pids
 
 
 def _score(checkpoint, offset=0.0, sleep_s=0.0, fail=False):
@@ -43,6 +49,17 @@ def _environment(checkpoint):
     """A validation function that returns what its process was given."""
     return {"visible": os.environ.get("CUDA_VISIBLE_DEVICES", "unset"),
             "home": os.environ.get("HF_HOME", "unset")}
+
+
+def _starts_processes(checkpoint, pid_file, sleep_s):
+    """A validation function that starts a process in its own session (as a nested
+    trainer's zygote does), one in its own group, notes their pids, then sleeps."""
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    children = [subprocess.Popen(sleeper, start_new_session=True), subprocess.Popen(sleeper)]
+    with open(pid_file, "w") as f:
+        f.write(" ".join(str(c.pid) for c in children))
+    time.sleep(sleep_s)
+    return {"val": 1.0}
 
 
 # config types
@@ -141,6 +158,41 @@ def test_an_outcome_lands_in_the_manifest_and_the_row_then_retention_ranks(store
         (3, ReportedCheckpointStatus.COMMITTED), (1, ReportedCheckpointStatus.VALIDATED)]
 
 
+class _Crash(BaseException):
+    """The process dies here."""
+
+
+@pytest.mark.parametrize("crash_at", ["metrics.jsonl", "marker"])
+def test_a_crash_while_an_outcome_is_recorded_leaves_it_to_be_validated_again(
+        store, tmp_path, monkeypatch, crash_at):
+    """Never a VALIDATED marker without its metrics in ``metrics.jsonl``: the rows are
+    written first, so a crash before the marker leaves the checkpoint pending, and the
+    next attempt validates it again."""
+    committer = committer_for(store)
+    committer.validations = _Runner()
+    task = {"fn_kwargs": {}, "timeout_s": None}
+    manifest = _commit(committer, store, tmp_path, 0, {"loss": 1.0}, task)
+
+    def crash(*args):
+        raise _Crash
+
+    if crash_at == "marker":
+        monkeypatch.setattr(store, "commit", crash)
+    else:
+        monkeypatch.setattr(committer.storage, "write_metrics", crash)
+    with pytest.raises(_Crash):
+        committer.finish_validation(manifest, Outcome("VALIDATED", {"val": 0.9}))
+    [marker] = CheckpointStore(store.fs, store.run_path).committed()
+    [row] = [json.loads(line) for line in open(f"{store.run_path}/metrics.jsonl")]
+    assert status_of(marker) is ReportedCheckpointStatus.PENDING_VALIDATION
+    assert row.get("val") == (0.9 if crash_at == "marker" else None)
+    again = committer_for(CheckpointStore(store.fs, store.run_path))
+    again.validations = runner = _Runner()
+    runner.requeue = runner.submitted.extend
+    again.requeue_validations()
+    assert [m.index for m in runner.submitted] == [0]
+
+
 def test_a_restarted_attempt_takes_the_pending_validations_again(store, tmp_path):
     committer = committer_for(store)
     committer.validations = _Runner()
@@ -226,6 +278,69 @@ def test_the_validation_process_sees_rank_0s_gpus_and_the_env_vars_asked_for(
     runner.submit(_committed(store, tmp_path, 0, {"fn_kwargs": {}, "timeout_s": None}))
     runner.close()
     assert outcomes[0].metrics == {"visible": expected, "home": "/data/hf"}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sleep_s, timeout_s, status", [
+    (60.0, 8.0, "VALIDATION_TIMEOUT"),  # killed at its timeout
+    (0.0, None, "VALIDATED"),  # returned, its processes still running
+])
+def test_what_a_validation_started_dies_with_it(store, tmp_path, sleep_s, timeout_s, status):
+    outcomes, pid_file = [], tmp_path / "pids"
+    runner = ValidationRunner(ValidationConfig(_starts_processes), store,
+                              lambda m, o: outcomes.append(o), str(tmp_path / "scratch"))
+    runner.submit(_committed(store, tmp_path, 0, {"timeout_s": timeout_s, "fn_kwargs": {
+        "pid_file": str(pid_file), "sleep_s": sleep_s}}))
+    try:
+        runner.close()
+        assert [o.status for o in outcomes] == [status]
+        started = [int(p) for p in pid_file.read_text().split()]
+        assert surviving(started, wait_s=5) == {}, "processes left behind"
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            for pid in map(int, pid_file.read_text().split()):
+                os.kill(pid, signal.SIGKILL)
+
+
+_OWNER = """
+import sys, time
+from fsspec.implementations.local import LocalFileSystem
+from elastic_train import ValidationConfig
+from elastic_train.storage import CheckpointStore
+from elastic_train.worker.validation_runner import ValidationRunner
+from tests.unit.test_validation import _starts_processes
+store = CheckpointStore(LocalFileSystem(), sys.argv[1])
+ValidationRunner(ValidationConfig(_starts_processes), store, print, sys.argv[2]).submit(
+    store.committed()[0])
+time.sleep(120)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_what_a_validation_started_dies_with_the_worker_that_started_it(store, tmp_path):
+    """The worker (here a process running a runner) is SIGKILLed mid-validation: the
+    validation process ends, and so does every process it started."""
+    pid_file = tmp_path / "pids"
+    _committed(store, tmp_path, 0, {"timeout_s": None, "fn_kwargs": {
+        "pid_file": str(pid_file), "sleep_s": 120.0}})
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, store.run_path,
+                              str(tmp_path / "scratch")], cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": REPO})
+    started = []
+    try:
+        assert wait_until(lambda: pid_file.exists() and pid_file.read_text(), 30)
+        started = [int(p) for p in pid_file.read_text().split()]
+        validation = child_pids(owner.pid)
+        assert len(validation) == 1
+    finally:
+        owner.kill()
+        owner.wait()
+    try:
+        assert surviving(validation + started, wait_s=10) == {}, "processes left behind"
+    finally:
+        for pid in started:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_an_abandoned_runner_kills_its_validation_and_records_nothing(store, tmp_path):

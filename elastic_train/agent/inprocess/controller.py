@@ -1,4 +1,4 @@
-"""The agent's part of in-process restarts: an object the agent owns (departure 8 of
+"""The agent's part of in-process restarts: an object the agent owns ("in-process restarts" of
 :mod:`elastic_train.agent.local_agent`).
 
 :class:`InProcessController` watches the workers before torch's monitoring does
@@ -42,7 +42,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.utils import macros
 
 from elastic_train import env_vars
-from elastic_train.agent.failures import failures_of
+from elastic_train.agent.failures import Observed, observe
 from elastic_train.agent.inprocess.restarts import (
     FailedAttempt,
     InProcessRestarts,
@@ -56,7 +56,7 @@ from elastic_train.agent.worker_slots import replace_worker
 from elastic_train.errors import WorkerFailure
 from elastic_train.failure_kinds import FailureKind
 from elastic_train.storage.uploader import discard_staged
-from elastic_train.worker.restart_channel import NewWorld
+from elastic_train.worker.inprocess.channel import NewWorld
 
 logger = logging.getLogger(__name__)
 
@@ -235,10 +235,9 @@ class InProcessController:
             discard_staged(self._staging_dir, worker.global_rank)
         return replace_worker(self._processes, worker, entrypoint, args, {**self._env, **env})
 
-    def _failure_of(self, worker: Worker, exitcode: int) -> WorkerFailure:
+    def _failure_of(self, worker: Worker, exitcode: int) -> Observed:
         """A dead worker, described from its exit and its error file (as torch would)."""
         failure = ProcessFailure(local_rank=worker.local_rank, pid=worker.id or 0,
                                  exitcode=exitcode,
                                  error_file=self._processes.error_files[worker.local_rank])
-        return failures_of(RunResult(WorkerState.FAILED,
-                                     failures={worker.global_rank: failure}))[0]
+        return observe(RunResult(WorkerState.FAILED, failures={worker.global_rank: failure}))[0]

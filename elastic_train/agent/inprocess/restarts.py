@@ -1,7 +1,7 @@
 """In-process restarts, the agent's side: end a failed attempt without ending the processes.
 
 The worker's side is :mod:`elastic_train.worker.inprocess`; they talk through
-the files of :mod:`elastic_train.worker.restart_channel`. The agents of a
+the files of :mod:`elastic_train.worker.inprocess.channel`. The agents of a
 multi-node job talk through the rendezvous round's store (:mod:`.attempt_store`).
 One attempt ends in four steps:
 
@@ -46,12 +46,13 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import Worker, WorkerGroup
 
 from elastic_train import env_vars
+from elastic_train.agent.failures import Cause, Observed
 from elastic_train.agent.inprocess import attempt_store
 from elastic_train.agent.node_liveness import nobody
 from elastic_train.agent.worker_slots import kill
 from elastic_train.errors import WorkerFailure
-from elastic_train.worker import restart_channel as channel
-from elastic_train.worker.restart_channel import Go, NewWorld, Stage, Verdict, WorkerRecord
+from elastic_train.worker.inprocess import channel
+from elastic_train.worker.inprocess.channel import Go, NewWorld, Stage, Verdict, WorkerRecord
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ AGENT_BARRIER_EXTRA_S = 5.0  # on top of the unwind timeout, for the other nodes
 @dataclass(frozen=True)
 class InProcessSettings:
     """``directory``: where the agent and its workers exchange their records (see
-    :mod:`elastic_train.worker.restart_channel`); ``unwind_timeout_s``: how long a
+    :mod:`elastic_train.worker.inprocess.channel`); ``unwind_timeout_s``: how long a
     survivor may take to leave a failed attempt before it is killed and replaced."""
 
     directory: str
@@ -132,13 +133,14 @@ class InProcessRestarts:
 
     ``replace(worker, env)`` starts a new process in a worker's slot (see
     :mod:`.worker_slots`); ``failure_of(worker, exitcode)`` describes a dead
-    worker from its error file; ``gone()``: the group ranks known gone
+    worker from its error file, and how it ended (by itself, or waiting for a peer:
+    :class:`~elastic_train.agent.failures.Cause`); ``gone()``: the group ranks known gone
     (:mod:`elastic_train.agent.node_liveness`), never waited for.
     """
 
     def __init__(self, directory: str, unwind_timeout_s: float,
                  replace: Callable[[Worker, dict[str, str]], int],
-                 failure_of: Callable[[Worker, int], WorkerFailure],
+                 failure_of: Callable[[Worker, int], Observed],
                  gone: Callable[[], set[int]] = nobody):
         self._gone = gone
         self.directory = directory
@@ -181,7 +183,8 @@ class InProcessRestarts:
         for worker in group.workers:
             code, record = exits[worker.local_rank], records[worker.local_rank]
             if code not in (None, 0):
-                found.append((self._failure_of(worker, code), True))  # it died: its own
+                seen = self._failure_of(worker, code)  # it died: its own, unless it was
+                found.append((seen.failure, seen.cause is not Cause.BROKEN))  # a peer's
                 died = True
                 if code < 0:
                     killed.add(worker.global_rank)
@@ -268,7 +271,7 @@ class InProcessRestarts:
     def give_up(self, group: WorkerGroup, pcontext: Any) -> None:
         """This node stops (its budget is spent): the other nodes must not wait for it.
         Its workers learn it from the verdict; a worker with a checkpoint upload in
-        flight finishes it (see :mod:`elastic_train.worker.restart_channel`), and this
+        flight finishes it (see :mod:`elastic_train.worker.inprocess.channel`), and this
         waits up to ``unwind_timeout_s`` for every worker to have left the attempt."""
         attempt_store.give_up(group, self.attempt)
         channel.write_verdict(self.directory, Verdict(self.attempt, restart=False))

@@ -29,6 +29,8 @@ from etcd3gw.exceptions import Etcd3Exception
 from requests.adapters import HTTPAdapter
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 
+from elastic_train.agent.rendezvous.etcd_outage import Outage, PatientAdapter
+
 log = logging.getLogger(__name__)
 
 _TOO_DEEP = ("etcd answered with JSON nested too deeply to read, which etcd v3's gateway "
@@ -156,7 +158,7 @@ class TxnResult:
 
 class _Direct:
     """POSTs to etcd's gateway on the connection pool of a plain ``requests.Session`` --
-    its adapter's TLS settings and connect retries (see ``etcd_v3.create_client``) --
+    its adapter's TLS settings and its wait for an unreachable etcd (``etcd_outage``) --
     without requests' layers around each call (preparing the request, merging the
     session's settings, cookies, hooks). Those cost more CPU than the call itself: at
     1,024 simulated nodes a re-form spent a quarter less client CPU and about 0.3 s
@@ -173,7 +175,8 @@ class _Direct:
                                                              cert=session.cert)
         adapter.cert_verify(self._pool, url, session.verify, session.cert)
         self._retries = adapter.max_retries
-        self._timeout = urllib3.Timeout(connect=timeout, read=timeout)
+        self._outage = adapter.outage if isinstance(adapter, PatientAdapter) else Outage(0)
+        self._timeout = timeout
 
     @staticmethod
     def of(session: object, url: str, timeout: float) -> _Direct | None:
@@ -182,17 +185,17 @@ class _Direct:
         if type(session) is not requests.Session:
             return None
         adapter = session.get_adapter(url)
-        if type(adapter) is not HTTPAdapter or not hasattr(
+        if type(adapter) not in (HTTPAdapter, PatientAdapter) or not hasattr(
                 adapter, "get_connection_with_tls_context"):
             return None
         return _Direct(session, adapter, url, timeout)
 
     def post(self, url: str, body: bytes) -> bytes:
         """The answer's body; Etcd3Exception with etcd's error for any status but 200."""
-        response = self._pool.urlopen(
+        response = self._outage.call(self._timeout, lambda connect: self._pool.urlopen(
             "POST", urllib3.util.parse_url(url).request_uri, body=body, headers=self._HEADERS,
-            retries=self._retries, timeout=self._timeout, redirect=False,
-            assert_same_host=False, preload_content=True)
+            retries=self._retries, timeout=urllib3.Timeout(connect=connect, read=self._timeout),
+            redirect=False, assert_same_host=False, preload_content=True))
         if response.status != 200:
             raise Etcd3Exception(response.data.decode(errors="replace"), response.reason)
         return response.data
@@ -306,7 +309,10 @@ class Watch:
         self._key = key
         self._prefix = prefix
         self.revision = start_revision  # the first revision not yet seen
-        self._events: queue.Queue[list[Event] | Exception | None] = queue.Queue()
+        # (the stream it came from, what): a stream replaced by restart() hands nothing on
+        self._events: queue.Queue[tuple[int | None, list[Event] | Exception | None]] = \
+            queue.Queue()
+        self._stream_number = 0
         self._response: requests.Response | None = None
         self._reader: threading.Thread | None = None
         self._cancelled = False
@@ -319,7 +325,8 @@ class Watch:
         """Opens the stream now and returns once etcd has created the watch, so that no
         change written after this returns is missed (a watch from revision 0 starts at
         its creation); RendezvousConnectionError if etcd did not within ``timeout`` s
-        (the client's request timeout by default). A watch already open is left as is."""
+        (the client's request timeout by default; the stream is then closed, and opened
+        again by the next call). A watch already open is left as is."""
         if self._reader is None:
             self._open()
         if timeout is None:
@@ -327,7 +334,7 @@ class Watch:
         reader, deadline = self._reader, time.monotonic() + timeout
         while reader is not None and not self._created.wait(0.05):
             if not reader.is_alive() or time.monotonic() >= deadline:
-                self.cancel()
+                self._end_stream()
                 raise RendezvousConnectionError(
                     f"etcd did not create a watch on {self._key!r} within {timeout:g} s"
                     + (" (its stream ended)." if not reader.is_alive() else "."))
@@ -342,9 +349,11 @@ class Watch:
             if self._reader is None:
                 self._open()
             try:
-                item = self._events.get(timeout=max(deadline - time.monotonic(), 0))
+                number, item = self._events.get(timeout=max(deadline - time.monotonic(), 0))
             except queue.Empty:
                 return None
+            if number is not None and number != self._stream_number:
+                continue
             if not isinstance(item, Exception):
                 if item:
                     self.revision = max(e.kv.mod_revision for e in item) + 1
@@ -354,18 +363,32 @@ class Watch:
                 with connection_errors():
                     raise item
 
-    def follow(self, on_events: Callable[[list[Event]], None]) -> None:
+    def follow(self, on_events: Callable[[list[Event]], None],
+               check: Callable[[Exception | None], list[Event]], every: float) -> None:
         """Calls ``on_events`` from a daemon thread for every change, until :meth:`cancel` or
-        :meth:`unfollow` (what an open stream queued already comes first); a stream that
-        broke (etcd restarting) is opened again from where it stopped, after a pause if it
-        broke right after opening."""
+        :meth:`unfollow` (what an open stream queued already comes first). A stream that
+        broke (etcd restarting) is opened again from where it stopped. ``check`` is asked
+        for the changes the stream did not bring: with the error when it broke and cannot
+        be opened there again (etcd compacted that history; ``check`` may :meth:`restart`
+        it), and with None after ``every`` seconds without a change (a stream that died
+        silently looks just like an idle one). A check that failed makes the watch count
+        as broken: its check is tried again each second until it succeeds."""
         def run() -> None:
+            broken: Exception | None = None
             while self._follower is threading.current_thread() and not self._cancelled:
                 try:
-                    events = self.next(60.0)
+                    if broken is None:
+                        events = self.next(every)
+                        if events is None and not self._cancelled:
+                            events = check(None)
+                    else:
+                        events, broken = check(broken), None
                 except RendezvousConnectionError as exc:
-                    log.warning("An etcd watch broke (%s); opening it again.", exc)
-                    time.sleep(1.0)
+                    if broken is not None:
+                        log.warning("An etcd watch broke (%s) and could not be checked "
+                                    "(%s); trying again.", broken, exc)
+                        time.sleep(1.0)
+                    broken = broken or exc
                     continue
                 if events:  # even after unfollow(): what was taken is handed on
                     on_events(events)
@@ -378,16 +401,33 @@ class Watch:
         those stay queued for :meth:`next`."""
         follower, self._follower = self._follower, None
         if follower is not None:
-            self._events.put([])  # wakes it; next() hands the empty list on as no change
+            self._events.put((None, []))  # wakes it; next() hands [] on as no change
             follower.join()
+
+    def restart(self, timeout: float | None = None) -> None:
+        """Ends the stream and watches anew from now (as :meth:`start`): for a stream that
+        cannot resume where it stopped, or that died silently. What the old stream brought
+        and was not taken yet is dropped: the caller reads what the keys hold now."""
+        self._end_stream()
+        self.revision = 0
+        self._created.clear()
+        self.start(timeout)
+
+    def _end_stream(self) -> None:
+        """Closes the stream; nothing it brought is handed on any more."""
+        with self._lock:
+            self._stream_number += 1
+            response, self._response = self._response, None
+        _shut(response)
+        self._reader = None
 
     def _open(self) -> None:
         response = self._connect()
         if response is None:
             return
         self._opened_at = time.monotonic()
-        self._reader = threading.Thread(target=self._read, args=(response,), daemon=True,
-                                        name="etcd-watch")
+        self._reader = threading.Thread(target=self._read, args=(response, self._stream_number),
+                                        daemon=True, name="etcd-watch")
         self._reader.start()
 
     def _connect(self) -> requests.Response | None:
@@ -408,9 +448,9 @@ class Watch:
             self._response = response
             return response
 
-    def _stream(self, response: requests.Response | None) -> Iterator[list[Event]]:
-        """The stream's changes, one list per message; raises when the stream ends. etcd's
-        first message says the watch was created, at which revision (:meth:`start`)."""
+    def _stream(self, response: requests.Response | None, number: int) -> Iterator[list[Event]]:
+        """The changes of stream ``number``, one list per message; raises when it ends.
+        etcd's first message says the watch was created, at which revision (:meth:`start`)."""
         if response is None:
             return
         try:
@@ -419,7 +459,8 @@ class Watch:
                     continue
                 with etcd_answer("a watch", line):
                     result = json.loads(line).get("result", {})
-                    if result.get("created") and not self._created.is_set():
+                    if result.get("created") and number == self._stream_number \
+                            and not self._created.is_set():
                         if not self.revision:
                             self.revision = int(result["header"]["revision"]) + 1
                         self._created.set()
@@ -435,26 +476,31 @@ class Watch:
         finally:
             response.close()
 
-    def _read(self, response: requests.Response) -> None:
-        """The reader thread of :meth:`next`: queues the stream's changes."""
+    def _read(self, response: requests.Response, number: int) -> None:
+        """The reader thread of :meth:`next`: queues the changes of stream ``number``."""
         try:
-            for events in self._stream(response):
-                self._events.put(events)
+            for events in self._stream(response, number):
+                self._events.put((number, events))
         except Exception as exc:  # handed to the waiting thread, which decides
             if not self._cancelled:
-                self._events.put(exc)
+                self._events.put((number, exc))
 
     def cancel(self) -> None:
         """Ends the watch; a :meth:`next` waiting in another thread returns None."""
         with self._lock:
             self._cancelled = True
             response = self._response
-        self._events.put(None)
-        raw = getattr(response, "raw", None)
-        connection = getattr(raw, "_connection", None) or getattr(raw, "connection", None)
-        sock = getattr(connection, "sock", None)
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)  # wakes the reader blocked in recv
-            except OSError:
-                pass
+        self._events.put((None, None))
+        _shut(response)
+
+
+def _shut(response: requests.Response | None) -> None:
+    """Shuts a watch stream's socket down, which wakes its reader blocked in recv."""
+    raw = getattr(response, "raw", None)
+    connection = getattr(raw, "_connection", None) or getattr(raw, "connection", None)
+    sock = getattr(connection, "sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass

@@ -29,6 +29,13 @@ writes keys of its own, and learns what others did from watches:
   round of ``max_nodes`` waits as a spare (``r/R+1/s/<node>``), not counted, as
   torch's redundancy list. A dead node is simply absent from the next round
   (scale-down): nobody waits for its heartbeat to expire.
+- A watch may break where it cannot resume (etcd compacted the history it was to
+  resume from, e.g. across an etcd restart) or die silently (a NAT's or load
+  balancer's idle timeout, a host gone: an idle stream and a dead one look the
+  same). Every watch the handler keeps is checked by one read of the keys it
+  watches after ``watch_check_interval`` seconds (default 5) without a change; one
+  that broke, or whose keys show a change it did not bring, watches anew from now
+  and its keys are read once (:meth:`EtcdNativeHandler._missed`).
 - Each node that joined round R keeps a *liveness record* ``r/R/l/<node>``, written
   in its join's transaction, under a lease of its own with a short TTL
   (``liveness_ttl``, default 1 s; etcd raises
@@ -69,12 +76,14 @@ deletes them at once.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from urllib.parse import quote, unquote
@@ -136,13 +145,23 @@ class _WaitingNodes:
     the changes it saw, to this node's join of round r+1, which awaits the seal on it.
     """
 
-    def __init__(self, watch: Watch, r: int, wanted: bytes) -> None:
+    def __init__(self, watch: Watch, r: int, wanted: bytes,
+                 missed: Callable[[Watch, Exception | None], list[ops.Event]],
+                 every: float) -> None:
         self.count = 0
         self.round = r + 1
         self._wanted = wanted
         self._seen: list[ops.Event] = []
         self._watch = watch
-        watch.follow(self._update)
+        self._missed = missed
+        watch.follow(self._update, self._check, every)
+
+    def _check(self, why: Exception | None) -> list[ops.Event]:
+        """What the watch did not bring (see ``EtcdNativeHandler._missed``); once a node
+        waits, nothing: the join that takes the watch checks it again."""
+        if why is None and self.count:
+            return []
+        return self._missed(self._watch, why)
 
     def _update(self, events: list[ops.Event]) -> None:
         self._seen.extend(events)
@@ -175,9 +194,10 @@ class EtcdNativeHandler(RendezvousHandler):
     defaults) and ``read_timeout`` (the c10d store's, default 60 s), plus those of
     the etcd connection (:func:`~.etcd_v3.create_client`: endpoint, TLS, auth,
     ``timeout``, ``outage_timeout``), ``lease_ttl`` (the run's keys outlive its
-    last node by this many seconds, default 30) and ``liveness_ttl`` (a lost node's
-    liveness record is gone after this many seconds, default 1; see the module doc).
-    """
+    last node by this many seconds, default 30), ``watch_check_interval`` (seconds
+    without a change after which a watch is checked, default 5) and ``liveness_ttl``
+    (a lost node's liveness record is gone after this many seconds, default 1; see the
+    module doc)."""
 
     def __init__(self, params: RendezvousParameters) -> None:
         self._settings = Settings.of(params)
@@ -303,8 +323,9 @@ class EtcdNativeHandler(RendezvousHandler):
             if time.monotonic() < last.formed_at + last.rank * _WATCH_SPREAD_S:
                 return 0
             keys, r = self._keys, last.round
-            last.waiting = _WaitingNodes(self._kv.watch(keys.ctl(r + 1), last.seal.revision + 1),
-                                         r, keys.wanted(r + 1))
+            last.waiting = _WaitingNodes(
+                self._kv.watch(keys.ctl(r + 1), last.seal.revision + 1), r, keys.wanted(r + 1),
+                functools.partial(self._missed, r + 1), self._settings.watch_check_interval)
         return last.waiting.count
 
     def shutdown(self) -> bool:
@@ -470,52 +491,57 @@ class EtcdNativeHandler(RendezvousHandler):
                     renewals: int) -> Seal | None:
         """Waits on ``watch`` (round ``r``'s control keys; ``seen``: what it brought before)
         for the round's seal, claiming the sealer's part if its holder dies."""
-        keys = self._keys
+        keys, every = self._keys, self._settings.watch_check_interval
         events: list[ops.Event] | None = seen
-        replaced: list[Watch] = []
-        try:
-            while True:
-                for event in events or []:
-                    key = event.kv.key
-                    if key == keys.seal(r) and not event.deleted:
-                        return Seal.of(event.kv)
-                    if key == keys.closed_in(r):
-                        self._raise_closed()
-                    if key == keys.sealer(r) and event.deleted and self._claim_sealer(r):
-                        return self._seal(r, deadline, renewals)
-                try:
-                    events = self._next(watch, r, deadline)
-                except RendezvousConnectionError as exc:
-                    watch, events = self._watch_again(r, watch, exc)
-                    replaced.append(watch)
-                if self._lease.renewals != renewals:
-                    return None
-        finally:
-            for extra in replaced:
-                extra.cancel()
+        checked = time.monotonic()  # when the watch last brought a change, or was checked
+        while True:
+            for event in events or []:
+                key = event.kv.key
+                if key == keys.seal(r) and not event.deleted:
+                    return Seal.of(event.kv)
+                if key == keys.closed_in(r):
+                    self._raise_closed()
+                if key == keys.sealer(r) and event.deleted and self._claim_sealer(r):
+                    return self._seal(r, deadline, renewals)
+            try:
+                events = self._next(watch, r, deadline, until=checked + every)
+                if events or time.monotonic() >= checked + every:
+                    events = events or self._missed(r, watch, None, sealer_held=True)
+                    checked = time.monotonic()
+            except RendezvousConnectionError as exc:
+                events = self._missed(r, watch, exc)
+            if self._lease.renewals != renewals:
+                return None
 
-    def _watch_again(self, r: int, broken: Watch, why: Exception
-                     ) -> tuple[Watch, list[ops.Event]]:
-        """A watch of round ``r``'s control keys from now, in place of ``broken`` (its stream
-        broke and could not resume where it stopped: etcd compacted that history, or
-        restarted without it), and what those keys hold now, as changes: a seal, a close,
-        or the sealer's part free (its key absent) to claim. RendezvousConnectionError if
-        etcd cannot be reached."""
-        log.warning("The watch of rendezvous round %d broke and cannot resume (%s); "
-                    "watching it anew.", r, why)
-        broken.cancel()
+    def _missed(self, r: int, watch: Watch, why: Exception | None,
+                sealer_held: bool = False) -> list[ops.Event]:
+        """The changes of round ``r``'s control keys that ``watch`` did not bring, as changes:
+        a seal, a close, a waiting node, or the sealer's part free (its key absent) to claim.
+
+        ``why``: the stream broke and cannot resume where it stopped (etcd compacted that
+        history, or restarted without it); the watch then watches anew from now, and the
+        keys are read once. None: the watch brought nothing for ``watch_check_interval``
+        seconds, as an idle stream, or one that died silently (a NAT's or a load
+        balancer's idle timeout, a host gone): one read of the keys tells. If they show a
+        change the watch did not bring (with ``sealer_held``, also the sealer's key gone),
+        its stream is taken for dead and handled as a broken one; else nothing was
+        missed. RendezvousConnectionError if etcd cannot be reached."""
         keys = self._keys
-        watch = self._kv.watch(keys.ctl(r), 0)
-        try:
-            watch.start()
+        if why is None:
             found = self._kv.read(ops.get(keys.ctl(r), prefix=True)).ranges[0]
-        except BaseException:
-            watch.cancel()
-            raise
+            if all(kv.mod_revision < watch.revision for kv in found) and not (
+                    sealer_held and all(kv.key != keys.sealer(r) for kv in found)):
+                return []
+            why = RendezvousConnectionError(
+                f"it brought nothing for {self._settings.watch_check_interval:g} s while the "
+                "round's control keys changed: its stream died silently")
+        log.warning("The watch of rendezvous round %d failed (%s); watching it anew.", r, why)
+        watch.restart()
+        found = self._kv.read(ops.get(keys.ctl(r), prefix=True)).ranges[0]
         events = [ops.Event(False, kv) for kv in found]
         if all(kv.key != keys.sealer(r) for kv in found):
             events.append(ops.Event(True, ops.KeyValue(keys.sealer(r), b"", 0, 0, 0)))
-        return watch, events
+        return events
 
     def _claim_sealer(self, r: int) -> bool:
         keys = self._keys
@@ -535,7 +561,8 @@ class EtcdNativeHandler(RendezvousHandler):
                 f"The rendezvous of {self._settings.run_id} did not complete within "
                 f"join_timeout={self._settings.join_timeout:g} s.")
         wait = min(deadline, until if until is not None else deadline) - now
-        return watch.next(min(wait, self._settings.lease_ttl))
+        return watch.next(min(wait, self._settings.lease_ttl,
+                              self._settings.watch_check_interval))
 
     # --- sealing a round --------------------------------------------------------------------
 
@@ -553,6 +580,7 @@ class EtcdNativeHandler(RendezvousHandler):
         watch = self._kv.watch(keys.of_round(r), found.revision + 1)
         enough_since: float | None = None
         ask_at = 0.0  # when to ask next whether every live member of round r-1 came
+        checked = time.monotonic()  # when the watch last brought a change, or was checked
         try:
             while True:
                 now = time.monotonic()
@@ -571,15 +599,55 @@ class EtcdNativeHandler(RendezvousHandler):
                                              if key not in refused}, refused)
                 last_call = None if enough_since is None else min(
                     enough_since + settings.last_call_timeout, now + _ALIVE_EVERY_S)
-                events = self._next(watch, r, deadline, until=last_call)
+                try:
+                    events = self._next(watch, r, deadline, until=min(
+                        last_call or math.inf, checked + settings.watch_check_interval))
+                except RendezvousConnectionError as exc:  # cannot resume: see _missed
+                    log.warning("The sealer's watch of round %d broke and cannot resume "
+                                "(%s); watching it anew.", r, exc)
+                    events, checked = None, -math.inf
                 if self._lease.renewals != renewals:
                     return None
+                if events:
+                    checked = time.monotonic()
+                elif time.monotonic() >= checked + settings.watch_check_interval:
+                    checked = time.monotonic()
+                    seal = self._look_again(r, watch, joined, refused)
+                    if seal is not None:
+                        return seal
                 for event in events or []:
                     seal = self._follow(r, event, joined, refused)
                     if seal is not None:
                         return seal
         finally:
             watch.cancel()
+
+    def _look_again(self, r: int, watch: Watch, joined: dict[bytes, int],
+                    refused: dict[bytes, str]) -> Seal | None:
+        """The sealer's ``watch`` of round ``r`` brought nothing for a while, or broke and
+        cannot resume (as a member's, see :meth:`_missed`): it watches anew from now and
+        reads the round's joins, seal and close once into its view (as :meth:`_follow`
+        would the changes); the seal if there is one. One node seals a round, so this
+        costs etcd little."""
+        keys = self._keys
+        watch.restart()
+        found = self._kv.read(ops.get(keys.joins(r), prefix=True, keys_only=True),
+                              ops.get(keys.seal(r)), ops.get(keys.closed_in(r)))
+        joins, seal, closed = found.ranges
+        if closed:
+            self._raise_closed()
+        if seal:
+            return Seal.of(seal[0])
+        now = {kv.key: kv.create_revision for kv in joins if _ours(kv)}
+        for key in set(joined) - set(now):
+            joined.pop(key)
+            refused.pop(key, None)
+        for key, revision in now.items():
+            if key not in joined:
+                joined[key] = revision
+                if why := self._refusal(r, key):
+                    refused[key] = why
+        return None
 
     def _all_alive_joined(self, r: int, joined: dict[bytes, int],
                           refused: dict[bytes, str]) -> bool:
@@ -685,7 +753,13 @@ class EtcdNativeHandler(RendezvousHandler):
             deadline = math.inf
         try:
             while True:
-                events = self._next(watch, r + 1, deadline)
+                try:
+                    events = self._next(watch, r + 1, deadline)
+                except RendezvousConnectionError as exc:  # cannot resume: see _missed
+                    log.warning("The watch of the rendezvous' current round broke and cannot "
+                                "resume (%s); watching it anew.", exc)
+                    watch.restart()
+                    events = None  # what it missed: read below
                 if events is None and not self._members_alive(r):
                     self._kv.txn([ops.value_is(keys.round, b"%d" % r)],
                                  [ops.put(keys.round, b"%d" % (r + 1), self._run.lease_id)])
@@ -706,7 +780,12 @@ class EtcdNativeHandler(RendezvousHandler):
         return any(_ours(kv) for kv in found.ranges[0])
 
     def _round_moved(self, r: int) -> bool:
-        found = self._kv.read(ops.get(self._keys.round)).ranges[0]
+        """Whether the current round is no longer ``r`` (read, in case the watch of it
+        missed the change); raises if the rendezvous closed."""
+        found, closed = self._kv.read(ops.get(self._keys.round),
+                                      ops.get(self._keys.closed)).ranges
+        if closed:
+            self._raise_closed()
         if found and round_number(found[0]) != r:
             self._round_hint = round_number(found[0])
             return True

@@ -32,6 +32,7 @@ class Settings:
     store_timeout: float = 60.0
     local_addr: str = ""
     liveness_ttl: int = 1
+    watch_check_interval: float = 5.0
 
     @staticmethod
     def of(params: RendezvousParameters) -> Settings:
@@ -49,7 +50,8 @@ class Settings:
             keep_alive_max_attempt=int(seconds("keep_alive_max_attempt", 3)),
             store_timeout=seconds("read_timeout", 60),
             local_addr=params.local_addr or socket.getfqdn(),
-            liveness_ttl=max(1, round(seconds("liveness_ttl", 1))))
+            liveness_ttl=max(1, round(seconds("liveness_ttl", 1))),
+            watch_check_interval=seconds("watch_check_interval", 5))
 
     @property
     def lease_ttl(self) -> int:

@@ -38,7 +38,6 @@ import etcd3gw
 import requests
 from etcd3gw.exceptions import Etcd3Exception
 from etcd3gw.lease import Lease
-from requests.adapters import HTTPAdapter
 from torch.distributed import DistStoreError, Store
 from torch.distributed.elastic.rendezvous import (
     RendezvousConnectionError,
@@ -47,10 +46,10 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
-from urllib3.util.retry import Retry
 
 from elastic_train.agent.rendezvous import etcd_kv as ops
 from elastic_train.agent.rendezvous.etcd_kv import EtcdKV, connection_errors, etcd_answer
+from elastic_train.agent.rendezvous.etcd_outage import PatientAdapter
 
 log = logging.getLogger(__name__)
 
@@ -450,19 +449,6 @@ class _AuthSession(requests.Session):
             return self._token
 
 
-def _patient_adapter(outage_s: float) -> HTTPAdapter:
-    """Resends requests that could not connect, with backoff, for about ``outage_s``.
-
-    Nothing reached the server, so any request is safe to resend. Without this a
-    restarting etcd server ends the job: torch's agent asks the backend for
-    waiting nodes every monitor interval, and the first refused connection
-    would escape as an error.
-    """
-    retry = Retry(total=None, connect=int(outage_s) + 2, read=0, status=0, other=0,
-                  redirect=0, backoff_factor=0.25, backoff_max=1.0)
-    return HTTPAdapter(max_retries=retry)
-
-
 def create_client(params: RendezvousParameters) -> etcd3gw.Etcd3Client:
     """An etcd3gw client for ``params.endpoint`` with the TLS and auth options of ``params``."""
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=2379)
@@ -473,7 +459,7 @@ def create_client(params: RendezvousParameters) -> etcd3gw.Etcd3Client:
     session = (
         _AuthSession(username, str(params.get("password", ""))) if username else requests.Session()
     )
-    adapter = _patient_adapter(float(params.get("outage_timeout", DEFAULT_OUTAGE_S)))
+    adapter = PatientAdapter(float(params.get("outage_timeout", DEFAULT_OUTAGE_S)))
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     ca_cert, cert, key = params.get("ca_cert"), params.get("cert"), params.get("key")

@@ -1,13 +1,16 @@
 """Where a start of the worker group resumes from, agreed once by every rank.
 
-:func:`agree_on_restore_point` is the whole agreement (collective): rank 0
+:func:`agree_on_resume_point` is the whole agreement (collective): rank 0
 sweeps the run directory (what cut-short uploads left goes; the committed
 checkpoints are listed); every rank checks its share of the newest checkpoint
 against the manifest (:mod:`elastic_train.storage.restore_check`: the files it
 wrote, from or into its node's local tier), and if any rank found a bad file all
-fall back to the previous one together; rank 0 then decides and tells every rank.
+fall back to the previous one together; rank 0 sets the damaged ones aside
+(:meth:`~elastic_train.storage.CheckpointStore.set_aside`: a report of the same
+``checkpoint_dir_name`` is not refused when the group redoes it), then decides and
+tells every rank.
 
-:func:`decide_restore` is the decision, a pure function of what the run
+:func:`decide_resume_point` is the decision, a pure function of what the run
 directory holds: the newest committed checkpoint that is intact (asked newest
 first, so older ones are never checked), the metric rows up to its
 iteration (rows of a failed attempt after it are redone, so each
@@ -17,9 +20,9 @@ every index ever used, also by uncommitted leftovers), the training time the
 kept history accounts for, and what the restart costs (recomputed iterations
 and seconds, for goodput in ``elastic-train show``).
 
-:func:`load_restore_point` is the I/O around it, on rank 0: it reads the rows,
+:func:`load_resume_point` is the I/O around it, on rank 0: it reads the rows,
 decides, and rewrites ``metrics.jsonl`` to the kept rows. Every rank then gets
-:meth:`RestorePoint.for_every_rank`; each data iterator finds its position in the
+:meth:`ResumePoint.for_every_rank`; each data iterator finds its position in the
 point's manifest (:mod:`.data_position`).
 """
 
@@ -42,8 +45,8 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class RestorePoint:
-    """The outcome of :func:`decide_restore`.
+class ResumePoint:
+    """The outcome of :func:`decide_resume_point`.
 
     Args:
         manifest: The checkpoint resumed from; None starts from scratch.
@@ -70,7 +73,7 @@ class RestorePoint:
         """The iteration the run goes on from (0 from scratch)."""
         return self.manifest.training_iteration if self.manifest else 0
 
-    def for_every_rank(self) -> RestorePoint:
+    def for_every_rank(self) -> ResumePoint:
         """What the other ranks need: without the history and the records, which only
         rank 0 uses (a long run's history would cost a broadcast of megabytes)."""
         return replace(self, kept_rows=[], committed=())
@@ -84,10 +87,10 @@ class RestorePoint:
                              recomputed_s=self.recomputed_s)
 
 
-def decide_restore(manifests: Sequence[CommitManifest], rows: Sequence[dict[str, Any]],
+def decide_resume_point(manifests: Sequence[CommitManifest], rows: Sequence[dict[str, Any]],
                    intact: Callable[[CommitManifest], bool],
-                   removed: Sequence[int] = ()) -> RestorePoint:
-    """The restore point, from the committed ``manifests`` (oldest first), the metric
+                   removed: Sequence[int] = ()) -> ResumePoint:
+    """The resume point, from the committed ``manifests`` (oldest first), the metric
     ``rows``, ``intact`` (asked of the newest first, until it says yes) and the indices
     of the uncommitted directories ``removed`` at this start."""
     restored = next((m for m in reversed(manifests) if intact(m)), None)
@@ -102,7 +105,7 @@ def decide_restore(manifests: Sequence[CommitManifest], rows: Sequence[dict[str,
         kept.append(dict(restored.metrics))
     time_before = float(kept[-1].get("time_total_s", 0.0)) if kept else 0.0
     lost = float(rows[-1].get("time_total_s", 0.0)) - time_before if rows else 0.0
-    return RestorePoint(
+    return ResumePoint(
         manifest=restored,
         next_index=max([m.index for m in manifests] + list(removed) + [-1]) + 1,
         time_before_restore_s=time_before,
@@ -114,33 +117,41 @@ def decide_restore(manifests: Sequence[CommitManifest], rows: Sequence[dict[str,
     )
 
 
-def agree_on_restore_point(storage: RunStorage, group: ControlGroup,
-                           rank: int) -> RestorePoint:
-    """The restore point every rank of ``group`` resumes from (collective).
+def agree_on_resume_point(storage: RunStorage, group: ControlGroup,
+                           rank: int) -> ResumePoint:
+    """The resume point every rank of ``group`` resumes from (collective).
 
     Rank 0 sweeps the run directory; all ranks check their share of the newest
     committed checkpoint and fall back together (see
-    :func:`~elastic_train.storage.restore_check.choose_intact`); rank 0 decides and
-    trims the history past the point, and every rank learns it.
+    :func:`~elastic_train.storage.restore_check.choose_intact`); rank 0 sets aside the
+    checkpoints found damaged (their names are free for the reports that come again,
+    their numbers stay used), decides and trims the history past the point, and every
+    rank learns it.
     """
     swept = storage.checkpoints.sweep() if rank == 0 else None
     removed, manifests = group.broadcast(swept)
     storage.checkpoints.remember(manifests)  # custom directory names, on every rank
     chosen = choose_intact(storage.checkpoints, manifests, rank, group.world_size,
                            lambda ok: not group.any_rank(not ok)[0])
-    point = load_restore_point(storage, group.world_size, manifests, chosen, removed) \
-        if rank == 0 else None
+    point = None
+    if rank == 0:
+        damaged = [m.index for m in manifests if chosen is None or m.index > chosen.index]
+        for index in damaged:  # found damaged by the ranks: their names are free again
+            storage.checkpoints.set_aside(index)
+        point = load_resume_point(storage, group.world_size,
+                                   [m for m in manifests if m.index not in damaged], chosen,
+                                   [*removed, *damaged])
     shared = group.broadcast(point.for_every_rank() if point is not None else None)
     return point if point is not None else shared
 
 
-def load_restore_point(storage: RunStorage, world_size: int,
+def load_resume_point(storage: RunStorage, world_size: int,
                        manifests: Sequence[CommitManifest], chosen: CommitManifest | None,
-                       removed: Sequence[int] = ()) -> RestorePoint:
-    """Rank 0's restore once the ranks chose the checkpoint (``chosen``, one of the
+                       removed: Sequence[int] = ()) -> ResumePoint:
+    """Rank 0's resume point once the ranks chose the checkpoint (``chosen``, one of the
     committed ``manifests``; None: none is intact): decide, keep the history up to it."""
     rows = storage.read_metrics()
-    point = decide_restore(manifests, rows,
+    point = decide_resume_point(manifests, rows,
                            lambda m: chosen is not None and m.index == chosen.index, removed)
     if point.manifest and point.manifest.world_size != world_size:
         logger.warning(

@@ -5,10 +5,10 @@ from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage.checkpoint_store import scan_directory
 from elastic_train.storage.retention import CheckpointRecord
 from elastic_train.worker.control_group import ControlGroup
-from elastic_train.worker.restore import (
-    agree_on_restore_point,
-    decide_restore,
-    load_restore_point,
+from elastic_train.worker.resume_point import (
+    agree_on_resume_point,
+    decide_resume_point,
+    load_resume_point,
 )
 
 
@@ -26,7 +26,7 @@ def always(_):
 
 
 def test_first_start_resumes_nothing():
-    point = decide_restore([], [], always)
+    point = decide_resume_point([], [], always)
     assert (point.manifest, point.next_index, point.time_before_restore_s) == (None, 0, 0.0)
     assert point.kept_rows == [] and not point.is_restart
     assert point.training_iteration == 0 and point.restart_entry(5.0) is None
@@ -34,7 +34,7 @@ def test_first_start_resumes_nothing():
 
 def test_newest_intact_checkpoint_and_the_rows_up_to_it():
     manifests = [manifest(0, 2), manifest(1, 4), manifest(2, 6)]
-    point = decide_restore(manifests, rows(7), always)
+    point = decide_resume_point(manifests, rows(7), always)
     assert point.manifest.index == 2 and point.training_iteration == 6
     assert [r["training_iteration"] for r in point.kept_rows] == [1, 2, 3, 4, 5, 6]
     assert point.next_index == 3
@@ -53,7 +53,7 @@ def test_a_damaged_checkpoint_falls_back_and_older_ones_are_not_checked():
         return m.index != 2
 
     manifests = [manifest(0, 2), manifest(1, 4), manifest(2, 6)]
-    point = decide_restore(manifests, rows(6), intact)
+    point = decide_resume_point(manifests, rows(6), intact)
     assert point.manifest.index == 1 and asked == [2, 1]
     assert point.next_index == 3  # the damaged one's index is never reused
     assert (point.recomputed_iterations, point.recomputed_s) == (2, 4.0)
@@ -65,39 +65,39 @@ def test_a_committed_checkpoint_whose_row_was_never_recorded_brings_it_back():
     row = {"training_iteration": 5, "time_total_s": 10.0, "checkpoint_dir_name": "c4"}
     newest = CommitManifest(index=4, training_iteration=5, metrics=row, files={},
                             world_size=2)
-    point = decide_restore([manifest(3, 4), newest], rows(4), always)
+    point = decide_resume_point([manifest(3, 4), newest], rows(4), always)
     assert [r["training_iteration"] for r in point.kept_rows] == [1, 2, 3, 4, 5]
     assert point.kept_rows[-1] == row and point.kept_rows[-1] is not row
     assert (point.time_before_restore_s, point.recomputed_iterations) == (10.0, 0)
     # recorded already: kept once
-    recorded = decide_restore([manifest(3, 4), newest], [*rows(4), row], always)
+    recorded = decide_resume_point([manifest(3, 4), newest], [*rows(4), row], always)
     assert [r["training_iteration"] for r in recorded.kept_rows] == [1, 2, 3, 4, 5]
 
 
 def test_no_intact_checkpoint_drops_every_row():
-    point = decide_restore([manifest(0, 2)], rows(3), lambda m: False)
+    point = decide_resume_point([manifest(0, 2)], rows(3), lambda m: False)
     assert point.manifest is None and point.kept_rows == [] and point.is_restart
     assert (point.time_before_restore_s, point.recomputed_iterations) == (0.0, 3)
 
 
 def test_a_crash_before_the_first_checkpoint_is_a_restart():
-    point = decide_restore([], rows(2), always)
+    point = decide_resume_point([], rows(2), always)
     assert point.is_restart and point.next_index == 0
     assert point.restart_entry(1.0).recomputed_iterations == 2
 
 
 def test_removed_uncommitted_directories_are_never_reused():
-    assert decide_restore([manifest(0, 2)], rows(2), always, removed=[5]).next_index == 6
+    assert decide_resume_point([manifest(0, 2)], rows(2), always, removed=[5]).next_index == 6
 
 
 def test_rows_without_time_count_as_none():
-    point = decide_restore([manifest(0, 1)], [{"training_iteration": 1}, {"x": 1}], always)
+    point = decide_resume_point([manifest(0, 1)], [{"training_iteration": 1}, {"x": 1}], always)
     assert point.time_before_restore_s == 0.0 and point.recomputed_s == 0.0
     assert len(point.kept_rows) == 2  # a row without an iteration counts as iteration 0
 
 
 def test_what_the_other_ranks_get_leaves_rank_0s_history_out():
-    point = decide_restore([manifest(0, 2)], rows(3), always)
+    point = decide_resume_point([manifest(0, 2)], rows(3), always)
     shared = point.for_every_rank()
     assert (shared.manifest, shared.next_index, shared.time_before_restore_s) == \
         (point.manifest, point.next_index, point.time_before_restore_s)
@@ -115,7 +115,7 @@ def test_load_trims_the_stored_history_and_records_the_restart(tmp_path):
     run.checkpoints.commit(CommitManifest(0, 2, {}, scan_directory(str(src)), 2))
     run.write_metrics(rows(3))
     removed, manifests = run.checkpoints.sweep()
-    point = load_restore_point(run, 2, manifests, manifests[0], removed)
+    point = load_resume_point(run, 2, manifests, manifests[0], removed)
     assert point.manifest.index == 0 and point.next_index == 2
     assert run.read_metrics() == rows(2)
     assert not run.fs.exists(run.checkpoints.path(1))
@@ -136,6 +136,11 @@ def test_one_rank_agrees_with_itself_and_skips_a_damaged_checkpoint(tmp_path):
                                                   scan_directory(str(src)), 1))
     run.write_metrics(rows(3))
     (tmp_path / "run" / "checkpoint_000001" / "state.pt").write_bytes(b"rotten!")
-    point = agree_on_restore_point(run, ControlGroup(1), rank=0)
+    point = agree_on_resume_point(run, ControlGroup(1), rank=0)
     assert point.manifest.index == 0 and point.next_index == 3
     assert run.read_metrics() == rows(1)
+    # the damaged one is set aside (its name free again), out of retention's records
+    assert [m.index for m in run.checkpoints.committed()] == [0]
+    assert [r.index for r in point.committed] == [0]
+    assert (tmp_path / "run" / ".damaged" / "000001.checkpoint_000001" / "state.pt").exists()
+    assert agree_on_resume_point(run, ControlGroup(1), rank=0).next_index == 2

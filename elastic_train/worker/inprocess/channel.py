@@ -34,7 +34,7 @@ a node is gone, it drops the upload (the next attempt resumes from what is
 committed).
 
 The agent interrupts a running worker with :data:`ABORT_SIGNAL`, which the
-worker turns into :class:`~elastic_train.worker.inprocess.RestartAttempt`.
+worker turns into :class:`~elastic_train.worker.inprocess.loop.RestartAttempt`.
 """
 
 from __future__ import annotations
@@ -45,8 +45,6 @@ import os
 import signal
 import time
 from dataclasses import asdict, dataclass
-
-from fsspec.implementations.local import LocalFileSystem
 
 from elastic_train import env_vars
 from elastic_train.storage import filesystem as fsutil
@@ -183,7 +181,7 @@ def _record_path(directory: str, rank: int) -> str:
 
 
 def _write(path: str, data: dict) -> None:
-    fsutil.write_bytes_atomic(LocalFileSystem(), path, json.dumps(data).encode())
+    fsutil.write_local_atomic(path, json.dumps(data).encode())
 
 
 def _read(path: str) -> dict | None:

@@ -35,7 +35,8 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from elastic_train.worker import group_sockets, inprocess
+from elastic_train.worker.inprocess import group_sockets
+from elastic_train.worker.inprocess import loop as inprocess
 from elastic_train.worker.session import current_session, shutdown_session
 
 F = TypeVar("F", bound=Callable[..., Any])

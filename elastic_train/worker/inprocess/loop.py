@@ -6,14 +6,14 @@ for ``launch`` scripts whose main function is wrapped by
 (:func:`run_attempts`) instead of running the train function once:
 
 1. It waits until its agent lets the attempt start (``go.json``, see
-   :mod:`.restart_channel`), says it is ``running`` and calls the attempt. When
+   :mod:`.channel`), says it is ``running`` and calls the attempt. When
    a node was lost or joined meanwhile, the go gives it its place in the new
    world (rank, world size, store): the attempt forms the new group.
 2. When the train function raises, the worker cuts its process groups'
    connections and tears the groups down at once (:mod:`.group_sockets`) -- a
    peer blocked in a collective with it gets an error instead of waiting for
    the collective's timeout -- and reports the error (``failed``).
-3. When another rank failed, the agent sends :data:`~.restart_channel.ABORT_SIGNAL`;
+3. When another rank failed, the agent sends :data:`~.channel.ABORT_SIGNAL`;
    the signal handler raises :class:`RestartAttempt` in the main thread, which
    unwinds the train function like any exception (``finally`` blocks and
    context managers run). A worker blocked in a collective with a peer that
@@ -23,7 +23,7 @@ for ``launch`` scripts whose main function is wrapped by
    function's objects (a DataLoader's worker processes stop when its iterator
    goes) -- checks its device, and waits as ``ready`` for the next attempt. A
    worker with a checkpoint upload in flight first waits for the agent's verdict
-   (:class:`~.restart_channel.Verdict`): it finishes the upload when every
+   (:class:`~.channel.Verdict`): it finishes the upload when every
    process of the attempt lives, drops it when one died (as if its own process
    had), and when no restart is left, finishes it and reports ``stopped``.
 
@@ -48,10 +48,9 @@ from dataclasses import replace
 from typing import TypeVar
 
 from elastic_train import env_vars
-from elastic_train.worker import group_sockets
-from elastic_train.worker import restart_channel as channel
+from elastic_train.worker.inprocess import channel, group_sockets
+from elastic_train.worker.inprocess.channel import FailureNote, Stage, WorkerRecord
 from elastic_train.worker.lifecycle import collective_line, from_communication
-from elastic_train.worker.restart_channel import FailureNote, Stage, WorkerRecord
 from elastic_train.worker.session import uploads_in_flight
 
 logger = logging.getLogger(__name__)
