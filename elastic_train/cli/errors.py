@@ -11,7 +11,7 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from elastic_train.driver.flag_terms import in_flag_terms
+from elastic_train.driver.launch_rules import in_flag_terms
 from elastic_train.errors import ConfigError, StorageError
 
 USAGE_ERROR = 2
@@ -24,7 +24,7 @@ def one_line(message: str) -> str:
 def guarded(command: Callable[[], int], debug: bool, flags: bool = False) -> int:
     """Runs ``command``; its errors become one line on stderr and an exit code.
     ``flags``: the command takes launch's flags, so a config field in an error is
-    named by its flag (see :mod:`elastic_train.driver.flag_terms`)."""
+    named by its flag (see :func:`elastic_train.driver.launch_rules.in_flag_terms`)."""
     try:
         return command()
     except KeyboardInterrupt:

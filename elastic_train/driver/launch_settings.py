@@ -32,7 +32,6 @@ from elastic_train.config import (
 )
 from elastic_train.driver import launch_rules as rules
 from elastic_train.driver.console import ConsoleView
-from elastic_train.driver.flag_terms import FIELD_SETTINGS, in_flag_terms
 from elastic_train.errors import ConfigError
 from elastic_train.redaction import redact_conf, redacted_options
 from elastic_train.rendezvous_backends import TORCHRUN_DEFAULT, Backend, lookup
@@ -178,10 +177,10 @@ class LaunchSettings:
             yield
         except ConfigError as exc:
             grace = {"FailureConfig.preemption_grace_s": self._grace()[1]}
-            flags = {f: self.named(s) for f, s in {**FIELD_SETTINGS, **grace}.items()}
+            flags = {f: self.named(s) for f, s in {**rules.FIELD_SETTINGS, **grace}.items()}
             if exc.field not in flags:
                 raise
-            said = in_flag_terms(str(exc), flags, exc.field)
+            said = rules.in_flag_terms(str(exc), flags, exc.field)
             if flags[exc.field] not in said:  # a message that does not name its field
                 said = f"{flags[exc.field]}: {said}"
             raise ConfigError(said, field=exc.field) from None
