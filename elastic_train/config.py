@@ -344,8 +344,8 @@ class FailureConfig:
             "FailureConfig.hang_timeout_s",
             self.hang_timeout_s is None
             or (isinstance(self.hang_timeout_s, (int, float)) and self.hang_timeout_s > 0),
-            f"FailureConfig.hang_timeout_s={self.hang_timeout_s!r} is invalid: use None (off) "
-            "or a number of seconds > 0, longer than your slowest step.",
+            f"FailureConfig.hang_timeout_s={self.hang_timeout_s!r} is invalid: use a number "
+            "of seconds > 0, longer than your slowest step, or None (off).",
         )
         _require(
             "FailureConfig.max_failures",
@@ -437,8 +437,8 @@ class CheckpointConfig:
             self.num_to_keep is None
             or (isinstance(self.num_to_keep, int) and not isinstance(self.num_to_keep, bool)
                 and self.num_to_keep >= 1),
-            f"CheckpointConfig.num_to_keep={self.num_to_keep!r} is invalid: use None to keep "
-            "every checkpoint or an integer >= 1.",
+            f"CheckpointConfig.num_to_keep={self.num_to_keep!r} is invalid: use an integer "
+            ">= 1, or None to keep every checkpoint.",
         )
         _require(
             "CheckpointConfig.checkpoint_score_order",

@@ -80,6 +80,12 @@ class WorkerFailure:
         except ValueError:
             return f"signal {-self.exitcode}"
 
+    @property
+    def without_exception(self) -> bool:
+        """The process exited with an error code but left neither an exception nor a
+        message (``os._exit(1)``, a crash in native code that exits)."""
+        return self.exitcode > 0 and not self.traceback and not self.message
+
     def describe(self) -> str:
         """One line: which rank ended how."""
         how = (
@@ -87,6 +93,8 @@ class WorkerFailure:
             if self.signal_name
             else f"exited with code {self.exitcode}"
         )
+        if self.without_exception:
+            how += " without a Python exception"
         where = f" on {self.hostname}" if self.hostname else ""
         return f"rank {self.rank} (local rank {self.local_rank}, pid {self.pid}{where}) {how}"
 
@@ -132,8 +140,13 @@ class TrainingFailedError(RuntimeError):
                                          "RunConfig(name=..., storage_path=...)",
                       retry_hint: str = "set RunConfig(failure_config=FailureConfig("
                                         "max_failures=N)) with N > 0, or -1 for unlimited "
-                                        "retries") -> TrainingFailedError:
-        """Builds the user-facing message: root cause, its traceback, how to resume."""
+                                        "retries",
+                      retry_helps: bool = True) -> TrainingFailedError:
+        """Builds the user-facing message: root cause, its traceback, how to resume.
+
+        ``retry_helps``: False for an exception raised before the run made any progress
+        (the first step of the first attempt): a retry would raise it again, so the
+        message says to fix it rather than how to retry."""
         root = failures[0]
         lines = [f"Training failed: {root.describe()}."]
         if root.traceback:
@@ -150,6 +163,11 @@ class TrainingFailedError(RuntimeError):
         if cls is PreemptionError:
             lines.append(f"The preemption budget (max_preemption_failures={max_failures}) is "
                          "spent: the job's nodes were preempted more often than that.")
+        elif max_failures == 0 and not retry_helps:
+            lines.append(f"Rank {root.rank}'s error came before the run's first report(), "
+                         "in its first attempt: a retry would most likely meet it again, so "
+                         "fix it first (automatic retries help with failures that pass: a "
+                         "lost node, a preemption, a storage outage).")
         elif max_failures == 0:
             lines.append(f"To retry automatically, {retry_hint}.")
         else:

@@ -137,14 +137,21 @@ class Interrupted(Exception):
 
 @contextlib.contextmanager
 def _quiet_torch_agent_logs() -> Iterator[None]:
-    """torch's agent logs every step at WARNING/ERROR; the driver reports outcomes itself."""
-    elastic = logging.getLogger("torch.distributed.elastic")
-    saved = elastic.level
-    elastic.setLevel(logging.CRITICAL)
+    """torch's agent logs every step at WARNING/ERROR ("Received 2 death signal, shutting
+    down workers" at a Ctrl-C); the driver reports outcomes itself. Each of torch's
+    module loggers sets its own level, so each one is raised, not only their parent."""
+    manager = logging.getLogger().manager
+    loggers = [logging.getLogger("torch.distributed.elastic"), *(
+        logger for name, logger in list(manager.loggerDict.items())
+        if name.startswith("torch.distributed.elastic.") and isinstance(logger, logging.Logger))]
+    saved = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
-        elastic.setLevel(saved)
+        for logger, level in zip(loggers, saved, strict=True):
+            logger.setLevel(level)
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from elastic_train.agent.hang_watch import WAITED_FOR_PEER
 from elastic_train.errors import WorkerFailure
@@ -65,6 +66,15 @@ def _cause(exitcode: int, extra: dict[str, Any]) -> Cause:
     return Cause.RAISED
 
 
+def _message(failure: ProcessFailure, data: dict[str, Any]) -> str:
+    """The worker's error message; torch's own when it recorded none (a signal's name),
+    except its "To enable traceback see: <url>" for a process that exited without an
+    exception: that is empty, and :meth:`WorkerFailure.describe` says so."""
+    if data:
+        return str(data.get("message", ""))
+    return str(failure.message) if failure.exitcode < 0 else ""
+
+
 def observe(result: RunResult) -> list[Observed]:
     """The failed workers of ``result``, root cause first.
 
@@ -82,8 +92,7 @@ def observe(result: RunResult) -> list[Observed]:
         seq = float(seq) if cause is Cause.RAISED and isinstance(seq, int) else math.inf
         out.append(Observed(WorkerFailure(
             rank=rank, local_rank=failure.local_rank, pid=failure.pid,
-            exitcode=failure.exitcode,
-            message=data.get("message", "") if data else str(failure.message),
+            exitcode=failure.exitcode, message=_message(failure, data),
             traceback=extra.get("py_callstack"), hostname=socket.gethostname(),
             timestamp=float(extra.get(FAILED_AT, failure.timestamp)),
         ), cause, seq))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 import time
 from collections.abc import Iterator
@@ -19,10 +20,11 @@ import fsspec
 
 from elastic_train.cli import render
 from elastic_train.cli.run_summary import RunSummary
+from elastic_train.driver.run_lease import held_by_a_live_job
 from elastic_train.errors import ConfigError, StorageError
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.run_state import RunState
+from elastic_train.storage.run_state import RunState, RunStatus
 from elastic_train.storage.stores import adapter_for
 
 
@@ -43,12 +45,31 @@ def reading(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[None]:
                            ) from exc
 
 
+def check_directory(fs: fsspec.AbstractFileSystem, path: str, what: str) -> None:
+    """``path`` must be an existing directory: ``what`` it should be (``"a run directory"``,
+    ``"a storage path"``) names the fix when it is missing or a file (a run.json given
+    for its run: its directory)."""
+    with reading(fs, path):
+        if not fs.exists(path):
+            raise FileNotFoundError(path)
+        if fs.isdir(path):
+            return
+    shown = fsutil.display_path(fs, path)
+    parent = fsutil.display_path(fs, path.rstrip("/").rpartition("/")[0] or "/")
+    if what == "a storage path":
+        fix = ("pass the directory that holds the runs (the storage path they were "
+               f"started with), e.g. {parent}")
+    else:
+        fix = (f"pass the run's directory{f', {parent}' if shown.endswith('/run.json') else ''}"
+               " (`elastic-train ls STORAGE_PATH` lists them)")
+    raise StorageError(f"{shown} is a file, not {what}: {fix}")
+
+
 def _runs(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[str, RunStorage, RunState]]:
     """The runs under ``root``, oldest first; an unreadable run.json is skipped with a
     warning."""
+    check_directory(fs, root, "a storage path")
     with reading(fs, root):
-        if not fs.isdir(root):
-            raise FileNotFoundError(root)
         entries = fs.ls(root, detail=True)
     runs = []
     for entry in entries:
@@ -58,12 +79,26 @@ def _runs(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[str, RunStorag
         try:
             with reading(fs, entry["name"]):
                 state = storage.read_run_state()
+                state = state and _as_it_stands(storage, state)
         except StorageError as exc:
             print(f"elastic-train: skipping {storage.display_path}: {exc}", file=sys.stderr)
             continue
         if state is not None:
             runs.append((entry["name"].rstrip("/").rsplit("/", 1)[-1], storage, state))
     return sorted(runs, key=lambda r: r[2].created)
+
+
+def _as_it_stands(storage: RunStorage, state: RunState) -> RunState:
+    """``state``, with a ``running`` run whose job is gone (its driver killed with
+    SIGKILL, its node lost: nothing wrote its end) shown as ``interrupted``, as its
+    lease tells."""
+    if state.status is RunStatus.RUNNING and held_by_a_live_job(storage) is False:
+        gone = RunStatus.INTERRUPTED
+        launches = [dataclasses.replace(launch, status=gone)
+                    if launch.status is RunStatus.RUNNING else launch
+                    for launch in state.launches]
+        return dataclasses.replace(state, status=gone, launches=launches)
+    return state
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -84,13 +119,13 @@ def cmd_show(args: argparse.Namespace) -> int:
     fs, path = fsutil.resolve(args.run_path,
                               options=fsutil.options_from_flags(args.storage_option))
     storage = RunStorage(fs, path)
+    check_directory(fs, path, "a run directory")
     with reading(fs, path):
-        if not fs.exists(path):
-            raise FileNotFoundError(path)
         state = storage.read_run_state()
         if state is None:
             raise StorageError(f"{storage.display_path} is not a run directory (no run.json); "
                                "pass a run's directory, as `elastic-train ls` lists them")
+        state = _as_it_stands(storage, state)
         summary = RunSummary.read(storage, state)
     if args.json:
         print(render.run_json(state, summary))

@@ -13,6 +13,7 @@ import os
 import shlex
 import sys
 
+from elastic_train.cli.browse import check_directory
 from elastic_train.cli.launch_command import main_launch
 from elastic_train.cli.relaunch import RunAt, plan_relaunch
 from elastic_train.errors import ConfigError, TrainingFailedError, exit_code
@@ -27,6 +28,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     fs, path = fsutil.resolve(args.run_path, options=options)
     storage = RunStorage(fs, path)
     storage.check_reachable()
+    check_directory(fs, path, "a run directory")
     state = storage.read_run_state()
     finished = state is not None and state.is_finished and not args.start_over
     command = state.spec.get("command") if state is not None else None
@@ -37,9 +39,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     if finished or state is None or not storage.has_trainable():
         why = ("its run has already finished: pass --start-over to move it aside and train "
                "it again from scratch" if finished else "it is not a run directory")
-        print(f"{args.run_path} cannot be restored: {why} (see `elastic-train show`).",
-              file=sys.stderr)
-        return 2
+        raise ConfigError(f"{args.run_path} cannot be restored: {why} (see "
+                          "`elastic-train show`).")
     return _refit(args.run_path, options, args.start_over)
 
 

@@ -11,6 +11,7 @@ import sys
 import traceback
 from collections.abc import Callable
 
+from elastic_train.driver.launch_rules import in_flag_terms
 from elastic_train.errors import ConfigError, StorageError
 
 USAGE_ERROR = 2
@@ -20,8 +21,10 @@ def one_line(message: str) -> str:
     return " ".join(message.split())
 
 
-def guarded(command: Callable[[], int], debug: bool) -> int:
-    """Runs ``command``; its errors become one line on stderr and an exit code."""
+def guarded(command: Callable[[], int], debug: bool, flags: bool = False) -> int:
+    """Runs ``command``; its errors become one line on stderr and an exit code.
+    ``flags``: the command takes launch's flags, so a config field in an error is
+    named by its flag (see :func:`elastic_train.driver.launch_rules.in_flag_terms`)."""
     try:
         return command()
     except KeyboardInterrupt:
@@ -29,7 +32,10 @@ def guarded(command: Callable[[], int], debug: bool) -> int:
     except (ConfigError, StorageError) as exc:
         if debug:
             traceback.print_exc()
-        print(f"elastic-train: {one_line(str(exc))}", file=sys.stderr)
+        said = str(exc)
+        if flags:
+            said = in_flag_terms(said, field=getattr(exc, "field", None))
+        print(f"elastic-train: {one_line(said)}", file=sys.stderr)
         return USAGE_ERROR
     except Exception as exc:  # noqa: BLE001 -- a bug or an unforeseen failure: one line too
         if debug:

@@ -27,7 +27,7 @@ def main_launch(argv: list[str], env: Mapping[str, str] | None = None) -> int:
     """``elastic-train launch ARGV`` (also what ``restore`` relaunches): exit code 2 and
     one line on bad input, whatever source (flag, ``PET_*``, ``SLURM_*``) gave it."""
     return guarded(lambda: _launch(argv, os.environ if env is None else env),
-                   debug="--debug" in argv)
+                   debug="--debug" in argv, flags=True)
 
 
 def launch_settings(argv: list[str], env: Mapping[str, str]) -> tuple[LaunchSettings, bool]:

@@ -38,6 +38,7 @@ EPILOG = (
     "(SLURM_*, Kubeflow), then torchrun's default.\n" + EXIT_CODES)
 # Our words for torchrun's flags where we add to their meaning.
 HELP = {
+    "training_script_args": "the script's own arguments",
     "rdzv_backend": "static (torchrun's default: a fixed set of nodes ranked by --node-rank; "
                     "one node alone gets a local c10d store), c10d, etcd (our handler on "
                     "etcd's v3 API: survives the loss of any node) or etcd-v3 (torch's "
@@ -153,9 +154,15 @@ def add_our_flags(parser: argparse.ArgumentParser) -> None:
     flag(ours, "name", default=None,
          help="the run's name (default: the job's id -- Slurm's, Kubeflow's, --rdzv-id -- "
               "with several nodes, else a timestamp)")
-    flag(ours, "num-to-keep", type=int, default=None, help="checkpoints to keep")
-    flag(ours, "checkpoint-score-attribute", default=None)
-    flag(ours, "checkpoint-score-order", default="max", choices=("max", "min"))
+    flag(ours, "num-to-keep", type=int, default=None,
+         help="checkpoints to keep, the best by --checkpoint-score-attribute (default: "
+              "all)")
+    flag(ours, "checkpoint-score-attribute", default=None, metavar="METRIC",
+         help="a reported metric that ranks checkpoints for --num-to-keep (default: "
+              "none, the newest are kept)")
+    flag(ours, "checkpoint-score-order", default="max", choices=("max", "min"),
+         help="whether a higher (max) or lower (min) --checkpoint-score-attribute is "
+              "better (default max)")
     flag(ours, "peer-replicas", type=int, default=CheckpointConfig().peer_replicas,
          help="peer nodes that keep a copy of each node's checkpoint files, for a "
               "replacement node to restore from (default 1; 0: none)")

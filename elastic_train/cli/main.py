@@ -31,6 +31,9 @@ STORAGE_OPTION_HELP = ("an fsspec option of the storage, e.g. endpoint_url=http:
                        "(repeatable); credentials are never stored, so pass them here or "
                        "in the environment")
 
+RUN_PATH_HELP = ("a run's directory: its storage path and name, as `elastic-train ls` lists "
+                 "them (e.g. ~/elastic_train_results/run1 or s3://bucket/experiments/run1)")
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse, with a usage error as one line (see :mod:`.errors`)."""
@@ -53,7 +56,9 @@ def _add_browse(sub: argparse._SubParsersAction) -> None:
                         epilog="examples:\n  elastic-train ls\n  elastic-train ls "
                                "s3://bucket/experiments --json\n" + EXIT_CODES,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    ls.add_argument("storage_path", nargs="?", default=DEFAULT_STORAGE_PATH)
+    ls.add_argument("storage_path", nargs="?", default=DEFAULT_STORAGE_PATH,
+                    help="the directory that holds the runs: a local path or a URL such as "
+                         f"s3://bucket/experiments (default {DEFAULT_STORAGE_PATH})")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     _common(ls)
     ls.set_defaults(func=browse.cmd_ls)
@@ -62,7 +67,7 @@ def _add_browse(sub: argparse._SubParsersAction) -> None:
                                  "~/elastic_train_results/digits\n  elastic-train show "
                                  "s3://bucket/experiments/resnet --json\n" + EXIT_CODES,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    show.add_argument("run_path")
+    show.add_argument("run_path", help=RUN_PATH_HELP)
     show.add_argument("--json", action="store_true", help="machine-readable output")
     _common(show)
     show.set_defaults(func=browse.cmd_show)
@@ -87,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                              epilog="example: elastic-train restore "
                                     "~/elastic_train_results/run1\n" + EXIT_CODES,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    restore.add_argument("run_path")
+    restore.add_argument("run_path", help=RUN_PATH_HELP)
     restore.add_argument("--start-over", action="store_true",
                          help="train a finished run (or one that cannot be continued) again "
                               "from scratch with its stored settings, after moving it aside "
@@ -111,14 +116,16 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  elastic-train verify-resume --nproc-per-node 2 --fail-at-report 3 "
                "train.py --epochs 5\nexit codes: 0 identical, 1 different or inconclusive, "
                "2 bad usage")
-    flag(verify, "nproc-per-node", type=int, default=2)
+    flag(verify, "nproc-per-node", type=int, default=2,
+         help="workers of each run (default 2)")
     flag(verify, "fail-at-report", type=int, default=2,
           help="kill a worker right after this report() (default 2)")
     flag(verify, "workdir", default=None,
           help="where both runs are stored (default: a new temporary directory)")
     _common(verify, storage=False)
-    verify.add_argument("script")
-    verify.add_argument("script_args", nargs=argparse.REMAINDER)
+    verify.add_argument("script", help="the launch script to check")
+    verify.add_argument("script_args", nargs=argparse.REMAINDER,
+                        help="the script's own arguments")
     verify.set_defaults(func=commands.cmd_verify_resume)
     return parser
 

@@ -12,6 +12,8 @@ from elastic_train.errors import NO_PROGRESS_EXIT_CODE
 from elastic_train.metric_rows import user_metrics
 from elastic_train.storage.run_state import FailureRecord, RunState
 
+SHOWN_DELETED = 3  # more checkpoints deleted by retention than this are counted, not named
+
 
 def when(timestamp: float | None) -> str:
     if not timestamp:
@@ -115,8 +117,8 @@ def step_lines(state: RunState, summary: RunSummary) -> list[str]:
 def failure_line(failure: FailureRecord) -> str:
     root = failure.root
     how = f"signal {root.signal_name}" if root.signal_name else f"exit code {root.exitcode}"
-    line = (f"  {when(failure.time)}  [{failure.kind.value}] rank {root.rank} {how}: "
-            f"{root.message[:100]}")
+    said = "without a Python exception" if root.without_exception else root.message[:100]
+    line = f"  {when(failure.time)}  [{failure.kind.value}] rank {root.rank} {how}: {said}"
     if failure.restart:
         replaced = "".join(f"; rank {rank} in a new process ({why})"
                            for rank, why in sorted(failure.replaced.items()))
@@ -146,7 +148,11 @@ def checkpoint_lines(summary: RunSummary) -> list[str]:
                      f"{c.describe_contents()}  {shown}{validation}")
     if best is not None:
         lines.append(f"  (* best: {summary.best_label()})")
-    if summary.deleted:
-        lines.append(f"  deleted: {', '.join(summary.deleted)}")
+    deleted = summary.deleted
+    if len(deleted) > SHOWN_DELETED:  # a long run deletes hundreds: their range
+        lines.append(f"  deleted: {len(deleted)}, {deleted[0]} to {deleted[-1]} "
+                     "(`show --json` lists them)")
+    elif deleted:
+        lines.append(f"  deleted: {', '.join(deleted)}")
     return lines
 

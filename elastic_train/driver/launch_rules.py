@@ -6,14 +6,23 @@
 Where torchrun has a rule we keep its rule (the single-node static job gets
 a local c10d store; ``--nproc-per-node auto``; ``-r 0:1,1:2``); where we
 differ, the docstring says why.
-"""
+
+Errors in launch's terms: the configs check every value and name the field at
+fault in API terms (``CheckpointConfig.num_to_keep=0 is invalid: use an integer
+>= 1, or None to keep every checkpoint``); a ``launch`` user gave a flag, not a
+field, and cannot pass None. :data:`FIELD_SETTINGS` is the one table from a config
+field to the launch setting that feeds it; :func:`in_flag_terms` rewrites a message
+with it: the field becomes the flag (or the variable the value came from),
+``XConfig(field=...)`` the flag, and ``None`` "omit the flag"."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import re
 import shutil
 import signal
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -141,9 +150,44 @@ def check_program(settings: LaunchSettings) -> None:
         raise ConfigError(f"--no-python program {s.target!r} was not found or is not "
                           "executable: pass a program on PATH or the path of an executable "
                           "file.")
+    if s.mode == "script" and os.path.isdir(s.target):
+        raise ConfigError(f"The training script {s.target!r} is a directory: pass the script "
+                          f"in it ({os.path.join(s.target, 'train.py')}, say), or -m "
+                          "MODULE to run a package's __main__.")
     if s.mode == "script" and not os.path.isfile(s.target):
         raise ConfigError(f"The training script {s.target!r} does not exist. Pass a script "
                           "path, or -m MODULE, or --no-python PROGRAM.")
+    if s.mode == "script":
+        _check_compiles(s.target)
+    if s.mode == "module":
+        _check_module(s.target)
+
+
+def _check_compiles(script: str) -> None:
+    """A script that Python cannot compile would fail in every worker, each with its
+    traceback: said once, before any process starts."""
+    try:
+        with open(script, "rb") as f:
+            compile(f.read(), script, "exec", dont_inherit=True)
+    except SyntaxError as exc:  # (an IndentationError is one)
+        raise ConfigError(f"The training script {script!r} has a syntax error at line "
+                          f"{exc.lineno}: {exc.msg}. Fix it, then launch again.") from None
+    except (OSError, ValueError) as exc:  # unreadable, or a null byte
+        raise ConfigError(f"The training script {script!r} cannot be read as Python "
+                          f"({exc}): pass a Python script, or --no-python PROGRAM.") from None
+
+
+def _check_module(module: str) -> None:
+    """-m MODULE: its top-level package must be importable where the workers look (the
+    current directory first, as ``python -m``), without importing anything."""
+    top = module.split(".")[0]
+    if top and importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path]):
+        return
+    if top in sys.builtin_module_names:
+        return
+    raise ConfigError(f"-m {module}: no module named {top!r} in {os.getcwd()} or on the "
+                      "Python path: run launch from the directory that holds it, or add its "
+                      "directory to PYTHONPATH.")
 
 
 def check_static_job(settings: LaunchSettings) -> None:
@@ -172,3 +216,73 @@ def unsupported(settings: LaunchSettings) -> list[str]:
             notes.append(f"{s.named(f'duplicate_{stream}_filters')} is not supported; "
                          f"ignored: every rank's {stream} is in the run's logs/ (grep there).")
     return notes
+
+
+# Config field -> the launch setting (its flag: --name-with-dashes) that feeds it.
+FIELD_SETTINGS = {
+    "ScalingConfig.num_workers_per_node": "nproc_per_node",
+    "ScalingConfig.spare_nodes": "spares",
+    "FailureConfig.max_failures": "max_restarts",
+    "FailureConfig.hang_timeout_s": "hang_timeout",
+    "FailureConfig.max_preemption_failures": "max_preemption_failures",
+    "FailureConfig.unwind_timeout_s": "unwind_timeout",
+    "FailureConfig.max_restarts_without_progress": "max_restarts_without_progress",
+    "StragglerConfig.score_threshold": "straggler_threshold",
+    "StragglerConfig.window": "straggler_window",
+    "StragglerConfig.min_excess_s": "straggler_min_excess",
+    "StragglerConfig.replace": "replace_stragglers",
+    "StragglerConfig.cool_off_s": "straggler_cool_off",
+    "CheckpointConfig.num_to_keep": "num_to_keep",
+    "CheckpointConfig.checkpoint_score_attribute": "checkpoint_score_attribute",
+    "CheckpointConfig.checkpoint_score_order": "checkpoint_score_order",
+    "CheckpointConfig.peer_replicas": "peer_replicas",
+    "RunConfig.name": "name",
+    "RunConfig.storage_path": "storage_path",
+    "RendezvousConfig.backend": "rdzv_backend",
+}
+
+_FIELD = re.compile(r"\b([A-Z]\w*Config)\.(\w+)")  # FailureConfig.max_failures
+_CALL = re.compile(r"\b([A-Z]\w*Config)\(([^()]*)\)")  # RunConfig(name=..., ...)
+_ARGUMENT = re.compile(r"(\w+)=('[^']*'|[^,]*)")
+
+
+def flag_name(setting: str) -> str:
+    """A launch setting's flag: ``num_to_keep`` -> ``--num-to-keep``."""
+    return "--" + setting.replace("_", "-")
+
+
+def in_flag_terms(message: str, flags: Mapping[str, str] | None = None,
+                  field: str | None = None) -> str:
+    """``message`` with the config fields named by their flags: ``flags`` maps a field
+    to its flag, or to the variable its value came from (default: :data:`FIELD_SETTINGS`'
+    flags). A call such as ``RunConfig(storage_path=...)`` becomes its flags
+    (``--storage-path``), one with a value an example (``--name resnet``); ``field``'s
+    "None" becomes "omit <flag>". Fields without a flag are left as they are."""
+    if flags is None:
+        flags = {f: flag_name(setting) for f, setting in FIELD_SETTINGS.items()}
+    classes = {key.split(".")[0] for key in flags}
+
+    def field_sub(match: re.Match[str]) -> str:
+        return flags.get(f"{match[1]}.{match[2]}", match[0])
+
+    def call_sub(match: re.Match[str]) -> str:
+        owner = match[1]
+        if owner not in classes:
+            return match[0]
+        said = []
+        for name, value in _ARGUMENT.findall(match[2]):
+            name_flag = flags.get(f"{owner}.{name}")
+            if name_flag is None:
+                return match[0]
+            said.append(name_flag if value.strip() in ("...", "") else
+                        f"{name_flag} {value.strip().strip(chr(39))}")
+        return "/".join(said) if all(" " not in s for s in said) else " ".join(said)
+
+    message = _CALL.sub(call_sub, message)
+    message = _FIELD.sub(field_sub, message)
+    if field in flags:
+        message = re.sub(r"\bNone\b", f"omit {flags[field]}", message)
+    # What the message said for launch users apart, now said twice: once.
+    message = re.sub(r"(--[\w-]+(?: [^\s,]+)?) or launch \1", r"\1", message)
+    return re.sub(r" \(launch: ([^)]*)\)",
+                  lambda m: "" if m[1] in message.replace(m[0], "") else m[0], message)

@@ -45,27 +45,6 @@ _STRAGGLERS = StragglerConfig()
 DEFAULT_GRACE_S = _FAILURE.preemption_grace_s
 
 # The setting each config field gets its value from: an error about the field names it.
-_FIELD_SETTINGS = {
-    "ScalingConfig.num_workers_per_node": "nproc_per_node",
-    "ScalingConfig.spare_nodes": "spares",
-    "FailureConfig.max_failures": "max_restarts",
-    "FailureConfig.hang_timeout_s": "hang_timeout",
-    "FailureConfig.max_preemption_failures": "max_preemption_failures",
-    "FailureConfig.unwind_timeout_s": "unwind_timeout",
-    "FailureConfig.max_restarts_without_progress": "max_restarts_without_progress",
-    "StragglerConfig.score_threshold": "straggler_threshold",
-    "StragglerConfig.window": "straggler_window",
-    "StragglerConfig.min_excess_s": "straggler_min_excess",
-    "StragglerConfig.replace": "replace_stragglers",
-    "StragglerConfig.cool_off_s": "straggler_cool_off",
-    "CheckpointConfig.num_to_keep": "num_to_keep",
-    "CheckpointConfig.checkpoint_score_attribute": "checkpoint_score_attribute",
-    "CheckpointConfig.checkpoint_score_order": "checkpoint_score_order",
-    "CheckpointConfig.peer_replicas": "peer_replicas",
-    "RunConfig.name": "name",
-    "RunConfig.storage_path": "storage_path",
-    "RendezvousConfig.backend": "rdzv_backend",
-}
 # Not recorded in run.json's "launch": the checkpoint settings are recorded as
 # "checkpoint_config"; --start-over applies to one launch only; the sources are
 # where the values came from on this node, and storage options may hold credentials.
@@ -197,11 +176,14 @@ class LaunchSettings:
         try:
             yield
         except ConfigError as exc:
-            settings = {**_FIELD_SETTINGS, "FailureConfig.preemption_grace_s": self._grace()[1]}
-            if exc.field in settings:
-                raise ConfigError(f"{self.named(settings[exc.field])}: {exc}",
-                                  field=exc.field) from None
-            raise
+            grace = {"FailureConfig.preemption_grace_s": self._grace()[1]}
+            flags = {f: self.named(s) for f, s in {**rules.FIELD_SETTINGS, **grace}.items()}
+            if exc.field not in flags:
+                raise
+            said = rules.in_flag_terms(str(exc), flags, exc.field)
+            if flags[exc.field] not in said:  # a message that does not name its field
+                said = f"{flags[exc.field]}: {said}"
+            raise ConfigError(said, field=exc.field) from None
 
     def _grace(self) -> tuple[float, str]:
         """The workers' grace on SIGTERM: --preemption-grace, else torchrun's

@@ -35,14 +35,20 @@ from typing import Any
 
 from elastic_train import env_vars, scratch
 from elastic_train.agent.api import AgentOutcome, AgentSpec, ProcessOptions
+from elastic_train.agent.no_progress_guard import Progress
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.config import RunConfig, ScalingConfig, check_together
 from elastic_train.driver.console import ConsoleView
 from elastic_train.driver.resume_rules import is_launch
 from elastic_train.driver.run_lease import RunLease
 from elastic_train.driver.run_record import RunRecord
-from elastic_train.driver.supervisor import RunSupervisor
-from elastic_train.errors import NoProgressError, PreemptionError, TrainingFailedError
+from elastic_train.driver.supervisor import RunSupervisor, read_progress
+from elastic_train.errors import (
+    NoProgressError,
+    PreemptionError,
+    TrainingFailedError,
+    WorkerFailure,
+)
 from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.storage import RunStorage, replica_server
 from elastic_train.storage.local_tier import run_group
@@ -258,6 +264,15 @@ class NodeRun:
             storage_retry_s=run_config.storage_retry_timeout_s,
             lease_token=self.lease.token if self.lease else None, user_roots=self.user_roots)
 
+    def _retry_helps(self, root: WorkerFailure) -> bool:
+        """Whether retrying could get past ``root``: not when it is an exception raised
+        before the run made any progress (no report, no checkpoint), which a new attempt
+        would raise again at the same place."""
+        if not root.traceback or root.exitcode <= 0:
+            return True  # a signal, an exit without an exception: maybe the machine's
+        progress = read_progress(self.plan.storage)
+        return progress is None or progress.beyond(Progress())
+
     def _failed(self, outcome: AgentOutcome, supervisor: RunSupervisor) -> TrainingFailedError:
         """The error for a spent budget, a run that stopped making progress, or a node that
         left the job on its node policy's word; recorded (a node that leaves ends the run
@@ -276,7 +291,8 @@ class NodeRun:
         else:
             error = (PreemptionError if preempted else TrainingFailedError).from_failures(
                 outcome.failures, self.plan.storage.display_path,
-                budget.max_preemption_failures if preempted else budget.max_failures, **hints)
+                budget.max_preemption_failures if preempted else budget.max_failures,
+                retry_helps=self._retry_helps(outcome.failures[0]), **hints)
         if supervisor.record is None:
             return error
         sole = self.lease is not None and self.lease.is_sole_member()

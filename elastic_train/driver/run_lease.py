@@ -114,6 +114,18 @@ def is_live(claim: Claim, me: Owner, now: float) -> bool:
     return claim.age_s(now) <= claim.ttl_s
 
 
+def held_by_a_live_job(storage: RunStorage) -> bool | None:
+    """Whether a live job holds the run now (for ``ls``/``show``: a run.json that says
+    ``running`` after its driver was killed with SIGKILL says so forever); None when the
+    run has no claims to tell (a run from before leases). A dead process on this host
+    is recognised at once, one elsewhere once its lease is stale."""
+    claims = storage.lease_dir(retry_budget_s=0.0).claims()
+    if not claims:
+        return None
+    me, now = Owner.this_process("a reader"), time.time()
+    return any(claim.state == HELD and is_live(claim, me, now) for claim in claims)
+
+
 def in_use_message(display_path: str, holder: Claim, now: float) -> str:
     """The refusal of a second job: who holds the run, and how to take it over if dead."""
     age = max(holder.age_s(now), 0.0)

@@ -64,7 +64,8 @@ class RunMonitor:
                  view: ConsoleView | None = None, interval_s: float = 1.0,
                  plain_every_s: float = 10.0, nproc_per_node: int = 1,
                  stragglers: StragglerConfig | None = None,
-                 on_straggler: Callable[[Straggler], None] | None = None):
+                 on_straggler: Callable[[Straggler], None] | None = None,
+                 waiting_for: str | None = None):
         self.context = context
         self.callbacks = list(callbacks)
         self.verbose = verbose
@@ -80,10 +81,13 @@ class RunMonitor:
         self._last_iteration = 0
         self._last_row: dict[str, Any] | None = None
         self._waiting: list[dict[str, Any]] = []  # rows not handed to the callbacks yet
-        self._workers = "starting"
+        # Until the first rendezvous: "starting", or the server the job meets at.
+        self._workers = f"waiting for {waiting_for}" if waiting_for else "starting"
         self._restarts = 0
         self._uploading = 0  # reported checkpoints not committed yet
-        self._last_plain = time.monotonic()  # the first plain line after plain_every_s
+        # The first plain line after plain_every_s; at once for a job waiting for a server,
+        # which may wait long (its join timeout) where nothing answers.
+        self._last_plain = time.monotonic() - (plain_every_s if waiting_for else 0.0)
         self._shown = ""
         self._straggler_config = stragglers or StragglerConfig()
         self._stragglers = StragglerWatch(self._straggler_config)

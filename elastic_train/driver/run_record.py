@@ -138,8 +138,11 @@ class RunRecord:
             outlook = f"stopping: {decision.no_progress}"
         elif decision.kind is FailureKind.PEER:  # its own budget is untouched: say so
             outlook = f"restarting, not charged to this node ({left} restart(s) of its own left)"
+        elif decision.restart:  # counted after this restart, as run.json's restarts_left
+            outlook = ("restarting (restarts unlimited)" if decision.restarts_left == -1 else
+                       f"restarting; {left} restart(s) left after this one")
         else:
-            outlook = f"{left} restart(s) left"
+            outlook = "no restart left: the run stops"
         logger.warning("Worker group failed (%s): %s; %s.", decision.kind.value,
                        workers[0].describe(), outlook)
         failed_at = min((f.timestamp for f in own or workers if f.timestamp),

@@ -34,6 +34,8 @@ from elastic_train.driver.console import ConsoleView
 from elastic_train.driver.run_monitor import RunMonitor
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.errors import NodeLeftError, RendezvousLostError, StorageError, WorkerFailure
+from elastic_train.redaction import redact_url
+from elastic_train.rendezvous_config import LOCAL_ENDPOINT, RendezvousConfig
 from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunStatus
 from elastic_train.stragglers import Straggler, StragglerConfig
@@ -75,7 +77,7 @@ class RunSupervisor:
         monitor = self._monitor = RunMonitor(
             context, self.callbacks, spec.log_dir, verbose=self.verbose, view=self.view,
             nproc_per_node=spec.nproc_per_node, stragglers=self.stragglers,
-            on_straggler=self._note_straggler)
+            on_straggler=self._note_straggler, waiting_for=_server(spec.rendezvous))
 
         def on_rendezvous(group_rank: int, nodes: int) -> None:
             if self.check_lease is not None:
@@ -191,6 +193,15 @@ class RunSupervisor:
             except Exception:
                 logger.warning("Could not upload the logs in %s to %s.", log_dir,
                                self.storage.display_path, exc_info=True)
+
+
+def _server(rendezvous: RendezvousConfig) -> str | None:
+    """The server a job meets at (etcd, another node's store), which it waits for before
+    its first rendezvous -- where nothing listens, until its join timeout; None for a
+    node's own store."""
+    if rendezvous.endpoint == LOCAL_ENDPOINT:
+        return None
+    return f"the rendezvous ({rendezvous.backend} at {redact_url(rendezvous.endpoint)})"
 
 
 def read_progress(storage: RunStorage) -> Progress | None:

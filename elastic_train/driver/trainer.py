@@ -74,6 +74,22 @@ def _signature(fn: Callable[..., Any]) -> str:
         for p in params) + ")"
 
 
+def _read_trainable(storage: RunStorage, stored: dict[str, Any], path: str) -> RunSpec:
+    """The stored train function and settings; a module of them that cannot be imported
+    here (a restore from another directory) is named, with where the run was started."""
+    try:
+        return storage.read_trainable()
+    except ModuleNotFoundError as exc:
+        started = stored.get("cwd")
+        where = (f"run the restore from {started}, where the run was started" if started
+                 else "run the restore from the directory the run was started in")
+        raise ConfigError(
+            f"Cannot restore {path!r}: its train function "
+            f"({stored.get('train_function', '?')}) needs the module {exc.name!r}, which "
+            f"cannot be imported from {os.getcwd()}: {where}, or add the module's directory "
+            "to PYTHONPATH.") from None
+
+
 def _storage_at(path: str | os.PathLike, filesystem: Any,
                 options: dict[str, Any] | None) -> RunStorage:
     """The run directory at ``path``, reachable (see :meth:`RunStorage.check_reachable`)."""
@@ -173,7 +189,7 @@ class DataParallelTrainer:
                 "it is a run of `elastic-train launch`; continue it with `elastic-train "
                 "restore PATH`." if is_launch(state.spec) else
                 "it has no stored train function (trainable.pkl)."))
-        spec: RunSpec = storage.read_trainable()
+        spec: RunSpec = _read_trainable(storage, state.spec, os.fspath(path))
         fs, run_path = storage.fs, storage.run_path
         if spec.resume_from_checkpoint is not None:  # stored without credentials
             spec.resume_from_checkpoint = spec.resume_from_checkpoint.rebound(fs)
@@ -344,4 +360,5 @@ class DataParallelTrainer:
             "checkpoint_config": asdict(run_config.checkpoint_config),
             "storage_path": run_config.storage_path,
             "backend": repr(self.backend_config),
+            "cwd": os.getcwd(),  # where its modules were found, for a restore elsewhere
         }

@@ -144,10 +144,12 @@ class RunStorage:
         except ConfigError:
             raise
         except Exception as exc:  # the store's own error type varies
+            # (from None: the store's traceback, 60 lines of botocore, says less than this)
             raise ConfigError(
-                f"Cannot write to the run directory {self.display_path}: {exc!r}. Choose a "
-                "writable RunConfig(storage_path=...) or fix its permissions."
-            ) from exc
+                f"Cannot write to the run directory {self.display_path} "
+                f"({type(exc).__name__}: {exc}): {self.adapter.access_hint}; or choose a "
+                "writable RunConfig(storage_path=...)."
+            ) from None
 
     def round_trip(self) -> None:
         """Writes a small probe file into the run directory, reads it back and removes it

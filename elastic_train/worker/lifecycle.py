@@ -33,6 +33,10 @@ FAILED_SEQ = "failed_seq"  # its place among the group's failures (see failure_s
 EXCEPTION_TYPES = "exception_types"  # its classes, most derived first ("module.QualName")
 _SEQUENCE_TIMEOUT_S = 5.0
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Where an error comes from when a peer, not this worker, failed: a collective, DDP's
+# reducer (its all-reduce runs inside backward()), or the autograd engine around it.
+_COMMUNICATION = tuple(os.path.join("torch", part, "") for part in
+                       ("distributed", os.path.join("nn", "parallel"), "autograd"))
 
 
 def die_with_parent() -> None:
@@ -109,6 +113,38 @@ def _user_frames(tb: TracebackType | None) -> TracebackType | None:
     return tb or first
 
 
+def from_communication(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of torch's communication code (then a peer may be the
+    cause), judged by where it was raised, never by its message."""
+    tb: TracebackType | None = exc.__traceback__
+    last = None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last is not None and any(part in last.tb_frame.f_code.co_filename
+                                    for part in _COMMUNICATION)
+
+
+def collective_line(message: str) -> str:
+    """How a survivor's error out of a collective shows on its console: one line (its
+    traceback, 25 lines of gloo's or NCCL's, stays in the error record, which
+    ``elastic-train show --json`` shows). ``message``: ``"Type: text"``."""
+    first = (message.strip().splitlines() or [""])[0]
+    return f"{first} (out of a collective: a peer may have failed first)\n"
+
+
+def print_error(exc: BaseException) -> None:
+    """The worker's error on its stderr (the console): its traceback, or one line for an
+    error out of a collective, which a peer's failure causes in every survivor; nothing
+    for a Ctrl-C (every rank has it, and the driver says what it did)."""
+    if isinstance(exc, KeyboardInterrupt):
+        pass
+    elif from_communication(exc):
+        sys.stderr.write(collective_line(f"{type(exc).__name__}: {exc}"))
+    else:
+        traceback.print_exception(exc)
+    sys.stderr.flush()
+
+
 def run_worker(main: Callable[[], None]) -> None:
     """Runs ``main`` as a worker; on error, records the traceback and exits at once.
 
@@ -130,12 +166,12 @@ def run_worker(main: Callable[[], None]) -> None:
     except SystemExit as exc:
         if exc.code in (None, 0):
             raise
+        exc.__traceback__ = _user_frames(exc.__traceback__)
         write_error_file(exc)
         raise
     except BaseException as exc:  # noqa: BLE001 -- every error must reach the driver
         exc.__traceback__ = _user_frames(exc.__traceback__)
         write_error_file(exc)
-        traceback.print_exc()
-        sys.stderr.flush()
+        print_error(exc)
         sys.stdout.flush()
         os._exit(1)

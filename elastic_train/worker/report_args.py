@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,11 +22,27 @@ import fsspec
 
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.errors import ConfigError
-from elastic_train.metric_rows import clean_metrics
+from elastic_train.metric_rows import AUTO_FIELDS, clean_metrics
 from elastic_train.report_config import CheckpointUploadMode
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_names import check_dir_name
 from elastic_train.validation_config import ValidationTaskConfig, check_validation
+
+logger = logging.getLogger(__name__)
+
+
+_warned: set[str] = set()  # the automatic fields this process has warned of
+
+
+def _warn_of_automatic_fields(metrics: dict[str, Any]) -> None:
+    """A metric named as a field report() fills in itself (``training_iteration``) is
+    replaced in the row, as Ray's is: said once per field and process, so that a run
+    ported from a loop that counted its own iterations does not lose them unnoticed."""
+    for key in sorted(metrics.keys() & AUTO_FIELDS.keys() - _warned):
+        _warned.add(key)
+        logger.warning("report(): %r is a field elastic-train fills in itself (%s): the "
+                       "value reported, %r, is replaced. Report it under another name, "
+                       "e.g. %r.", key, AUTO_FIELDS[key], metrics[key], f"my_{key}")
 
 
 @dataclass(frozen=True)
@@ -77,6 +94,7 @@ class ReportArgs:
         explicit = mode is not None
         mode = CheckpointUploadMode.ASYNC if mode is None else mode
         clean = clean_metrics(metrics)
+        _warn_of_automatic_fields(clean)
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
             raise ConfigError(f"report(checkpoint={checkpoint!r}) must be a Checkpoint.")
         try:

@@ -450,7 +450,9 @@ def get_session() -> TrainSession:
     if _session is None:
         raise RuntimeError(
             "No training session: report(), get_checkpoint(), get_context() and "
-            "get_dataset_shard() work only inside a train function run by a trainer."
+            "get_dataset_shard() work only inside a train function run by a trainer "
+            "(TorchTrainer(train_fn, ...).fit()), or in a script started with "
+            "`elastic-train launch SCRIPT` -- not with plain `python SCRIPT`."
         )
     return _session
 

@@ -122,7 +122,7 @@ def test_flags_we_do_not_honour_get_a_note(capsys):
     ([SCRIPT], {"PET_NPROC_PER_NODE": "many"}, ["PET_NPROC_PER_NODE='many'", "auto"]),
     ([SCRIPT], {"PET_NPROC_PER_NODE": "0"}, ["PET_NPROC_PER_NODE=0", ">= 1"]),
     ([SCRIPT], {"PET_MAX_RESTARTS": "abc"}, ["PET_MAX_RESTARTS='abc'", "whole number"]),
-    ([SCRIPT], {"PET_MAX_RESTARTS": "-2"}, ["PET_MAX_RESTARTS:", "max_failures=-2"]),
+    ([SCRIPT], {"PET_MAX_RESTARTS": "-2"}, ["PET_MAX_RESTARTS=-2"]),
     ([SCRIPT], {"PET_STANDALONE": "yes"}, ["PET_STANDALONE='yes'", "1 (on) or 0"]),
     ([SCRIPT], {"PET_NNODES": "0"}, ["PET_NNODES='0'", "MIN:MAX"]),
     ([SCRIPT], {"PET_START_METHOD": "thread"}, ["PET_START_METHOD='thread'", "spawn"]),
@@ -141,25 +141,25 @@ def test_flags_we_do_not_honour_get_a_note(capsys):
     (["--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", "h:2379", SCRIPT], {},
      ["--rdzv-id is required"]),
     (["--print-completion", "bash", SCRIPT], {}, ["torchrun --print-completion"]),
-    ([SCRIPT], {"PET_UNWIND_TIMEOUT": "0"}, ["PET_UNWIND_TIMEOUT:", "unwind_timeout_s=0"]),
+    ([SCRIPT], {"PET_UNWIND_TIMEOUT": "0"}, ["PET_UNWIND_TIMEOUT=0"]),
     (["--max-restarts-without-progress", "0", SCRIPT], {},
-     ["--max-restarts-without-progress:", "max_restarts_without_progress=0", "-1"]),
-    (["--spares", "1", SCRIPT], {}, ["--spares: ScalingConfig.spare_nodes=1 needs a "
+     ["--max-restarts-without-progress=0", "-1"]),
+    (["--spares", "1", SCRIPT], {}, ["--spares=1 needs a "
                                      "rendezvous that every node joins"]),
     (["--spares", "1", "--rdzv-backend", "etcd", SCRIPT], {},
      ["--rdzv-endpoint is required", "--spares=1"]),
     (["--spares", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", SCRIPT], {},
      ["--rdzv-id is required"]),
     (["--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", "h:1", "--rdzv-id", "j",
-      SCRIPT], {"PET_SPARES": "-1"}, ["PET_SPARES: ScalingConfig.spare_nodes=-1"]),
+      SCRIPT], {"PET_SPARES": "-1"}, ["PET_SPARES=-1"]),
     (["--straggler-window", "0", SCRIPT], {},
-     ["--straggler-window: StragglerConfig.window=0 is invalid", ">= 1"]),
+     ["--straggler-window=0 is invalid", ">= 1"]),
     ([SCRIPT], {"PET_STRAGGLER_THRESHOLD": "0.9"},
-     ["PET_STRAGGLER_THRESHOLD: StragglerConfig.score_threshold=0.9 is invalid", "> 1"]),
+     ["PET_STRAGGLER_THRESHOLD=0.9 is invalid", "> 1"]),
     (["--straggler-min-excess", "-1", SCRIPT], {},
-     ["--straggler-min-excess: StragglerConfig.min_excess_s=-1.0 is invalid"]),
+     ["--straggler-min-excess=-1.0 is invalid"]),
     (["--replace-stragglers", "--straggler-cool-off", "-5", SCRIPT], {},
-     ["--straggler-cool-off: StragglerConfig.cool_off_s=-5.0 is invalid"]),
+     ["--straggler-cool-off=-5.0 is invalid"]),
     (["--rdzv-backend", "etcd", SCRIPT], {"SLURM_JOB_ID": "5", "SLURM_JOB_NUM_NODES": "2",
                                           "SLURM_JOB_NODELIST": "n[1-2]"},
      ["--rdzv-endpoint is required for --rdzv-backend etcd"]),  # Slurm's is a c10d store
@@ -249,6 +249,6 @@ def test_replacing_stragglers_without_spares_is_refused_before_anything_starts(
     monkeypatch.setattr("elastic_train.driver.node_run.NodeRun.__enter__",
                         lambda self: started.append(self))
     err = failure(capsys, ["--replace-stragglers", "--storage-path", str(tmp_path), SCRIPT])
-    assert "StragglerConfig.replace=True" in err and "--replace-stragglers" in err, err
-    assert "ScalingConfig.spare_nodes=0" in err and "--spares 1" in err, err
+    assert "--replace-stragglers" in err and "--spares=0" in err and "--spares 1" in err, err
+    assert "Config" not in err, err
     assert started == [] and list(tmp_path.iterdir()) == []

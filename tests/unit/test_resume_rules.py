@@ -160,7 +160,7 @@ def test_a_free_restart_after_a_peers_failure_is_not_told_as_no_restarts_left(tm
         record.record_failure([failure], budget.charge(FailureKind.FAILURE))
     peer, own = (r.getMessage() for r in caplog.records[-2:])
     assert "restarting, not charged to this node (no restart(s) of its own left)" in peer
-    assert own.endswith("; no restart(s) left.")
+    assert own.endswith("; no restart left: the run stops.")
 
 
 def test_a_re_form_after_a_lost_node_is_recorded_as_in_process(tmp_path):

@@ -407,12 +407,13 @@ def _signal(pid: int, sig: int) -> None:
 
 
 def _raised(worker: Worker, record: WorkerRecord) -> tuple[WorkerFailure, bool]:
-    """A live worker's own report: its error (exit code 1, as the process would have
+    """A live worker's own report: its error (with the exit code the process would have
     ended with), or an unhealthy device."""
     note = record.failure
     message = note.message if note else "its device is unhealthy after the failure"
     return WorkerFailure(
-        rank=worker.global_rank, local_rank=worker.local_rank, pid=record.pid, exitcode=1,
+        rank=worker.global_rank, local_rank=worker.local_rank, pid=record.pid,
+        exitcode=note.exitcode if note else 1,
         message=message, traceback=note.traceback if note else None,
         hostname=socket.gethostname(), timestamp=note.timestamp if note else time.time(),
     ), (note.primary if note else True)

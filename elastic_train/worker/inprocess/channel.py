@@ -70,12 +70,14 @@ class FailureNote:
 
     ``primary``: the error did not come out of a torch.distributed call -- the
     worker failed by itself, not because a peer vanished from a collective.
+    ``exitcode``: the code the process would have exited with (``sys.exit(3)``: 3).
     """
 
     message: str
     traceback: str
     primary: bool
     timestamp: float
+    exitcode: int = 1
 
 
 @dataclass(frozen=True)

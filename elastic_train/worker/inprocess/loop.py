@@ -45,22 +45,16 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import replace
-from types import TracebackType
 from typing import TypeVar
 
 from elastic_train import env_vars
 from elastic_train.worker.inprocess import channel, group_sockets
 from elastic_train.worker.inprocess.channel import FailureNote, Stage, WorkerRecord
+from elastic_train.worker.lifecycle import collective_line, from_communication
 from elastic_train.worker.session import uploads_in_flight
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# Where an error comes from when a peer, not this worker, failed: a collective, DDP's
-# reducer (its all-reduce runs inside backward()), or the autograd engine around it.
-_COMMUNICATION = tuple(os.path.join("torch", part, "") for part in
-                       ("distributed", os.path.join("nn", "parallel"), "autograd"))
-
 
 class RestartAttempt(BaseException):
     """Raised in a worker's main thread when its agent ends the attempt (a rank failed).
@@ -84,21 +78,14 @@ def _on_abort(signum: int, frame: object) -> None:
         raise RestartAttempt("another rank failed: the attempt restarts")
 
 
-def from_communication(exc: BaseException) -> bool:
-    """Whether ``exc`` came out of torch's communication code (then a peer may be the
-    cause), judged by where it was raised, never by its message."""
-    tb: TracebackType | None = exc.__traceback__
-    last = None
-    while tb is not None:
-        last, tb = tb, tb.tb_next
-    return last is not None and any(part in last.tb_frame.f_code.co_filename
-                                    for part in _COMMUNICATION)
-
-
 def describe(exc: BaseException) -> FailureNote:
+    """``exc`` as the agent records it; a ``sys.exit(N)`` with the code N, as the process
+    would have exited with (a code that is no int exits with 1, as Python's does)."""
+    code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
     return FailureNote(message=f"{type(exc).__name__}: {exc}",
                        traceback="".join(traceback.format_exception(exc)),
-                       primary=not from_communication(exc), timestamp=time.time())
+                       primary=not from_communication(exc), timestamp=time.time(),
+                       exitcode=code)
 
 
 def abort_process_groups() -> None:
@@ -202,7 +189,8 @@ def run_attempts(attempt: Callable[[], T], release: Callable[[float], None]) -> 
         record = WorkerRecord(number, Stage.FAILED, os.getpid(), failure)
         if failure is not None:
             channel.write_record(directory, rank, record)
-            sys.stderr.write(failure.traceback)
+            sys.stderr.write(failure.traceback if failure.primary
+                             else collective_line(failure.message))
         verdict = (channel.wait_for_verdict(directory, number) if uploads_in_flight()
                    else channel.Verdict(number, restart=True))
         if not verdict.restart:
