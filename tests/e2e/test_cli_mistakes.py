@@ -20,7 +20,7 @@ from tests.support.servers import free_port, s3_options
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120),
               pytest.mark.usefixtures("no_leaked_processes")]
 
-SCRIPT = "tests/e2e/launch_script.py"
+SCRIPT = "tests/e2e/scripts/launch_script.py"
 QUICK_S = 20.0  # an answer "at once": the interpreter and torch's import, on a busy machine
 
 

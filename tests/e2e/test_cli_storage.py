@@ -39,7 +39,7 @@ def test_launch_ls_show_on_s3_with_storage_options(s3_endpoint, tmp_path):
                "key=testing", "--storage-option", "secret=testing"]
     storage = "s3://cli-bucket/runs"
     proc = run("launch", "--standalone", "--quiet", "--storage-path", storage, *options,
-               "--name", "s3run", "tests/e2e/launch_script.py", str(tmp_path), "2",
+               "--name", "s3run", "tests/e2e/scripts/launch_script.py", str(tmp_path), "2",
                env=no_credentials())
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

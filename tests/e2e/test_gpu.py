@@ -38,7 +38,7 @@ pytestmark = [
 ]
 
 CLI = [sys.executable, "-m", "elastic_train.cli"]
-LAUNCH_SCRIPT = os.path.join(REPO, "tests/e2e/gpu_launch_script.py")
+LAUNCH_SCRIPT = os.path.join(REPO, "tests/e2e/scripts/gpu_launch_script.py")
 
 
 def _train_on_gpu(config):

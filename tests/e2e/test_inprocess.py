@@ -248,7 +248,7 @@ def test_verify_resume_passes_with_in_process_restarts(tmp_path):
     out.mkdir()
     proc = subprocess.run(
         [*CLI, "verify-resume", "--workdir", str(tmp_path / "runs"), "--fail-at-report", "2",
-         "tests/e2e/launch_script.py", str(out), "5", "--restartable"],
+         "tests/e2e/scripts/launch_script.py", str(out), "5", "--restartable"],
         cwd=REPO, capture_output=True, text=True, timeout=220)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK: after a crash at report 2" in proc.stdout

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.usefixtures("no_leaked_processes")]
 
 
-SCRIPT = os.path.join(REPO, "tests/e2e/launch_script.py")
+SCRIPT = os.path.join(REPO, "tests/e2e/scripts/launch_script.py")
 CLI = [sys.executable, "-m", "elastic_train.cli"]
 
 
@@ -59,7 +59,8 @@ def worker_pids(out_dir):
 
 
 def test_plain_torchrun_script_runs_unchanged():
-    proc = launch("--standalone", "--nproc-per-node", 2, "tests/e2e/plain_torchrun_script.py")
+    proc = launch("--standalone", "--nproc-per-node", 2,
+                  "tests/e2e/scripts/plain_torchrun_script.py")
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     assert "[rank0]: ENV rank=0 world=2 sum=2 missing=[]" in out
@@ -309,7 +310,7 @@ def test_sigterm_kills_a_worker_that_ignores_it_after_the_grace(storage_path, tm
     """SIGTERM to the launcher is the workers' preemption notice; a worker that ignores it
     is killed when --preemption-grace (2 s) ends, not after torch's 30 s default."""
     proc = launch("--nproc-per-node", 1, "--preemption-grace", 2, "--storage-path",
-                  storage_path, "--name", "grace", "tests/e2e/ignore_sigterm_script.py",
+                  storage_path, "--name", "grace", "tests/e2e/scripts/ignore_sigterm_script.py",
                   tmp_path)
     try:
         assert wait_until(lambda: worker_pids(tmp_path), 60), "the worker did not start"

@@ -73,7 +73,7 @@ def test_launch_flags_name_a_slow_rank(storage_path, tmp_path):
     launched = subprocess.run(
         [*CLI, "launch", "--nproc-per-node", "2", "--straggler-window", "2",
          "--straggler-threshold", "1.5", "--storage-path", storage_path, "--name", "slow",
-         os.path.join(REPO, "tests", "e2e", "launch_script.py"), str(tmp_path), "5",
+         os.path.join(REPO, "tests", "e2e", "scripts", "launch_script.py"), str(tmp_path), "5",
          "--slow-rank", "1:0.4"],
         cwd=REPO, capture_output=True, text=True, timeout=180)
     assert launched.returncode == 0, launched.stdout + launched.stderr

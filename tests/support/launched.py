@@ -1,4 +1,4 @@
-"""What the launch tests read back: the starts ``tests/e2e/launch_script.py`` recorded and a
+"""What the launch tests read back: the starts ``tests/e2e/scripts/launch_script.py`` recorded and a
 run's stored state."""
 
 from __future__ import annotations
