@@ -20,8 +20,7 @@ import pytest
 import torch
 
 from tests.conftest import wait_until
-from tests.e2e.test_launch import CLI
-from tests.support.launched import run_state, starts
+from tests.support.launched import CLI, run_state, starts
 from tests.support.paths import REPO
 from tests.support.servers import free_port, stop_process
 

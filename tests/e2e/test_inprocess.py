@@ -17,9 +17,8 @@ import torch
 import elastic_train as et
 from elastic_train.torch import TorchTrainer
 from tests.conftest import EPOCHS
-from tests.e2e.test_launch import SCRIPT, launch, run_nodes, worker_pids
 from tests.support import jobs, restart_job
-from tests.support.launched import starts
+from tests.support.launched import SCRIPT, launch, run_nodes, starts, worker_pids
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
