@@ -7,36 +7,21 @@ import fcntl
 import os
 import shutil
 import threading
-import uuid
 from concurrent.futures import Future
 
-import fsspec
 import pytest
 
 from elastic_train.errors import StorageError
-from elastic_train.storage import CheckpointStore, CommitManifest
+from elastic_train.storage import CommitManifest
 from elastic_train.storage.checkpoint_store import dir_name, list_directory
-from elastic_train.storage.local_tier import LocalTier
 from elastic_train.storage.restore_check import assigned_files, check_share, choose_intact
 from elastic_train.storage.uploader import WRITTEN_LATER, CheckpointUploader, UploadJob
 from tests.conftest import committer_for
+from tests.support import replicas
 from tests.support.node_settings import use_node_settings
 from tests.support.replicas import committed, write_files
 
-
-@pytest.fixture
-def store():
-    fs = fsspec.filesystem("memory")
-    run = f"/tier-test-{uuid.uuid4().hex}/run"
-    yield CheckpointStore(fs, run)
-    if fs.exists(run):
-        fs.rm(run, recursive=True)
-
-
-@pytest.fixture
-def tier(tmp_path, monkeypatch):
-    use_node_settings(monkeypatch, tier_root=str(tmp_path / "tier"))
-    return LocalTier.of_node()
+store, tier = replicas.store, replicas.tier  # the fixtures
 
 
 SHARDS = {0: {".metadata": b"meta", "__0_0.distcp": b"zero" * 100},
