@@ -190,9 +190,10 @@ def baseline(tmp_path_factory):
 
 
 def start_driver(storage_path: str, name: str, pid_dir, epochs: int = 8) -> subprocess.Popen:
-    """``python -m tests.e2e.driver``: a driver process of its own, to signal or kill."""
+    """``python -m tests.e2e.scripts.driver``: a driver process of its own, to signal or kill."""
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.e2e.driver", storage_path, name, str(pid_dir), str(epochs)],
+        [sys.executable, "-m", "tests.e2e.scripts.driver", storage_path, name, str(pid_dir),
+         str(epochs)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -50,7 +50,7 @@ ETCD_WATCH_KINDS = ("etcd_silent", "etcd_compacted_restart")
 LONG_ONLY_KINDS = (*NODE_KINDS, *ETCD_WATCH_KINDS)
 LAUNCH_KINDS = ("agent_sigkill", "etcd_restart", "node_sigterm", "corrupt_rdzv_state",
                 "clock_skew", *NODE_KINDS, *ETCD_WATCH_KINDS)
-LAUNCH_SCRIPT = "tests/e2e/launch_script.py"  # its digest does not depend on the world size
+LAUNCH_SCRIPT = "tests/e2e/scripts/launch_script.py"  # its digest does not depend on the world size
 BATCHES_PER_EPOCH = 6  # jobs.make_dataset(): 96 rows, 2 ranks, batches of 8
 NUM_TO_KEEP = 2
 SKEW_RANGE_S = (0.05, 30.0)  # clock_skew: how far one node's clock is off, either way
@@ -412,7 +412,7 @@ def _driver_kill_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: 
     run_storage = storage.run(name)
     with StorageWatcher(run_storage) as watcher:
         driver = subprocess.Popen(
-            [sys.executable, "-m", "tests.e2e.driver", storage.url, name, str(pid_dir),
+            [sys.executable, "-m", "tests.e2e.scripts.driver", storage.url, name, str(pid_dir),
              str(EPOCHS), "0.05"], cwd=REPO, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
@@ -427,7 +427,7 @@ def _driver_kill_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: 
         trainer = TorchTrainer.restore(f"{storage.url}/{name}", storage_options=storage.options)
         result = trainer.fit()
     return _outcome(result.return_value["digest"], run_storage, watcher, tmp_path,
-                    events=pid_dir / "events", num_to_keep=None)  # tests.e2e.driver keeps all
+                    events=pid_dir / "events", num_to_keep=None)  # scripts/driver.py keeps all
 
 
 def launch_digest(out: str) -> str | None:

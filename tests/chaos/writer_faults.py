@@ -40,11 +40,11 @@ def run_writer_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name: st
 
 
 def _driver(storage: StorageUnderTest, name: str, pid_dir) -> subprocess.Popen:
-    """``tests.e2e.driver`` with slow steps (5 s an epoch): the first one still trains when
+    """``tests.e2e.scripts.driver`` with slow steps (5 s an epoch): the first one still trains when
     the second, started at the trial's time, has imported torch and looks at the run."""
     pid_dir.mkdir()
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.e2e.driver", storage.url, name, str(pid_dir),
+        [sys.executable, "-m", "tests.e2e.scripts.driver", storage.url, name, str(pid_dir),
          str(EPOCHS), "0.8"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
 

@@ -13,14 +13,13 @@ import fsspec
 import pytest
 
 from elastic_train.torch import TorchTrainer
-from tests.e2e.test_cli_storage import no_credentials
 from tests.support.paths import REPO
-from tests.support.servers import free_port, s3_options
+from tests.support.servers import free_port, no_credentials, s3_options
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120),
               pytest.mark.usefixtures("no_leaked_processes")]
 
-SCRIPT = "tests/e2e/launch_script.py"
+SCRIPT = "tests/e2e/scripts/launch_script.py"
 QUICK_S = 20.0  # an answer "at once": the interpreter and torch's import, on a busy machine
 
 

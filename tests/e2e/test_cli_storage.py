@@ -5,7 +5,6 @@ traceback."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ import fsspec
 import pytest
 
 from tests.support.paths import REPO
-from tests.support.servers import s3_options
+from tests.support.servers import no_credentials, s3_options
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.usefixtures("no_leaked_processes")]
@@ -26,20 +25,13 @@ def run(*args, env=None):
                           timeout=180, env=env)
 
 
-def no_credentials() -> dict[str, str]:
-    """This environment without any AWS credentials (nor a way to find some)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    return {**env, "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": os.devnull,
-            "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
-
-
 def test_launch_ls_show_on_s3_with_storage_options(s3_endpoint, tmp_path):
     fsspec.filesystem("s3", **s3_options(s3_endpoint)).mkdir("cli-bucket")
     options = ["--storage-option", f"endpoint_url={s3_endpoint}", "--storage-option",
                "key=testing", "--storage-option", "secret=testing"]
     storage = "s3://cli-bucket/runs"
     proc = run("launch", "--standalone", "--quiet", "--storage-path", storage, *options,
-               "--name", "s3run", "tests/e2e/launch_script.py", str(tmp_path), "2",
+               "--name", "s3run", "tests/e2e/scripts/launch_script.py", str(tmp_path), "2",
                env=no_credentials())
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

@@ -20,14 +20,13 @@ import pytest
 import torch
 
 from tests.conftest import wait_until
-from tests.e2e.test_launch import CLI
-from tests.support.launched import run_state, starts
+from tests.support.launched import CLI, run_state, starts
 from tests.support.paths import REPO
 from tests.support.servers import free_port, stop_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_leaked_processes")]
 
-SCRIPT = os.path.join(REPO, "tests/e2e/elastic_data_script.py")
+SCRIPT = os.path.join(REPO, "tests/e2e/scripts/elastic_data_script.py")
 EPOCHS = 3
 
 
@@ -176,8 +175,8 @@ def test_fit_with_num_workers_min_max_loses_a_node_and_its_shards_rows_are_train
     out.mkdir()
     logs = [open(tmp_path / f"node{i}.log", "w") for i in (0, 1)]  # noqa: SIM115
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "tests.e2e.elastic_data_driver", storage_path, name, str(out),
-         etcd_endpoint, str(EPOCHS)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+        [sys.executable, "-m", "tests.e2e.scripts.elastic_data_driver", storage_path, name,
+         str(out), etcd_endpoint, str(EPOCHS)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
         text=True, start_new_session=True, env={**os.environ, "ET_TEST_NODE": str(i)})
         for i, log in enumerate(logs)]
     try:

@@ -1,7 +1,7 @@
 """``elastic-train launch --rdzv-backend etcd`` (our native etcd handler) with many agents on
 this machine: a node not needed by a full job, 16 agents, and an agent starved of CPU.
 
-The workers are :mod:`tests.e2e.rdzv_light_worker` (no torch), so that the agents' own
+The workers are :mod:`tests.e2e.scripts.rdzv_light_worker` (no torch), so that the agents' own
 work is what is measured. Losing a node, a node coming back and the run's keys
 being deleted at the end are covered by test_e2e_launch's three-agent test.
 """
@@ -25,7 +25,7 @@ from tests.support.servers import stop_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_leaked_processes")]
 
-WORKER = os.path.join(REPO, "tests", "e2e", "rdzv_light_worker.py")
+WORKER = os.path.join(REPO, "tests", "e2e", "scripts", "rdzv_light_worker.py")
 
 
 def agent(nnodes: str, endpoint: str, run_id: str, out: Path, log: Path,

@@ -347,7 +347,7 @@ def test_plain_torchrun_finds_the_backend_through_its_entry_point(etcd_endpoint:
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
          "--nproc-per-node", "2", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
          etcd_endpoint, "--rdzv-id", f"torchrun-{uuid.uuid4().hex[:8]}",
-         "tests/e2e/plain_torchrun_script.py"],
+         "tests/e2e/scripts/plain_torchrun_script.py"],
         cwd=repo, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("sum=2 missing=[]") == 2

@@ -37,7 +37,7 @@ def test_a_node_failing_the_same_way_every_attempt_ends_the_job(storage_path, tm
                  "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
                  "--rdzv-id", "refused",
                  "--max-restarts", "1", "--storage-path", storage_path,
-                 "tests/e2e/launch_script.py", str(tmp_path), "6", "--refused-at", "2",
+                 "tests/e2e/scripts/launch_script.py", str(tmp_path), "6", "--refused-at", "2",
                  "--sleep", "0.2"], cwd=REPO, stdout=logs[-1], stderr=subprocess.STDOUT,
                 text=True, env={**os.environ,
                                 "ET_TEST_CLOCK_SKEW_S": str(skew_s if i == 0 else 0.0)}))

@@ -33,7 +33,7 @@ def driver_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("driver")
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "tests.e2e.fork_poison_driver",
+    proc = subprocess.run([sys.executable, "-m", "tests.e2e.scripts.fork_poison_driver",
                            str(tmp_path / "results"), str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -62,7 +62,7 @@ def test_launch_counting_accelerators_forks_clean_workers(tmp_path, nproc):
     proc = subprocess.run(
         [sys.executable, "-m", "elastic_train.cli", "launch", "--standalone",
          "--nproc-per-node", nproc, "--storage-path", str(tmp_path / "results"),
-         os.path.join(REPO, "tests/e2e/fork_poison_script.py"), str(out)],
+         os.path.join(REPO, "tests/e2e/scripts/fork_poison_script.py"), str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     verdicts = _verdicts(out)

@@ -5,30 +5,17 @@ Its GPU case (nccl) is in tests/e2e/test_gpu.py."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.support.paths import REPO
+from tests.support.examples import FSDP_QUICK, run_fsdp_example
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400),
               pytest.mark.usefixtures("no_leaked_processes")]
 
-QUICK = ["--steps", "20", "--checkpoint-every", "10", "--kill-at-step", "15",
-         "--more-steps", "10"]
-
-
-def run_example(tmp_path, *args):
-    proc = subprocess.run([sys.executable, "examples/fsdp_transformer.py", "--storage-path",
-                           str(tmp_path), *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=360)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
-
 
 def test_example_resumes_and_reshards(tmp_path):
-    out = run_example(tmp_path, *QUICK)
+    out = run_fsdp_example(tmp_path, *FSDP_QUICK)
     assert "rank 1: killing myself at step 15" in out
     resumed = re.findall(r"rank (\d): resumed at step (\d+)", out)
     assert sorted(resumed) == [("0", "10"), ("0", "20"), ("1", "10")]

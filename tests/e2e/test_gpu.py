@@ -20,8 +20,8 @@ import elastic_train as et
 from elastic_train import devices
 from elastic_train.torch import TorchTrainer, get_device, prepare_model
 from tests.conftest import EPOCHS
-from tests.e2e.test_fsdp_example import QUICK, run_example
 from tests.support import gpu_jobs, jobs
+from tests.support.examples import FSDP_QUICK, run_fsdp_example
 from tests.support.launched import run_state
 from tests.support.paths import REPO
 
@@ -38,7 +38,7 @@ pytestmark = [
 ]
 
 CLI = [sys.executable, "-m", "elastic_train.cli"]
-LAUNCH_SCRIPT = os.path.join(REPO, "tests/e2e/gpu_launch_script.py")
+LAUNCH_SCRIPT = os.path.join(REPO, "tests/e2e/scripts/gpu_launch_script.py")
 
 
 def _train_on_gpu(config):
@@ -143,12 +143,12 @@ def test_fsdp_example_on_nccl(tmp_path):
     checkpoint; with 2 GPUs its rank 1 is SIGKILLed and resumed as on CPU
     (tests/e2e/test_fsdp_example.py), with one it runs alone."""
     if WORKERS == 2:
-        out = run_example(tmp_path, "--use-gpu", *QUICK)
+        out = run_fsdp_example(tmp_path, "--use-gpu", *FSDP_QUICK)
         assert "rank 1: killing myself at step 15" in out
         resumed = re.findall(r"rank (\d): resumed at step (\d+)", out)
         assert sorted(resumed) == [("0", "10"), ("0", "20"), ("1", "10")], out
     else:
-        out = run_example(tmp_path, "--use-gpu", "--num-workers", "1", "--kill-at-step", "0",
+        out = run_fsdp_example(tmp_path, "--use-gpu", "--num-workers", "1", "--kill-at-step", "0",
                           "--steps", "20", "--checkpoint-every", "10", "--more-steps", "10")
         assert re.search(r"rank 0: resumed at step 20", out), out
     assert re.search(r"run 2: .* on 1 worker\(s\), resharded from " + str(WORKERS), out), out

@@ -17,9 +17,8 @@ import torch
 import elastic_train as et
 from elastic_train.torch import TorchTrainer
 from tests.conftest import EPOCHS
-from tests.e2e.test_launch import SCRIPT, launch, run_nodes, worker_pids
 from tests.support import jobs, restart_job
-from tests.support.launched import starts
+from tests.support.launched import SCRIPT, launch, run_nodes, starts, worker_pids
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
@@ -248,7 +247,7 @@ def test_verify_resume_passes_with_in_process_restarts(tmp_path):
     out.mkdir()
     proc = subprocess.run(
         [*CLI, "verify-resume", "--workdir", str(tmp_path / "runs"), "--fail-at-report", "2",
-         "tests/e2e/launch_script.py", str(out), "5", "--restartable"],
+         "tests/e2e/scripts/launch_script.py", str(out), "5", "--restartable"],
         cwd=REPO, capture_output=True, text=True, timeout=220)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK: after a crash at report 2" in proc.stdout

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -15,7 +14,16 @@ import pytest
 from elastic_train.result import Result
 from tests.conftest import pid_alive, wait_until
 from tests.support.etcd_server import run_keys
-from tests.support.launched import latest_world, run_state, starts
+from tests.support.launched import (
+    CLI,
+    SCRIPT,
+    latest_world,
+    launch,
+    run_nodes,
+    run_state,
+    starts,
+    worker_pids,
+)
 from tests.support.paths import REPO
 from tests.support.servers import free_port, stop_process
 
@@ -23,43 +31,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.usefixtures("no_leaked_processes")]
 
 
-SCRIPT = os.path.join(REPO, "tests/e2e/launch_script.py")
-CLI = [sys.executable, "-m", "elastic_train.cli"]
-
-
-def launch(*args, out=None, env=None):
-    return subprocess.Popen([*CLI, "launch", *map(str, args)], cwd=REPO, text=True,
-                            stdout=out or subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=None if env is None else {**os.environ, **env})
-
-
-def run_nodes(tmp_path, count, *args, timeout=180) -> list[int]:
-    """``count`` agents of one job (``--nnodes count``, one worker each) on a c10d endpoint
-    of this machine, node 0 first (it hosts the store); their exit codes. Each node's
-    output is in ``tmp_path/node<i>.log``."""
-    endpoint = f"127.0.0.1:{free_port()}"
-    logs = [open(tmp_path / f"node{i}.log", "w") for i in range(count)]  # noqa: SIM115
-    procs = []
-    try:
-        for i, log in enumerate(logs):
-            procs.append(launch("--nnodes", count, "--nproc-per-node", 1, "--rdzv-backend",
-                                "c10d", "--rdzv-endpoint", endpoint, *args, out=log))
-            if i == 0:
-                time.sleep(2)  # node 0 hosts the c10d store
-        return [p.wait(timeout) for p in procs]
-    finally:
-        for proc in procs:
-            stop_process(proc)
-        for log in logs:
-            log.close()
-
-
-def worker_pids(out_dir):
-    return [int(p.name.split("-")[1]) for p in out_dir.glob("pid-*")]
-
-
 def test_plain_torchrun_script_runs_unchanged():
-    proc = launch("--standalone", "--nproc-per-node", 2, "tests/e2e/plain_torchrun_script.py")
+    proc = launch("--standalone", "--nproc-per-node", 2,
+                  "tests/e2e/scripts/plain_torchrun_script.py")
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     assert "[rank0]: ENV rank=0 world=2 sum=2 missing=[]" in out
@@ -309,7 +283,7 @@ def test_sigterm_kills_a_worker_that_ignores_it_after_the_grace(storage_path, tm
     """SIGTERM to the launcher is the workers' preemption notice; a worker that ignores it
     is killed when --preemption-grace (2 s) ends, not after torch's 30 s default."""
     proc = launch("--nproc-per-node", 1, "--preemption-grace", 2, "--storage-path",
-                  storage_path, "--name", "grace", "tests/e2e/ignore_sigterm_script.py",
+                  storage_path, "--name", "grace", "tests/e2e/scripts/ignore_sigterm_script.py",
                   tmp_path)
     try:
         assert wait_until(lambda: worker_pids(tmp_path), 60), "the worker did not start"

@@ -20,7 +20,7 @@ def test_get_context_on_rank_0_alone_does_not_block(storage_path, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "elastic_train.cli", "launch", "--standalone",
          "--nproc-per-node", "2", "--storage-path", storage_path, "--name", "ctx",
-         "tests/e2e/launch_script.py", str(tmp_path), "3", "--context-on-rank0-first"],
+         "tests/e2e/scripts/launch_script.py", str(tmp_path), "3", "--context-on-rank0-first"],
         cwd=REPO, capture_output=True, text=True, timeout=150)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]

@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
 def _driver(storage_path, name, out_dir, backend, endpoint, nodes, epochs, log):
     low, high = nodes
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.e2e.multinode_driver", storage_path, name, str(out_dir),
-         backend, endpoint, str(low), str(high), str(epochs)],
+        [sys.executable, "-m", "tests.e2e.scripts.multinode_driver", storage_path, name,
+         str(out_dir), backend, endpoint, str(low), str(high), str(epochs)],
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
 
 

@@ -2,7 +2,7 @@
 sent away by its node policy cools off, even when its agent is started again at once.
 
 The agents meet on our etcd handler (:mod:`elastic_train.agent.rendezvous.etcd_native`)
-and run :mod:`tests.e2e.launch_script`, whose nodes are named by ``ET_TEST_NODE`` (the
+and run :mod:`tests.e2e.scripts.launch_script`, whose nodes are named by ``ET_TEST_NODE`` (the
 same as their ``--local-addr``).
 """
 
@@ -27,7 +27,7 @@ from tests.support.servers import stop_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_leaked_processes")]
 
-SCRIPT = os.path.join(REPO, "tests", "e2e", "launch_script.py")
+SCRIPT = os.path.join(REPO, "tests", "e2e", "scripts", "launch_script.py")
 
 
 def agent(endpoint: str, run_id: str, out: Path, log: Path, addr: str, flags: tuple = (),

@@ -26,7 +26,7 @@ from tests.support.servers import free_port, stop_process
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.usefixtures("no_leaked_processes")]
 
-SCRIPT = os.path.join(REPO, "tests/e2e/launch_script.py")
+SCRIPT = os.path.join(REPO, "tests/e2e/scripts/launch_script.py")
 
 
 def _agent(i, name, backend_args, out_dir, storage_path, log, restart):

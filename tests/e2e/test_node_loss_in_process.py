@@ -19,9 +19,16 @@ import pytest
 
 from elastic_train.result import Result
 from tests.conftest import wait_until
-from tests.e2e.test_launch import CLI, SCRIPT, worker_pids
-from tests.support.launched import latest_world, run_state, starts
-from tests.support.paths import REPO
+from tests.support.launched import (
+    SCRIPT,
+    latest_world,
+    rank_starts,
+    rdzv_args,
+    run_state,
+    start_node,
+    starts,
+    worker_pids,
+)
 from tests.support.rendezvous_state import c10d_spare_parked, c10d_store
 from tests.support.servers import free_port, stop_process
 
@@ -30,31 +37,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_leaked_processes")]
 EPOCHS = 14
 
 
-def _node(args: list, log, node: int = 0) -> subprocess.Popen:
-    """An agent in its own process group, so that the node can be killed whole; its
-    workers see ``ET_TEST_NODE=node``."""
-    return subprocess.Popen([*CLI, "launch", *map(str, args)], cwd=REPO, text=True,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "ET_TEST_NODE": str(node)})
-
-
 def _kill_node(proc: subprocess.Popen) -> None:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
-
-
-def _backend_args(request, backend: str) -> list[str]:
-    """``--rdzv-backend`` and ``--rdzv-endpoint``: the test's etcd, or a free c10d port."""
-    endpoint = (request.getfixturevalue("etcd_endpoint") if backend == "etcd"
-                else f"127.0.0.1:{free_port()}")
-    return ["--rdzv-backend", backend, "--rdzv-endpoint", endpoint]
-
-
-def _ranks(out_dir) -> list[tuple[int, int, int, int]]:
-    """(rank, world size, pid, node) of every rank's every start (launch_script.py)."""
-    path = out_dir / "ranks"
-    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()] \
-        if path.exists() else []
 
 
 def _commit_into_latest_start(storage_path: str, name: str, out_dir) -> str:
@@ -70,7 +55,7 @@ def _commit_into_latest_start(storage_path: str, name: str, out_dir) -> str:
 def test_lost_node_survivors_keep_their_processes(request, storage_path, tmp_path, backend):
     """Three agents (``--nnodes 2:3``, one worker each); a node that is not the c10d
     store's host is lost."""
-    backend_args = _backend_args(request, backend)
+    backend_args = rdzv_args(request, backend)
     name = f"lost-{backend}"
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -78,7 +63,7 @@ def test_lost_node_survivors_keep_their_processes(request, storage_path, tmp_pat
     procs: list[subprocess.Popen] = []
     try:
         for i, log in enumerate(logs):
-            procs.append(_node(["--nnodes", "2:3", "--nproc-per-node", 1, *backend_args,
+            procs.append(start_node(["--nnodes", "2:3", "--nproc-per-node", 1, *backend_args,
                                 "--rdzv-id", name, "--max-restarts", 2, "--unwind-timeout",
                                 2, "--storage-path", storage_path, SCRIPT, out_dir, EPOCHS,
                                 "--sleep", 0.3, "--restartable"], log))
@@ -120,21 +105,21 @@ def test_lost_rank_0_node_survivors_take_the_lower_ranks(etcd_endpoint, storage_
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     logs = [open(tmp_path / f"node{i}.log", "w") for i in range(2)]  # noqa: SIM115
-    procs = [_node(["--nnodes", "1:2", "--nproc-per-node", 2, "--rdzv-backend", "etcd",
+    procs = [start_node(["--nnodes", "1:2", "--nproc-per-node", 2, "--rdzv-backend", "etcd",
                     "--rdzv-endpoint", etcd_endpoint, "--rdzv-id", name, "--max-restarts", 2,
                     "--unwind-timeout", 2, "--storage-path", storage_path, SCRIPT, out_dir,
                     EPOCHS, "--sleep", 0.3, "--restartable"], log, node)
              for node, log in enumerate(logs)]
     try:
         assert wait_until(lambda: latest_world(out_dir) == 4, 90), starts(out_dir)
-        assert wait_until(lambda: [w for _, w, _, _ in _ranks(out_dir)[-4:]] == [4] * 4, 30)
-        world_4 = _ranks(out_dir)[-4:]
+        assert wait_until(lambda: [w for _, w, _, _ in rank_starts(out_dir)[-4:]] == [4] * 4, 30)
+        world_4 = rank_starts(out_dir)[-4:]
         lost_node = next(node for rank, _, _, node in world_4 if rank == 0)
         lost, survivor = procs[lost_node], procs[1 - lost_node]
         survivors = {pid for _, _, pid, node in world_4 if node != lost_node}
         commit = _commit_into_latest_start(storage_path, name, out_dir)
         assert wait_until(lambda: os.path.exists(commit), 60)
-        before = len(_ranks(out_dir))
+        before = len(rank_starts(out_dir))
         _kill_node(lost)
         code = survivor.wait(120)
     finally:
@@ -144,9 +129,9 @@ def test_lost_rank_0_node_survivors_take_the_lower_ranks(etcd_endpoint, storage_
             log.close()
     node_log = (tmp_path / f"node{1 - lost_node}.log").read_text()[-3000:]
     assert code == 0, node_log
-    assert len(survivors) == 2, _ranks(out_dir)
-    after = _ranks(out_dir)[before:]
-    assert after and {world for _, world, _, _ in after} == {2}, _ranks(out_dir)
+    assert len(survivors) == 2, rank_starts(out_dir)
+    after = rank_starts(out_dir)[before:]
+    assert after and {world for _, world, _, _ in after} == {2}, rank_starts(out_dir)
     assert {rank for rank, _, _, _ in after} == {0, 1}
     assert {pid for _, _, pid, _ in after} == survivors, node_log  # the same two processes
     rows = Result.from_path(os.path.join(storage_path, name)).metrics_dataframe
@@ -161,14 +146,14 @@ def test_a_joining_node_leaves_the_running_workers_in_their_processes(
     """Two agents (``--nnodes 2:3``) train; a third joins. The first two nodes' workers
     take their places in the world of 3 in the same processes (they were restarted as new
     processes before), from the last commit, and nothing is charged."""
-    backend_args = _backend_args(request, backend)
+    backend_args = rdzv_args(request, backend)
     name = f"join-{backend}"
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     logs = [open(tmp_path / f"node{i}.log", "w") for i in range(3)]  # noqa: SIM115
 
     def node(i: int) -> subprocess.Popen:
-        return _node(["--nnodes", "2:3", "--nproc-per-node", 1, *backend_args, "--rdzv-id",
+        return start_node(["--nnodes", "2:3", "--nproc-per-node", 1, *backend_args, "--rdzv-id",
                       name, "--max-restarts", 0, "--unwind-timeout", 4, "--storage-path",
                       storage_path, SCRIPT, out_dir, EPOCHS, "--sleep", 0.3, "--restartable"],
                      logs[i], i)
@@ -192,8 +177,8 @@ def test_a_joining_node_leaves_the_running_workers_in_their_processes(
             log.close()
     node_logs = [(tmp_path / f"node{i}.log").read_text()[-3000:] for i in range(3)]
     assert codes == [0, 0, 0], node_logs
-    after = [(rank, world, pid) for rank, world, pid, _ in _ranks(out_dir) if world == 3]
-    assert len(after) == 3, _ranks(out_dir)
+    after = [(rank, world, pid) for rank, world, pid, _ in rank_starts(out_dir) if world == 3]
+    assert len(after) == 3, rank_starts(out_dir)
     assert first <= {pid for _, _, pid in after}, node_logs  # the first two kept theirs
     assert set(worker_pids(out_dir)) == {pid for _, _, pid in after}  # and no other came
     [start, *rest] = starts(out_dir)
@@ -221,7 +206,7 @@ def test_a_spare_takes_a_lost_c10d_nodes_place_before_its_heartbeats_expire(
     procs: list[subprocess.Popen] = []
 
     def start(i: int) -> None:
-        procs.append(_node(["--nnodes", 2, "--spares", 1, "--nproc-per-node", 1,
+        procs.append(start_node(["--nnodes", 2, "--spares", 1, "--nproc-per-node", 1,
                             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
                             "--rdzv-id", name, "--rdzv-conf", "keep_alive_interval=10",
                             "--max-restarts", 2, "--storage-path", storage_path, SCRIPT,

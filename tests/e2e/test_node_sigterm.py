@@ -31,8 +31,8 @@ GRACE_S = 6.0
 def _driver(storage_path: str, name: str, pid_dir, zygote_on: bool, *grace: str):
     env = {**os.environ, env_vars.ZYGOTE: "1" if zygote_on else "0"}
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.e2e.driver", storage_path, name, str(pid_dir), "8", "0.3",
-         *grace], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [sys.executable, "-m", "tests.e2e.scripts.driver", storage_path, name, str(pid_dir),
+         "8", "0.3", *grace], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
 
 
@@ -91,7 +91,7 @@ def _launch(tmp_path, index: int, endpoint: str, storage_path: str, out_dir):
          "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
          "--rdzv-id", "node-term",
          "--max-restarts", "0", "--preemption-grace", "3", "--storage-path", storage_path,
-         "tests/e2e/launch_script.py", str(out_dir), "10", "--sleep", "1"],
+         "tests/e2e/scripts/launch_script.py", str(out_dir), "10", "--sleep", "1"],
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
     return proc, log
 

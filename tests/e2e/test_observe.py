@@ -132,7 +132,8 @@ def test_ls_and_show_on_finished_failed_and_interrupted_runs(storage, tmp_path):
 
 def test_launch_local_ranks_filter(tmp_path):
     proc = subprocess.run([*CLI, "launch", "--standalone", "--nproc-per-node", "2",
-                           "--local-ranks-filter", "1", "tests/e2e/plain_torchrun_script.py"],
+                           "--local-ranks-filter", "1",
+                           "tests/e2e/scripts/plain_torchrun_script.py"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[rank1]: ENV rank=1" in proc.stdout and "[rank0]:" not in proc.stdout
@@ -146,7 +147,7 @@ def test_launch_torchruns_console_and_worker_flags(tmp_path):
         [*CLI, "launch", "--standalone", "--nproc-per-node", "2", "--role", "trainer",
          "--log-line-prefix-template", "${role_name}-${rank}@${hostname}| ", "-r", "0:1",
          "--run-path", "--start-method", "spawn", "--storage-path", str(tmp_path),
-         "tests/e2e/plain_torchrun_script.py"],
+         "tests/e2e/scripts/plain_torchrun_script.py"],
         cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     host = socket.gethostname()

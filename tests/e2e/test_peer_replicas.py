@@ -74,7 +74,7 @@ def test_a_corrupted_copy_on_the_peer_falls_back_to_the_store(
 
 def _driver(settings: dict, endpoint: int, log) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.e2e.node_driver", json.dumps(settings)], cwd=REPO,
+        [sys.executable, "-m", "tests.e2e.scripts.node_driver", json.dumps(settings)], cwd=REPO,
         env={**os.environ, NODE_ENDPOINT: f"http://127.0.0.1:{endpoint}"}, stdout=log,
         stderr=subprocess.STDOUT, text=True, start_new_session=True)
 

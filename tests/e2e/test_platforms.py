@@ -25,7 +25,7 @@ from tests.support.servers import free_port, stop_process
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300),
               pytest.mark.usefixtures("no_leaked_processes")]
 
-SCRIPT = "tests/e2e/launch_script.py"
+SCRIPT = "tests/e2e/scripts/launch_script.py"
 CLI = [sys.executable, "-m", "elastic_train.cli"]
 
 
@@ -97,7 +97,7 @@ def test_pet_nproc_per_node_auto(storage_path, tmp_path):
                               text=True, timeout=60)
         assert done.returncode == 0, done.stderr
     codes, logs = finish(launch_nodes([env], tmp_path, "--standalone",
-                                      "tests/e2e/plain_torchrun_script.py"), tmp_path)
+                                      "tests/e2e/scripts/plain_torchrun_script.py"), tmp_path)
     cpus = len(os.sched_getaffinity(0))
     assert codes == [0], logs
     assert f"[rank0]: ENV rank=0 world={cpus} sum={cpus} missing=[]" in logs[0]

@@ -89,8 +89,8 @@ def test_driver_sigterm_gives_workers_grace_for_a_jit_checkpoint(storage_path, t
     just-in-time checkpoint within the grace period, and restore continues from it."""
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    args = [sys.executable, "-m", "tests.e2e.driver", storage_path, "driver-term", str(pid_dir),
-            "8", "0.3", "6"]
+    args = [sys.executable, "-m", "tests.e2e.scripts.driver", storage_path, "driver-term",
+            str(pid_dir), "8", "0.3", "6"]
     cwd = REPO
     driver = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)

@@ -30,8 +30,8 @@ from tests.support.paths import REPO
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420),
               pytest.mark.usefixtures("no_leaked_processes")]
 
-DRIVER = os.path.join(REPO, "tests", "e2e", "layout_driver.py")
-SCRIPT = os.path.join(REPO, "tests", "e2e", "launch_script.py")
+DRIVER = os.path.join(REPO, "tests", "e2e", "scripts", "layout_driver.py")
+SCRIPT = os.path.join(REPO, "tests", "e2e", "scripts", "launch_script.py")
 CI_RUNS = 2  # fit() runs per driver process in CI (-m long: 5, and 5 launches)
 
 

@@ -18,7 +18,7 @@ from tests.support.paths import REPO
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300),
               pytest.mark.usefixtures("no_leaked_processes")]
 
-SCRIPT = os.path.join(REPO, "tests/e2e/launch_script.py")
+SCRIPT = os.path.join(REPO, "tests/e2e/scripts/launch_script.py")
 CLI = [sys.executable, "-m", "elastic_train.cli"]
 
 

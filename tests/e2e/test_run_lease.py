@@ -35,10 +35,10 @@ def _digest(out: str) -> str | None:
 
 
 def _driver(storage_path, name, pid_dir, step_sleep, prefix=(), env=None):
-    """``tests.e2e.driver`` (8 epochs, as ``start_driver``) with slower steps."""
+    """``tests.e2e.scripts.driver`` (8 epochs, as ``start_driver``) with slower steps."""
     return subprocess.Popen(
-        [*prefix, sys.executable, "-m", "tests.e2e.driver", storage_path, name, str(pid_dir),
-         "8", str(step_sleep)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+        [*prefix, sys.executable, "-m", "tests.e2e.scripts.driver", storage_path, name,
+         str(pid_dir), "8", str(step_sleep)], cwd=REPO, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
 
 
@@ -177,7 +177,7 @@ def test_a_node_joining_while_another_renews_the_lease_does_not_take_the_run_fro
     8 agents started at once, 7 workers started)."""
     out, runs = tmp_path / "out", tmp_path / "runs"
     out.mkdir()
-    worker = os.path.join(REPO, "tests", "e2e", "rdzv_light_worker.py")
+    worker = os.path.join(REPO, "tests", "e2e", "scripts", "rdzv_light_worker.py")
     args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
             "--rdzv-endpoint", etcd_endpoint, "--rdzv-id", "joining", "--name", "joining",
             "--storage-path", str(runs), "--no-python", sys.executable, worker, str(out), "1"]
@@ -194,7 +194,7 @@ def test_a_node_joining_while_another_renews_the_lease_does_not_take_the_run_fro
         start(["elastic_train.cli", "launch"])
         assert wait_until(lambda: list(runs.glob(".leases/joining/claim-*")), 60), \
             logs[0].read_text()
-        start(["tests.e2e.slow_lease_launch", "2"])
+        start(["tests.e2e.scripts.slow_lease_launch", "2"])
         deadline = time.monotonic() + 90
         codes = [_wait(proc, deadline) for proc in procs]
     finally:

@@ -32,7 +32,7 @@ def scratch_dirs(tmpdir) -> set[str]:
 def driver(tmpdir, storage, name, ready, seconds) -> subprocess.Popen:
     env = {**os.environ, "TMPDIR": str(tmpdir), "ELASTIC_TRAIN_ZYGOTE": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.e2e.scratch_driver", storage, name, str(ready),
+        [sys.executable, "-m", "tests.e2e.scripts.scratch_driver", storage, name, str(ready),
          str(seconds)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
 

@@ -19,7 +19,7 @@ from tests.support.servers import stop_process
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.usefixtures("no_leaked_processes")]
 
-SCRIPT = os.path.join(REPO, "tests/e2e/launch_script.py")
+SCRIPT = os.path.join(REPO, "tests/e2e/scripts/launch_script.py")
 CLI = [sys.executable, "-m", "elastic_train.cli"]
 
 

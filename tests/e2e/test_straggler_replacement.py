@@ -22,10 +22,14 @@ import pytest
 from elastic_train.result import Result
 from elastic_train.storage import RunStorage
 from tests.conftest import wait_until
-from tests.e2e.test_launch import SCRIPT
-from tests.e2e.test_node_loss_in_process import _backend_args, _node, _ranks
-from tests.e2e.test_stragglers import show
-from tests.support.launched import starts
+from tests.support.launched import (
+    SCRIPT,
+    rank_starts,
+    rdzv_args,
+    show,
+    start_node,
+    starts,
+)
 from tests.support.rendezvous_state import c10d_spare_parked, c10d_store
 from tests.support.servers import stop_process
 
@@ -55,7 +59,7 @@ def _agent(i: int, backend_args: list, name: str, storage_path: str, out_dir, sl
            log) -> subprocess.Popen:
     """Agent ``i`` of the job (``--nnodes 2 --spares 1``), replacing stragglers; the
     workers of agent ``slow`` sleep 0.4 s more per epoch."""
-    return _node(["--nnodes", 2, "--spares", 1, "--nproc-per-node", 1, *backend_args,
+    return start_node(["--nnodes", 2, "--spares", 1, "--nproc-per-node", 1, *backend_args,
                   "--rdzv-id", name, "--local-addr", ADDRS[i], "--max-restarts", 2,
                   "--straggler-window", 2, "--replace-stragglers", "--straggler-cool-off", 120,
                   "--storage-path", storage_path, SCRIPT, out_dir, EPOCHS, "--sleep", 0.3,
@@ -67,7 +71,7 @@ def _agent(i: int, backend_args: list, name: str, storage_path: str, out_dir, sl
     "etcd", pytest.param("c10d", marks=pytest.mark.long)])
 def test_a_named_straggler_leaves_and_the_spare_takes_its_place(
         request, storage_path, tmp_path, backend):
-    backend_args = _backend_args(request, backend)
+    backend_args = rdzv_args(request, backend)
     name = f"swap-{backend}"
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -94,7 +98,7 @@ def test_a_named_straggler_leaves_and_the_spare_takes_its_place(
     assert "left the job: straggler: node" in log(SLOW), tails
     # Every start at world size 2, the second by the spare's arrival.
     assert len(starts(out_dir)) >= 2 and {w for _, w in starts(out_dir)} == {2}, starts(out_dir)
-    ranks = _ranks(out_dir)
+    ranks = rank_starts(out_dir)
     pids = {node: {pid for _, _, pid, n in ranks if n == node} for node in (0, 1, 2)}
     assert len(pids[0]) == 1 and len(pids[1]) == 1 and len(pids[2]) == 1, ranks  # kept
     assert {w for _, w, _, n in ranks if n == 2} == {2}, ranks  # the spare joined at 2
@@ -118,7 +122,7 @@ def test_the_node_hosting_the_c10d_store_is_never_replaced(request, storage_path
     """With c10d the first node serves the rendezvous store: were it replaced, the job
     would end with it. Slow, named, with a spare parked, it stays and says why; the job
     finishes on its first two nodes, never re-formed."""
-    backend_args = _backend_args(request, "c10d")
+    backend_args = rdzv_args(request, "c10d")
     name = "swap-host"
     out_dir = tmp_path / "out"
     out_dir.mkdir()

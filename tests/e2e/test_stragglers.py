@@ -8,19 +8,18 @@ import json
 import logging
 import os
 import subprocess
-import sys
 
 import pytest
 
 import elastic_train as et
 from elastic_train.storage import RunStorage
 from tests.conftest import EPOCHS, fit
+from tests.support.launched import CLI, show
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.usefixtures("no_leaked_processes")]
 
-CLI = [sys.executable, "-m", "elastic_train.cli"]
 WATCH = et.StragglerConfig(window=3)  # 5 reports a run: 3 in a row name a node
 
 
@@ -30,13 +29,6 @@ class Rows(et.UserCallback):
 
     def after_report(self, run_context, metrics, checkpoint):
         self.rows += metrics
-
-
-def show(storage_path: str, name: str, *flags: str) -> str:
-    shown = subprocess.run([*CLI, "show", os.path.join(storage_path, name), *flags],
-                           cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert shown.returncode == 0, shown.stderr
-    return shown.stdout
 
 
 def test_a_slow_rank_is_named_and_a_steady_run_names_nobody(storage_path, caplog):
@@ -73,7 +65,7 @@ def test_launch_flags_name_a_slow_rank(storage_path, tmp_path):
     launched = subprocess.run(
         [*CLI, "launch", "--nproc-per-node", "2", "--straggler-window", "2",
          "--straggler-threshold", "1.5", "--storage-path", storage_path, "--name", "slow",
-         os.path.join(REPO, "tests", "e2e", "launch_script.py"), str(tmp_path), "5",
+         os.path.join(REPO, "tests", "e2e", "scripts", "launch_script.py"), str(tmp_path), "5",
          "--slow-rank", "1:0.4"],
         cwd=REPO, capture_output=True, text=True, timeout=180)
     assert launched.returncode == 0, launched.stdout + launched.stderr

@@ -23,7 +23,7 @@ def test_user_logging_and_a_live_progress_bar(tmp_path):
     go = tmp_path / "go"
     proc = subprocess.Popen(
         [sys.executable, "-m", "elastic_train.cli", "launch", "--standalone", "--quiet",
-         "--storage-path", str(tmp_path / "results"), "tests/e2e/user_output_script.py",
+         "--storage-path", str(tmp_path / "results"), "tests/e2e/scripts/user_output_script.py",
          str(go)], cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)

@@ -29,7 +29,7 @@ def test_verify_resume(tmp_path, extra, code, verdict):
     temp.mkdir()
     proc = subprocess.run(
         [sys.executable, "-m", "elastic_train.cli", "verify-resume", "--fail-at-report", "2",
-         "tests/e2e/launch_script.py", str(out), "5", *extra],
+         "tests/e2e/scripts/launch_script.py", str(out), "5", *extra],
         cwd=REPO, capture_output=True, text=True, timeout=220,
         env={**os.environ, "TMPDIR": str(temp)})
     assert proc.returncode == code, proc.stdout + proc.stderr

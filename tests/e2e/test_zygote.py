@@ -237,7 +237,7 @@ def test_workers_import_the_users_modules_in_their_own_environment(tmp_path):
     its own environment, as a fresh worker process would."""
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "tests.e2e.import_env_driver",
+    proc = subprocess.run([sys.executable, "-m", "tests.e2e.scripts.import_env_driver",
                            str(tmp_path / "results"), str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -249,7 +249,7 @@ def test_a_forked_zygote_that_fails_to_start_is_reported_and_replaced(tmp_path):
     """The zygote forked from the driver dies as it starts: fit() warns with its traceback,
     records it in run.json, and runs on a zygote started as a new interpreter -- the
     injected SIGKILL is the only failure, in both runs (the second does not fork again)."""
-    proc = subprocess.run([sys.executable, "tests/e2e/layout_driver.py", "fit-broken-fork",
+    proc = subprocess.run([sys.executable, "tests/e2e/scripts/layout_driver.py", "fit-broken-fork",
                            str(tmp_path / "results"), "2"], cwd=REPO, capture_output=True,
                           text=True, timeout=200)
     out = proc.stdout + proc.stderr

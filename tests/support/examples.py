@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import subprocess
 import sys
 import time
 from types import ModuleType
@@ -13,6 +14,7 @@ from types import ModuleType
 import cloudpickle
 
 import elastic_train
+from tests.support.paths import REPO
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "examples")
@@ -58,3 +60,17 @@ def kill_self_once_committed(marker: str, checkpoint_dir: str, timeout_s: float 
     while not os.path.exists(commit) and time.monotonic() < deadline:
         time.sleep(0.05)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+FSDP_QUICK = ["--steps", "20", "--checkpoint-every", "10", "--kill-at-step", "15",
+              "--more-steps", "10"]
+
+
+def run_fsdp_example(tmp_path, *args) -> str:
+    """``examples/fsdp_transformer.py args...`` storing under ``tmp_path``; its output (it
+    must succeed)."""
+    proc = subprocess.run([sys.executable, "examples/fsdp_transformer.py", "--storage-path",
+                           str(tmp_path), *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=360)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout

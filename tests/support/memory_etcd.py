@@ -303,3 +303,19 @@ def native_handler(kv: MemoryKV, run_id: str = "fuzz", min_nodes: int = 1,
 def keys_of(run_id: str = "fuzz") -> etcd_native.Keys:
     """Where the native handler of ``run_id`` keeps each piece of its rendezvous."""
     return etcd_native.Keys(run_prefix(run_id).encode() + b"native/")
+
+
+def sealed_with_a_second_joiner(policy: object | None):
+    """Node 10.0.0.2 has joined round 0 when node 127.0.0.1 joins, claims the sealer's part
+    and seals (``max_nodes`` 2, a short last call); returns the sealer's rendezvous, the
+    keys and the other node's handler."""
+    kv = MemoryKV()
+    other = native_handler(kv, min_nodes=1, max_nodes=2, local_addr="10.0.0.2",
+                           join_timeout=5)
+    keys = keys_of()
+    kv.put(keys.round, b"0")
+    kv.put(keys.join(0, other._node), b"", kv.grant(5)[0])  # under its lease, as a node
+    conf = {"node_policy": policy} if policy is not None else {}
+    sealer = native_handler(kv, min_nodes=1, max_nodes=2, join_timeout=5,
+                            last_call_timeout=0.2, **conf)
+    return sealer.next_rendezvous(), keys, other, kv

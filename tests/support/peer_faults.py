@@ -5,7 +5,7 @@ two-node job they are tried on (the e2e tests and the chaos kind ``replica_lost`
 A node's tier holds ``<run group>/checkpoint_NNNNNN[.kept]/<file>``; the same file of
 the same checkpoint has the same path in every node's tier, so what one node holds
 names what its peers' copies are. :func:`run_two_nodes` runs the job: two
-``tests.e2e.node_driver`` processes (one worker each) on S3, each node through a
+``tests.e2e.scripts.node_driver`` processes (one worker each) on S3, each node through a
 :class:`~tests.support.servers.TcpProxy` of its own that records its requests.
 """
 
@@ -197,7 +197,7 @@ def data_gets(proxy: TcpProxy, since: float) -> list[str]:
 
 
 def run_two_nodes(storage, tmp_path, rendezvous: dict, fault: dict, **settings) -> TwoNodes:
-    """Runs the job of ``tests.e2e.node_driver`` (``settings`` added to its own) on two
+    """Runs the job of ``tests.e2e.scripts.node_driver`` (``settings`` added to its own) on two
     nodes with ``fault`` (a ``wipe_tier`` one, whose ``out_dir`` is ``tmp_path/out``)."""
     out_dir = tmp_path / "out"
     out_dir.mkdir()

@@ -348,3 +348,10 @@ def s3_options(endpoint: str) -> dict:
     """s3fs arguments for a test endpoint (fixed test credentials, no real account)."""
     return {"endpoint_url": endpoint, "key": "testing", "secret": "testing",
             "client_kwargs": {"region_name": "us-west-2"}, "skip_instance_cache": True}
+
+
+def no_credentials() -> dict[str, str]:
+    """This environment without any AWS credentials (nor a way to find some)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    return {**env, "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull}

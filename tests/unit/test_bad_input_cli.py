@@ -10,10 +10,10 @@ import pytest
 
 from elastic_train.cli.main import main
 from tests.conftest import child_pids
+from tests.support.file_tree import snapshot
 from tests.support.paths import REPO
-from tests.unit.test_trainer_validation import snapshot
 
-SCRIPT = "tests/e2e/plain_torchrun_script.py"
+SCRIPT = "tests/e2e/scripts/plain_torchrun_script.py"
 
 CASES = [
     ("nnodes-0", ["launch", "--nnodes", "0", SCRIPT], ["--nnodes='0'", "MIN:MAX"]),

@@ -9,6 +9,7 @@ import pytest
 
 from elastic_train import Checkpoint, ConfigError, Result
 from elastic_train.storage.checkpoint_store import MARKER
+from tests.support.file_tree import snapshot
 
 
 @pytest.fixture
@@ -32,16 +33,6 @@ def memory_ckpt():
     fs.rm(path, recursive=True)
 
 
-def files_of(directory):
-    out = {}
-    for root, _, names in os.walk(directory):
-        for name in names:
-            full = os.path.join(root, name)
-            with open(full, "rb") as f:
-                out[os.path.relpath(full, directory)] = f.read()
-    return out
-
-
 EXPECTED = {"model.pt": b"weights", os.path.join("sub", "opt.pt"): b"optimizer"}
 
 
@@ -62,7 +53,7 @@ def test_from_directory_is_absolute_and_local(ckpt_dir, monkeypatch):
 def test_to_directory_into_given_path_excludes_marker(ckpt_dir, tmp_path):
     target = tmp_path / "out" / "nested"
     assert Checkpoint.from_directory(ckpt_dir).to_directory(target) == str(target)
-    assert files_of(target) == EXPECTED
+    assert snapshot(target) == EXPECTED
 
 
 def test_to_directory_into_fresh_temp_dir(ckpt_dir):
@@ -70,7 +61,7 @@ def test_to_directory_into_fresh_temp_dir(ckpt_dir):
     first, second = ckpt.to_directory(), ckpt.to_directory()
     try:
         assert first != second
-        assert files_of(first) == EXPECTED
+        assert snapshot(first) == EXPECTED
     finally:
         shutil.rmtree(first)
         shutil.rmtree(second)
@@ -85,7 +76,7 @@ def test_as_directory_yields_local_path_itself(ckpt_dir):
 def test_remote_as_directory_downloads_and_cleans_up(memory_ckpt):
     assert not memory_ckpt._is_local
     with memory_ckpt.as_directory() as d:
-        assert files_of(d) == EXPECTED
+        assert snapshot(d) == EXPECTED
     assert not os.path.exists(d)
 
 

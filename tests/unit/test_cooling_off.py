@@ -17,8 +17,8 @@ from elastic_train.driver.run_record import RunRecord
 from elastic_train.errors import NodeLeftError
 from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunState
+from tests.support.memory_etcd import sealed_with_a_second_joiner
 from tests.support.node_policies import ADMITTED_VARIABLE, AdmitListed
-from tests.unit.test_node_policy import _sealed_with_a_second_joiner
 
 LEFT = Departure("node7", "2 failures in a row charged to it", left_at=1000.0, cool_off_s=600)
 
@@ -87,7 +87,7 @@ def test_the_node_refuses_itself_with_the_time_left():
 
 def test_our_etcd_sealer_leaves_out_a_node_cooling_off():
     gone = Departure("10.0.0.2", "health check failed", left_at=time.time(), cool_off_s=600)
-    info, keys, other, kv = _sealed_with_a_second_joiner(CoolingOff(NodePolicy(),
+    info, keys, other, kv = sealed_with_a_second_joiner(CoolingOff(NodePolicy(),
                                                                     lambda: [gone]))
     assert (info.rank, info.world_size) == (0, 1)
     with pytest.raises(NodeLeftError, match="not admitted by the sealer of round 0: 10.0.0.2 "

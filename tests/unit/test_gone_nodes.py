@@ -7,64 +7,27 @@ proof is tests/e2e/test_node_liveness.py (c10d with 15 s heartbeats: 47 s before
 from __future__ import annotations
 
 import pickle
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import pytest
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
-    RendezvousBackend,
     _NodeDesc,
     _RendezvousState,
 )
 
 from elastic_train.agent.rendezvous import gone_nodes
-from elastic_train.agent.rendezvous.torch_state import _BACKENDS, CheckedBackend
+from tests.support.memory_rendezvous import (
+    NOW,
+    SPARE,
+    A,
+    B,
+    C,
+    MemoryBackend,
+    finished_round,
+    handler_over,
+)
 
 pytestmark = pytest.mark.compat  # torch's private state, on every supported torch (.ci/run)
-
-NOW = datetime.now(timezone.utc)
-A, B, C, SPARE = (_NodeDesc(f"host{i}", 100 + i, 0) for i in range(4))
-
-
-class MemoryBackend(RendezvousBackend):
-    """torch's backend contract in memory; ``meddle`` runs once before the next write (a
-    node that writes first)."""
-
-    def __init__(self, state: _RendezvousState):
-        self.blob, self.token, self.meddle = pickle.dumps(state), 0, None
-
-    @property
-    def name(self) -> str:
-        return "memory"
-
-    def get_state(self):
-        return self.blob, self.token
-
-    def set_state(self, state, token=None):
-        if self.meddle is not None:
-            meddle, self.meddle = self.meddle, None
-            meddle(self)
-        if token != self.token:
-            return self.blob, self.token, False
-        self.blob, self.token = state, self.token + 1
-        return self.blob, self.token, True
-
-    def state(self) -> _RendezvousState:
-        return pickle.loads(self.blob)
-
-
-def finished_round() -> _RendezvousState:
-    state = _RendezvousState()
-    state.round, state.complete = 4, True
-    state.participants = {A: 0, B: 1, C: 2}
-    state.last_heartbeats = {A: NOW, B: NOW, C: NOW}
-    return state
-
-
-def handler_over(backend: MemoryBackend) -> object:
-    handler = type("Handler", (), {})()
-    _BACKENDS[handler] = CheckedBackend(backend, "memory")
-    return handler
-
 
 def test_a_gone_node_is_aged_out_and_the_others_are_its_survivors():
     backend = MemoryBackend(finished_round())

@@ -14,7 +14,7 @@ from elastic_train.cli.launch_command import main_launch
 from elastic_train.platforms import SLURM_PORT_BASE
 from tests.support.paths import REPO
 
-SCRIPT = "tests/e2e/plain_torchrun_script.py"
+SCRIPT = "tests/e2e/scripts/plain_torchrun_script.py"
 
 
 @pytest.fixture(autouse=True)

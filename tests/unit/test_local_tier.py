@@ -7,57 +7,21 @@ import fcntl
 import os
 import shutil
 import threading
-import uuid
 from concurrent.futures import Future
 
-import fsspec
 import pytest
 
 from elastic_train.errors import StorageError
-from elastic_train.storage import CheckpointStore, CommitManifest
-from elastic_train.storage.checkpoint_store import describe_files, dir_name, list_directory
-from elastic_train.storage.local_tier import LocalTier
+from elastic_train.storage import CommitManifest
+from elastic_train.storage.checkpoint_store import dir_name, list_directory
 from elastic_train.storage.restore_check import assigned_files, check_share, choose_intact
 from elastic_train.storage.uploader import WRITTEN_LATER, CheckpointUploader, UploadJob
 from tests.conftest import committer_for
+from tests.support import replicas
 from tests.support.node_settings import use_node_settings
+from tests.support.replicas import committed, write_files
 
-
-@pytest.fixture
-def store():
-    fs = fsspec.filesystem("memory")
-    run = f"/tier-test-{uuid.uuid4().hex}/run"
-    yield CheckpointStore(fs, run)
-    if fs.exists(run):
-        fs.rm(run, recursive=True)
-
-
-@pytest.fixture
-def tier(tmp_path, monkeypatch):
-    use_node_settings(monkeypatch, tier_root=str(tmp_path / "tier"))
-    return LocalTier.of_node()
-
-
-def write_files(directory, files: dict[str, bytes]) -> None:
-    for rel, data in files.items():
-        path = os.path.join(directory, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-
-
-def committed(store, index, tmp_path, by_rank: dict[int, dict[str, bytes]]) -> CommitManifest:
-    """Checkpoint ``index`` uploaded and committed, its files written by the given ranks."""
-    files = {}
-    for rank, contents in by_rank.items():
-        src = tmp_path / f"src{index}.{rank}"
-        write_files(src, contents)
-        store.upload(index, str(src), list(contents))
-        files.update({rel: {**info, "rank": rank}
-                      for rel, info in describe_files(str(src), list(contents)).items()})
-    manifest = CommitManifest(index, index, {}, files, world_size=len(by_rank))
-    store.commit(manifest)
-    return manifest
+store, tier = replicas.store, replicas.tier  # the fixtures
 
 
 SHARDS = {0: {".metadata": b"meta", "__0_0.distcp": b"zero" * 100},

@@ -22,7 +22,7 @@ from elastic_train.agent.options import AgentEvents, AgentOptions
 from elastic_train.agent.restart_budget import RestartBudget
 from elastic_train.errors import ConfigError, NodeLeftError, WorkerFailure
 from elastic_train.failure_kinds import FailureKind
-from tests.support.memory_etcd import MemoryKV, keys_of, native_handler
+from tests.support.memory_etcd import sealed_with_a_second_joiner
 from tests.support.node_policies import ADMITTED_VARIABLE, AdmitListed, LeaveAfterTwoInARow
 
 FAILURE = WorkerFailure(rank=0, local_rank=0, pid=1, exitcode=1, message="boom", traceback=None)
@@ -111,31 +111,15 @@ def test_the_message_names_the_node_the_reason_and_the_cool_off():
     assert "cooling off" not in str(NodeLeftError("node7", "2 failures in a row"))
 
 
-def _sealed_with_a_second_joiner(policy: object | None):
-    """Node 10.0.0.2 has joined round 0 when node 127.0.0.1 joins, claims the sealer's part
-    and seals (``max_nodes`` 2, a short last call); returns the sealer's rendezvous, the
-    keys and the other node's handler."""
-    kv = MemoryKV()
-    other = native_handler(kv, min_nodes=1, max_nodes=2, local_addr="10.0.0.2",
-                           join_timeout=5)
-    keys = keys_of()
-    kv.put(keys.round, b"0")
-    kv.put(keys.join(0, other._node), b"", kv.grant(5)[0])  # under its lease, as a node
-    conf = {"node_policy": policy} if policy is not None else {}
-    sealer = native_handler(kv, min_nodes=1, max_nodes=2, join_timeout=5,
-                            last_call_timeout=0.2, **conf)
-    return sealer.next_rendezvous(), keys, other, kv
-
-
 def test_the_sealer_admits_every_node_by_default():
-    info, _, _, _ = _sealed_with_a_second_joiner(None)
+    info, _, _, _ = sealed_with_a_second_joiner(None)
     assert info.world_size == 2
 
 
 def test_the_sealer_leaves_out_a_node_its_policy_refuses_and_that_node_learns_why(
         monkeypatch):
     monkeypatch.setenv(ADMITTED_VARIABLE, "127.0.0.1")
-    info, keys, other, kv = _sealed_with_a_second_joiner(
+    info, keys, other, kv = sealed_with_a_second_joiner(
         "tests.support.node_policies:AdmitListed")
     assert (info.rank, info.world_size) == (0, 1)
     assert kv.data[keys.refused(0, other._node)].value == b"10.0.0.2 is not on the test's list"

@@ -4,26 +4,22 @@ the tier (fsspec's in-memory store stands in for the remote one)."""
 
 from __future__ import annotations
 
-import hashlib
-import http.client
 import os
 import threading
-import urllib.parse
-import uuid
-from dataclasses import dataclass
 
-import fsspec
 import pytest
 
-from elastic_train.storage import CheckpointStore, replica_server
+from elastic_train.storage import replica_server
 from elastic_train.storage.checkpoint_store import list_directory
 from elastic_train.storage.local_tier import LocalTier, run_group
 from elastic_train.storage.peer_replicas import PeerRing, fetch, send
-from elastic_train.storage.replica_server import AUTH_HEADER, SHA256_HEADER, new_key, signature
+from elastic_train.storage.replica_server import new_key
 from elastic_train.storage.restore_check import check_share
 from elastic_train.storage.uploader import CheckpointUploader, UploadJob
-from tests.support.node_settings import use_node_settings
-from tests.unit.test_local_tier import committed, write_files
+from tests.support import replicas
+from tests.support.replicas import SHARE, committed, request, signed, staged, write_files
+
+store, tier, peer = replicas.store, replicas.tier, replicas.peer  # the fixtures
 
 
 @pytest.mark.parametrize(("nodes", "copies", "node", "expected"), [
@@ -52,57 +48,13 @@ def test_the_server_binds_where_peers_reach_the_node(local_addr, endpoint, expec
     assert replica_server.host_for(local_addr, endpoint) == expected
 
 
-@pytest.fixture
-def store():
-    fs = fsspec.filesystem("memory")
-    run = f"/peer-test-{uuid.uuid4().hex}/run"
-    yield CheckpointStore(fs, run)
-    if fs.exists(run):
-        fs.rm(run, recursive=True)
-
-
-@dataclass(frozen=True)
-class Peer:
-    """Node 1: its tier, its replica server's URL and key."""
-
-    tier: LocalTier
-    url: str
-    key: str
-
-    def ring(self, node: int = 0) -> PeerRing:
-        """The ring of node 0 (no server) and this node, as ``node`` sees it."""
-        return PeerRing.of(node, [(0, "", ""), (1, self.url, self.key)], 1, 1)
-
-
-@pytest.fixture
-def peer(tmp_path, store):
-    """Node 1: a replica server (its own process) on a tier of its own, serving ``store``'s
-    run."""
-    root, key = str(tmp_path / "peer_tier"), new_key()
-    settings = replica_server.ServerSettings(root, "127.0.0.1",
-                                             run_group(store.fs, store.run_path))
-    proc, url = replica_server.start(settings, key)
-    yield Peer(LocalTier(root), url, key)
-    replica_server.stop(proc)
-
-
-@pytest.fixture
-def tier(tmp_path, monkeypatch):
-    """Node 0's tier, as its workers see it."""
-    use_node_settings(monkeypatch, tier_root=str(tmp_path / "tier"))
-    return LocalTier.of_node()
-
-
-SHARE = {"__0_0.distcp": os.urandom(300_000), "nested/extra.pt": b"x" * 1000}
-
-
 def test_sent_files_reach_the_peer_and_restore_from_it_without_the_store(
         store, tier, peer, tmp_path):
     peer_tier = peer.tier
     m = committed(store, 0, tmp_path, {0: SHARE})
     ring_0 = peer.ring()
     entry = tier.entry(store.fs, store.path(0), 0)
-    tier.keep(store.fs, store.path(0), _staged(tmp_path, "a"), list(SHARE), 0)
+    tier.keep(store.fs, store.path(0), staged(tmp_path, "a"), list(SHARE), 0)
     send(ring_0, entry, m.files)
     replica = peer_tier.entry(store.fs, store.path(0), 0)
     assert list_directory(replica.kept) == sorted(SHARE)  # unchecked until used
@@ -114,12 +66,6 @@ def test_sent_files_reach_the_peer_and_restore_from_it_without_the_store(
     for rel, data in SHARE.items():
         with open(os.path.join(entry.verified, rel), "rb") as f:
             assert f.read() == data
-
-
-def _staged(tmp_path, name):
-    staged = tmp_path / f"staged-{name}"
-    write_files(staged, SHARE)
-    return str(staged)
 
 
 def test_the_uploader_sends_after_the_upload(store, tier, peer, tmp_path):
@@ -162,33 +108,12 @@ def test_replicas_are_pruned_with_the_tier(store, peer, tmp_path):
     for index in (0, 1):
         m = committed(store, index, tmp_path, {0: SHARE})
         src = LocalTier(str(tmp_path / "sender"))
-        src.keep(store.fs, store.path(index), _staged(tmp_path, str(index)), list(SHARE), index)
+        src.keep(store.fs, store.path(index), staged(tmp_path, str(index)), list(SHARE), index)
         send(ring, src.entry(store.fs, store.path(index), index), m.files)
     # the receiving node's own uploader supersedes as its next upload is done
     peer_tier.supersede(store.fs, store.run_path, lambda index: index == 1)
     group = os.path.dirname(peer_tier.entry(store.fs, store.path(0), 0).base)
     assert sorted(os.listdir(group)) == ["checkpoint_000001.kept"]
-
-
-def request(url, method, path, body=b"", headers=None):
-    """One request on a connection of its own: the status and body."""
-    parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
-    try:
-        conn.request(method, path, body=body, headers=headers or {})
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
-
-
-def signed(key, method, path, body=b"", sha256=None):
-    """The headers of a request signed with ``key`` (a PUT's with the body's SHA-256)."""
-    if method == "GET":
-        return {AUTH_HEADER: signature(key, method, path)}
-    sha256 = sha256 or hashlib.sha256(body).hexdigest()
-    return {SHA256_HEADER: sha256,
-            AUTH_HEADER: signature(key, method, path, len(body), sha256)}
 
 
 def test_the_server_keeps_only_matching_bodies_and_serves_only_the_tier(store, peer,
@@ -217,7 +142,7 @@ def test_a_whole_checkpoint_read_takes_another_nodes_files_from_that_node(
     own kept copy serves it, the store is not read."""
     peer_tier = peer.tier
     m = committed(store, 0, tmp_path, {1: SHARE})
-    peer_tier.keep(store.fs, store.path(0), _staged(tmp_path, "own"), list(SHARE), 0)
+    peer_tier.keep(store.fs, store.path(0), staged(tmp_path, "own"), list(SHARE), 0)
     for rel in SHARE:
         store.fs.rm(f"{store.path(0)}/{rel}")
     ring = peer.ring()
@@ -231,7 +156,7 @@ def test_an_abandoned_upload_sends_no_more_files(store, peer, tmp_path):
     peer_tier = peer.tier
     m = committed(store, 0, tmp_path, {0: SHARE})
     src = LocalTier(str(tmp_path / "sender"))
-    src.keep(store.fs, store.path(0), _staged(tmp_path, "x"), list(SHARE), 0)
+    src.keep(store.fs, store.path(0), staged(tmp_path, "x"), list(SHARE), 0)
     cancelled = threading.Event()
     cancelled.set()
     send(peer.ring(), src.entry(store.fs, store.path(0), 0),

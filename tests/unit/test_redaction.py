@@ -47,7 +47,7 @@ def test_rendezvous_config_without_secrets_drops_every_secret_looking_entry():
 
 def test_launch_records_and_hints_are_redacted(tmp_path):
     argv = ["--rdzv-conf", "password=hunter2", "--storage-option", "key=AK",
-            f"{REPO}/tests/e2e/launch_script.py", "out", "3", "--db", "https://u:pw@h"]
+            f"{REPO}/tests/e2e/scripts/launch_script.py", "out", "3", "--db", "https://u:pw@h"]
     settings = LaunchSettings(target=argv[4], target_args=argv[5:],
                               rdzv_conf="password=hunter2", storage_option=["key=AK"],
                               storage_path=str(tmp_path), name="n")

@@ -24,14 +24,13 @@ from elastic_train.storage.local_tier import LocalTier, run_group
 from elastic_train.storage.peer_replicas import PeerRing, fetch, send
 from elastic_train.storage.replica_server import NodeReplica, ReplicaTLS, new_key
 from elastic_train.storage.restore_check import check_share
+from tests.support import replicas
 from tests.support.etcd_server import TLSFiles
 from tests.support.peer_faults import forge_crc, put
-from tests.unit import test_peer_replicas as peers
-from tests.unit.test_local_tier import committed, write_files
-from tests.unit.test_peer_replicas import SHARE, Peer, _staged, request, signed
+from tests.support.replicas import SHARE, Peer, committed, request, signed, staged, write_files
 
 pytestmark = pytest.mark.timeout(60)
-store, tier, peer = peers.store, peers.tier, peers.peer  # the fixtures
+store, tier, peer = replicas.store, replicas.tier, replicas.peer  # the fixtures
 
 MODEL = "__0_0.distcp"
 
@@ -43,7 +42,7 @@ def _path(store, rel: str, index: int = 0) -> str:
 
 def test_requests_without_the_nodes_key_get_401_and_nothing_else(store, peer, tmp_path):
     m = committed(store, 0, tmp_path, {0: SHARE})
-    peer.tier.keep(store.fs, store.path(0), _staged(tmp_path, "p"), list(SHARE), 0)
+    peer.tier.keep(store.fs, store.path(0), staged(tmp_path, "p"), list(SHARE), 0)
     path = _path(store, MODEL)
     assert request(peer.url, "GET", path, headers=signed(peer.key, "GET", path))[0] == 200
     other = new_key()
@@ -103,7 +102,7 @@ def test_a_put_between_the_check_and_the_move_stays_unchecked(store, tier, peer,
     must not become the verified file (the node's own server, the peer here)."""
     m = committed(store, 0, tmp_path, {0: SHARE})
     own = peer.tier
-    own.keep(store.fs, store.path(0), _staged(tmp_path, "own"), list(SHARE), 0)
+    own.keep(store.fs, store.path(0), staged(tmp_path, "own"), list(SHARE), 0)
     entry = own.entry(store.fs, store.path(0), 0)
     real = local_tier.file_matches
 
@@ -155,7 +154,7 @@ def test_a_symlink_in_the_tier_is_refused_and_the_connection_goes_on(store, peer
     """Item 6: a link under ``.kept`` (to a file outside the tier, or inside it) is a 404
     on a connection that still serves the next request."""
     committed(store, 0, tmp_path, {0: SHARE})
-    peer.tier.keep(store.fs, store.path(0), _staged(tmp_path, "p"), list(SHARE), 0)
+    peer.tier.keep(store.fs, store.path(0), staged(tmp_path, "p"), list(SHARE), 0)
     replica = peer.tier.entry(store.fs, store.path(0), 0)
     (tmp_path / "outside").write_text("not the tier's")
     os.symlink(tmp_path / "outside", os.path.join(replica.kept, "out.pt"))
@@ -233,7 +232,7 @@ def test_idle_connections_neither_exhaust_the_server_nor_delay_a_peer(store, pee
     may hold 128 descriptors; a signed GET still answers at once, and the idle ones are
     closed by the server within its auth timeout."""
     committed(store, 0, tmp_path, {0: SHARE})
-    peer.tier.keep(store.fs, store.path(0), _staged(tmp_path, "p"), list(SHARE), 0)
+    peer.tier.keep(store.fs, store.path(0), staged(tmp_path, "p"), list(SHARE), 0)
     pid = _server_pid(peer)
     resource.prlimit(pid, resource.RLIMIT_NOFILE, (128, 128))
     flood = _idle(peer.url, 300)
@@ -287,7 +286,7 @@ def test_tls_with_the_jobs_certificates(store, tier, tmp_path, tls_files):
         m = committed(store, 0, tmp_path, {0: SHARE})
         ring = PeerRing.of(0, [(0, "", ""), (1, url, key)], 1, 1, tls)
         src = LocalTier(str(tmp_path / "sender"))
-        src.keep(store.fs, store.path(0), _staged(tmp_path, "t"), list(SHARE), 0)
+        src.keep(store.fs, store.path(0), staged(tmp_path, "t"), list(SHARE), 0)
         send(ring, src.entry(store.fs, store.path(0), 0), m.files)
         entry = tier.entry(store.fs, store.path(0), 0)
         assert fetch(ring, entry, MODEL, m.files[MODEL]) is not None

@@ -1,7 +1,7 @@
 """Whether a spare waits (agent/rendezvous/spares.py), asked of each kind of handler:
 torch's dynamic one (its redundancy list, read through the checked reader, dead spares
 left out), ours on etcd (its own count), any other (none). Over the in-memory backend of
-test_gone_nodes; the e2e proof is tests/e2e/test_straggler_replacement.py."""
+tests/support/memory_rendezvous.py; the e2e proof is tests/e2e/test_straggler_replacement.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ import pytest
 from torch.distributed.elastic.rendezvous import RendezvousStateError
 
 from elastic_train.agent.rendezvous import spares
-from tests.unit.test_gone_nodes import NOW, SPARE, MemoryBackend, finished_round, handler_over
+from tests.support.memory_rendezvous import (
+    NOW,
+    SPARE,
+    MemoryBackend,
+    finished_round,
+    handler_over,
+)
 
 pytestmark = pytest.mark.compat  # torch's private state, on every supported torch (.ci/run)
 

@@ -13,6 +13,7 @@ from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunState, RunStatus
 from elastic_train.torch import TorchConfig, TorchTrainer
 from tests.conftest import child_pids
+from tests.support.file_tree import snapshot
 from tests.support.jobs import make_dataset
 from tests.support.servers import s3_options
 
@@ -93,17 +94,6 @@ CASES = [
          lambda: {"resume_from_checkpoint": et.Checkpoint("/no/such/checkpoint")},
          ["/no/such/checkpoint", "does not exist"]),
 ]
-
-
-def snapshot(root):
-    """Every file under ``root`` with its content."""
-    files = {}
-    for base, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(base, name)
-            with open(path, "rb") as f:
-                files[os.path.relpath(path, root)] = f.read()
-    return files
 
 
 @pytest.mark.parametrize("setup, overrides, words", CASES)

@@ -34,6 +34,7 @@ from elastic_train.worker.reported_checkpoints import reported_checkpoints, stat
 from elastic_train.worker.validation_runner import Outcome, ValidationRunner
 from tests.conftest import REPO, committer_for, wait_until
 from tests.support.process_tree import child_pids
+from tests.support.validation_functions import starts_processes
 
 
 def _score(checkpoint, offset=0.0, sleep_s=0.0, fail=False):
@@ -49,17 +50,6 @@ def _environment(checkpoint):
     """A validation function that returns what its process was given."""
     return {"visible": os.environ.get("CUDA_VISIBLE_DEVICES", "unset"),
             "home": os.environ.get("HF_HOME", "unset")}
-
-
-def _starts_processes(checkpoint, pid_file, sleep_s):
-    """A validation function that starts a process in its own session (as a nested
-    trainer's zygote does), one in its own group, notes their pids, then sleeps."""
-    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
-    children = [subprocess.Popen(sleeper, start_new_session=True), subprocess.Popen(sleeper)]
-    with open(pid_file, "w") as f:
-        f.write(" ".join(str(c.pid) for c in children))
-    time.sleep(sleep_s)
-    return {"val": 1.0}
 
 
 # config types
@@ -287,7 +277,7 @@ def test_the_validation_process_sees_rank_0s_gpus_and_the_env_vars_asked_for(
 ])
 def test_what_a_validation_started_dies_with_it(store, tmp_path, sleep_s, timeout_s, status):
     outcomes, pid_file = [], tmp_path / "pids"
-    runner = ValidationRunner(ValidationConfig(_starts_processes), store,
+    runner = ValidationRunner(ValidationConfig(starts_processes), store,
                               lambda m, o: outcomes.append(o), str(tmp_path / "scratch"))
     runner.submit(_committed(store, tmp_path, 0, {"timeout_s": timeout_s, "fn_kwargs": {
         "pid_file": str(pid_file), "sleep_s": sleep_s}}))
@@ -308,9 +298,9 @@ from fsspec.implementations.local import LocalFileSystem
 from elastic_train import ValidationConfig
 from elastic_train.storage import CheckpointStore
 from elastic_train.worker.validation_runner import ValidationRunner
-from tests.unit.test_validation import _starts_processes
+from tests.support.validation_functions import starts_processes
 store = CheckpointStore(LocalFileSystem(), sys.argv[1])
-ValidationRunner(ValidationConfig(_starts_processes), store, print, sys.argv[2]).submit(
+ValidationRunner(ValidationConfig(starts_processes), store, print, sys.argv[2]).submit(
     store.committed()[0])
 time.sleep(120)
 """

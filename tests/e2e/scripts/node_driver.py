@@ -1,6 +1,6 @@
 """One node's driver of a ``fit()`` run, set up by one JSON argument (for storage-fault tests).
 
-Usage: python -m tests.e2e.node_driver '{"storage": ..., "name": ..., "out_dir": ..., ...}'
+Usage: python -m tests.e2e.scripts.node_driver '{"storage": ..., "name": ..., "out_dir": ..., ...}'
 
 Keys: ``storage``, ``name``, ``out_dir``, ``epochs``; optional ``rendezvous``
 (``{"backend", "endpoint"}``: a multi-node job of ``nodes`` = [MIN, MAX] nodes of

@@ -1,6 +1,9 @@
 """A driver script for tests that signal or kill the driver process itself.
 
-Usage: python -m tests.e2e.driver STORAGE NAME PID_DIR [EPOCHS [STEP_SLEEP [PREEMPTION_GRACE_S]]]
+Usage:
+    python -m tests.e2e.scripts.driver STORAGE NAME PID_DIR
+        [EPOCHS [STEP_SLEEP [PREEMPTION_GRACE_S]]]
+
 Each worker writes its pid into PID_DIR; the final digest is printed. With a
 grace period, the job also saves a just-in-time checkpoint on a preemption notice.
 """
@@ -17,7 +20,6 @@ from elastic_train.torch import TorchTrainer
 from tests.support import jobs
 
 cloudpickle.register_pickle_by_value(jobs)
-
 
 def train(config):
     with open(os.path.join(config["pid_dir"], f"worker-{os.getpid()}"), "w") as f:

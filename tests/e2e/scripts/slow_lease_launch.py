@@ -1,6 +1,6 @@
 """``elastic-train launch`` on a store that is slow right after a lease claim is written.
 
-    python -m tests.e2e.slow_lease_launch SECONDS LAUNCH_ARGS...
+    python -m tests.e2e.scripts.slow_lease_launch SECONDS LAUNCH_ARGS...
 
 The node acquires the run's lease as every node does, but its *pending* claim
 stays on the store for SECONDS before it looks at the others' claims (a slow

@@ -1,6 +1,8 @@
 """One node's driver of a multi-node ``fit()``: the same script runs on every node.
 
-Usage: python -m tests.e2e.multinode_driver STORAGE NAME OUT_DIR BACKEND ENDPOINT MIN MAX EPOCHS
+Usage:
+    python -m tests.e2e.scripts.multinode_driver STORAGE NAME OUT_DIR BACKEND ENDPOINT
+        MIN MAX EPOCHS
 
 Each node runs one worker; the job has MIN to MAX nodes. At every (re)start rank 0
 appends the world size to OUT_DIR/worlds and the start epoch to OUT_DIR/starts, and

@@ -1,5 +1,5 @@
 """fit() of a train function whose module the driver imported, and which reads the
-worker's environment at import. Usage: python -m tests.e2e.import_env_driver STORAGE OUT"""
+worker's environment at import. Usage: python -m tests.e2e.scripts.import_env_driver STORAGE OUT"""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""A driver whose scratch directories a test looks at: ``python -m tests.e2e.scratch_driver
+"""A driver whose scratch directories a test looks at: ``python -m tests.e2e.scripts.scratch_driver
 STORAGE NAME READY_FILE SECONDS``. Its single worker writes READY_FILE, then trains for
 SECONDS (a test SIGKILLs this driver meanwhile, or lets it finish)."""
 

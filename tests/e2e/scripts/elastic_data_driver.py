@@ -1,7 +1,7 @@
 """One node's driver of a multi-node ``fit()`` whose train function counts, per epoch,
 how often each row of its dataset shard is trained on.
 
-Usage: python -m tests.e2e.elastic_data_driver STORAGE NAME OUT_DIR ENDPOINT EPOCHS
+Usage: python -m tests.e2e.scripts.elastic_data_driver STORAGE NAME OUT_DIR ENDPOINT EPOCHS
 
 Each node runs one worker of a job of 1 to 2 nodes (etcd at ENDPOINT). The train
 function reads ``get_dataset_shard("train").iter_torch_batches(batch_size=8)`` of 480

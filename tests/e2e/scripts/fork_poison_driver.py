@@ -1,6 +1,6 @@
 """A user's script that asks for CUDA before fit(), as most do
 (``device = "cuda" if torch.cuda.is_available() else "cpu"``); one worker is SIGKILLed
-once. Usage: python -m tests.e2e.fork_poison_driver STORAGE OUT"""
+once. Usage: python -m tests.e2e.scripts.fork_poison_driver STORAGE OUT"""
 
 import sys
 
