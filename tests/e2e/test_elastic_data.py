@@ -92,7 +92,8 @@ def _restores(storage_path: str, name: str) -> list[dict]:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("backend", ["c10d", "etcd"])
+# etcd's shrink runs in CI through the global-batch test below (also a visit count)
+@pytest.mark.parametrize("backend", ["c10d", pytest.param("etcd", marks=pytest.mark.long)])
 def test_a_node_lost_mid_epoch_leaves_the_rest_of_the_epoch_to_the_survivor(
         request, tmp_path, storage_path, backend):
     name = f"shrink-{backend}"
@@ -104,6 +105,7 @@ def test_a_node_lost_mid_epoch_leaves_the_rest_of_the_epoch_to_the_survivor(
                               "remaining 320 samples split over 1 rank(s)"]
 
 
+@pytest.mark.long  # 20-35 s: the long profile (python -m pytest -m long)
 @pytest.mark.timeout(240)
 def test_a_node_lost_right_after_an_epochs_end_and_one_that_joins_mid_epoch(
         request, tmp_path, storage_path):
@@ -116,6 +118,7 @@ def test_a_node_lost_right_after_an_epochs_end_and_one_that_joins_mid_epoch(
     assert worlds[0] == 2 and worlds[-1] == 2 and 1 in worlds, starts(tmp_path / "out")
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 def test_a_node_joining_mid_epoch_takes_half_of_the_rest(request, tmp_path, storage_path):
     """Node 0 trains alone (``--nnodes 1:2``); node 1 joins during the first epochs."""
