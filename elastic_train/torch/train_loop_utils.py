@@ -31,6 +31,7 @@ from elastic_train.worker.data_position import (
     accumulation_for,
     epoch_order,
     plan,
+    steps_of,
 )
 from elastic_train.worker.dataset import _to
 from elastic_train.worker.session import get_session
@@ -153,8 +154,10 @@ class ElasticSampler(DistributedSampler):
         return sum(len(b.places) for b in self._plan(Done()))
 
     def steps(self) -> int:
-        """Batches per rank in a whole epoch."""
-        return len(self._plan(Done()))
+        """Batches per rank in a whole epoch (every rank runs as many; see ``plan``)."""
+        step_size = self.num_replicas * self.accumulation * self.batch_size
+        return steps_of(len(self.dataset), step_size,  # type: ignore[arg-type]
+                        self.drop_last) * self.accumulation
 
 
 class _PassBatches:
