@@ -3,7 +3,8 @@
     python -m bench                    full profile, 3 repetitions, writes BENCHMARKS.md
     python -m bench --repeat 5         more repetitions
     python -m bench --only steps       one figure (names: bench/figures.py's FIGURES, or
-                                       --help); repeatable
+                                       --help); repeatable. Give it --output: without,
+                                       BENCHMARKS.md is rewritten with that figure alone
     python -m bench --smoke            tiny and quick (CI); writes a file only with --output
     python -m bench --output FILE      write the markdown there instead
 
@@ -24,8 +25,8 @@ import time
 
 from bench.figures import FIGURES
 from bench.profiles import FULL, SMOKE, Profile
-from bench.report import Table, document, machine_lines
-from bench.suite import NOT_AVAILABLE, Suite, failures_table
+from bench.report import FigureRun, document, machine_lines
+from bench.suite import NOT_AVAILABLE, Printer, Suite, failures_table
 from bench.variants import REPO
 
 DEFAULT_OUTPUT = os.path.join(REPO, "BENCHMARKS.md")
@@ -71,6 +72,18 @@ def method_lines(profile: Profile, figures: tuple[str, ...]) -> list[str]:
     ]
 
 
+def run_figure(name: str, suite: Suite, echo: Printer) -> FigureRun:
+    """Measures figure ``name``, printing its tables as they come."""
+    figure = FIGURES[name]
+    echo(f"figure {name} ...")
+    started, load = datetime.datetime.now().astimezone(), os.getloadavg()[0]
+    tables = figure.measure(suite)
+    for table in tables:
+        print("\n" + table.markdown(), flush=True)
+    return FigureRun(name, figure.heading, figure.goal, started, (load, os.getloadavg()[0]),
+                     tables)
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     profile = SMOKE if args.smoke else FULL
@@ -79,9 +92,7 @@ def main(argv: list[str]) -> int:
     figures = tuple(dict.fromkeys(args.only)) if args.only else (profile.figures
                                                                  or tuple(FIGURES))
     command = "python -m bench" + ("" if not argv else " " + shlex.join(argv))
-    started = datetime.datetime.now().astimezone()
     t0 = time.monotonic()
-    load_at_start = os.getloadavg()[0]
 
     def echo(line: str) -> None:
         print(f"[{time.monotonic() - t0:6.1f}s] {line}", flush=True)
@@ -92,23 +103,16 @@ def main(argv: list[str]) -> int:
     if not suite.launch_available:
         echo(f"(d) elastic-train launch: {NOT_AVAILABLE} "
              "(`elastic-train launch --help` fails); recorded as such.")
-    tables: list[Table] = []
-    for name in figures:
-        echo(f"figure {name} ...")
-        for table in FIGURES[name](suite):
-            tables.append(table)
-            print("\n" + table.markdown(), flush=True)
+    runs = [run_figure(name, suite, echo) for name in figures]
     failed = failures_table(suite.failures)
     if failed is not None:
-        tables.append(failed)
         print("\n" + failed.markdown(), flush=True)
     runtime = time.monotonic() - t0
     echo(f"done: profile {profile.name}, {runtime:.0f} s in total")
     output = args.output or (None if args.smoke else DEFAULT_OUTPUT)
     if output:
-        text = document(command, profile.name, started, runtime,
-                        (load_at_start, os.getloadavg()[0]), method_lines(profile, figures),
-                        tables, gpu="gpu" in figures)
+        text = document(command, profile.name, runtime, method_lines(profile, figures), runs,
+                        failed, gpu="gpu" in figures)
         with open(output, "w") as f:
             f.write(text)
         echo(f"wrote {output}")
