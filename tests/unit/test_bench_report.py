@@ -69,6 +69,19 @@ def test_the_written_report_has_a_status_row_and_a_measured_section_per_figure()
     assert "docs/benchmarks-history.md" in text
 
 
+def test_benchmarks_md_has_the_report_shape_with_a_section_for_every_figure():
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    status = text.split("## Where things stand", 1)[1].split("\n## ", 1)[0]
+    sections = _sections(text)
+    assert sorted(sections) == sorted(FIGURES), "one section per figure of bench/figures.py"
+    for name, body in sections.items():
+        assert f"{FIGURES[name].heading} (`{name}`)" in status, f"{name}: no status row"
+        measured = body.strip().splitlines()[0]
+        assert _MEASURED.match(measured), f"{name}: its section starts with {measured!r}"
+    history = ROOT / "docs" / "benchmarks-history.md"
+    assert history.is_file() and "docs/benchmarks-history.md" in text
+
+
 def test_every_profile_names_figures_of_the_registry():
     for profile in PROFILES.values():
         assert set(profile.figures or ()) <= set(FIGURES), profile.name
