@@ -3,8 +3,9 @@
     python -m bench                    full profile, 3 repetitions, writes BENCHMARKS.md
     python -m bench --repeat 5         more repetitions
     python -m bench --only steps       one figure (names: bench/figures.py's FIGURES, or
-                                       --help); repeatable. Give it --output: without,
-                                       BENCHMARKS.md is rewritten with that figure alone
+                                       --help); repeatable. Its section replaces the
+                                       figure's in BENCHMARKS.md, the old one moves to
+                                       docs/benchmarks-history.md (bench/splice.py)
     python -m bench --smoke            tiny and quick (CI); writes a file only with --output
     python -m bench --output FILE      write the markdown there instead
 
@@ -19,6 +20,7 @@ import argparse
 import dataclasses
 import datetime
 import os
+import pathlib
 import shlex
 import sys
 import time
@@ -26,10 +28,12 @@ import time
 from bench.figures import FIGURES
 from bench.profiles import FULL, SMOKE, Profile
 from bench.report import FigureRun, document, machine_lines
+from bench.splice import splice
 from bench.suite import NOT_AVAILABLE, Printer, Suite, failures_table
 from bench.variants import REPO
 
-DEFAULT_OUTPUT = os.path.join(REPO, "BENCHMARKS.md")
+DEFAULT_OUTPUT = pathlib.Path(REPO, "BENCHMARKS.md")
+HISTORY = pathlib.Path(REPO, "docs", "benchmarks-history.md")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -42,8 +46,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         metavar="NAME", help="run this figure only (repeat the flag for "
                         f"several): {', '.join(FIGURES)}")
     parser.add_argument("--output", default=None,
-                        help=f"markdown file to write (default: {DEFAULT_OUTPUT}; "
-                             "with --smoke nothing is written unless given)")
+                        help=f"markdown file to write (default: {DEFAULT_OUTPUT}, or with "
+                             "--only the figures' sections in it; with --smoke nothing is "
+                             "written unless given)")
     args = parser.parse_args(argv)
     if args.repeat is not None and args.repeat < 1:
         parser.error("--repeat must be >= 1")
@@ -109,13 +114,18 @@ def main(argv: list[str]) -> int:
         print("\n" + failed.markdown(), flush=True)
     runtime = time.monotonic() - t0
     echo(f"done: profile {profile.name}, {runtime:.0f} s in total")
-    output = args.output or (None if args.smoke else DEFAULT_OUTPUT)
-    if output:
-        text = document(command, profile.name, runtime, method_lines(profile, figures), runs,
-                        failed, gpu="gpu" in figures)
-        with open(output, "w") as f:
-            f.write(text)
-        echo(f"wrote {output}")
+    text = document(command, profile.name, runtime, method_lines(profile, figures), runs,
+                    failed, gpu="gpu" in figures)
+    if args.output or not (args.smoke or args.only):
+        pathlib.Path(args.output or DEFAULT_OUTPUT).write_text(text)
+        echo(f"wrote {args.output or DEFAULT_OUTPUT}")
+    elif not args.smoke:
+        when = f"{datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}"
+        report, history = splice(DEFAULT_OUTPUT.read_text(), HISTORY.read_text(), text, when)
+        DEFAULT_OUTPUT.write_text(report)
+        HISTORY.write_text(history)
+        echo(f"replaced the sections of {', '.join(figures)} in {DEFAULT_OUTPUT}; the old "
+             f"ones are in {HISTORY}")
     return 1 if suite.fatal_failures else 0
 
 

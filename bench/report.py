@@ -3,8 +3,8 @@
 BENCHMARKS.md is a report of where things stand: a table of every figure's goal and
 verdict, then one section per figure that says how, where and when it was measured
 (the exact command, the machine, the date, the source commit) above its tables. A
-figure measured again replaces its section; the runs before it go to
-docs/benchmarks-history.md.
+figure measured again replaces its section (:mod:`bench.splice`); the runs before it go
+to docs/benchmarks-history.md.
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ class FigureRun:
 
 
 INTRO = ("Written by `python -m bench` (bench/report.py), not by hand: a full run writes all "
-         "of it; a figure measured alone (`python -m bench --only NAME --output FILE`) "
-         "replaces its section, and the section it replaces moves to "
+         "of it; a figure measured alone (`python -m bench --only NAME`) replaces its section "
+         "(bench/splice.py), and the section it replaces moves to "
          "[docs/benchmarks-history.md](docs/benchmarks-history.md), with everything older. "
          "Each section says how its figure was measured.")
 _VERDICT = re.compile(r"\b(PASS|MISS)\b")
