@@ -3,10 +3,10 @@
 Each entry of :data:`FIGURES` names the figure as BENCHMARKS.md heads it (its number and
 subject), the goal its tables judge with PASS or MISS ("" where a figure only informs),
 and the function that measures it and returns its tables. The functions live in the
-modules imported below (figures 1-3, 5 and 6 in :mod:`bench.main_figures`; the others in
-``bench/<name>_figure.py`` and :mod:`bench.digest_cost`); :mod:`bench.suite` runs the
-measurements they share. ``python -m bench`` offers the names, runs the figures in this
-order, and a profile runs all of them unless it names some.
+modules imported below (figures 1-3, 5 and 6 in :mod:`bench.main_figures`, 16 in
+:mod:`bench.digest_cost`, the others in a ``bench/*_figure.py`` each); :mod:`bench.suite`
+runs the measurements they share. ``python -m bench`` offers the names, runs the figures
+in this order, and a profile runs all of them unless it names some.
 """
 
 from __future__ import annotations
