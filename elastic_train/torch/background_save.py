@@ -79,7 +79,8 @@ def async_save(state_dict: dict[str, Any], filename: str | None = None, *,
 
     The writer process -- its priority, its start at the first save of an attempt,
     its death with the worker, and what it asks of a script (a ``__main__`` guard)
-    and of a container (room in ``/dev/shm``) -- is described in the module's docstring.
+    and of a container (room in ``/dev/shm``) -- is described in the module's docstring
+    and in ``docs/large-models.md``.
 
     Example::
 
