@@ -23,7 +23,7 @@ from urllib.parse import quote
 import cloudpickle
 import fsspec
 
-from elastic_train.departures import Departure
+from elastic_train._internal.departures import Departure
 from elastic_train.errors import ConfigError, StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import CheckpointStore

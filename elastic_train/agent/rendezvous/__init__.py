@@ -3,7 +3,7 @@
 The public settings and the table of backends live above the agent, where
 ``config.py`` and ``launch`` read them without importing it:
 :mod:`elastic_train.rendezvous_config` (:class:`~elastic_train.RendezvousConfig`,
-torchrun's ``--rdzv-*``) and :mod:`elastic_train.rendezvous_backends` (names,
+torchrun's ``--rdzv-*``) and :mod:`elastic_train._internal.rendezvous_backends` (names,
 aliases, defaults, traits, factories; adding a backend is one module here and one
 line there).
 

@@ -1,0 +1,6 @@
+"""Helpers every layer shares, and no part of the public API.
+
+The bottom layer: its modules import only the standard library, third-party packages
+and the public top-level modules (``errors``, ``stragglers``), never ``agent/``,
+``driver/``, ``cli/``, ``worker/``, ``storage/`` or ``torch/``.
+"""
