@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import pytest
 
+from elastic_train._internal.moved_modules import MOVED
 from elastic_train.torch import TorchTrainer
 from tests.support.paths import REPO
 
@@ -27,3 +29,6 @@ def test_a_run_saved_before_the_modules_moved_restores_from_its_checkpoint(tmp_p
     assert result.metrics["restored_from"] == 2  # from the saved checkpoint, not step 0
     with result.checkpoint.as_directory() as d, open(os.path.join(d, "step")) as f:
         assert f.read() == "3"
+    # read at the new paths: no old module was imported (an older install on the path,
+    # as an editable one of another checkout, could still hold them)
+    assert not sorted(old for old in MOVED if old in sys.modules)

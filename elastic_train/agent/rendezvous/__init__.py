@@ -8,7 +8,6 @@ aliases, defaults, traits, factories; adding a backend is one module here and on
 line there).
 
 - :mod:`.registry`: puts the table's factories into torch's handler registry.
-- :mod:`.config`: an alias of ``RendezvousConfig``'s old home, for pickled runs.
 - :mod:`.etcd_native` (with :mod:`.etcd_rounds`, :mod:`.etcd_kv`,
   :mod:`.etcd_lease`): our own handler on etcd's v3 API, ``etcd``: per-node
   keys, leases and watches, O(N) work per round.
