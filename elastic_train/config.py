@@ -27,8 +27,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_train.errors import ConfigError
-from elastic_train.ray_arguments import (
+from elastic_train._internal.ray_arguments import (
     CHECKPOINT_CONFIG,
     FAILURE_CONFIG,
     RESOURCES_PER_WORKER,
@@ -39,6 +38,7 @@ from elastic_train.ray_arguments import (
     sort_keys,
     takes_ray_arguments,
 )
+from elastic_train.errors import ConfigError
 from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.stragglers import StragglerConfig
 
@@ -105,7 +105,7 @@ class ScalingConfig:
     ``label_selector`` and ``elastic_resize_monitor_interval_s`` (and resources
     other than ``CPU`` and ``GPU``) only place Ray's actors: they are accepted and
     ignored with one warning at ``fit()``; its TPU settings raise ``ConfigError``
-    (see :mod:`elastic_train.ray_arguments`).
+    (see :mod:`elastic_train._internal.ray_arguments`).
     """
 
     num_workers: int | tuple[int, int] | None = None

@@ -7,9 +7,9 @@ import json
 import shlex
 from dataclasses import asdict
 
+from elastic_train._internal.metric_rows import user_metrics
 from elastic_train.cli.run_summary import Recovery, RunSummary
 from elastic_train.errors import NO_PROGRESS_EXIT_CODE
-from elastic_train.metric_rows import user_metrics
 from elastic_train.storage.run_state import FailureRecord, RunState
 
 SHOWN_DELETED = 3  # more checkpoints deleted by retention than this are counted, not named
@@ -108,7 +108,7 @@ def step_lines(state: RunState, summary: RunSummary) -> list[str]:
                      f"{steps['slowest_rank_score']:.2f}x")
     lines.append(f"stragglers: {len(state.stragglers)}")
     lines += [f"  {when(s.since)}  {s.describe()}" for s in state.stragglers]
-    if state.departures:  # see elastic_train.departures
+    if state.departures:  # see elastic_train._internal.departures
         lines.append(f"left:     {len(state.departures)} node(s)")
         lines += [f"  {when(d.left_at)}  {d.describe()}" for d in state.departures]
     return lines

@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastic_train._internal.failure_kinds import FailureKind
 from elastic_train.config import CheckpointConfig
 from elastic_train.errors import ConfigError
-from elastic_train.failure_kinds import FailureKind
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage.retention import CheckpointRecord, ranked
 from elastic_train.storage.run_state import FailureRecord, RestoreRecord, RunState

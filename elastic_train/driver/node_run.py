@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from elastic_train import env_vars, scratch
+from elastic_train._internal import env_vars, scratch
 from elastic_train.agent.api import AgentOutcome, AgentSpec, ProcessOptions
 from elastic_train.agent.no_progress_guard import Progress
 from elastic_train.agent.zygote import server as zygote

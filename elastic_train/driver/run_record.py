@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from elastic_train._internal.departures import Departure
 from elastic_train.agent.restart_budget import Decision
-from elastic_train.departures import Departure
 from elastic_train.driver.resume_rules import SpecChange, refusal, spec_changes
 from elastic_train.errors import ConfigError, StorageError, WorkerFailure
 from elastic_train.storage import RunStorage
@@ -186,7 +186,8 @@ class RunRecord:
 
     def note_departures(self, departures: list[Departure]) -> list[Departure]:
         """Adds the nodes that left the job (read from the run directory, see
-        :mod:`elastic_train.departures`) that ``run.json`` does not list yet; returns them."""
+        :mod:`elastic_train._internal.departures`) that ``run.json`` does not list yet;
+        returns them."""
         known = set(self.state.departures)
         new = [d for d in departures if d not in known]
         if new:

@@ -4,7 +4,7 @@
 (``run.json``: failures, nodes that left, final status) and to the live view and
 callbacks (:class:`~elastic_train.driver.run_monitor.RunMonitor`), records this
 node's own departure where every node's admission reads it
-(:mod:`elastic_train.departures`), and uploads the workers' logs to remote storage
+(:mod:`elastic_train._internal.departures`), and uploads the workers' logs to remote storage
 when the run ends.
 """
 
@@ -14,6 +14,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from elastic_train._internal.departures import Departure
+from elastic_train._internal.redaction import redact_url
 from elastic_train.agent import node_policy
 from elastic_train.agent.api import (
     AgentEvents,
@@ -29,12 +31,10 @@ from elastic_train.agent.node_policy import NodeVerdict
 from elastic_train.agent.restart_budget import Decision
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.callbacks import RunContext, UserCallback
-from elastic_train.departures import Departure
 from elastic_train.driver.console import ConsoleView
 from elastic_train.driver.run_monitor import RunMonitor
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.errors import NodeLeftError, RendezvousLostError, StorageError, WorkerFailure
-from elastic_train.redaction import redact_url
 from elastic_train.rendezvous_config import LOCAL_ENDPOINT, RendezvousConfig
 from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunStatus
@@ -131,7 +131,7 @@ class RunSupervisor:
 
     def _record_departure(self, left: NodeLeftError) -> None:
         """This node left with a cooling-off period: recorded in the run directory, where
-        every admission reads it (see :mod:`elastic_train.departures`)."""
+        every admission reads it (see :mod:`elastic_train._internal.departures`)."""
         departure = Departure(left.node, left.reason, time.time(), left.cool_off_s)
         try:
             self.storage.write_departure(departure)

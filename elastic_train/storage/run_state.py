@@ -39,9 +39,9 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from elastic_train.departures import Departure
+from elastic_train._internal.departures import Departure
+from elastic_train._internal.failure_kinds import FailureKind
 from elastic_train.errors import WorkerFailure
-from elastic_train.failure_kinds import FailureKind
 from elastic_train.stragglers import Straggler
 
 RUN_FILE = "run.json"
@@ -156,7 +156,7 @@ class RunState:
     started as new interpreters instead (see :mod:`elastic_train.agent.zygote.server`).
     ``stragglers``: each node named slow (see :mod:`elastic_train.stragglers`).
     ``departures``: each node that left the job on its node policy's word, and for how
-    long it is kept out (see :mod:`elastic_train.departures`).
+    long it is kept out (see :mod:`elastic_train._internal.departures`).
     """
 
     name: str = ""

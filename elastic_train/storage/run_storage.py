@@ -20,10 +20,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
-import cloudpickle
 import fsspec
 
-from elastic_train.departures import Departure
+from elastic_train._internal import moved_modules
+from elastic_train._internal.departures import Departure
 from elastic_train.errors import ConfigError, StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import CheckpointStore
@@ -329,7 +329,8 @@ class RunStorage:
             with self.fs.open(self._path(TRAINABLE_FILE), "rb") as f:
                 return f.read()
 
-        return cloudpickle.loads(self._retry("reading trainable.pkl", read))
+        # a run saved before a module moved names its old path
+        return moved_modules.loads(self._retry("reading trainable.pkl", read))
 
     def has_trainable(self) -> bool:
         return self._retry("looking for trainable.pkl",

@@ -2,7 +2,7 @@
 
 :meth:`JoinedSession.join` is the whole join (collective, once per attempt): the
 ranks agree on the resume point (:mod:`.resume_point`), and from it each rank builds
-its report rows (:mod:`elastic_train.metric_rows`), its checkpoint numbering and
+its report rows (:mod:`elastic_train._internal.metric_rows`), its checkpoint numbering and
 its background uploader; rank 0 also its :class:`~.committer.Committer` and, when the
 trainer has a ``validation_config``, its :class:`~.validation_runner.ValidationRunner`
 (which first takes the validations an earlier attempt left pending). The result
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from elastic_train.metric_rows import ReportRows
+from elastic_train._internal.metric_rows import ReportRows
 from elastic_train.storage import node_settings
 from elastic_train.storage.peer_replicas import PeerRing
 from elastic_train.storage.uploader import CheckpointUploader
