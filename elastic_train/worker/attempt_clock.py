@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from elastic_train import checkpoint_interval
@@ -82,12 +83,14 @@ class _Sums:
 class AttemptClock:
     """One attempt's report timing on one rank (see the module's docstring)."""
 
-    def __init__(self, history: RunHistory, iteration: int, ledger: LedgerFile | None = None):
+    def __init__(self, history: RunHistory, iteration: int, ledger: LedgerFile | None = None,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.history = history
         self._ledger = ledger
+        self._now = monotonic  # (a test's own clock)
         self._iteration = iteration  # at the last ledger line
         self._sums = _Sums()
-        self._flushed = self._last_end = self._checkpoint_end = time.monotonic()
+        self._flushed = self._last_end = self._checkpoint_end = self._now()
         self._entry = self._round = 0.0
         self._asked: float | None = None  # when should_checkpoint() last said yes
         self._save_s = 0.0  # this rank's latest save cost (0: none yet)
@@ -99,7 +102,7 @@ class AttemptClock:
     def ready(self, started: float, restored_iteration: int | None) -> None:
         """The ranks agreed where to resume (``restored_iteration``; None: a fresh start);
         the session began at ``started`` (wall clock)."""
-        self._flushed = self._last_end = self._checkpoint_end = time.monotonic()
+        self._flushed = self._last_end = self._checkpoint_end = self._now()
         self._write({"event": "attempt", "started": started,
                      "restored_iteration": restored_iteration})
 
@@ -110,29 +113,35 @@ class AttemptClock:
         due = checkpoint_interval.is_due(self._since_checkpoint_s, self._interval_s,
                                          self._save_cost_s, mtbf)
         if due:
-            self._asked = time.monotonic()
+            self._asked = self._now()
         return due
 
     def shared_numbers(self) -> tuple[float, float, float]:
-        """A report begins: this rank's seconds since its last checkpoint report and its
-        last report, and its latest save cost, for the report's first collective."""
-        self._entry = time.monotonic()
-        return (self._entry - self._checkpoint_end, self._entry - self._last_end, self._save_s)
+        """A report begins: this rank's training seconds since its last checkpoint report
+        and since its last report (the user's save after a True left out), and its latest
+        save cost, for the report's first collective."""
+        self._entry = self._now()
+        save = self._user_save()
+        return (self._entry - self._checkpoint_end - save, self._entry - self._last_end - save,
+                self._save_s)
+
+    def _user_save(self) -> float:
+        """The time from should_checkpoint()'s True to this report (0 without one)."""
+        asked = self._asked
+        return self._entry - asked if asked is not None and asked >= self._last_end else 0.0
 
     def waited(self) -> None:
         """The report's first collective returned (the wait for slower ranks ends)."""
-        self._round = time.monotonic()
+        self._round = self._now()
 
     def report_ends(self, columns: list[list[float]], any_checkpoint: bool,
                     iteration: int) -> None:
         """The report returned; ``columns``: the shared numbers of every rank, one list
         per number; ``iteration``: the report's."""
-        now, sums = time.monotonic(), self._sums.seconds
+        now, sums = self._now(), self._sums.seconds
         own = self._entry - self._last_end
-        save = 0.0
+        save = self._user_save() if any_checkpoint else 0.0
         if any_checkpoint:
-            if self._asked is not None and self._asked >= self._last_end:
-                save = self._entry - self._asked  # the user's own save, since the answer
             self._save_s = save + now - self._round
             self._sums.checkpoints += 1
             self._checkpoint_end = now
@@ -147,12 +156,12 @@ class AttemptClock:
         self._asked = None
         if any_checkpoint or now - self._flushed >= FLUSH_S:
             self._flush(iteration)
-        self._last_end = time.monotonic()  # a flush's own time is the ledger's "other"
+        self._last_end = self._now()  # a flush's own time is the ledger's "other"
 
     def finish(self, waited_s: float, iteration: int) -> None:
         """The attempt ends: rank 0's last line, with ``waited_s`` spent on the uploads
         still in flight."""
-        self._sums.seconds[Cause.PRODUCTIVE] += time.monotonic() - waited_s - self._last_end
+        self._sums.seconds[Cause.PRODUCTIVE] += self._now() - waited_s - self._last_end
         self._sums.seconds[Cause.CHECKPOINT] += waited_s
         self._flush(iteration)
 
@@ -161,7 +170,7 @@ class AttemptClock:
         self._write({"event": "work", "from_iteration": self._iteration, "iteration": iteration,
                      **{c.value: s for c, s in sums.seconds.items()},
                      "checkpoints": sums.checkpoints})
-        self._sums, self._iteration, self._flushed = _Sums(), iteration, time.monotonic()
+        self._sums, self._iteration, self._flushed = _Sums(), iteration, self._now()
 
     def _write(self, entry: dict) -> None:
         if self._ledger is not None:
