@@ -8,7 +8,8 @@ Figure 7 (storage) lives in :mod:`bench.storage_figure`, figure 8 (rendezvous) i
 :mod:`bench.overhead_figure` (12b, what straggler scoring costs, in
 :mod:`bench.straggler_cost_figure`), figure 13 (a failure on one of three nodes) in
 :mod:`bench.nodes_figure`, figure 14 (the soak) in :mod:`bench.soak_figure`, figure 15
-(GPU: restarts on nccl) in :mod:`bench.gpu_figure`; each
+(GPU: restarts on nccl) in :mod:`bench.gpu_figure`, figure 16 (the checkpoint interval
+on the same faults) in :mod:`bench.interval_figure`; each
 runs processes of its own.
 
 Figures 1-3, 5 and 6 live in :mod:`bench.main_figures`; :mod:`bench.suite` runs them
@@ -22,6 +23,7 @@ from collections.abc import Callable
 
 from bench.data_position_figure import data_position
 from bench.gpu_figure import gpu
+from bench.interval_figure import interval
 from bench.main_figures import checkpoint, cold_start, memory, scaling, steps
 from bench.node_loss_figure import node_loss
 from bench.nodes_figure import nodes
@@ -43,5 +45,5 @@ FIGURES: dict[str, Callable[[Suite], list[Table]]] = {
     "rendezvous_scale": rendezvous_scale, "shard_reads": shard_reads,
     "peer_restore": peer_restore, "local_tier": local_tier, "node_loss": node_loss,
     "overhead": overhead, "straggler_cost": straggler_cost, "data_position": data_position,
-    "nodes": nodes, "soak": soak, "gpu": gpu,
+    "nodes": nodes, "soak": soak, "gpu": gpu, "interval": interval,
 }
