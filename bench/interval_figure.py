@@ -51,8 +51,8 @@ def interval(suite: Suite) -> list[Table]:
     workload = suite.profile.interval
     table = Table("Figure 16 — checkpoint interval on the same faults (2 ranks; wall time by "
                   "cause from each run's goodput ledger)",
-                  ["checkpoints", "wall, s", "ETTR", "saves, s", "recompute, s", "faults",
-                   "restarts' other badput, s", "goal"])
+                  ["checkpoint policy (checkpoints)", "wall, s", "ETTR", "saves, s",
+                   "recompute, s", "faults", "restarts' other badput, s", "goal"])
     walls = {}
     runs = _run(suite, workload) or {}
     for policy in POLICIES:
@@ -82,7 +82,12 @@ def interval(suite: Suite) -> list[Table]:
                        f"run (seed {workload.fault_seed}: exponential gaps of mean "
                        f"{workload.fault_every_s} s, at least {workload.min_gap_s} s; "
                        "in-process restarts). Young/Daly: sqrt(2 * C * MTBF), C measured by "
-                       "the job, MTBF observed (the faults' mean period as its prior).")
+                       "the job, MTBF observed (the faults' mean period as its prior). "
+                       "A longer run meets more of the schedule's faults. Saves: the "
+                       "ledger's checkpoint time, which for every step and every epoch is "
+                       "report()'s wait alone (their torch.save and sleep before report() "
+                       "count as productive: the ledger sees a user's own save only after "
+                       "should_checkpoint()'s True); wall time is what they all cost.")
     return [table]
 
 
