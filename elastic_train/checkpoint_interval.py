@@ -62,8 +62,8 @@ class IntervalAdvice:
     """The interval a run used beside the optimum, and what the difference cost.
 
     ``used_s``: training seconds (productive and redone) per checkpoint; ``extra_s``: the
-    first-order waste at ``used_s`` less that at ``optimum_s``, over the run's wall time
-    (what the difference cost; 0 when the run used the optimum).
+    first-order waste per second of training at ``used_s`` less that at ``optimum_s``,
+    times the run's productive seconds (what the difference cost; 0 at the optimum).
     """
 
     used_s: float
@@ -90,6 +90,6 @@ def advise(goodput: Goodput) -> IntervalAdvice | None:
     used = (seconds[Cause.PRODUCTIVE] + seconds[Cause.RECOMPUTE]) / goodput.checkpoints
     mean = mtbf(goodput.wall_s, goodput.failures)
     best = optimum(save_cost, mean)
-    extra = (waste(used, save_cost, mean) - waste(best, save_cost, mean)) * goodput.wall_s \
-        if best > 0 else 0.0
+    extra = (waste(used, save_cost, mean) - waste(best, save_cost, mean)) \
+        * seconds[Cause.PRODUCTIVE] if best > 0 else 0.0
     return IntervalAdvice(used, best, save_cost, mean, goodput.failures, max(extra, 0.0))

@@ -43,7 +43,7 @@ def test_the_advice_compares_the_interval_used_with_the_optimum():
     # C = 2 s, MTBF = 100 s: optimum 20 s; the run saved every 10 s of training
     assert (advice.used_s, advice.save_cost_s, advice.mtbf_s) == (10.0, 2.0, 100.0)
     assert advice.optimum_s == pytest.approx(20.0)
-    assert advice.extra_s == pytest.approx((0.2 + 0.05 - 0.1 - 0.1) * 200.0)
+    assert advice.extra_s == pytest.approx((0.2 + 0.05 - 0.1 - 0.1) * 90.0)  # per s of work
     assert "optimum sqrt(2*C*MTBF) = 20.00 s" in advice.describe()
     assert ci.advise(Goodput(wall_s=5.0, seconds=seconds)) is None  # no checkpoint yet
 
