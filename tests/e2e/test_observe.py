@@ -174,7 +174,7 @@ def test_resumed_run_gives_callbacks_each_iteration_once(storage_path, tmp_path)
     assert [int(r["training_iteration"]) for r in rows] == list(range(1, EPOCHS + 1))
 
 
-def test_show_gives_recovery_times_and_goodput(storage_path, tmp_path):
+def test_show_gives_recovery_times_and_goodput(storage_path, tmp_path, capsys):
     fault = {"rank": 1, "epoch": 2, "batch": 2, "how": "sigkill", "marker": str(tmp_path / "m")}
     began = time.time()
     result = fit(storage_path, "goodput", max_failures=1,
@@ -192,6 +192,7 @@ def test_show_gives_recovery_times_and_goodput(storage_path, tmp_path):
                   Cause.RESTORE, Cause.CHECKPOINT):
         assert ledger.seconds[cause] > 0, (cause, ledger)
     assert ledger.seconds[Cause.PREEMPTION] == 0
+    assert f"[elastic-train] goodput goodput: {ledger.describe()}" in capsys.readouterr().out
     show = subprocess.run([*CLI, "show", os.path.join(storage_path, "goodput"), "--json"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert show.returncode == 0, show.stderr
