@@ -3,7 +3,9 @@
     python -m bench                    full profile, 3 repetitions, writes BENCHMARKS.md
     python -m bench --repeat 5         more repetitions
     python -m bench --only steps       one figure (names: bench/figures.py's FIGURES, or
-                                       --help); repeatable
+                                       --help); repeatable. Its section replaces the
+                                       figure's in BENCHMARKS.md, the old one moves to
+                                       docs/benchmarks-history.md (bench/splice.py)
     python -m bench --smoke            tiny and quick (CI); writes a file only with --output
     python -m bench --output FILE      write the markdown there instead
 
@@ -18,17 +20,20 @@ import argparse
 import dataclasses
 import datetime
 import os
+import pathlib
 import shlex
 import sys
 import time
 
 from bench.figures import FIGURES
 from bench.profiles import FULL, SMOKE, Profile
-from bench.report import Table, document, machine_lines
-from bench.suite import NOT_AVAILABLE, Suite, failures_table
+from bench.report import FigureRun, document, machine_lines
+from bench.splice import splice
+from bench.suite import NOT_AVAILABLE, Printer, Suite, failures_table
 from bench.variants import REPO
 
-DEFAULT_OUTPUT = os.path.join(REPO, "BENCHMARKS.md")
+DEFAULT_OUTPUT = pathlib.Path(REPO, "BENCHMARKS.md")
+HISTORY = pathlib.Path(REPO, "docs", "benchmarks-history.md")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -41,8 +46,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         metavar="NAME", help="run this figure only (repeat the flag for "
                         f"several): {', '.join(FIGURES)}")
     parser.add_argument("--output", default=None,
-                        help=f"markdown file to write (default: {DEFAULT_OUTPUT}; "
-                             "with --smoke nothing is written unless given)")
+                        help=f"markdown file to write (default: {DEFAULT_OUTPUT}, or with "
+                             "--only the figures' sections in it; with --smoke nothing is "
+                             "written unless given)")
     args = parser.parse_args(argv)
     if args.repeat is not None and args.repeat < 1:
         parser.error("--repeat must be >= 1")
@@ -71,6 +77,18 @@ def method_lines(profile: Profile, figures: tuple[str, ...]) -> list[str]:
     ]
 
 
+def run_figure(name: str, suite: Suite, echo: Printer) -> FigureRun:
+    """Measures figure ``name``, printing its tables as they come."""
+    figure = FIGURES[name]
+    echo(f"figure {name} ...")
+    started, load = datetime.datetime.now().astimezone(), os.getloadavg()[0]
+    tables = figure.measure(suite)
+    for table in tables:
+        print("\n" + table.markdown(), flush=True)
+    return FigureRun(name, figure.heading, figure.goal, started, (load, os.getloadavg()[0]),
+                     tables)
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     profile = SMOKE if args.smoke else FULL
@@ -79,9 +97,7 @@ def main(argv: list[str]) -> int:
     figures = tuple(dict.fromkeys(args.only)) if args.only else (profile.figures
                                                                  or tuple(FIGURES))
     command = "python -m bench" + ("" if not argv else " " + shlex.join(argv))
-    started = datetime.datetime.now().astimezone()
     t0 = time.monotonic()
-    load_at_start = os.getloadavg()[0]
 
     def echo(line: str) -> None:
         print(f"[{time.monotonic() - t0:6.1f}s] {line}", flush=True)
@@ -92,26 +108,24 @@ def main(argv: list[str]) -> int:
     if not suite.launch_available:
         echo(f"(d) elastic-train launch: {NOT_AVAILABLE} "
              "(`elastic-train launch --help` fails); recorded as such.")
-    tables: list[Table] = []
-    for name in figures:
-        echo(f"figure {name} ...")
-        for table in FIGURES[name](suite):
-            tables.append(table)
-            print("\n" + table.markdown(), flush=True)
+    runs = [run_figure(name, suite, echo) for name in figures]
     failed = failures_table(suite.failures)
     if failed is not None:
-        tables.append(failed)
         print("\n" + failed.markdown(), flush=True)
     runtime = time.monotonic() - t0
     echo(f"done: profile {profile.name}, {runtime:.0f} s in total")
-    output = args.output or (None if args.smoke else DEFAULT_OUTPUT)
-    if output:
-        text = document(command, profile.name, started, runtime,
-                        (load_at_start, os.getloadavg()[0]), method_lines(profile, figures),
-                        tables, gpu="gpu" in figures)
-        with open(output, "w") as f:
-            f.write(text)
-        echo(f"wrote {output}")
+    text = document(command, profile.name, runtime, method_lines(profile, figures), runs,
+                    failed, gpu="gpu" in figures)
+    if args.output or not (args.smoke or args.only):
+        pathlib.Path(args.output or DEFAULT_OUTPUT).write_text(text)
+        echo(f"wrote {args.output or DEFAULT_OUTPUT}")
+    elif not args.smoke:
+        when = f"{datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}"
+        report, history = splice(DEFAULT_OUTPUT.read_text(), HISTORY.read_text(), text, when)
+        DEFAULT_OUTPUT.write_text(report)
+        HISTORY.write_text(history)
+        echo(f"replaced the sections of {', '.join(figures)} in {DEFAULT_OUTPUT}; the old "
+             f"ones are in {HISTORY}")
     return 1 if suite.fatal_failures else 0
 
 

@@ -1,4 +1,4 @@
-"""Figure 16: a checkpoint interval that tunes itself loses less time on the same faults.
+"""Figure 17: a checkpoint interval that tunes itself loses less time on the same faults.
 
 Runs :mod:`bench.interval_job`: three 2-rank ``fit()`` runs in one process, with the same
 steps, save cost and faults by the clock (rank 1 raises at the same seeded, exponentially
@@ -34,7 +34,7 @@ POLICIES = ("step", "epoch", "should_checkpoint")
 
 @dataclass(frozen=True)
 class IntervalWorkload:
-    """The job of figure 16: ``steps`` of ``step_s``, a save of ``save_s``, a fault every
+    """The job of figure 17: ``steps`` of ``step_s``, a save of ``save_s``, a fault every
     ``fault_every_s`` of wall time."""
 
     steps: int = 300
@@ -49,7 +49,7 @@ class IntervalWorkload:
 
 def interval(suite: Suite) -> list[Table]:
     workload = suite.profile.interval
-    table = Table("Figure 16 — checkpoint interval on the same faults (2 ranks; wall time by "
+    table = Table("Figure 17 — checkpoint interval on the same faults (2 ranks; wall time by "
                   "cause from each run's goodput ledger)",
                   ["checkpoint policy (checkpoints)", "wall, s", "ETTR", "saves, s",
                    "recompute, s", "faults", "restarts' other badput, s", "goal"])

@@ -1,4 +1,4 @@
-"""Figure 16's job: ``fit()`` under each checkpoint policy, with the same faults by the clock.
+"""Figure 17's job: ``fit()`` under each checkpoint policy, with the same faults by the clock.
 
 ``python -m bench.interval_job CONFIG_JSON OUT_JSON`` runs, one after the other in this
 process, a 2-rank ``fit()`` per policy of ``policies``: ``steps`` steps of ``step_s``

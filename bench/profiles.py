@@ -41,6 +41,7 @@ class Profile:
     local_tier_mb: float = 400  # figure 11's 2-rank sharded checkpoint
     peer_restore_mb: float = 256  # figure 10b's share of each node
     background_steps: int = 12  # figure 11b's bound: steps timed per phase
+    digest_mib: int = 256  # figure 16: the bytes each checksum runs over
     figures: tuple[str, ...] | None = None  # None: every figure of bench.figures.FIGURES
     rendezvous_agents: tuple[int, ...] = (2, 4, 8, 16)
     rendezvous_launchers: tuple[str, ...] = ("torchrun", "torchrun-unshared", "c10d", "etcd",
@@ -90,11 +91,11 @@ SMOKE = Profile(
     scaling=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2),
     scaling_workers=(1, 2),
     storage_sizes_mb=(1,), shard_reads_mb=2, local_tier_mb=2, peer_restore_mb=2,
-    background_steps=2,
+    background_steps=2, digest_mib=4,
     # gpu: one line without CUDA (its device count is all it costs here)
     figures=("cold_start", "steps", "checkpoint", "memory", "storage", "rendezvous",
              "rendezvous_scale", "overhead", "straggler_cost", "data_position", "gpu",
-             "interval"),
+             "digest_cost", "interval"),
     rendezvous_agents=(2,), rendezvous_launchers=("c10d",), rendezvous_recovery=False,
     fault=FaultPlan(how="sigkill", epoch=1, step=2, rank=1, recover_within_s=30.0),
     faults=("exit",),

@@ -42,6 +42,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
@@ -113,57 +114,77 @@ def rendezvous(handlers: list[RendezvousHandler], started: float, timeout_s: flo
     from ``started`` until all handlers are in a round of ``target`` nodes (None if
     not within ``timeout_s`` or a call failed), the failures, the ranks and worlds
     seen (``by_handler``: each handler's rank) and this process's CPU seconds."""
-    count = len(handlers)
-    latest: list[tuple[int, int] | None] = [None] * count
-    wake = [threading.Event() for _ in handlers]
-    errors: list[str] = []
-    formed = threading.Event()
-    finished: list[float] = []
-    lock = threading.Lock()
-    whole = [0]  # how many handlers are in a round of them all
+    agents = _Agents(handlers, started, timeout_s, target, gone, ranks)
+    cpu = time.process_time()
+    watcher = threading.Thread(target=agents.monitor, daemon=True)
+    watcher.start()
+    run_threads(agents.run, len(handlers))
+    agents.formed.set()
+    watcher.join()
+    return agents.result(time.process_time() - cpu)
 
-    def agent(i: int) -> None:
+
+class _Agents:
+    """The simulated agents of one :func:`rendezvous`, one per handler, and what they saw."""
+
+    def __init__(self, handlers: list[RendezvousHandler], started: float, timeout_s: float,
+                 target: int, gone: frozenset[int], ranks: list[int | None] | None):
+        self.handlers, self.started, self.timeout_s = handlers, started, timeout_s
+        self.target, self.gone, self.ranks = target, gone, ranks
+        self.latest: list[tuple[int, int] | None] = [None] * len(handlers)
+        self.wake = [threading.Event() for _ in handlers]
+        self.errors: list[str] = []
+        self.formed = threading.Event()
+        self.finished: list[float] = []
+        self.lock = threading.Lock()
+        self.whole = 0  # how many handlers are in a round of them all
+
+    def run(self, i: int) -> None:
+        """Agent ``i``: forgets the nodes gone, then joins rounds until the whole job is
+        in one (or the time is up, or a call failed)."""
         try:
-            if gone and ranks is not None and (rank := ranks[i]) is not None \
-                    and (left := gone_nodes.forget(handlers[i], set(gone))) is not None:
-                gone_nodes.seal_when_joined(handlers[i], left, rank, timeout_s)
-            while not formed.is_set() and time.monotonic() < started + timeout_s:
-                info = handlers[i].next_rendezvous()
-                with lock:
-                    if latest[i] is not None and latest[i][1] == target:
-                        whole[0] -= 1
-                    latest[i] = (info.rank, info.world_size)
-                    whole[0] += info.world_size == target
-                    if whole[0] == count:
-                        finished.append(time.monotonic())
-                        formed.set()
-                wake[i].wait(max(started + timeout_s - time.monotonic(), 0))
-                wake[i].clear()
+            if self.gone and self.ranks is not None and (rank := self.ranks[i]) is not None \
+                    and (left := gone_nodes.forget(self.handlers[i], set(self.gone))) is not None:
+                gone_nodes.seal_when_joined(self.handlers[i], left, rank, self.timeout_s)
+            while not self.formed.is_set() and time.monotonic() < self.started + self.timeout_s:
+                self._joined(i, self.handlers[i].next_rendezvous())
+                self.wake[i].wait(max(self.started + self.timeout_s - time.monotonic(), 0))
+                self.wake[i].clear()
         except Exception as exc:  # reported in the result
-            errors.append(f"{type(exc).__name__}: {exc}"[:200])
-            formed.set()
+            self.errors.append(f"{type(exc).__name__}: {exc}"[:200])
+            self.formed.set()
         finally:
-            wake[i].set()
+            self.wake[i].set()
 
-    def monitor() -> None:
-        while not formed.wait(0.1) and time.monotonic() < started + timeout_s:
-            for i, handler in enumerate(handlers):
-                if latest[i] is not None and handler.num_nodes_waiting() > 0:
-                    wake[i].set()
-        for event in wake:
+    def _joined(self, i: int, info: Any) -> None:
+        """Agent ``i`` is in a round (``info``: torch's ``RendezvousInfo``); the job is
+        formed once every agent is in a round of ``target`` nodes."""
+        with self.lock:
+            if self.latest[i] is not None and self.latest[i][1] == self.target:
+                self.whole -= 1
+            self.latest[i] = (info.rank, info.world_size)
+            self.whole += info.world_size == self.target
+            if self.whole == len(self.handlers):
+                self.finished.append(time.monotonic())
+                self.formed.set()
+
+    def monitor(self) -> None:
+        """Torch's agent monitor: wakes an agent whose handler sees nodes waiting."""
+        while not self.formed.wait(0.1) and time.monotonic() < self.started + self.timeout_s:
+            for i, handler in enumerate(self.handlers):
+                if self.latest[i] is not None and handler.num_nodes_waiting() > 0:
+                    self.wake[i].set()
+        for event in self.wake:
             event.set()
 
-    cpu = time.process_time()
-    watcher = threading.Thread(target=monitor, daemon=True)
-    watcher.start()
-    run_threads(agent, count)
-    formed.set()
-    watcher.join()
-    ok = not errors and finished
-    return {"seconds": finished[0] - started if ok else None, "errors": sorted(set(errors))[:3],
-            "ranks": [x[0] for x in latest if x], "worlds": sorted({x[1] for x in latest if x}),
-            "by_handler": [x[0] if x else None for x in latest],
-            "cpu_s": time.process_time() - cpu}
+    def result(self, cpu_s: float) -> dict[str, object]:
+        """What :func:`rendezvous` returns."""
+        latest = self.latest
+        ok = not self.errors and self.finished
+        return {"seconds": self.finished[0] - self.started if ok else None,
+                "errors": sorted(set(self.errors))[:3],
+                "ranks": [x[0] for x in latest if x], "worlds": sorted({x[1] for x in latest if x}),
+                "by_handler": [x[0] if x else None for x in latest], "cpu_s": cpu_s}
 
 
 def lose(handler: RendezvousHandler) -> None:

@@ -317,6 +317,11 @@ _LOCAL_WRITER = ("local disk, async_save",
 
 def _blocked_tables(rows: dict[str, dict[str, list[float]]], size: float) -> list[Table]:
     """Figure 11b: what a checkpoint costs the training, by how it is saved."""
+    return [_blocked_table(rows, size), _steps_table(rows, size)]
+
+
+def _blocked_table(rows: dict[str, dict[str, list[float]]], size: float) -> Table:
+    """Figure 11b: how long a rank is blocked per checkpoint, by how it is saved."""
     blocked = Table(f"Figure 11b — time a rank is blocked per checkpoint with a {size:g} MB "
                     "sharded state (rank 0, s, median (min–max) over the checkpoints after "
                     "the first of each attempt)",
@@ -361,6 +366,11 @@ def _blocked_tables(rows: dict[str, dict[str, list[float]]], size: float) -> lis
         "training process. dcp.save writes the files first; report() then copies them into "
         "the staging area.",
     ]
+    return blocked
+
+
+def _steps_table(rows: dict[str, dict[str, list[float]]], size: float) -> Table:
+    """Figure 11b, continued: how fast training steps while a checkpoint is written."""
     steps = Table(f"Figure 11b (continued) — training steps while a checkpoint's files are "
                   f"being written ({size:g} MB sharded state; s per step, median (min–max), both "
                   "ranks)",
@@ -392,4 +402,4 @@ def _blocked_tables(rows: dict[str, dict[str, list[float]]], size: float) -> lis
         "steps slow while a write runs, whoever writes. On a GPU node the step runs on the "
         "device and the writer on otherwise idle host cores.",
     ]
-    return [blocked, steps]
+    return steps

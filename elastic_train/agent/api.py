@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -39,7 +40,7 @@ from elastic_train.agent.inprocess.restarts import InProcessSettings
 from elastic_train.agent.local_agent import TrainAgent
 from elastic_train.agent.no_progress_guard import NoProgressGuard, Progress
 from elastic_train.agent.node_policy import POLICY_SETTING, NodeStanding, node_name
-from elastic_train.agent.options import AgentEvents, AgentOptions
+from elastic_train.agent.options import AgentEvents, AgentOptions, WorkerCommand
 from elastic_train.agent.rendezvous import state_poll
 from elastic_train.agent.rendezvous.registry import register
 from elastic_train.agent.rendezvous.store_host import hosts_store
@@ -274,32 +275,12 @@ def sends_nodes_away(spec: AgentSpec, events: AgentEvents) -> bool:
 
 def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
     """torch's rendezvous handler (from its registry, by backend name) and our agent."""
-    rdzv = spec.rendezvous
-    policy = node_policy.load(node_policy.named_in(rdzv.conf))
-    if sends_nodes_away(spec, events) and spec.departures is not None:
-        policy = CoolingOff(policy, spec.departures)
-    node = NodeStanding(policy, node_name(spec.local_addr))
-    params = RendezvousParameters(  # our etcd handler's sealer asks the same policy
-        backend=rdzv.backend, endpoint=rdzv.endpoint, run_id=rdzv.run_id,
-        min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, local_addr=spec.local_addr,
-        **{**(rdzv.conf or {}), POLICY_SETTING: node.policy},
-    )
-    register(lookup(rdzv.backend, "RendezvousConfig.backend"))  # ours, into torch's registry
-    rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
+    node = _node_standing(spec, events)
+    rdzv_handler = _rendezvous_handler(spec, node)
     poll_s = state_poll.interval_s(spec.max_nodes)
     state_poll.read_every(rdzv_handler, poll_s)
-    if events.leave_request is not None and hosts_store(rdzv):
-        logger.warning("This node hosts the job's rendezvous store (%s at %s): were it "
-                       "replaced as a straggler, the job would end with it, so it stays "
-                       "whatever its pace (with etcd any node can be replaced).",
-                       rdzv.backend, rdzv.endpoint)
-        events = dataclasses.replace(events, leave_request=None)
-
-    def worker_command() -> tuple[str, tuple[str, ...]]:
-        if not spec.process.zygote:
-            return spec.entrypoint, spec.args
-        return zygote.worker_command(spec.entrypoint, spec.args)
-
+    events = _keep_the_store_host(spec.rendezvous, events)
+    worker_command = functools.partial(_worker_command, spec)
     entrypoint, args = worker_command()  # starts the zygote now, during the rendezvous
     process = spec.process
     worker_spec = WorkerSpec(
@@ -310,11 +291,63 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
         **torch_compat.worker_spec_options(process.numa_binding, process.virtual_local_rank),
     )
     logs = DefaultLogsSpecs(log_dir=spec.log_dir, redirects=Std.ALL, tee=Std.NONE)
+    options = _agent_options(spec, events, logs.root_log_dir, node, poll_s, worker_command)
+    return TrainAgent(spec=worker_spec, logs_specs=logs, start_method="spawn",
+                      options=options, events=events)
+
+
+def _node_standing(spec: AgentSpec, events: AgentEvents) -> NodeStanding:
+    """This node under the job's node policy, which keeps out, in a job that sends nodes
+    away, the nodes still cooling off after they left."""
+    policy = node_policy.load(node_policy.named_in(spec.rendezvous.conf))
+    if sends_nodes_away(spec, events) and spec.departures is not None:
+        policy = CoolingOff(policy, spec.departures)
+    return NodeStanding(policy, node_name(spec.local_addr))
+
+
+def _rendezvous_handler(spec: AgentSpec, node: NodeStanding) -> Any:
+    """torch's handler of the job's backend, ours registered into torch's registry first;
+    our etcd handler's sealer asks ``node``'s policy, as the agent does."""
+    rdzv = spec.rendezvous
+    params = RendezvousParameters(
+        backend=rdzv.backend, endpoint=rdzv.endpoint, run_id=rdzv.run_id,
+        min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, local_addr=spec.local_addr,
+        **{**(rdzv.conf or {}), POLICY_SETTING: node.policy},
+    )
+    register(lookup(rdzv.backend, "RendezvousConfig.backend"))
+    return rdzv_registry.get_rendezvous_handler(params)
+
+
+def _keep_the_store_host(rdzv: RendezvousConfig, events: AgentEvents) -> AgentEvents:
+    """``events`` without the leave request on the node that hosts the job's rendezvous
+    store: the job would end with it, so it is never replaced as a straggler."""
+    if events.leave_request is None or not hosts_store(rdzv):
+        return events
+    logger.warning("This node hosts the job's rendezvous store (%s at %s): were it "
+                   "replaced as a straggler, the job would end with it, so it stays "
+                   "whatever its pace (with etcd any node can be replaced).",
+                   rdzv.backend, rdzv.endpoint)
+    return dataclasses.replace(events, leave_request=None)
+
+
+def _worker_command(spec: AgentSpec) -> tuple[str, tuple[str, ...]]:
+    """The workers' command, asked for at every start: through the zygote when it is on
+    (a new zygote when the last one died), else the spec's."""
+    if not spec.process.zygote:
+        return spec.entrypoint, spec.args
+    return zygote.worker_command(spec.entrypoint, spec.args)
+
+
+def _agent_options(spec: AgentSpec, events: AgentEvents, log_root: str, node: NodeStanding,
+                   poll_s: float, worker_command: WorkerCommand) -> AgentOptions:
+    """The agent's options from the spec: its restart budget, the watches the failure
+    settings turn on, and where its records go (beside the logs under ``log_root``, or
+    in the node's private directory)."""
     failure = spec.failure
-    private = spec.private_dir or logs.root_log_dir
-    options = AgentOptions(
+    private = spec.private_dir or log_root
+    return AgentOptions(
         shutdown_timeout=math.ceil(failure.preemption_grace_s), worker_env=spec.worker_env,
-        notice_dir=os.path.join(logs.root_log_dir, "preemption"),
+        notice_dir=os.path.join(log_root, "preemption"),
         preemption_grace_s=failure.preemption_grace_s,
         budget=RestartBudget(max_failures=failure.max_failures,
                              max_preemptions=failure.max_preemption_failures,
@@ -322,18 +355,16 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
                                                    _progress_now(events.progress))),
         worker_command=worker_command, node=node,
         rendezvous_poll_s=poll_s,
-        worker_pids_dir=os.path.join(logs.root_log_dir, "worker_pids"),
+        worker_pids_dir=os.path.join(log_root, "worker_pids"),
         staging_dir=spec.staging_dir,
         import_watch=ImportWatch(os.path.join(private, "modules"), zygote.preload)
         if zygote.enabled() and spec.process.zygote else None,
         in_process=InProcessSettings(os.path.join(private, "inprocess"),
                                      failure.unwind_timeout_s)
         if failure.restart_in_process else None,
-        hang_watch=HangWatch(os.path.join(logs.root_log_dir, "progress"),
+        hang_watch=HangWatch(os.path.join(log_root, "progress"),
                              failure.hang_timeout_s) if failure.hang_timeout_s else None,
     )
-    return TrainAgent(spec=worker_spec, logs_specs=logs, start_method="spawn",
-                      options=options, events=events)
 
 
 def _progress_now(progress: Callable[[], Progress | None] | None) -> Progress:

@@ -97,6 +97,16 @@ def add_our_flags(parser: argparse.ArgumentParser) -> None:
     the console, storage, checkpoints, starting over, dry run."""
     ours = parser.add_argument_group("elastic-train (every flag with a value can also be "
                                      "set as PET_<FLAG>)")
+    _failure_flags(ours)
+    _straggler_flags(ours)
+    _console_flags(ours)
+    _storage_flags(ours)
+    _run_flags(ours)
+
+
+def _failure_flags(ours: argparse._ArgumentGroup) -> None:
+    """Restarts and their budgets: spares, hangs, in-process restarts, the no-progress
+    guard, preemption."""
     flag(ours, "max-failures", type=int, dest="max_restarts",
          help="Ray-style alias of --max-restarts")
     flag(ours, "spares", type=int, default=0, metavar="N",
@@ -126,6 +136,10 @@ def add_our_flags(parser: argparse.ArgumentParser) -> None:
          default=defaults.max_preemption_failures,
          help="restarts after preemptions, not charged to --max-restarts (default -1: "
               "unlimited)")
+
+
+def _straggler_flags(ours: argparse._ArgumentGroup) -> None:
+    """Naming slow nodes, and replacing them with spares."""
     stragglers = StragglerConfig()
     flag(ours, "straggler-threshold", type=float, default=stragglers.score_threshold,
          help="name a node a straggler when its slowest rank's step time is at least this "
@@ -142,9 +156,17 @@ def add_our_flags(parser: argparse.ArgumentParser) -> None:
     flag(ours, "straggler-cool-off", type=float, default=stragglers.cool_off_s,
          help="with --replace-stragglers, seconds a replaced node is not admitted again "
               f"(default {stragglers.cool_off_s:g})")
+
+
+def _console_flags(ours: argparse._ArgumentGroup) -> None:
+    """What the console shows."""
     flag(ours, "quiet", action="store_true", help="no live status line")
     flag(ours, "verbose", action="store_true",
          help="also show torch.distributed.elastic's agent logs")
+
+
+def _storage_flags(ours: argparse._ArgumentGroup) -> None:
+    """Where the run is stored, and which checkpoints it keeps."""
     flag(ours, "storage-path", default=DEFAULT_STORAGE_PATH,
          help=f"where runs are stored: a path, NFS mount or fsspec URL such as s3://bucket/runs "
               f"(default {DEFAULT_STORAGE_PATH})")
@@ -166,6 +188,10 @@ def add_our_flags(parser: argparse.ArgumentParser) -> None:
     flag(ours, "peer-replicas", type=int, default=CheckpointConfig().peer_replicas,
          help="peer nodes that keep a copy of each node's checkpoint files, for a "
               "replacement node to restore from (default 1; 0: none)")
+
+
+def _run_flags(ours: argparse._ArgumentGroup) -> None:
+    """Starting over, a dry run, tracebacks."""
     flag(ours, "start-over", action="store_true", help=START_OVER_HELP)
     flag(ours, "dry-run", action="store_true",
          help="print the settings this launch would use and where each came from (flag, "

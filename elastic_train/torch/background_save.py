@@ -9,6 +9,18 @@ and ``report()`` uploads and commits them once they are written (see
 with torch's ``DefaultStager``; the next ones of the same layout only copy into what
 it staged (:mod:`.keeping_stager`).
 
+The writer runs under ``SCHED_IDLE`` (see
+:mod:`elastic_train.storage.background_priority`): it takes only the CPU time
+training leaves, so on a node without idle cores the write takes longer, not the
+steps. The first save of an attempt starts the writer (a new interpreter that imports
+torch: seconds), so its checkpoint is committed that much later than the next ones;
+training does not wait for it. The writer process dies with the worker; a checkpoint
+whose files a killed writer left half written is never committed, so a restart
+resumes from the one before. Like any process torch starts with ``spawn``, the writer
+imports the worker's ``__main__``: a script under ``elastic-train launch`` must keep
+its training under ``if __name__ == "__main__":``. Shared memory is ``/dev/shm``: a
+container needs room there for the state (Docker's default is 64 MB).
+
 It lives here, beside ``prepare_model``, rather than on ``Checkpoint``: it is about
 torch tensors and ``torch.distributed.checkpoint``, where ``Checkpoint`` is any
 directory of files (Ray's ``ray.train.Checkpoint`` knows no framework either).
@@ -65,20 +77,10 @@ def async_save(state_dict: dict[str, Any], filename: str | None = None, *,
     faster than its disk writes would otherwise fill host memory. That wait is the
     price of saving more often than a write takes (figure 11b measures it).
 
-    The writer runs under ``SCHED_IDLE`` (see
-    :mod:`elastic_train.storage.background_priority`): it takes only the CPU time
-    training leaves, so on a node without idle cores the write takes longer, not the
-    steps.
-
-    The first save of an attempt starts the writer (a new interpreter that imports
-    torch: seconds), so its checkpoint is committed that much later than the next
-    ones; training does not wait for it. The writer process dies with the worker; a
-    checkpoint whose files a killed writer left half written is never committed, so
-    a restart resumes from the one before. Like any process torch starts with
-    ``spawn``, the writer imports the worker's ``__main__``: a script under
-    ``elastic-train launch`` must keep its training under
-    ``if __name__ == "__main__":``. Shared memory is ``/dev/shm``: a container needs
-    room there for the state (Docker's default is 64 MB).
+    The writer process -- its priority, its start at the first save of an attempt,
+    its death with the worker, and what it asks of a script (a ``__main__`` guard)
+    and of a container (room in ``/dev/shm``) -- is described in the module's docstring
+    and in ``docs/large-models.md``.
 
     Example::
 
@@ -101,17 +103,7 @@ def async_save(state_dict: dict[str, Any], filename: str | None = None, *,
     if filename is not None and (not filename or os.path.basename(filename) != filename):
         raise ConfigError(f"async_save(filename={filename!r}): give a file name without a "
                           "directory, e.g. async_save(state, 'model.pt').")
-    saver = _saver_of_this_attempt()
-    saver.wait_for_previous()
-    directory = tempfile.mkdtemp(dir=saver.root)
-    if filename is None:
-        group = process_group if process_group is not None else saver.cpu_group()
-        written = save_in_writer_process(state_dict, directory, group, saver.stager)
-    else:
-        written = saver.files.write(saver.stager.stage(state_dict),
-                                    os.path.join(directory, filename))
-    saver.previous = written
-    return Checkpoint.from_directory(directory, written=written)
+    return _saver_of_this_attempt().save(state_dict, filename, process_group)
 
 
 @dataclass
@@ -129,6 +121,21 @@ class _Saver:
     def start(cls, world: Any) -> _Saver:
         scratch.sweep((DIRECTORY_PREFIX,))
         return cls(world, scratch.make(DIRECTORY_PREFIX), _new_stager())
+
+    def save(self, state_dict: dict[str, Any], filename: str | None,
+             process_group: Any) -> Checkpoint:
+        """One :func:`async_save`: once the previous write ended, the state copied into
+        the staging buffers and handed to a writer process, into a new directory."""
+        self.wait_for_previous()
+        directory = tempfile.mkdtemp(dir=self.root)
+        if filename is None:
+            group = process_group if process_group is not None else self.cpu_group()
+            written = save_in_writer_process(state_dict, directory, group, self.stager)
+        else:
+            written = self.files.write(self.stager.stage(state_dict),
+                                       os.path.join(directory, filename))
+        self.previous = written
+        return Checkpoint.from_directory(directory, written=written)
 
     def wait_for_previous(self) -> None:
         """The back-pressure rule: the previous write ends before the next copy."""

@@ -95,6 +95,35 @@ def _checkpoint_dir_name(gathered: list[_RankShare]) -> str | None:
         iter(in_place), None)
 
 
+def _files_of(args: ReportArgs) -> list[str] | str | None:
+    """How this rank's checkpoint files come, which the ranks share: None without a
+    checkpoint (metrics alone, or with a preemption notice); ``IN_PLACE``: in the run
+    directory already (``NO_UPLOAD``); ``BY_UPLOAD_FN``: the rank's
+    ``checkpoint_upload_fn`` writes them; else their list (:func:`listed_files`),
+    uploaded from the local directory (``ASYNC`` or ``SYNC``)."""
+    checkpoint = args.checkpoint
+    if checkpoint is None:
+        return None
+    if args.in_place:
+        return IN_PLACE
+    if args.upload_fn is not None:
+        return BY_UPLOAD_FN
+    return listed_files(checkpoint.path, checkpoint.written)
+
+
+def _deleted_once_staged(args: ReportArgs) -> str | None:
+    """The local directory ``report()`` deletes before it returns, its files staged (the
+    staged copy is what uploads), when ``delete_local_checkpoint_after_upload`` asks for
+    it; None for a directory still being written (moved into the staging area whole)
+    and for one a ``checkpoint_upload_fn`` reads (deleted after it, see
+    :mod:`.upload_fn`)."""
+    checkpoint = args.checkpoint
+    if not args.delete_local or checkpoint is None or checkpoint.written is not None \
+            or args.upload_fn is not None:
+        return None
+    return checkpoint.path
+
+
 _session: TrainSession | None = None
 _session_factory: Callable[[], TrainSession] | None = None
 
@@ -245,60 +274,93 @@ class TrainSession:
                delete_local_checkpoint_after_upload: bool | None = None,
                checkpoint_upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None,
                validation: Any = False) -> None:
-        """One report (collective; the public :func:`report`'s arguments): the
-        arguments checked, the ranks' agreement on checkpoints and preemption notices,
-        rank 0's duties handed to its committer, the local directory deleted once
-        staged, then the after-report hooks."""
+        """One report (collective; the public :func:`report`'s arguments), in five modes.
+        The first round, which every report runs, tells the ranks which: metrics alone
+        (most reports: nothing more to agree on), a preemption notice (the ranks share
+        it), or a checkpoint, whose files come from a rank's local directory (uploaded,
+        ``ASYNC`` or ``SYNC``), are in the run already (``NO_UPLOAD``), or are written by
+        a ``checkpoint_upload_fn`` (see :func:`_files_of`). Rank 0's duties are its
+        committer's; the after-report hooks end every report."""
         args = ReportArgs.check(metrics, checkpoint, checkpoint_dir_name,
                                 checkpoint_upload_mode, delete_local_checkpoint_after_upload,
                                 checkpoint_upload_fn, validation,
                                 (self.storage.fs, self.storage.run_path),
                                 has_validation_fn=self.spec.validation_config is not None)
-        mode = args.mode
         joined = self.join()
         joined.uploader.raise_if_failed()
         row = joined.rows.next(args.metrics)
-        files = (None if checkpoint is None else IN_PLACE if args.in_place
-                 else BY_UPLOAD_FN if args.upload_fn is not None
-                 else listed_files(checkpoint.path, checkpoint.written))
-        notice = preemption.local_notice()
-        # Most reports carry metrics alone: then the ranks only learn that nobody
-        # has a checkpoint or a notice, and each rank's step time and node.
+        files, notice = _files_of(args), preemption.local_notice()
         any_checkpoint, any_notice, times, nodes, shared = self._first_round(
             joined, files is not None, notice is not None, self.step_clock.report_begins(),
             joined.clock.shared_numbers())
         joined.clock.waited()
         row.update(step_fields(times, [int(n) for n in nodes]))
-        if any_checkpoint and joined.committer is not None:  # whichever rank holds files
-            joined.committer.check_score(args.metrics, joined.numbers.next_index,
-                                         validating=bool(args.validation))
-            if args.dir_name is not None:  # claimed before any rank uploads into it
-                joined.committer.claim(joined.numbers.next_index, args.dir_name,
-                                       args.in_place or args.in_run)
-        if any_checkpoint or any_notice:
-            states = ({key: it.state_dict() for key, it in self._resumables.items()}
-                      if any_checkpoint else {})
-            gathered: list[_RankShare] = joined.group.all_gather(
-                _RankShare(files, states, notice, args.dir_name, args.validation))
-            if self._note_preemption([g.notice for g in gathered]) is not None:
-                mode = CheckpointUploadMode.SYNC  # the node may go any moment: commit now
-            if any(g.files == IN_PLACE for g in gathered):
-                mode = CheckpointUploadMode.SYNC  # written already: the commit reads them
+        if any_checkpoint:
+            self._before_any_upload(joined, args)
+        if any_checkpoint or any_notice:  # else metrics alone: nothing more to agree on
+            gathered = self._gather_shares(joined, args, files, notice, any_checkpoint)
+            mode = self._agreed_mode(args.mode, gathered)
             if any_checkpoint:
-                if (name := _checkpoint_dir_name(gathered)) is not None:
-                    if joined.committer is not None and args.dir_name is None:
-                        # Another rank's NO_UPLOAD directory: it is the checkpoint.
-                        joined.committer.claim(joined.numbers.next_index, name, in_place=True)
-                    self.storage.checkpoints.adopt(joined.numbers.next_index, name)
-                row["checkpoint_dir_name"] = self.storage.checkpoints.name(
-                    joined.numbers.next_index)
-                # As Ray's: the validation of the first rank that reported a checkpoint.
-                validation = next(g.validation for g in gathered if g.files is not None)
-                self._persist_checkpoint([(g.files, g.states) for g in gathered], checkpoint,
-                                         row, mode, args, validation)
-                if args.delete_local and checkpoint is not None and checkpoint.written is None \
-                        and args.upload_fn is None:
-                    shutil.rmtree(checkpoint.path, ignore_errors=True)  # staged: not needed
+                self._report_checkpoint(joined, args, gathered, row, mode)
+        self._end_report(joined, row, shared, any_checkpoint)
+
+    def _before_any_upload(self, joined: JoinedSession, args: ReportArgs) -> None:
+        """Rank 0's checks once a rank has a checkpoint, before any rank uploads: the
+        checkpoint's score, and the directory name asked for, claimed."""
+        if joined.committer is None:  # rank 0's, whichever rank holds files
+            return
+        joined.committer.check_score(args.metrics, joined.numbers.next_index,
+                                     validating=bool(args.validation))
+        if args.dir_name is not None:
+            joined.committer.claim(joined.numbers.next_index, args.dir_name,
+                                   args.in_place or args.in_run)
+
+    def _gather_shares(self, joined: JoinedSession, args: ReportArgs,
+                       files: list[str] | str | None,
+                       notice: tuple[int, str, float] | None,
+                       any_checkpoint: bool) -> list[_RankShare]:
+        """Every rank's share of a report with a checkpoint or a notice (collective), with
+        its data iterators' positions when a checkpoint records them."""
+        states = ({key: it.state_dict() for key, it in self._resumables.items()}
+                  if any_checkpoint else {})
+        return joined.group.all_gather(
+            _RankShare(files, states, notice, args.dir_name, args.validation))
+
+    def _agreed_mode(self, mode: CheckpointUploadMode, gathered: list[_RankShare]
+                     ) -> CheckpointUploadMode:
+        """When the report returns, agreed by all ranks: ``SYNC`` when a rank has a
+        preemption notice (the node may go any moment: commit now) or a ``NO_UPLOAD``
+        checkpoint (written already: the commit reads them), else the mode asked for."""
+        if self._note_preemption([g.notice for g in gathered]) is not None:
+            mode = CheckpointUploadMode.SYNC
+        if any(g.files == IN_PLACE for g in gathered):
+            mode = CheckpointUploadMode.SYNC
+        return mode
+
+    def _report_checkpoint(self, joined: JoinedSession, args: ReportArgs,
+                           gathered: list[_RankShare], row: dict[str, Any],
+                           mode: CheckpointUploadMode) -> None:
+        """A checkpoint some rank reported: named in the run and in its row, persisted,
+        and this rank's local directory deleted once staged when asked."""
+        index = joined.numbers.next_index
+        if (name := _checkpoint_dir_name(gathered)) is not None:
+            if joined.committer is not None and args.dir_name is None:
+                # Another rank's NO_UPLOAD directory: it is the checkpoint.
+                joined.committer.claim(index, name, in_place=True)
+            self.storage.checkpoints.adopt(index, name)
+        row["checkpoint_dir_name"] = self.storage.checkpoints.name(index)
+        # As Ray's: the validation of the first rank that reported a checkpoint.
+        validation = next(g.validation for g in gathered if g.files is not None)
+        self._persist_checkpoint([(g.files, g.states) for g in gathered], args.checkpoint,
+                                 row, mode, args, validation)
+        if (staged := _deleted_once_staged(args)) is not None:
+            shutil.rmtree(staged, ignore_errors=True)
+
+    def _end_report(self, joined: JoinedSession, row: dict[str, Any],
+                    shared: list[list[float]], any_checkpoint: bool) -> None:
+        """What ends every report: rank 0 records the metrics row, the after-report hooks
+        run, the attempt's clock takes the report's ``shared`` numbers (see
+        :mod:`.attempt_clock`), and the step clock starts the next report's step time."""
         if joined.committer is not None:
             joined.committer.record_row(row)
         for hook in self._after_report:
@@ -481,48 +543,39 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
     """Reports metrics (and optionally a checkpoint) from this worker (Ray 2.60's
     arguments, in Ray's order).
 
-    Every rank must call it the same number of times. Rank 0's metrics are
-    recorded; the checkpoint files of every rank that passes one are merged
-    into one committed checkpoint. See :class:`CheckpointUploadMode` for when
-    the call returns (our default, None, is ASYNC; Ray v2's is SYNC). A checkpoint whose
-    files are still being written (``Checkpoint.from_directory(d, written=future)``,
-    e.g. from ``dcp.async_save``) does not wait for them: they go up once written.
+    Every rank must call it the same number of times. Rank 0's metrics are recorded;
+    the checkpoint files of every rank that passes one are merged into one committed
+    checkpoint. See :class:`CheckpointUploadMode` for when the call returns (our
+    default, None, is ASYNC; Ray v2's is SYNC). A checkpoint whose files are still being
+    written (``Checkpoint.from_directory(d, written=future)``, e.g. from
+    ``dcp.async_save``) does not wait for them: they go up once written.
 
-    ``delete_local_checkpoint_after_upload`` deletes the reported directory. Its
-    default is Ray's, True for ASYNC only, but where Ray would apply it: for an
-    ASYNC passed explicitly. Left out, the mode is our ASYNC where Ray's is SYNC,
-    and Ray would keep the directory, so it is kept (a Ray script that removes
-    its directory after ``report()`` ports unchanged). Ray deletes it once uploaded; here it
-    goes as soon as its files are staged -- before ``report()`` returns --, because
-    the staged copy is what uploads, so a script that writes its next checkpoint
-    into the same directory never races the deletion. Like Ray's, it wants each
-    rank to report a directory of its own (another rank of the node may still be
-    copying a shared one). A directory still being written (``written=``) is moved
-    into the staging area whatever the argument says.
+    ``delete_local_checkpoint_after_upload`` deletes the reported directory once its
+    files are staged, before ``report()`` returns (Ray: once uploaded; the staged copy is
+    what uploads, so a next checkpoint written into the same directory never races the
+    deletion); like Ray's, it wants each rank to report a directory of its own. Its
+    default is Ray's, True for an ASYNC passed explicitly; left out, the mode is our
+    ASYNC where Ray's is SYNC, so the directory is kept (a Ray script that removes it
+    after ``report()`` ports unchanged). A directory still being written (``written=``)
+    is moved into the staging area whatever the argument says.
 
     ``checkpoint_dir_name`` names the checkpoint's directory in the run (default
-    ``checkpoint_NNNNNN``): one plain name, unique in the run -- a name with ``/``,
-    starting with ``.``, of the default form, or taken already is a ConfigError
-    before anything is uploaded. Rank 0's name is the one used, as in Ray. The
-    checkpoint keeps its number, which still orders retention and resume (see
-    :mod:`elastic_train.storage.checkpoint_names`).
-    ``NO_UPLOAD`` (Ray's): the files are in the run directory already, written
-    there by the user, and a rank reports ``Checkpoint(<run>/<name>)`` (rank 0 or
-    any other, as in Ray; the others None or the same); a path anywhere else is
-    refused. Its commit reads
-    every file once to record its size and CRC-32, and ``report()`` returns once it
-    is committed (like ``SYNC``). A commit cut short leaves the files where they
-    are.
+    ``checkpoint_NNNNNN``; rank 0's is used, as in Ray): one plain name, unique in the
+    run -- a name with ``/``, starting with ``.``, of the default form, or taken already
+    is a ConfigError before anything is uploaded. The checkpoint keeps its number, which
+    still orders retention and resume (see :mod:`elastic_train.storage.checkpoint_names`).
+    A ``NO_UPLOAD`` checkpoint (see :class:`CheckpointUploadMode`) is a directory of
+    the run, named by it (a path anywhere else is refused); a commit cut short leaves
+    its files where they are.
 
     ``checkpoint_upload_fn(checkpoint, dir_name)`` (Ray's) writes the rank's files
-    into ``<run>/<dir_name>`` itself and returns ``Checkpoint`` of that directory;
-    anything else is a ConfigError. As in Ray, it runs in the background under ASYNC
-    (on the rank's upload thread, so it may wait for a ``dcp.async_save`` future) and
-    before ``report()`` returns under SYNC; the commit then reads every file once for
-    its size and CRC-32. A checkpoint reported from a directory of the run (Ray's
-    guide: ``async_save`` into ``get_storage().build_checkpoint_path_from_name(n)``)
-    is named after it, and is never deleted: it is the checkpoint (Ray's ASYNC
-    default would delete it).
+    into ``<run>/<dir_name>`` itself and returns ``Checkpoint`` of it (else a
+    ConfigError). As in Ray, it runs in the background under ASYNC (on the rank's upload
+    thread: it may wait for a ``dcp.async_save`` future), before ``report()`` returns
+    under SYNC; the commit reads each file once for its size and CRC-32. A checkpoint
+    reported from a directory of the run (Ray's guide: ``async_save`` into
+    ``get_storage().build_checkpoint_path_from_name(n)``) is named after it and never
+    deleted: it is the checkpoint (Ray's ASYNC default would delete it).
 
     ``validation`` (Ray's): True, or a ``ValidationTaskConfig`` whose ``fn_kwargs``
     override the trainer's ``ValidationConfig`` defaults, validates the checkpoint

@@ -100,7 +100,7 @@ NOT_RUN: dict[tuple[str, int], tuple[str, str]] = {
     ("docs/observability.md", 0): ("for step, batch in enumerate(loader):",
                                    "a fragment of a train function's loop (`loader`, "
                                    "`train_step`, `save` are the user's); the whole runs as "
-                                   "bench/interval_job.py (figure 16)"),
+                                   "bench/interval_job.py (figure 17)"),
     ("docs/large-models.md", 0): ("import torch.distributed.checkpoint as dcp",
                                   "a fragment of an FSDP2 train function; the whole runs as "
                                   "examples/fsdp_transformer.py in tests/e2e/test_fsdp_example.py"),
