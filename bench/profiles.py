@@ -103,8 +103,9 @@ SMOKE = Profile(
     scale_nodes=(4,), scale_backends=("etcd",), scale_timeout_s=30.0,
     overhead=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2), overhead_pairs=2,
     gpu=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2, optimizer="adam", lr=1e-3),
-    interval=IntervalWorkload(steps=30, steps_per_epoch=15, step_s=0.05, save_s=0.05,
-                              fault_every_s=3.0, min_gap_s=2.0, timeout_s=120.0),
+    interval=IntervalWorkload(steps=20, steps_per_epoch=10, step_s=0.05, save_s=0.05,
+                              fault_every_s=0.5, min_gap_s=3.0, timeout_s=120.0,
+                              policies=("should_checkpoint",)),
 )
 
 PROFILES = {p.name: p for p in (FULL, SMOKE)}
