@@ -53,7 +53,7 @@ def interval(suite: Suite) -> list[Table]:
     table = Table("Figure 17 — checkpoint interval on the same faults (2 ranks; wall time by "
                   "cause from each run's goodput ledger)",
                   ["checkpoint policy (checkpoints)", "wall, s", "ETTR", "saves, s",
-                   "recompute, s", "faults", "restarts' other badput, s", "goal"])
+                   "recompute, s", "faults", "start-up, restarts, shutdown, s", "goal"])
     walls = {}
     runs = _run(suite, workload) or {}
     for policy in workload.policies:
@@ -66,7 +66,7 @@ def interval(suite: Suite) -> list[Table]:
         seconds = goodput["seconds"]
         walls[policy] = goodput["wall_s"]
         restarts = sum(seconds[c] for c in ("startup", "detection", "rendezvous", "restore",
-                                            "other", "stragglers"))
+                                            "stragglers", "shutdown", "other"))
         agree = data["answers_agree"]
         table.add(f"{policy} ({goodput['checkpoints']})", f"{goodput['wall_s']:.1f}",
                   f"{goodput['ettr']:.1%}", f"{seconds['checkpoint']:.1f}",

@@ -21,8 +21,9 @@ detection, its detection a rendezvous, an attempt's start a restore (or start-up
 a fresh start). Between rank 0's ``work`` lines the seconds are the causes rank 0
 measured (the rest of the gap: other); from its last line to a fault, work that is
 lost (recompute), and so is every productive second of an earlier attempt past the
-iteration the next attempt restored. So the causes add up to the wall time of the
-launches by construction, and ``other`` says how much no writer accounted for.
+iteration the next attempt restored; whatever comes before a launch's end is its
+shutdown. So the causes add up to the wall time of the launches by construction, and
+``other`` says how much no writer accounted for.
 
 Example::
 
@@ -52,7 +53,8 @@ class Cause(str, enum.Enum):
     CHECKPOINT = "checkpoint"      # training waited on a save (and the user's own save)
     PREEMPTION = "preemption"      # a preempted node's fault -> the group formed again
     STRAGGLERS = "stragglers"      # rank 0 waited in report() for slower ranks
-    OTHER = "other"                # accounted by no writer (bookkeeping, shutdown)
+    SHUTDOWN = "shutdown"          # rank 0's last line -> the launch's end (processes exit)
+    OTHER = "other"                # accounted by no writer (bookkeeping, the ledger's writes)
 
 
 @dataclass(frozen=True)
@@ -220,7 +222,9 @@ def breakdown(entries: Iterable[dict[str, Any]]) -> Goodput:
             gap = t - previous[0]
             tally.wall_s += gap
             after = _AFTER[previous[1]]
-            if kind == "work" and after is None:
+            if kind == "end":  # the train function's end, or the run's last fault's
+                tally.add(Cause.SHUTDOWN, gap)
+            elif kind == "work" and after is None:
                 tally.work(entry, gap)
             elif after is None:  # rank 0's unwritten work: lost at a fault, else other
                 tally.add(Cause.RECOMPUTE if kind == "failed" else Cause.OTHER, gap)

@@ -140,7 +140,7 @@ class RunSupervisor:
         except StorageError as exc:
             logger.warning("Could not read the goodput ledger: %s", exc)
             return
-        self._monitor.console.lines([f"[elastic-train] {self.name} goodput: "
+        self._monitor.console.lines([f"[elastic-train] goodput of {self.name}: "
                                      f"{goodput.describe()}"])
 
     def _record_departure(self, left: NodeLeftError) -> None:

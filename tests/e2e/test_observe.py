@@ -182,17 +182,17 @@ def test_show_gives_recovery_times_and_goodput(storage_path, tmp_path, capsys):
     took = time.time() - began
     ledger = result.goodput
     # The causes add up to the wall time, which is the launch's own (fit() less the
-    # Result read after it); no writer left much unaccounted (other: mostly the end's
-    # teardown). A SIGKILL's time is torch's whole second: its lost work is detection.
+    # Result read after it); no writer left much unaccounted (other). A SIGKILL's time is
+    # torch's whole second: its lost work is detection.
     assert sum(ledger.seconds.values()) == pytest.approx(ledger.wall_s, rel=0.01)
     assert took - 1.0 < ledger.wall_s <= took
-    assert -0.01 * ledger.wall_s < ledger.seconds[Cause.OTHER] < 0.15 * ledger.wall_s, ledger
+    assert -0.01 * ledger.wall_s < ledger.seconds[Cause.OTHER] < 0.05 * ledger.wall_s, ledger
     assert ledger.failures == 1 and len(ledger.attempts) == 2 and ledger.checkpoints == EPOCHS
     for cause in (Cause.PRODUCTIVE, Cause.STARTUP, Cause.DETECTION, Cause.RENDEZVOUS,
-                  Cause.RESTORE, Cause.CHECKPOINT):
+                  Cause.RESTORE, Cause.CHECKPOINT, Cause.SHUTDOWN):
         assert ledger.seconds[cause] > 0, (cause, ledger)
     assert ledger.seconds[Cause.PREEMPTION] == 0
-    assert f"[elastic-train] goodput goodput: {ledger.describe()}" in capsys.readouterr().out
+    assert f"[elastic-train] goodput of goodput: {ledger.describe()}" in capsys.readouterr().out
     show = subprocess.run([*CLI, "show", os.path.join(storage_path, "goodput"), "--json"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert show.returncode == 0, show.stderr

@@ -46,7 +46,8 @@ def test_every_second_goes_to_the_cause_known_where_it_was_spent():
         "recompute": 1.8 + 1.5,      # ... and so was the work after its line, to the fault
         "checkpoint": 0.9, "stragglers": 0.1,
         "detection": 0.5, "rendezvous": 1.0, "restore": 1.0,
-        "other": 1.0,                # rank 0's lines account for their gaps; the end does not
+        "shutdown": 1.0,             # rank 0's last line -> the launch's end; and rank 0's
+                                     # lines account for their gaps: no "other"
     }
     assert goodput.failures == 1 and goodput.checkpoints == 3
     first, second = goodput.attempts
