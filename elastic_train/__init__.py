@@ -46,6 +46,7 @@ _EXPORTS = {
     "get_dataset_shard": "elastic_train.worker.session",
     "get_preemption_info": "elastic_train.worker.session",
     "report": "elastic_train.worker.session",
+    "should_checkpoint": "elastic_train.worker.session",
     "step": "elastic_train.worker.session",
     "restart_in_process": "elastic_train.worker.inprocess.decorator",
 }
@@ -92,6 +93,7 @@ if TYPE_CHECKING:  # what static tools see
         get_dataset_shard,
         get_preemption_info,
         report,
+        should_checkpoint,
         step,
     )
 

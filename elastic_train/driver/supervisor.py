@@ -35,6 +35,7 @@ from elastic_train.driver.console import ConsoleView
 from elastic_train.driver.run_monitor import RunMonitor
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.errors import NodeLeftError, RendezvousLostError, StorageError, WorkerFailure
+from elastic_train.goodput.breakdown import breakdown
 from elastic_train.rendezvous_config import LOCAL_ENDPOINT, RendezvousConfig
 from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunStatus
@@ -128,6 +129,19 @@ class RunSupervisor:
             self._record_departure(outcome.left)
         self._note_departures()
         return outcome
+
+    def say_goodput(self) -> None:
+        """The run's last console line, on the node that records it: ETTR and the time
+        lost by cause, from the run's goodput ledger (:mod:`elastic_train.goodput.breakdown`)."""
+        if self.record is None or self._monitor is None or not self.verbose:
+            return
+        try:
+            goodput = breakdown(self.storage.read_ledger())
+        except StorageError as exc:
+            logger.warning("Could not read the goodput ledger: %s", exc)
+            return
+        self._monitor.console.lines([f"[elastic-train] goodput of {self.name}: "
+                                     f"{goodput.describe()}"])
 
     def _record_departure(self, left: NodeLeftError) -> None:
         """This node left with a cooling-off period: recorded in the run directory, where

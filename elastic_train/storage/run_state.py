@@ -17,6 +17,8 @@ The run directory, ``<storage_path>/<name>/``::
                        (see :mod:`.checkpoint_store`, :mod:`.checkpoint_names`)
     logs/              per-rank logs
     departures/        nodes that left on their node policy's word (one JSON file each)
+    goodput/           the goodput ledger: where the run's time went (one file per writer,
+                       see :mod:`elastic_train.goodput.breakdown`)
     progress.csv       CSVLoggerCallback's table of the metrics
     tensorboard/       TensorBoardLoggerCallback's event files
     .<anything>        the run's bookkeeping (claims, upload markers, checkpoints set
@@ -52,9 +54,10 @@ LOGS_DIR = "logs"
 DEPARTURES_DIR = "departures"
 PROGRESS_FILE = "progress.csv"
 TENSORBOARD_DIR = "tensorboard"
+GOODPUT_DIR = "goodput"  # (its files: :mod:`.ledger_file`)
 
 RUN_ENTRIES = frozenset({RUN_FILE, TRAINABLE_FILE, METRICS_FILE, RESTORES_FILE, LOGS_DIR,
-                         DEPARTURES_DIR, PROGRESS_FILE, TENSORBOARD_DIR})
+                         DEPARTURES_DIR, PROGRESS_FILE, TENSORBOARD_DIR, GOODPUT_DIR})
 
 
 class RunStatus(str, enum.Enum):

@@ -28,9 +28,11 @@ from elastic_train.errors import ConfigError, StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import CheckpointStore
 from elastic_train.storage.lease import LeaseDir, LeaseFence, lease_path
+from elastic_train.storage.ledger_file import LedgerFile, read_ledger
 from elastic_train.storage.retry import RetryPolicy
 from elastic_train.storage.run_state import (
     DEPARTURES_DIR,
+    GOODPUT_DIR,
     LOGS_DIR,
     METRICS_FILE,
     RESTORES_FILE,
@@ -289,6 +291,17 @@ class RunStorage:
         self._fenced("writing restores.json")
         self._retry("writing restores.json", lambda: fsutil.write_json_atomic(
             self.fs, self._path(RESTORES_FILE), [e.to_json() for e in entries]))
+
+    # goodput/: where the run's time goes (see elastic_train.goodput.breakdown)
+    def ledger_file(self, source: str) -> LedgerFile:
+        """A new file of the run's goodput ledger, written by this process alone."""
+        return LedgerFile(self.fs, self._path(GOODPUT_DIR), source,
+                          lambda what: self._fenced(what, _ROW_FENCE_AGE_S))
+
+    def read_ledger(self) -> list[dict[str, Any]]:
+        """Every line of the run's goodput ledger, of every writer."""
+        return self._retry("reading the goodput ledger",
+                           lambda: read_ledger(self.fs, self._path(GOODPUT_DIR)))
 
     # departures/: who left the job and until when it is kept out (see departures.py)
     def write_departure(self, departure: Departure) -> None:

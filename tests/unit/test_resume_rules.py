@@ -119,7 +119,8 @@ def test_start_over_moves_a_finished_run_aside_whole(storage, caplog):
     archives = [p for p in storage.fs.ls(root, detail=False) if ".finished-" in p]
     assert len(archives) == 1 and archives[0].rsplit("/", 1)[1].startswith("run.finished-2")
     assert files_under(storage.fs, archives[0]) == before
-    assert list(files_under(storage.fs, run.run_path)) == ["/run.json"]
+    fresh = list(files_under(storage.fs, run.run_path))  # and the new launch's ledger line
+    assert len(fresh) == 2 and fresh[0].startswith("/goodput/driver-") and fresh[1] == "/run.json"
     assert record.state.status is RunStatus.RUNNING and len(record.state.launches) == 1
     assert "moved to" in caplog.text
 
