@@ -31,22 +31,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 from torch.distributed.elastic.utils.distributed import get_free_port
 
-from elastic_train.agent.node_policy import ADMITTED, Candidate, NodePolicy
+from elastic_train.agent.node_policy import ADMITTED, Candidate
 from elastic_train.agent.rendezvous import etcd_kv as ops
-from elastic_train.agent.rendezvous.etcd_kv import EtcdKV, Watch
-from elastic_train.agent.rendezvous.etcd_rounds import (
-    Keys,
-    Seal,
-    Settings,
-    closed_error,
-    name_of,
-    ours,
-)
+from elastic_train.agent.rendezvous.etcd_rounds import Seal, closed_error, name_of, ours
+
+if TYPE_CHECKING:
+    from elastic_train.agent.node_policy import NodePolicy
+    from elastic_train.agent.rendezvous.etcd_kv import EtcdKV, Watch
+    from elastic_train.agent.rendezvous.etcd_rounds import Keys, Settings
 
 log = logging.getLogger(__name__)
 
