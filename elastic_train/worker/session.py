@@ -285,7 +285,7 @@ class TrainSession:
                     if joined.committer is not None and args.dir_name is None:
                         # Another rank's NO_UPLOAD directory: it is the checkpoint.
                         joined.committer.claim(joined.numbers.next_index, name, in_place=True)
-                    self.storage.checkpoints.adopt(joined.numbers.next_index, name)
+                    self.storage.checkpoints.names.adopt(joined.numbers.next_index, name)
                 row["checkpoint_dir_name"] = self.storage.checkpoints.name(
                     joined.numbers.next_index)
                 # As Ray's: the validation of the first rank that reported a checkpoint.
