@@ -13,9 +13,10 @@ writes keys of its own, and learns what others did from watches:
   the next node claims it). The sealer watches the round's joins; the others
   watch only the round's control keys.
 - With ``max_nodes`` joined, or ``min_nodes`` joined for ``last_call_timeout``
-  seconds, the sealer (:mod:`.etcd_sealer`) writes ``r/R/c/seal`` in one transaction: the members in
-  rank order (itself first, then by join order) and the address of the workers'
-  bootstrap store. Every node learns its rank from that one event.
+  seconds, the sealer (:mod:`.etcd_sealer`) writes ``r/R/c/seal`` in one
+  transaction: the members in rank order (itself first, then by join order) and the
+  address of the workers' bootstrap store. Every node learns its rank from that one
+  event.
 - A member that calls :meth:`next_rendezvous` again (its workers failed) opens
   round R+1 by moving ``run/round`` on and writing ``r/R+1/c/wanted``; a node
   arriving at a sealed round writes ``r/R+1/j/<node>`` (and ``r/R+1/c/wanted``)
