@@ -12,9 +12,10 @@ name is how code and docs refer to it).
   reported too (this node's group rank and the node count).
 - **Our restart decision.** Whether a failed group restarts is decided by a
   :class:`~elastic_train.agent.restart_budget.RestartBudget`, not by torch's counter (which
-  this agent sets to the decision before torch reads it), and whether this node stays in the
-  job by its node policy (:mod:`elastic_train.agent.node_policy`), asked after each failure
-  and before each rendezvous. Only this node's own failures spend its restart budget: the
+  this agent derives from the budget in one place, :func:`torch_restarts_left`, before torch
+  reads it), and whether this node stays in the job by its node policy
+  (:mod:`elastic_train.agent.node_policy`), asked after each failure and before each
+  rendezvous. Only this node's own failures spend its restart budget: the
   agents tell each other how and when their workers failed and settle which node is at fault
   (:mod:`.attribution`); the others restart for free, and a lost node is a membership change
   (counted in ``membership_changes``), not a failure of the job. On a single node every
@@ -81,6 +82,7 @@ from torch.distributed.elastic.agent.server.api import (
     DEFAULT_ROLE,
     RunResult,
     WorkerGroup,
+    WorkerSpec,
     WorkerState,
 )
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -107,6 +109,18 @@ from elastic_train.worker import preemption
 logger = logging.getLogger(__name__)
 
 SEAL_WITHIN_S = 60.0  # how long the survivors of a lost node watch for each other to rejoin
+
+
+def torch_restarts_left(max_restarts: int, budget: RestartBudget, restart: bool) -> int:
+    """What torch's restart counter (``_remaining_restarts``) holds to carry out the
+    ``budget``'s decision ``restart``; the budget decides, torch's counter follows it.
+
+    torch restarts a failed group while the counter is positive and takes one off, and
+    gives the workers ``max_restarts`` minus the counter as ``TORCHELASTIC_RESTART_COUNT``:
+    so the counter is ``max_restarts`` minus the failures charged so far, plus the one
+    torch takes off (the workers then count charged restarts); 0 stops the group.
+    """
+    return max_restarts - budget.failures + 1 if restart else 0
 
 
 @contextlib.contextmanager
@@ -145,7 +159,8 @@ class TrainAgent(LocalElasticAgent):
             options.staging_dir) if options.in_process is not None else None
         self.last_failures: list[WorkerFailure] = []
         self.no_progress: str | None = None
-        self.budget = options.budget or RestartBudget(max_failures=self._remaining_restarts)
+        self.budget = options.budget or RestartBudget(
+            max_failures=self.get_worker_group().spec.max_restarts)
         self.preemption_budget_spent = False
         self.leaving: NodeVerdict | None = None  # the node policy sent this node away
         self._swap = LeaveForSpare(events.leave_request, self._spares_waiting) \
@@ -230,8 +245,7 @@ class TrainAgent(LocalElasticAgent):
         if options.import_watch is not None:
             env[env_vars.MODULES_DIR] = options.import_watch.directory
         if self._in_process is not None:
-            env.update(self._in_process.begin(
-                worker_group.spec.max_restarts - self._remaining_restarts))
+            env.update(self._in_process.begin(self._restart_count(worker_group.spec)))
         worker_group.spec.entrypoint, worker_group.spec.args = self._command()
         with _environ(env):
             pids = super()._start_workers(worker_group)
@@ -252,7 +266,7 @@ class TrainAgent(LocalElasticAgent):
         if self.options.staging_dir is not None:  # staged under the old world's ranks
             shutil.rmtree(self.options.staging_dir, ignore_errors=True)
         self._in_process.reform(worker_group, generation,
-                                worker_group.spec.max_restarts - self._remaining_restarts)
+                                self._restart_count(worker_group.spec))
         worker_group.state = WorkerState.HEALTHY
         return None
 
@@ -312,7 +326,7 @@ class TrainAgent(LocalElasticAgent):
         logger.warning("This node leaves the job (%s); a spare takes its place.",
                        verdict.reason)
         self.leaving, self.last_failures, self.no_progress = verdict, [], None
-        self._remaining_restarts = 0
+        self._follow_budget(self.get_worker_group().spec, restart=False)
         return RunResult(state=WorkerState.FAILED)
 
     def _check_hangs(self, worker_group: WorkerGroup) -> None:
@@ -338,16 +352,21 @@ class TrainAgent(LocalElasticAgent):
             self.leaving = verdict
         self.preemption_budget_spent = decision.preemption_budget_spent
         self.last_failures, self.no_progress = failures, decision.no_progress
-        # torch restarts while its counter is positive and takes one off; the workers'
-        # TORCHELASTIC_RESTART_COUNT is then max_restarts minus the counter, which
-        # this keeps at the number of restarts charged to max_failures.
-        spec = worker_group.spec
-        self._remaining_restarts = (spec.max_restarts - self.budget.failures + 1
-                                    if decision.restart else 0)
+        self._follow_budget(worker_group.spec, decision.restart)
         if self.events.on_failure is not None:
             cause = self.peer_root if kind is FailureKind.PEER else None
             self.events.on_failure(failures, decision, cause)
         return decision
+
+    def _follow_budget(self, spec: WorkerSpec, restart: bool) -> None:
+        """Sets torch's restart counter to carry out ``restart`` (see
+        :func:`torch_restarts_left`): the one place it is written."""
+        self._remaining_restarts = torch_restarts_left(spec.max_restarts, self.budget, restart)
+
+    def _restart_count(self, spec: WorkerSpec) -> int:
+        """The workers' ``TORCHELASTIC_RESTART_COUNT``, as torch computes it from its
+        counter: the base the in-process attempts count from."""
+        return spec.max_restarts - self._remaining_restarts
 
     def _decide_in_process(self, worker_group: WorkerGroup, failures: list[WorkerFailure],
                            kind: FailureKind, peer_root: WorkerFailure | None) -> Decision:

@@ -11,6 +11,9 @@ without touching a directory of the run that no report named. A claim of files t
 user wrote there (NO_UPLOAD) says so (``{"in_place": true}``): the sweep of its
 unfinished commit drops the claim and leaves the files.
 
+:class:`NameClaims` writes, reads and removes one run's claims and knows the names of its
+checkpoints (:class:`~.checkpoint_store.CheckpointStore` asks it for a directory's name).
+
 Example::
 
     check_dir_name("epoch_3")                 # 'epoch_3'
@@ -22,10 +25,17 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from elastic_train.errors import ConfigError
+from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.run_state import RUN_ENTRIES
+
+if TYPE_CHECKING:
+    from elastic_train.storage.manifest import CommitManifest
+    from elastic_train.storage.retry import Retrying
+    from elastic_train.storage.stores.base import StoreAdapter
 
 NAMES_DIR = ".checkpoint-names"
 DEFAULT_RE = re.compile(r"^checkpoint_(\d{6,})$")
@@ -46,7 +56,7 @@ def dir_name(index: int) -> str:
 def check_dir_name(name: Any) -> str:
     """``name`` if it can name a checkpoint directory of the run; else a ConfigError
     naming it and the fix. Uniqueness within the run is checked against storage at
-    the claim (:meth:`~.checkpoint_store.CheckpointStore.claim`)."""
+    the claim (:meth:`NameClaims.claim`)."""
     problem = None
     if not isinstance(name, str) or not name:
         problem = "is not a non-empty string"
@@ -79,3 +89,75 @@ def parse_claim(file_name: str) -> tuple[int, str] | None:
     name, a stray file)."""
     match = _CLAIM_RE.match(file_name)
     return (int(match.group(1)), match.group(2)) if match else None
+
+
+class NameClaims:
+    """The checkpoint names of the run at ``run_path``: its claims under
+    :data:`NAMES_DIR`, and the names this process knows, by index (from a listing, a
+    manifest, a claim, or rank 0's word). ``retrying`` is the store's call with retries,
+    ``fenced(what)`` its check of the run's lease before a write."""
+
+    def __init__(self, adapter: StoreAdapter, run_path: str, retrying: Retrying,
+                 fenced: Callable[[str], None]) -> None:
+        self._adapter, self._run_path = adapter, run_path
+        self._retrying, self._fenced = retrying, fenced
+        self._names: dict[int, str] = {}  # custom directory names, by index
+
+    def _path(self, index: int, name: str) -> str:
+        return fsutil.join(self._run_path, NAMES_DIR, claim_file(index, name))
+
+    def name(self, index: int) -> str:
+        """The name of checkpoint ``index``'s directory: the one claimed for it (known
+        from a listing, a manifest, :meth:`claim` or :meth:`adopt`), else the default."""
+        return self._names.get(index) or dir_name(index)
+
+    def adopt(self, index: int, name: str) -> None:
+        """Notes the name rank 0 claimed for checkpoint ``index`` (the other ranks)."""
+        self._names[index] = name
+
+    def remember(self, manifests: list[CommitManifest]) -> None:
+        """Notes the names of ``manifests`` (read by another rank and sent here)."""
+        self._names.update({m.index: m.name for m in manifests})
+
+    def claim(self, index: int, name: str, in_place: bool = False) -> None:
+        """Reserves ``name`` for checkpoint ``index`` before any rank uploads into it; a
+        ConfigError when the run already has a checkpoint of that name, or an entry of
+        that name -- unless ``in_place``: the user writes the files there (NO_UPLOAD, or
+        a checkpoint_upload_fn given that directory), and the sweep of an unfinished
+        commit then leaves them."""
+        fs = self._adapter.fs
+        self._fenced(f"claiming {name}")
+        exists = not in_place and self._retrying("checking a checkpoint name", lambda: fs.exists(
+            fsutil.join(self._run_path, name)))
+        if name in self.listed().values() or exists:
+            raise ConfigError(f"report(checkpoint_dir_name={name!r}): the run "
+                              f"{fsutil.display_path(fs, self._run_path)} already has a "
+                              "checkpoint or an entry of that name; names must be unique "
+                              "within the run, e.g. f'epoch_{epoch}'.")
+        self._retrying(f"claiming {name}", lambda: fsutil.write_json_atomic(
+            fs, self._path(index, name), {"in_place": in_place}))
+        self._names[index] = name
+
+    def in_place(self, index: int) -> bool:
+        """Whether checkpoint ``index``'s directory holds files the user wrote there."""
+        claim = self._path(index, self.name(index))
+        return index in self._names and bool(self._retrying(
+            "reading a checkpoint name",
+            lambda: fsutil.read_json(self._adapter.fs, claim)).get("in_place"))
+
+    def listed(self) -> dict[int, str]:
+        """Every claim of the run, by index, listed afresh (and noted)."""
+        directory = fsutil.join(self._run_path, NAMES_DIR)
+        found = self._retrying("listing checkpoints",
+                               lambda: fsutil.names_in(self._adapter.fs, directory))
+        claims = dict(filter(None, map(parse_claim, sorted(found))))
+        self._names.update(claims)
+        return claims
+
+    def unclaim(self, index: int) -> None:
+        """Removes checkpoint ``index``'s claim, once its directory is gone."""
+        name = self._names.pop(index, None)
+        if name is not None:
+            claim = self._path(index, name)
+            self._retrying(f"removing the claim of {name}",
+                           lambda: self._adapter.remove_tree(claim))

@@ -1,7 +1,8 @@
 """Checkpoints in the run directory, committed atomically.
 
 A checkpoint is the directory ``checkpoint_NNNNNN/`` (or the name the report
-chose, claimed first: see :mod:`.checkpoint_names`) holding the files of
+chose, claimed first: see :mod:`.checkpoint_names`, whose :class:`NameClaims` the
+store holds as :attr:`CheckpointStore.names`) holding the files of
 every rank that reported one, plus the commit marker ``.commit.json``
 (:class:`CommitManifest`: index, metrics, file list with sizes and CRC-32s,
 per-rank resume state) written last. A directory without the marker does not
@@ -17,8 +18,9 @@ directories are fsynced before the marker is written, and the marker's rename is
 synced too, so a power cut never leaves a marker over files it lost. Ranks
 announce a finished upload with a marker under ``.upload-marks/`` (their files'
 sizes and CRC-32s, computed off the training thread) that the committing rank
-waits for and merges into the manifest. Every operation is retried on transient
-errors (see :mod:`.retry`).
+waits for and merges into the manifest (:mod:`.upload_progress`, whose
+:class:`UploadMarks` the store holds as :attr:`CheckpointStore.uploads`). Every
+operation is retried on transient errors (see :mod:`.retry`).
 
 "No marker" is never taken from one lookup: an NFS client caches "not found" for
 up to ``acdirmin`` (30 s), so a node may not see a marker another node wrote
@@ -32,7 +34,6 @@ marker read again if it is there. Writes that could harm another job's checkpoin
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
 import logging
@@ -45,19 +46,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import fsspec
 from fsspec.callbacks import Callback
 
-from elastic_train.errors import ConfigError, CorruptManifestError, StorageError
+from elastic_train.errors import CorruptManifestError, StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_names import (
     DEFAULT_RE,
-    NAMES_DIR,
+    NameClaims,
     claim_file,
-    dir_name,
     parse_claim,
 )
 from elastic_train.storage.manifest import CommitManifest
 from elastic_train.storage.retry import RetryPolicy
 from elastic_train.storage.stores import adapter_for
-from elastic_train.storage.upload_progress import stop_if
+from elastic_train.storage.upload_progress import UploadMarks, stop_if
 
 if TYPE_CHECKING:
     from elastic_train.storage.lease import LeaseFence
@@ -69,9 +69,6 @@ T = TypeVar("T")
 MARKER = ".commit.json"
 # Checkpoints found damaged, kept for a person to look at: <NNNNNN>.<name>/ (see set_aside).
 DAMAGED_DIR = ".damaged"
-# Not ".uploads": SeaweedFS keeps its multipart parts under that name and hides it
-# from listings, so markers there would never be seen.
-UPLOADS_DIR = ".upload-marks"
 # Files per batch sent at once: bounds the memory s3fs uses for concurrent multipart uploads.
 UPLOAD_BATCH = 4
 
@@ -135,7 +132,8 @@ def parse_marker(raw: bytes, path: str) -> CommitManifest:
 
 
 class CheckpointStore:
-    """Reads, writes, commits and deletes the checkpoints of one run."""
+    """Reads, writes, commits and deletes the checkpoints of one run; :attr:`names` holds
+    their names and claims, :attr:`uploads` the ranks' upload markers."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, run_path: str,
                  retry: RetryPolicy | None = None, fence: LeaseFence | None = None):
@@ -144,7 +142,8 @@ class CheckpointStore:
         self.adapter = adapter_for(fs)
         self.retry = (retry or RetryPolicy()).for_store(self.adapter)
         self.fence = fence
-        self._names: dict[int, str] = {}  # custom directory names, by index
+        self.names = NameClaims(self.adapter, run_path, self._retry, self._fenced)
+        self.uploads = UploadMarks(self.adapter, run_path, self._retry, self.name)
 
     @property
     def display_path(self) -> str:
@@ -167,45 +166,11 @@ class CheckpointStore:
                                      lambda: fsutil.names_in(self.fs, directory))
 
     def name(self, index: int) -> str:
-        """The name of checkpoint ``index``'s directory: the one claimed for it (known
-        from a listing, a manifest, :meth:`claim` or :meth:`adopt`), else the default."""
-        return self._names.get(index) or dir_name(index)
+        """The name of checkpoint ``index``'s directory (see :meth:`NameClaims.name`)."""
+        return self.names.name(index)
 
     def path(self, index: int) -> str:
         return fsutil.join(self.run_path, self.name(index))
-
-    def adopt(self, index: int, name: str) -> None:
-        """Notes the name rank 0 claimed for checkpoint ``index`` (the other ranks)."""
-        self._names[index] = name
-
-    def remember(self, manifests: list[CommitManifest]) -> None:
-        """Notes the names of ``manifests`` (read by another rank and sent here)."""
-        self._names.update({m.index: m.name for m in manifests})
-
-    def claim(self, index: int, name: str, in_place: bool = False) -> None:
-        """Reserves ``name`` for checkpoint ``index`` before any rank uploads into it; a
-        ConfigError when the run already has a checkpoint of that name, or an entry of
-        that name -- unless ``in_place``: the user writes the files there (NO_UPLOAD, or
-        a checkpoint_upload_fn given that directory), and the sweep of an unfinished
-        commit then leaves them."""
-        self._fenced(f"claiming {name}")
-        exists = not in_place and self._retry("checking a checkpoint name", lambda: self.fs.exists(
-            fsutil.join(self.run_path, name)))
-        if name in self._claims().values() or exists:
-            raise ConfigError(f"report(checkpoint_dir_name={name!r}): the run "
-                              f"{self.display_path} already has a checkpoint or an entry of "
-                              "that name; names must be unique within the run, e.g. "
-                              "f'epoch_{epoch}'.")
-        self._retry(f"claiming {name}", lambda: fsutil.write_json_atomic(
-            self.fs, fsutil.join(self.run_path, NAMES_DIR, claim_file(index, name)),
-            {"in_place": in_place}))
-        self._names[index] = name
-
-    def _in_place(self, index: int) -> bool:
-        """Whether checkpoint ``index``'s directory holds files the user wrote there."""
-        claim = fsutil.join(self.run_path, NAMES_DIR, claim_file(index, self.name(index)))
-        return index in self._names and bool(self._retry(
-            "reading a checkpoint name", lambda: fsutil.read_json(self.fs, claim)).get("in_place"))
 
     def describe_in_place(self, index: int) -> dict[str, dict[str, Any]]:
         """:func:`describe_files` of the files the user wrote into checkpoint ``index``'s
@@ -222,35 +187,13 @@ class CheckpointStore:
 
     def _list(self, path: str) -> list[str]:
         """The names in directory ``path`` (none if it is missing), listed afresh."""
-        def listing() -> list[str]:
-            self.fs.invalidate_cache(path)
-            try:
-                return self.fs.ls(path, detail=False)
-            except FileNotFoundError:
-                return []
-
-        return [e.rstrip("/").rsplit("/", 1)[-1]
-                for e in self._retry("listing checkpoints", listing)]
-
-    def _claims(self) -> dict[int, str]:
-        claims = dict(filter(None, map(parse_claim, self._list(
-            fsutil.join(self.run_path, NAMES_DIR)))))
-        self._names.update(claims)
-        return claims
+        return sorted(self._retry("listing checkpoints", lambda: fsutil.names_in(self.fs, path)))
 
     def _checkpoint_dirs(self) -> dict[int, str]:
         dirs = {int(m.group(1)): m.group(0)
                 for m in map(DEFAULT_RE.match, self._list(self.run_path)) if m}
-        dirs.update(self._claims())
+        dirs.update(self.names.listed())
         return {index: fsutil.join(self.run_path, name) for index, name in dirs.items()}
-
-    def _unclaim(self, index: int) -> None:
-        """Removes checkpoint ``index``'s claim, once its directory is gone."""
-        name = self._names.pop(index, None)
-        if name is not None:
-            claim = fsutil.join(self.run_path, NAMES_DIR, claim_file(index, name))
-            self._retry(f"removing the claim of {name}",
-                        lambda: self.adapter.remove_tree(claim))
 
     def _read_manifest(self, index: int, path: str) -> CommitManifest | None:
         """The marker of the checkpoint directory ``path``; None only when a fresh listing
@@ -307,15 +250,13 @@ class CheckpointStore:
                 self._set_aside_if_possible(index)
                 removed.append(index)
                 continue
-            if not self._in_place(index):  # the user's own files (NO_UPLOAD) stay
+            if not self.names.in_place(index):  # the user's own files (NO_UPLOAD) stay
                 logger.info("Removing uncommitted checkpoint directory %s", path)
                 self._retry("removing an uncommitted checkpoint",
                             lambda p=path: self.adapter.remove_tree(p))
-            self._unclaim(index)
+            self.names.unclaim(index)
             removed.append(index)
-        uploads = fsutil.join(self.run_path, UPLOADS_DIR)
-        if self._retry("listing upload markers", lambda: self.fs.exists(uploads)):
-            self._retry("removing upload markers", lambda: self.adapter.remove_tree(uploads))
+        self.uploads.clear_all()
         aside = [claim[0] for claim in map(parse_claim, self._list(
             fsutil.join(self.run_path, DAMAGED_DIR))) if claim]
         return sorted({*removed, *aside}), manifests
@@ -346,7 +287,7 @@ class CheckpointStore:
                        "again.", name, fsutil.display_path(self.fs, target))
         self._retry(what, lambda: self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True))
         if self._retry(what, lambda: self.adapter.rename_tree(source, target)):
-            self._unclaim(index)
+            self.names.unclaim(index)
             return
         files = self._retry(what, lambda: self.fs.find(source))
         self._retry(what, lambda: self.fs.copy(
@@ -395,80 +336,6 @@ class CheckpointStore:
                                               self.adapter.abort_unfinished_uploads(
                                                   target, only=remote[b])))
 
-    def _upload_mark(self, index: int, rank: int | None = None) -> str:
-        name = dir_name(index) + (f".rank{rank}" if rank is not None else "")
-        return fsutil.join(self.run_path, UPLOADS_DIR, name)
-
-    def mark_uploaded(self, index: int, rank: int, files: dict[str, dict[str, Any]]) -> None:
-        """Announces that ``rank`` finished uploading its files of checkpoint ``index``;
-        the marker holds their sizes and checksums (see :func:`describe_files`)."""
-        self._retry("writing an upload marker", lambda: fsutil.write_json_atomic(
-            self.fs, self._upload_mark(index, rank), files))
-
-    def uploaded_files(self, index: int, ranks: list[int]) -> dict[str, dict[str, Any]]:
-        """The file descriptions in the upload markers of ``ranks``, merged; two ranks
-        that uploaded the same file (written in the background, so not deduplicated
-        in ``report()``) are an error: one would have overwritten the other."""
-        files: dict[str, dict[str, Any]] = {}
-        for rank in ranks:
-            mine = self._retry("reading an upload marker", lambda r=rank: fsutil.read_json(
-                self.fs, self._upload_mark(index, r)))
-            if clash := sorted(set(mine) & set(files)):
-                raise StorageError(
-                    f"{self.name(index)}: ranks {files[clash[0]].get('rank')} and {rank} both "
-                    f"wrote {', '.join(clash[:3])}; files written in the background must "
-                    "have names of their own per rank (as DCP's are).")
-            files.update(mine)
-        return files
-
-    def _marks(self, index: int) -> list[str]:
-        """Every entry of checkpoint ``index`` under ``.upload-marks/``."""
-        directory = fsutil.join(self.run_path, UPLOADS_DIR)
-        prefix = self._upload_mark(index) + "."
-
-        def listing() -> list[str]:
-            self.fs.invalidate_cache(directory)
-            try:
-                return self.fs.ls(directory, detail=False)
-            except FileNotFoundError:
-                return []
-
-        return [n for n in self._retry("listing upload markers", listing)
-                if n.startswith(prefix)]
-
-    def uploaded_ranks(self, index: int) -> set[int]:
-        prefix = self._upload_mark(index) + ".rank"
-        # Another rank's marker may be mid-write: its temporary name does not count.
-        suffixes = (n[len(prefix):] for n in self._marks(index) if n.startswith(prefix))
-        return {int(suffix) for suffix in suffixes if suffix.isdigit()}
-
-    def _progress_mark(self, index: int, rank: int) -> str:
-        return f"{self._upload_mark(index)}.progress.rank{rank}"
-
-    def note_progress(self, index: int, rank: int, uploaded_bytes: int) -> None:
-        """Tells the committing rank how far ``rank``'s upload of ``index`` has got
-        (once, without retries: see :mod:`.upload_progress`)."""
-        fsutil.write_json_atomic(self.fs, self._progress_mark(index, rank),
-                                 {"bytes": uploaded_bytes})
-
-    def upload_progress(self, index: int, ranks: list[int]) -> dict[int, int]:
-        """The bytes each of ``ranks`` last told it had uploaded of ``index`` (0: none)."""
-        def read(rank: int) -> int:
-            try:  # one GET: the marker may be rewritten meanwhile (s3fs's open() then fails)
-                return int(json.loads(self.fs.cat_file(self._progress_mark(index, rank)))["bytes"])
-            except FileNotFoundError:
-                return 0
-
-        return {r: self._retry("reading upload progress", lambda r=r: read(r)) for r in ranks}
-
-    def clear_upload_marks(self, index: int) -> None:
-        def remove(mark: str) -> None:
-            with contextlib.suppress(FileNotFoundError):  # e.g. a temporary name, renamed
-                self.fs.rm(mark)
-
-        for mark in self._marks(index):
-            self._retry("removing an upload marker", lambda m=mark: remove(m))
-
     def commit(self, manifest: CommitManifest) -> None:
         """Makes checkpoint ``manifest.index`` visible: the marker is written last."""
         self._fenced(f"committing {manifest.name}")
@@ -487,4 +354,4 @@ class CheckpointStore:
         # The marker's removal reaches the disk before the files' (no marker over holes).
         self._retry(what, lambda: self.adapter.make_durable([path], path))
         self._retry(what, lambda: self.adapter.remove_tree(path))
-        self._unclaim(index)
+        self.names.unclaim(index)

@@ -54,7 +54,8 @@ import fsspec
 from elastic_train.errors import CorruptManifestError, StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage import node_settings
-from elastic_train.storage.checkpoint_store import MARKER, dir_name, file_matches
+from elastic_train.storage.checkpoint_names import dir_name
+from elastic_train.storage.checkpoint_store import MARKER, file_matches
 from elastic_train.storage.manifest import CommitManifest, FileDigest, check_relpath, is_trusted
 from elastic_train.storage.retry import RetryPolicy, run_policy
 from elastic_train.storage.stores import adapter_for

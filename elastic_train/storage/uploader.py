@@ -37,10 +37,10 @@ from typing import Any
 
 from elastic_train.errors import ConfigError, StorageError
 from elastic_train.storage import background_priority, peer_replicas
+from elastic_train.storage.checkpoint_names import dir_name
 from elastic_train.storage.checkpoint_store import (
     CheckpointStore,
     describe_files,
-    dir_name,
     list_directory,
 )
 from elastic_train.storage.local_tier import LocalTier
@@ -288,7 +288,7 @@ class CheckpointUploader:
         if job.in_place and self.rank in job.owner_ranks:  # the commit reads the files
             if job.write is not None:
                 job.write()
-            self.store.mark_uploaded(job.index, self.rank, {})
+            self.store.uploads.mark_uploaded(job.index, self.rank, {})
         if job.relpaths is None:
             self._take_over(job)
         files: dict[str, dict[str, Any]] = {}
@@ -298,11 +298,11 @@ class CheckpointUploader:
             files = {rel: {**info, "rank": self.rank}
                      for rel, info in describe_files(job.staged_dir, job.relpaths).items()}
             interval = report_interval_s(self.store.retry.budget_s)
-            with ProgressReporter(self.store, job.index, self.rank, interval,
+            with ProgressReporter(self.store.uploads, job.index, self.rank, interval,
                                   cancelled=self._abandoned) as progress:
                 self.store.upload(job.index, job.staged_dir, job.relpaths,
                                   callback=progress.callback, cancelled=self._abandoned)
-            self.store.mark_uploaded(job.index, self.rank, files)
+            self.store.uploads.mark_uploaded(job.index, self.rank, files)
         if job.manifest is not None and not self._abandoned.is_set():
             self.commit(job.manifest, job.owner_ranks, job.in_place)
         return files

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from elastic_train.errors import StorageError
-from elastic_train.storage.checkpoint_store import dir_name
+from elastic_train.storage.checkpoint_names import dir_name
 from elastic_train.storage.manifest import CommitManifest
 from elastic_train.storage.retention import CheckpointRecord, score_of, to_delete
 
@@ -98,7 +98,7 @@ class Committer:
         """Reserves the directory name ``name`` for checkpoint ``index`` before any rank
         uploads (see :mod:`elastic_train.storage.checkpoint_names`); a ConfigError when
         the run has an entry of that name already (or none, ``in_place``: NO_UPLOAD)."""
-        self.store.claim(index, name, in_place)
+        self.store.names.claim(index, name, in_place)
 
     @staticmethod
     def manifest(index: int, row: dict[str, Any],
@@ -133,10 +133,10 @@ class Committer:
         checkpoint_upload_fn) are read from the run directory for their descriptions."""
         self._wait_for_owners(manifest.index, owner_ranks)
         manifest.files = (self.store.describe_in_place(manifest.index) if in_place else
-                          self.store.uploaded_files(manifest.index, list(owner_ranks)))
+                          self.store.uploads.uploaded_files(manifest.index, list(owner_ranks)))
         with self._lock:
             self.store.commit(manifest)
-            self.store.clear_upload_marks(manifest.index)
+            self.store.uploads.clear(manifest.index)
             self._committed.append(CheckpointRecord(manifest.index, manifest.metrics))
             if manifest.validation_pending and self.validations is not None:
                 self._pending.add(manifest.index)
@@ -188,9 +188,9 @@ class Committer:
         deadline = time.monotonic() + budget
         progress: dict[int, int] = {}
         delay = 0.01
-        while missing := set(owner_ranks) - self.store.uploaded_ranks(index):
+        while missing := set(owner_ranks) - self.store.uploads.uploaded_ranks(index):
             if time.monotonic() > deadline:
-                now = self.store.upload_progress(index, sorted(missing))
+                now = self.store.uploads.upload_progress(index, sorted(missing))
                 if not any(now[r] > progress.get(r, 0) for r in missing):
                     raise StorageError(
                         f"ranks {sorted(missing)} made no progress uploading "

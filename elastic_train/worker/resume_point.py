@@ -130,7 +130,7 @@ def agree_on_resume_point(storage: RunStorage, group: ControlGroup,
     """
     swept = storage.checkpoints.sweep() if rank == 0 else None
     removed, manifests = group.broadcast(swept)
-    storage.checkpoints.remember(manifests)  # custom directory names, on every rank
+    storage.checkpoints.names.remember(manifests)  # custom directory names, on every rank
     chosen = choose_intact(storage.checkpoints, manifests, rank, group.world_size,
                            lambda ok: not group.any_rank(not ok)[0])
     point = None

@@ -347,7 +347,7 @@ class TrainSession:
             if joined.committer is not None and args.dir_name is None:
                 # Another rank's NO_UPLOAD directory: it is the checkpoint.
                 joined.committer.claim(index, name, in_place=True)
-            self.storage.checkpoints.adopt(index, name)
+            self.storage.checkpoints.names.adopt(index, name)
         row["checkpoint_dir_name"] = self.storage.checkpoints.name(index)
         # As Ray's: the validation of the first rank that reported a checkpoint.
         validation = next(g.validation for g in gathered if g.files is not None)

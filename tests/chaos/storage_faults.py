@@ -38,7 +38,8 @@ from types import SimpleNamespace
 
 import elastic_train as et
 from elastic_train.errors import CorruptManifestError
-from elastic_train.storage.checkpoint_store import MARKER, dir_name, parse_marker
+from elastic_train.storage.checkpoint_names import dir_name
+from elastic_train.storage.checkpoint_store import MARKER, parse_marker
 from elastic_train.storage.run_state import RunStatus
 from elastic_train.torch import TorchTrainer
 from tests.chaos.faults import (

@@ -15,7 +15,8 @@ import fsspec
 import pytest
 
 import elastic_train as et
-from elastic_train.storage.checkpoint_store import MARKER, UPLOADS_DIR, mismatched_files
+from elastic_train.storage.checkpoint_store import MARKER, mismatched_files
+from elastic_train.storage.upload_progress import UPLOADS_DIR
 from elastic_train.torch import TorchTrainer
 from tests.conftest import EPOCHS, StorageUnderTest, child_pids, fit, wait_until
 from tests.support.servers import SeaweedS3Server, weed_binary

@@ -16,7 +16,8 @@ import torch
 import elastic_train as et
 from elastic_train import collective
 from elastic_train.storage import RunStorage
-from elastic_train.storage.checkpoint_store import MARKER, UPLOADS_DIR
+from elastic_train.storage.checkpoint_store import MARKER
+from elastic_train.storage.upload_progress import UPLOADS_DIR
 from elastic_train.torch import TorchTrainer
 from tests.conftest import EPOCHS, StorageUnderTest, fit, make_storage, wait_until
 from tests.support.servers import TcpProxy, s3_options

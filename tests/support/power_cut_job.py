@@ -35,7 +35,8 @@ import time
 import cloudpickle
 
 import elastic_train as et
-from elastic_train.storage.checkpoint_store import CheckpointStore, dir_name
+from elastic_train.storage.checkpoint_names import dir_name
+from elastic_train.storage.checkpoint_store import CheckpointStore
 from elastic_train.torch import TorchTrainer
 from tests.support import jobs, power_cut, process_tree
 from tests.support.power_cut import PowerCutDisk, tree_to_json

@@ -34,7 +34,7 @@ def files(tmp_path):
 
 def upload(store, index, src, rank, relpaths):
     store.upload(index, src, relpaths)
-    store.mark_uploaded(index, rank, {rel: scan_directory(src)[rel] for rel in relpaths})
+    store.uploads.mark_uploaded(index, rank, {rel: scan_directory(src)[rel] for rel in relpaths})
 
 
 def manifest(index, **metrics):
@@ -68,7 +68,7 @@ def test_commit_waits_for_every_owner_and_merges_their_files(store, files):
     assert time.monotonic() - began >= 0.3
     [committed] = store.committed()
     assert committed.files == scan_directory(files)
-    assert store.uploaded_ranks(0) == set()  # the markers go once committed
+    assert store.uploads.uploaded_ranks(0) == set()  # the markers go once committed
     assert committer.committed == [CheckpointRecord(0, {"loss": 1.0})]
 
 
@@ -89,7 +89,7 @@ def test_an_owner_whose_upload_advances_is_waited_for_past_the_budget(tmp_path, 
     def slow_owner() -> None:
         for sent in range(1, 13):
             time.sleep(0.1)
-            store.note_progress(0, 1, sent * 1000)
+            store.uploads.note_progress(0, 1, sent * 1000)
         upload(store, 0, files, 1, ["b.pt"])
 
     owner = threading.Thread(target=slow_owner)
@@ -105,7 +105,7 @@ def test_an_owner_whose_upload_advances_is_waited_for_past_the_budget(tmp_path, 
 def test_an_owner_whose_upload_stalls_fails_the_commit(tmp_path, files):
     store = CheckpointStore(LocalFileSystem(), str(tmp_path / "run"), RetryPolicy(budget_s=0.3))
     upload(store, 0, files, 0, ["a.pt"])
-    store.note_progress(0, 1, 5000)  # some progress, then nothing
+    store.uploads.note_progress(0, 1, 5000)  # some progress, then nothing
     began = time.monotonic()
     with pytest.raises(StorageError, match=r"ranks \[1\] made no progress"):
         committer_for(store).commit(manifest(0), [0, 1])

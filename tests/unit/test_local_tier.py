@@ -13,7 +13,8 @@ import pytest
 
 from elastic_train.errors import StorageError
 from elastic_train.storage import CommitManifest
-from elastic_train.storage.checkpoint_store import dir_name, list_directory
+from elastic_train.storage.checkpoint_names import dir_name
+from elastic_train.storage.checkpoint_store import list_directory
 from elastic_train.storage.restore_check import assigned_files, check_share, choose_intact
 from elastic_train.storage.uploader import WRITTEN_LATER, CheckpointUploader, UploadJob
 from tests.conftest import committer_for

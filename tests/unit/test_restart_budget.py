@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from elastic_train._internal.failure_kinds import FailureKind
+from elastic_train.agent.local_agent import torch_restarts_left
 from elastic_train.agent.restart_budget import UNLIMITED, RestartBudget
+from elastic_train.config import FailureConfig
 
 FAILURE, PEER, PREEMPTION = FailureKind.FAILURE, FailureKind.PEER, FailureKind.PREEMPTION
 
@@ -41,3 +43,25 @@ def test_preemptions_spend_their_own_budget_not_max_failures():
     spent = RestartBudget(max_failures=5, max_preemptions=0).charge(PREEMPTION)
     assert not spent.restart and spent.preemption_budget_spent
     assert not RestartBudget(max_failures=0).charge(FAILURE).preemption_budget_spent
+
+
+@pytest.mark.parametrize("max_failures", [0, 2, UNLIMITED])
+def test_torchs_restart_counter_is_derived_from_the_budget(max_failures):
+    """One restart counter: the budget decides, and torch's counter is derived from it
+    (``local_agent.torch_restarts_left``). Under torch's own rule (restart while the
+    counter is positive and take one off; the workers' TORCHELASTIC_RESTART_COUNT is
+    ``max_restarts`` minus the counter) the group restarts exactly when the budget says,
+    and the workers count the restarts charged to ``max_failures``, not the free ones."""
+    max_restarts = FailureConfig(max_failures=max_failures).max_restarts
+    budget = RestartBudget(max_failures=max_failures, max_preemptions=1)
+    restarts, counts = [], []
+    for kind in (PEER, FAILURE, PREEMPTION, PEER, FAILURE, FAILURE, PREEMPTION):
+        decision = budget.charge(kind)
+        counter = torch_restarts_left(max_restarts, budget, decision.restart)
+        restarts.append(counter > 0)
+        assert restarts[-1] == decision.restart
+        if not decision.restart:
+            break
+        counts.append(max_restarts - (counter - 1))
+    assert counts == {0: [0], 2: [0, 1, 1, 1, 2], UNLIMITED: [0, 1, 1, 1, 2, 3]}[max_failures]
+    assert restarts[-1] is False

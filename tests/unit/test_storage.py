@@ -18,11 +18,10 @@ from elastic_train.checkpoint import Checkpoint
 from elastic_train.errors import StorageError, WorkerFailure
 from elastic_train.storage import CheckpointStore, CommitManifest, RunStorage
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.checkpoint_names import MAX_NAME_BYTES, check_dir_name
+from elastic_train.storage.checkpoint_names import MAX_NAME_BYTES, check_dir_name, dir_name
 from elastic_train.storage.checkpoint_store import (
     DAMAGED_DIR,
     MARKER,
-    dir_name,
     list_directory,
     mismatched_files,
     scan_directory,
@@ -344,10 +343,10 @@ def test_upload_marks_being_written_are_not_counted(run):
     """A rank's marker is written to a temporary name, then renamed: a listing in
     between (another rank checking for commit) must not choke on it."""
     store = run.checkpoints
-    store.mark_uploaded(0, 0, {})
-    tmp = store._upload_mark(0, 1) + ".tmp-5e672569"
+    store.uploads.mark_uploaded(0, 0, {})
+    tmp = store.uploads._mark(0, 1) + ".tmp-5e672569"
     store.fs.pipe_file(tmp, b"")
-    assert store.uploaded_ranks(0) == {0}
+    assert store.uploads.uploaded_ranks(0) == {0}
 
 
 def test_upload_marks_carry_the_checksums_the_commit_records(run, local_ckpt):
@@ -357,9 +356,9 @@ def test_upload_marks_carry_the_checksums_the_commit_records(run, local_ckpt):
     described = scan_directory(local_ckpt)
     mine = {rel: info for rel, info in described.items() if rel.startswith("sub/")}
     theirs = {rel: info for rel, info in described.items() if not rel.startswith("sub/")}
-    store.mark_uploaded(2, 0, mine)
-    store.mark_uploaded(2, 1, theirs)
-    assert store.uploaded_files(2, [0, 1]) == described
+    store.uploads.mark_uploaded(2, 0, mine)
+    store.uploads.mark_uploaded(2, 1, theirs)
+    assert store.uploads.uploaded_files(2, [0, 1]) == described
     assert described["sub/opt.pt"] == {"size": 9, "crc32": f"{zlib.crc32(b'optimizer'):08x}",
                                        "sha256": hashlib.sha256(b"optimizer").hexdigest()}
 
@@ -408,9 +407,9 @@ def test_credentials_are_left_out_of_what_is_stored():
 def test_two_ranks_uploading_one_file_is_refused(run):
     store = run.checkpoints
     for rank in (0, 1):
-        store.mark_uploaded(5, rank, {"state.pt": {"size": 1, "crc32": "0", "rank": rank}})
+        store.uploads.mark_uploaded(5, rank, {"state.pt": {"size": 1, "crc32": "0", "rank": rank}})
     with pytest.raises(StorageError, match="ranks 0 and 1 both wrote state.pt"):
-        store.uploaded_files(5, [0, 1])
+        store.uploads.uploaded_files(5, [0, 1])
 
 
 def test_sweep_removes_uncommitted_and_returns_the_committed(run, local_ckpt):
@@ -425,7 +424,7 @@ def test_sweep_removes_uncommitted_and_returns_the_committed(run, local_ckpt):
 
 def commit_named(store, index, name, src):
     """A checkpoint committed into the directory ``name`` (report(checkpoint_dir_name=))."""
-    store.claim(index, name)
+    store.names.claim(index, name)
     files = scan_directory(src)
     store.upload(index, src, files)
     m = manifest(index, files, loss=0.5)
@@ -452,10 +451,10 @@ def test_a_name_the_run_has_already_is_refused_before_any_upload(run, local_ckpt
     store = run.checkpoints
     commit_named(store, 0, "best", local_ckpt)
     with pytest.raises(ConfigError, match=r"checkpoint_dir_name='best'.*unique within the run"):
-        store.claim(1, "best")
+        store.names.claim(1, "best")
     fsutil.write_json_atomic(run.fs, fsutil.join(run.run_path, "notes", "mine.json"), {})
     with pytest.raises(ConfigError, match=r"'notes'.*already has a checkpoint or an entry"):
-        store.claim(2, "notes")
+        store.names.claim(2, "notes")
     assert [m.index for m in store.committed()] == [0]
 
 
@@ -488,21 +487,21 @@ def test_a_damaged_checkpoint_set_aside_frees_its_name_and_keeps_its_number(run,
 def test_sweep_removes_claimed_uploads_cut_short_and_leaves_other_entries(run, local_ckpt):
     store = run.checkpoints
     commit_named(store, 0, "kept", local_ckpt)
-    store.claim(1, "cut_short")
+    store.names.claim(1, "cut_short")
     store.upload(1, local_ckpt, scan_directory(local_ckpt))
-    store.claim(2, "never_started")
+    store.names.claim(2, "never_started")
     fsutil.write_json_atomic(run.fs, fsutil.join(run.run_path, "notes", "mine.json"), {})
     removed, manifests = CheckpointStore(run.fs, run.run_path).sweep()
     assert removed == [1, 2] and [m.name for m in manifests] == ["kept"]
     assert not run.fs.exists(fsutil.join(run.run_path, "cut_short"))
     assert run.fs.exists(fsutil.join(run.run_path, "notes", "mine.json"))
-    store.claim(3, "cut_short")  # the name is free again
+    store.names.claim(3, "cut_short")  # the name is free again
 
 
 def test_sweep_leaves_the_files_of_a_no_upload_commit_cut_short(run, local_ckpt):
     store = run.checkpoints
     fsutil.write_json_atomic(run.fs, fsutil.join(run.run_path, "by_hand", "state.json"), {})
-    store.claim(0, "by_hand", in_place=True)
+    store.names.claim(0, "by_hand", in_place=True)
     assert store.describe_in_place(0)["state.json"]["size"] == 2
     removed, manifests = CheckpointStore(run.fs, run.run_path).sweep()
     assert (removed, manifests) == ([0], [])

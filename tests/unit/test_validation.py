@@ -113,7 +113,7 @@ def _commit(committer, store, tmp_path, index, metrics, task=None):
     src.mkdir()
     (src / "a.pt").write_bytes(b"a" * (10 + index))
     store.upload(index, str(src), ["a.pt"])
-    store.mark_uploaded(index, 0, scan_directory(str(src)))
+    store.uploads.mark_uploaded(index, 0, scan_directory(str(src)))
     row = {"training_iteration": index + 1, "checkpoint_dir_name": f"checkpoint_{index:06d}",
            **metrics}
     manifest = committer.manifest(index, row, [{}], task)

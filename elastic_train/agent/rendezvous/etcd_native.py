@@ -13,9 +13,10 @@ writes keys of its own, and learns what others did from watches:
   the next node claims it). The sealer watches the round's joins; the others
   watch only the round's control keys.
 - With ``max_nodes`` joined, or ``min_nodes`` joined for ``last_call_timeout``
-  seconds, the sealer writes ``r/R/c/seal`` in one transaction: the members in
-  rank order (itself first, then by join order) and the address of the workers'
-  bootstrap store. Every node learns its rank from that one event.
+  seconds, the sealer (:mod:`.etcd_sealer`) writes ``r/R/c/seal`` in one
+  transaction: the members in rank order (itself first, then by join order) and the
+  address of the workers' bootstrap store. Every node learns its rank from that one
+  event.
 - A member that calls :meth:`next_rendezvous` again (its workers failed) opens
   round R+1 by moving ``run/round`` on and writing ``r/R+1/c/wanted``; a node
   arriving at a sealed round writes ``r/R+1/j/<node>`` (and ``r/R+1/c/wanted``)
@@ -86,11 +87,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import (
-    RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousError,
     RendezvousGracefulExitError,
@@ -100,21 +100,28 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousStoreInfo,
     RendezvousTimeoutError,
 )
-from torch.distributed.elastic.utils.distributed import get_free_port
 
 from elastic_train.agent import node_policy
-from elastic_train.agent.node_policy import ADMITTED, POLICY_SETTING, Candidate
+from elastic_train.agent.node_policy import POLICY_SETTING
 from elastic_train.agent.rendezvous import etcd_kv as ops
 from elastic_train.agent.rendezvous.etcd_kv import EtcdKV, Watch
 from elastic_train.agent.rendezvous.etcd_lease import NodeLease
-from elastic_train.agent.rendezvous.etcd_rounds import Keys, Seal, Settings, round_number
+from elastic_train.agent.rendezvous.etcd_rounds import (
+    Keys,
+    Seal,
+    Settings,
+    closed_error,
+    name_of,
+    ours,
+    round_number,
+)
+from elastic_train.agent.rendezvous.etcd_sealer import RoundSealer, SealerTurn
 from elastic_train.agent.rendezvous.etcd_v3 import EtcdV3Keyspace, EtcdV3Store, create_client
 from elastic_train.errors import NodeLeftError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_RUN_LEASE_TTL = 30
-_ALIVE_EVERY_S = 0.1  # how often a sealer with min_nodes asks whether every live member came
 # Rank r opens its watch of the next round r x this many seconds after the rendezvous: a
 # thousand members that open theirs at once hold up the seal on its way to the last ones.
 _WATCH_SPREAD_S = 0.001
@@ -165,7 +172,7 @@ class _WaitingNodes:
 
     def _update(self, events: list[ops.Event]) -> None:
         self._seen.extend(events)
-        if any(not e.deleted and _ours(e.kv) and e.kv.key == self._wanted for e in events):
+        if any(not e.deleted and ours(e.kv) and e.kv.key == self._wanted for e in events):
             self.count = 1
 
     def take(self) -> tuple[Watch, list[ops.Event]]:
@@ -220,8 +227,9 @@ class EtcdNativeHandler(RendezvousHandler):
         self._round_hint = 0
         self._spare = False
         self._last: _Membership | None = None
-        self._hosted: dist.Store | None = None  # the store of the round being sealed
-        self._policy = node_policy.load(params.get(POLICY_SETTING))
+        self._sealer = RoundSealer(self._kv, self._keys, self._settings, self._node,
+                                   self._run.lease_id,
+                                   node_policy.load(params.get(POLICY_SETTING)))
 
     # --- torch's interface ------------------------------------------------------------------
 
@@ -283,7 +291,7 @@ class EtcdNativeHandler(RendezvousHandler):
         try:
             found = self._kv.read(ops.get(keys.joins(r), prefix=True, keys_only=True))
             nodes = [kv.key[len(keys.joins(r)):].decode() for kv in found.ranges[0]
-                     if kv.create_revision in gone and _ours(kv)]
+                     if kv.create_revision in gone and ours(kv)]
             if nodes:
                 self._kv.txn([], [ops.delete(keys.live(r, node)) for node in nodes])
         except RendezvousError as exc:  # their records expire with their leases
@@ -300,7 +308,7 @@ class EtcdNativeHandler(RendezvousHandler):
             return 0
         found = self._kv.read(ops.get(self._keys.spares(last.round + 1), prefix=True,
                                       keys_only=True))
-        return sum(_ours(kv) for kv in found.ranges[0])
+        return sum(ours(kv) for kv in found.ranges[0])
 
     def is_closed(self) -> bool:
         return bool(self._kv.read(ops.get(self._keys.closed)).ranges[0])
@@ -550,6 +558,14 @@ class EtcdNativeHandler(RendezvousHandler):
                                   [ops.put(keys.sealer(r), self._node.encode(), lease)])
         return result is not None and result.succeeded
 
+    def _seal(self, r: int, deadline: float, renewals: int) -> Seal | None:
+        """As round ``r``'s sealer: :class:`~.etcd_sealer.RoundSealer` seals it, waiting on
+        its watch until the join deadline; None if it lost the part (this node's lease was
+        renewed since ``renewals``)."""
+        return self._sealer.seal(SealerTurn(
+            r, lambda watch, until: self._next(watch, r, deadline, until),
+            lambda: self._lease.renewals != renewals, self.use_agent_store))
+
     def _next(self, watch: Watch, r: int, deadline: float,
               until: float | None = None) -> list[ops.Event] | None:
         """The watch's next events, waiting at most until ``until``, the join deadline (then
@@ -564,165 +580,6 @@ class EtcdNativeHandler(RendezvousHandler):
         return watch.next(min(wait, self._settings.lease_ttl,
                               self._settings.watch_check_interval))
 
-    # --- sealing a round --------------------------------------------------------------------
-
-    def _seal(self, r: int, deadline: float, renewals: int) -> Seal | None:
-        """As round ``r``'s sealer: follows its joins and seals it with ``max_nodes``, with
-        ``min_nodes`` once no live member of round r-1 is still to come (no liveness
-        record of r-1 left, asked every ``_ALIVE_EVERY_S``), or with ``min_nodes`` for
-        ``last_call_timeout`` seconds, counting only the nodes its node policy admits;
-        None if it lost the part."""
-        keys, settings = self._keys, self._settings
-        found = self._kv.read(ops.get(keys.joins(r), prefix=True, keys_only=True))
-        joined = {kv.key: kv.create_revision for kv in found.ranges[0] if _ours(kv)}
-        # The joined nodes the policy does not admit (join key -> why), asked once each.
-        refused = {key: why for key in joined if (why := self._refusal(r, key))}
-        watch = self._kv.watch(keys.of_round(r), found.revision + 1)
-        enough_since: float | None = None
-        ask_at = 0.0  # when to ask next whether every live member of round r-1 came
-        checked = time.monotonic()  # when the watch last brought a change, or was checked
-        try:
-            while True:
-                now = time.monotonic()
-                admitted = len(joined) - len(refused)
-                if admitted < settings.min_nodes:
-                    enough_since = None
-                elif enough_since is None:
-                    enough_since = now
-                all_came = False
-                if enough_since is not None and now >= ask_at and r > 0:
-                    ask_at = now + _ALIVE_EVERY_S
-                    all_came = self._all_alive_joined(r, joined, refused)
-                if admitted >= settings.max_nodes or all_came or enough_since is not None \
-                        and now >= enough_since + settings.last_call_timeout:
-                    return self._publish(r, {key: rev for key, rev in joined.items()
-                                             if key not in refused}, refused)
-                last_call = None if enough_since is None else min(
-                    enough_since + settings.last_call_timeout, now + _ALIVE_EVERY_S)
-                try:
-                    events = self._next(watch, r, deadline, until=min(
-                        last_call or math.inf, checked + settings.watch_check_interval))
-                except RendezvousConnectionError as exc:  # cannot resume: see _missed
-                    log.warning("The sealer's watch of round %d broke and cannot resume "
-                                "(%s); watching it anew.", r, exc)
-                    events, checked = None, -math.inf
-                if self._lease.renewals != renewals:
-                    return None
-                if events:
-                    checked = time.monotonic()
-                elif time.monotonic() >= checked + settings.watch_check_interval:
-                    checked = time.monotonic()
-                    seal = self._look_again(r, watch, joined, refused)
-                    if seal is not None:
-                        return seal
-                for event in events or []:
-                    seal = self._follow(r, event, joined, refused)
-                    if seal is not None:
-                        return seal
-        finally:
-            watch.cancel()
-
-    def _look_again(self, r: int, watch: Watch, joined: dict[bytes, int],
-                    refused: dict[bytes, str]) -> Seal | None:
-        """The sealer's ``watch`` of round ``r`` brought nothing for a while, or broke and
-        cannot resume (as a member's, see :meth:`_missed`): it watches anew from now and
-        reads the round's joins, seal and close once into its view (as :meth:`_follow`
-        would the changes); the seal if there is one. One node seals a round, so this
-        costs etcd little."""
-        keys = self._keys
-        watch.restart()
-        found = self._kv.read(ops.get(keys.joins(r), prefix=True, keys_only=True),
-                              ops.get(keys.seal(r)), ops.get(keys.closed_in(r)))
-        joins, seal, closed = found.ranges
-        if closed:
-            self._raise_closed()
-        if seal:
-            return Seal.of(seal[0])
-        now = {kv.key: kv.create_revision for kv in joins if _ours(kv)}
-        for key in set(joined) - set(now):
-            joined.pop(key)
-            refused.pop(key, None)
-        for key, revision in now.items():
-            if key not in joined:
-                joined[key] = revision
-                if why := self._refusal(r, key):
-                    refused[key] = why
-        return None
-
-    def _all_alive_joined(self, r: int, joined: dict[bytes, int],
-                          refused: dict[bytes, str]) -> bool:
-        """Whether every member of round r-1 still alive has left it (joined round r): no
-        liveness record of r-1 is left. If so, the joins of round r, read after that
-        answer, are added to the sealer's view (its watch may not have shown them yet;
-        a member leaves r-1 and joins r in one transaction, so every such join is read).
-        The joins are read only then: the sealer asks every ``_ALIVE_EVERY_S``, and at
-        1,024 nodes each read of them is a thousand keys."""
-        keys = self._keys
-        if self._kv.read(ops.get(keys.lives(r - 1), prefix=True, count_only=True)).counts[0]:
-            return False
-        found = self._kv.read(ops.get(keys.joins(r), prefix=True, keys_only=True))
-        for kv in found.ranges[0]:
-            if kv.key not in joined and _ours(kv):
-                joined[kv.key] = kv.create_revision
-                if why := self._refusal(r, kv.key):
-                    refused[kv.key] = why
-        return True
-
-    def _follow(self, r: int, event: ops.Event, joined: dict[bytes, int],
-                refused: dict[bytes, str]) -> Seal | None:
-        """Applies one event of round ``r`` to the sealer's view (the nodes joined, those
-        of them refused); a seal if one appeared."""
-        keys, key = self._keys, event.kv.key
-        if key.startswith(keys.joins(r)):
-            if event.deleted:
-                joined.pop(key, None)
-                refused.pop(key, None)
-            elif key not in joined and _ours(event.kv):
-                joined[key] = event.kv.create_revision
-                if why := self._refusal(r, key):
-                    refused[key] = why
-        elif key == keys.closed_in(r):
-            self._raise_closed()
-        elif key == keys.seal(r) and not event.deleted:
-            return Seal.of(event.kv)
-        return None
-
-    def _refusal(self, r: int, key: bytes) -> str:
-        """Why the node policy refuses the node that joined round ``r`` as ``key`` ("" when
-        it is admitted; this node always is)."""
-        node = key[len(self._keys.joins(r)):].decode()
-        admission = ADMITTED if node == self._node else self._policy.admit(
-            Candidate(_name_of(node)))
-        return "" if admission.admitted else admission.reason
-
-    def _publish(self, r: int, joined: dict[bytes, int], refused: dict[bytes, str]
-                 ) -> Seal | None:
-        """Writes round ``r``'s seal in one transaction, if this node still is its sealer:
-        itself as rank 0 (it hosts the round's store), the others in join order; and why
-        each of the ``refused`` join keys was left out."""
-        keys, settings = self._keys, self._settings
-        mine = joined.get(keys.join(r, self._node))
-        if mine is None:
-            return None
-        others = sorted(rev for key, rev in joined.items() if rev != mine)
-        server = dist.TCPStore(settings.local_addr, 0, is_master=True, wait_for_workers=False,
-                               multi_tenant=True, timeout=timedelta(seconds=settings.store_timeout)
-                               ) if self.use_agent_store else None
-        bootstrap = server.port if server is not None else get_free_port()
-        seal = Seal(mine, tuple(others[:settings.max_nodes - 1]), settings.local_addr, bootstrap)
-        result = self._kv.txn(
-            [ops.absent(keys.seal(r)), ops.value_is(keys.sealer(r), self._node.encode())],
-            [ops.put(keys.seal(r), seal.encode(), self._run.lease_id),
-             *(ops.put(keys.refused(r, key[len(keys.joins(r)):].decode()),
-                       reason.encode(), self._run.lease_id)
-               for key, reason in refused.items())],
-            [ops.get(keys.seal(r))])
-        if result.succeeded:
-            self._hosted = server
-            return Seal(**{**seal.__dict__, "revision": result.revision})
-        found = result.ranges[0]
-        return Seal.of(found[0]) if found else None
-
     # --- between rounds ---------------------------------------------------------------------
 
     def _leave_if_refused(self, r: int) -> None:
@@ -730,7 +587,7 @@ class EtcdNativeHandler(RendezvousHandler):
         left it out (it would be left out of every round), else nothing (it came late)."""
         found = self._kv.read(ops.get(self._keys.refused(r, self._node))).ranges[0]
         if found:
-            raise NodeLeftError(_name_of(self._node), "not admitted by the sealer of round "
+            raise NodeLeftError(name_of(self._node), "not admitted by the sealer of round "
                                 f"{r}: {found[0].value.decode(errors='replace')}")
 
     def _wait_for_next_round(self, seal: Seal, revision: int, deadline: float) -> None:
@@ -777,7 +634,7 @@ class EtcdNativeHandler(RendezvousHandler):
     def _members_alive(self, r: int) -> bool:
         """Whether any member of round ``r`` still holds its join key (its lease lives)."""
         found = self._kv.read(ops.get(self._keys.joins(r), prefix=True, keys_only=True))
-        return any(_ours(kv) for kv in found.ranges[0])
+        return any(ours(kv) for kv in found.ranges[0])
 
     def _round_moved(self, r: int) -> bool:
         """Whether the current round is no longer ``r`` (read, in case the watch of it
@@ -796,7 +653,7 @@ class EtcdNativeHandler(RendezvousHandler):
         this node's rank, the world size and the workers' bootstrap store."""
         seal, settings = membership.seal, self._settings
         if membership.rank == 0:
-            membership.server, self._hosted = self._hosted, None
+            membership.server = self._sealer.take_store()
         store = dist.PrefixStore(f"torch.rendezvous.{settings.run_id}.{membership.round}",
                                  self._store)
         self._last = membership
@@ -817,7 +674,7 @@ class EtcdNativeHandler(RendezvousHandler):
             result = self._kv.txn([], [ops.put(keys.left + self._node.encode(), b"",
                                                self._run.lease_id),
                                        ops.get(keys.left, prefix=True, keys_only=True)])
-            if sum(_ours(kv) for kv in result.ranges[0]) >= last.seal.world_size:
+            if sum(ours(kv) for kv in result.ranges[0]) >= last.seal.world_size:
                 self._run.delete_all()
         except RendezvousError as exc:
             log.warning("Could not delete the run's etcd keys (%s); they expire with their "
@@ -827,20 +684,7 @@ class EtcdNativeHandler(RendezvousHandler):
         if self._spare:
             raise RendezvousGracefulExitError(
                 f"The rendezvous of {self._settings.run_id} closed while this node was a spare.")
-        raise RendezvousClosedError(f"The rendezvous of {self._settings.run_id} is closed.")
-
-
-def _ours(kv: ops.KeyValue) -> bool:
-    """Whether a node of the run wrote ``kv``: every key this handler writes carries a
-    lease (the node's own or the run's), so a key without one is a stray write (an
-    operator's ``etcdctl put``) and counts for nothing: not as a member, a waiting node
-    or a node gone."""
-    return kv.lease != 0
-
-
-def _name_of(node: str) -> str:
-    """The name a node's policy knows it by (its ``local_addr``) from its key in etcd."""
-    return unquote(node).rsplit("_", 2)[0]
+        raise closed_error(self._settings.run_id)
 
 
 def create_handler(params: RendezvousParameters) -> EtcdNativeHandler:

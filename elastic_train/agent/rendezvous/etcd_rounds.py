@@ -2,7 +2,9 @@
 
 :class:`Keys` is where each piece of a run's rendezvous lives, :class:`Seal` the
 formed round as its sealer writes it, :class:`Settings` torch's rendezvous
-parameters with torch's defaults. See :mod:`.etcd_native` for the protocol.
+parameters with torch's defaults; :func:`ours` and :func:`name_of` read the keys
+the nodes wrote. See :mod:`.etcd_native` for the protocol, :mod:`.etcd_sealer`
+for the seal.
 """
 
 from __future__ import annotations
@@ -11,8 +13,13 @@ import itertools
 import json
 import socket
 from dataclasses import dataclass
+from urllib.parse import unquote
 
-from torch.distributed.elastic.rendezvous import RendezvousParameters, RendezvousStateError
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousParameters,
+    RendezvousStateError,
+)
 
 from elastic_train.agent.rendezvous.etcd_kv import KeyValue
 
@@ -195,3 +202,21 @@ def round_number(kv: KeyValue) -> int:
     raise RendezvousStateError(
         f"etcd key {kv.key.decode(errors='replace')} holds {value[:60]!r}, not a round "
         "number")
+
+
+def ours(kv: KeyValue) -> bool:
+    """Whether a node of the run wrote ``kv``: every key the handler writes carries a
+    lease (the node's own or the run's), so a key without one is a stray write (an
+    operator's ``etcdctl put``) and counts for nothing: not as a member, a waiting node
+    or a node gone."""
+    return kv.lease != 0
+
+
+def name_of(node: str) -> str:
+    """The name a node's policy knows it by (its ``local_addr``) from its key in etcd."""
+    return unquote(node).rsplit("_", 2)[0]
+
+
+def closed_error(run_id: str) -> RendezvousClosedError:
+    """The error of a node that finds the rendezvous of ``run_id`` closed."""
+    return RendezvousClosedError(f"The rendezvous of {run_id} is closed.")
