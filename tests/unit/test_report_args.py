@@ -40,7 +40,7 @@ def test_deleting_a_directory_that_holds_the_run_is_refused(tmp_path):
     ({"dir_name": "é" * 115}, r"is 230 bytes long \(UTF-8\), over the 229 bytes"),
     # the run directory's own entries
     ({"dir_name": "logs"}, r"checkpoint_dir_name='logs'\) is the name of one of the run "
-                           r"directory's own entries \(departures, logs, metrics.jsonl"),
+                           r"directory's own entries \(departures, goodput, logs, metrics.jsonl"),
     ({"dir_name": "restores.json"}, r"'restores.json'\) is the name of one of the run"),
     ({"dir_name": "departures"}, r"'departures'\) is the name of one of the run"),
     ({"upload_fn": "s3://x"}, r"checkpoint_upload_fn='s3://x'\) must be a function"),
