@@ -30,6 +30,7 @@ _EXPORTS = {
     "TrainingFailedError": "elastic_train.errors",
     "WorkerFailure": "elastic_train.errors",
     "PreemptionInfo": "elastic_train.worker.preemption",
+    "MetricsConfig": "elastic_train.metrics_config",
     "RendezvousConfig": "elastic_train.rendezvous_config",
     "StragglerConfig": "elastic_train.stragglers",
     "Result": "elastic_train.result",
@@ -69,6 +70,7 @@ if TYPE_CHECKING:  # what static tools see
         TrainingFailedError,
         WorkerFailure,
     )
+    from elastic_train.metrics_config import MetricsConfig
     from elastic_train.rendezvous_config import RendezvousConfig
     from elastic_train.report_config import (
         CheckpointConsistencyMode,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_train.errors import ConfigError
+from elastic_train.metrics_config import MetricsConfig
 from elastic_train.ray_arguments import (
     CHECKPOINT_CONFIG,
     FAILURE_CONFIG,
@@ -491,6 +492,9 @@ class RunConfig:
         checkpoint_config: Retention; see :class:`CheckpointConfig`.
         straggler_config: Our addition: when a node that stays slow is named in the
             console and ``run.json``; see :class:`~elastic_train.StragglerConfig`.
+        metrics_config: Our addition: a Prometheus endpoint on each node and an
+            OpenTelemetry push, both off by default; see
+            :class:`~elastic_train.MetricsConfig` and docs/observability.md.
         start_over: Our addition. A run stored under this name that cannot be
             continued -- it finished, or its train function changed (see
             :mod:`elastic_train.driver.resume_rules`) -- is refused by default. With
@@ -519,6 +523,7 @@ class RunConfig:
     failure_config: FailureConfig | None = None
     checkpoint_config: CheckpointConfig | None = None
     straggler_config: StragglerConfig | None = None
+    metrics_config: MetricsConfig | None = None
     callbacks: list[Any] | None = None
     verbose: int = 1
     start_over: bool = False
@@ -534,6 +539,8 @@ class RunConfig:
             self.checkpoint_config = CheckpointConfig()
         if self.straggler_config is None:
             self.straggler_config = StragglerConfig()
+        if self.metrics_config is None:
+            self.metrics_config = MetricsConfig()
         if self.storage_path is None:
             self.storage_path = DEFAULT_STORAGE_PATH
         _require(
@@ -550,6 +557,12 @@ class RunConfig:
             "RunConfig.straggler_config",
             isinstance(self.straggler_config, StragglerConfig),
             f"RunConfig.straggler_config={self.straggler_config!r} must be a StragglerConfig.",
+        )
+        _require(
+            "RunConfig.metrics_config",
+            isinstance(self.metrics_config, MetricsConfig),
+            f"RunConfig.metrics_config={self.metrics_config!r} must be a MetricsConfig, e.g. "
+            "MetricsConfig(port=9464).",
         )
         _require(
             "RunConfig.storage_path",
