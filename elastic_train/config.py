@@ -533,37 +533,9 @@ class RunConfig:
         variables = env_vars_of(notes_of(self), "RunConfig(worker_runtime_env",
                                 self.worker_runtime_env)
         self.worker_runtime_env = {"env_vars": variables} if variables else None
-        if self.failure_config is None:
-            self.failure_config = FailureConfig()
-        if self.checkpoint_config is None:
-            self.checkpoint_config = CheckpointConfig()
-        if self.straggler_config is None:
-            self.straggler_config = StragglerConfig()
-        if self.metrics_config is None:
-            self.metrics_config = MetricsConfig()
+        self._check_parts()
         if self.storage_path is None:
             self.storage_path = DEFAULT_STORAGE_PATH
-        _require(
-            "RunConfig.failure_config",
-            isinstance(self.failure_config, FailureConfig),
-            f"RunConfig.failure_config={self.failure_config!r} must be a FailureConfig.",
-        )
-        _require(
-            "RunConfig.checkpoint_config",
-            isinstance(self.checkpoint_config, CheckpointConfig),
-            f"RunConfig.checkpoint_config={self.checkpoint_config!r} must be a CheckpointConfig.",
-        )
-        _require(
-            "RunConfig.straggler_config",
-            isinstance(self.straggler_config, StragglerConfig),
-            f"RunConfig.straggler_config={self.straggler_config!r} must be a StragglerConfig.",
-        )
-        _require(
-            "RunConfig.metrics_config",
-            isinstance(self.metrics_config, MetricsConfig),
-            f"RunConfig.metrics_config={self.metrics_config!r} must be a MetricsConfig, e.g. "
-            "MetricsConfig(port=9464).",
-        )
         _require(
             "RunConfig.storage_path",
             isinstance(self.storage_path, (str, os.PathLike)),
@@ -593,6 +565,38 @@ class RunConfig:
                                   and "/" not in self.name),
             f"RunConfig.name={self.name!r} is invalid: use a non-empty name without '/', "
             "e.g. RunConfig(name='resnet-fashion').",
+        )
+
+    def _check_parts(self) -> None:
+        """The settings' own configs: their defaults, and each of the right type."""
+        if self.failure_config is None:
+            self.failure_config = FailureConfig()
+        if self.checkpoint_config is None:
+            self.checkpoint_config = CheckpointConfig()
+        if self.straggler_config is None:
+            self.straggler_config = StragglerConfig()
+        if self.metrics_config is None:
+            self.metrics_config = MetricsConfig()
+        _require(
+            "RunConfig.failure_config",
+            isinstance(self.failure_config, FailureConfig),
+            f"RunConfig.failure_config={self.failure_config!r} must be a FailureConfig.",
+        )
+        _require(
+            "RunConfig.checkpoint_config",
+            isinstance(self.checkpoint_config, CheckpointConfig),
+            f"RunConfig.checkpoint_config={self.checkpoint_config!r} must be a CheckpointConfig.",
+        )
+        _require(
+            "RunConfig.straggler_config",
+            isinstance(self.straggler_config, StragglerConfig),
+            f"RunConfig.straggler_config={self.straggler_config!r} must be a StragglerConfig.",
+        )
+        _require(
+            "RunConfig.metrics_config",
+            isinstance(self.metrics_config, MetricsConfig),
+            f"RunConfig.metrics_config={self.metrics_config!r} must be a MetricsConfig, e.g. "
+            "MetricsConfig(port=9464).",
         )
 
     @property

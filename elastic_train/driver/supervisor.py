@@ -84,6 +84,32 @@ class RunSupervisor:
             nproc_per_node=spec.nproc_per_node, stragglers=self.stragglers,
             on_straggler=self._note_straggler, waiting_for=_server(spec.rendezvous),
             feed=MetricsFeed(self.metrics, self.storage) if self.metrics else None)
+        events = self._agent_events(spec, monitor)
+        # Only a job that sends nodes away keeps departures: the others never look for any.
+        self.departures_kept = sends_nodes_away(spec, events)
+        monitor.start()
+        try:
+            outcome = run_agent(spec, events)
+        except Interrupted:
+            self._set_status(RunStatus.INTERRUPTED)
+            raise
+        except RendezvousLostError as exc:
+            self._set_status(RunStatus.FAILED, error=str(exc))
+            raise
+        except BaseException:
+            self._set_status(RunStatus.FAILED, error="The driver stopped unexpectedly.")
+            raise
+        finally:
+            self._note_zygote_errors()
+            monitor.stop()
+            self._upload_logs(spec.log_dir)
+        if outcome.left is not None and outcome.left.cool_off_s > 0:
+            self._record_departure(outcome.left)
+        self._note_departures()
+        return outcome
+
+    def _agent_events(self, spec: AgentSpec, monitor: RunMonitor) -> AgentEvents:
+        """The agent's events, wired to the live view, the record and the metrics."""
 
         def on_rendezvous(group_rank: int, nodes: int) -> None:
             if self.check_lease is not None:
@@ -115,32 +141,10 @@ class RunSupervisor:
             if self.record is not None:
                 self.record.note_recovery(recovery.replaced)
 
-        events = AgentEvents(
+        return AgentEvents(
             on_failure=on_failure, on_rendezvous=on_rendezvous, on_recovered=on_recovered,
             progress=lambda: read_progress(self.storage),
             leave_request=self._leave_request if self._replaces_stragglers else None)
-        # Only a job that sends nodes away keeps departures: the others never look for any.
-        self.departures_kept = sends_nodes_away(spec, events)
-        monitor.start()
-        try:
-            outcome = run_agent(spec, events)
-        except Interrupted:
-            self._set_status(RunStatus.INTERRUPTED)
-            raise
-        except RendezvousLostError as exc:
-            self._set_status(RunStatus.FAILED, error=str(exc))
-            raise
-        except BaseException:
-            self._set_status(RunStatus.FAILED, error="The driver stopped unexpectedly.")
-            raise
-        finally:
-            self._note_zygote_errors()
-            monitor.stop()
-            self._upload_logs(spec.log_dir)
-        if outcome.left is not None and outcome.left.cool_off_s > 0:
-            self._record_departure(outcome.left)
-        self._note_departures()
-        return outcome
 
     def _record_departure(self, left: NodeLeftError) -> None:
         """This node left with a cooling-off period: recorded in the run directory, where
