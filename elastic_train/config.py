@@ -569,35 +569,14 @@ class RunConfig:
 
     def _check_parts(self) -> None:
         """The settings' own configs: their defaults, and each of the right type."""
-        if self.failure_config is None:
-            self.failure_config = FailureConfig()
-        if self.checkpoint_config is None:
-            self.checkpoint_config = CheckpointConfig()
-        if self.straggler_config is None:
-            self.straggler_config = StragglerConfig()
-        if self.metrics_config is None:
-            self.metrics_config = MetricsConfig()
-        _require(
-            "RunConfig.failure_config",
-            isinstance(self.failure_config, FailureConfig),
-            f"RunConfig.failure_config={self.failure_config!r} must be a FailureConfig.",
-        )
-        _require(
-            "RunConfig.checkpoint_config",
-            isinstance(self.checkpoint_config, CheckpointConfig),
-            f"RunConfig.checkpoint_config={self.checkpoint_config!r} must be a CheckpointConfig.",
-        )
-        _require(
-            "RunConfig.straggler_config",
-            isinstance(self.straggler_config, StragglerConfig),
-            f"RunConfig.straggler_config={self.straggler_config!r} must be a StragglerConfig.",
-        )
-        _require(
-            "RunConfig.metrics_config",
-            isinstance(self.metrics_config, MetricsConfig),
-            f"RunConfig.metrics_config={self.metrics_config!r} must be a MetricsConfig, e.g. "
-            "MetricsConfig(port=9464).",
-        )
+        for name, kind in (("failure_config", FailureConfig),
+                           ("checkpoint_config", CheckpointConfig),
+                           ("straggler_config", StragglerConfig),
+                           ("metrics_config", MetricsConfig)):
+            if getattr(self, name) is None:
+                setattr(self, name, kind())
+            _require(f"RunConfig.{name}", isinstance(getattr(self, name), kind),
+                     f"RunConfig.{name}={getattr(self, name)!r} must be a {kind.__name__}.")
 
     @property
     def worker_env_vars(self) -> dict[str, str]:

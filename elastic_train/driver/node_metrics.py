@@ -31,7 +31,11 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Protocol
+
+from elastic_train.errors import ConfigError
+from elastic_train.integrations import extras
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +92,17 @@ BADPUT = Metric("elastic_train_badput_seconds", Kind.GAUGE,
 METRICS: tuple[Metric, ...] = (
     RESTARTS, RECOVERY, RENDEZVOUS_ROUNDS, RENDEZVOUS, WORLD_SIZE, STEP_TIME, SLOWEST_SCORE,
     CHECKPOINT_BLOCKED, UPLOAD_LAG, UPLOAD_BYTES, GOODPUT, BADPUT)
+
+
+def require(module: str, extra: str, field: str, package: str | None = None) -> ModuleType:
+    """Imports an exporter's client ``module``, or raises ConfigError (before any process
+    starts) naming the ``package``, the extra that installs it and the ``MetricsConfig``
+    field to drop."""
+    try:
+        return extras.require(module, extra, f"MetricsConfig.{field}", package)
+    except ImportError as exc:
+        raise ConfigError(f"{exc} Or drop MetricsConfig.{field}.",
+                          field=f"MetricsConfig.{field}") from exc
 
 
 class Sink(Protocol):

@@ -15,26 +15,19 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from elastic_train.driver.node_metrics import BUCKETS_S, METRICS, Kind, Metric
-from elastic_train.errors import ConfigError
+from elastic_train.driver.node_metrics import BUCKETS_S, METRICS, Kind, Metric, require
 
 logger = logging.getLogger(__name__)
-
-EXTRA_HINT = ("pip install 'elastic-train[otel]' (opentelemetry-sdk, "
-              "opentelemetry-exporter-otlp-proto-http)")
 _SDK_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.metric_exporter",
                 "opentelemetry.sdk.metrics._internal.export")
 
 
 def check_installed() -> None:
     """Raises ConfigError naming the extra unless the SDK and its exporter are installed."""
-    try:
-        import opentelemetry.exporter.otlp.proto.http.metric_exporter  # noqa: F401
-        import opentelemetry.sdk.metrics  # noqa: F401
-    except ImportError as exc:
-        raise ConfigError(f"MetricsConfig.otlp_endpoint needs OpenTelemetry: {EXTRA_HINT}, "
-                          "or drop the endpoint (launch: --otlp-endpoint).",
-                          field="MetricsConfig.otlp_endpoint") from exc
+    require("opentelemetry.sdk.metrics", "otel", "otlp_endpoint",
+            package="opentelemetry-sdk")
+    require("opentelemetry.exporter.otlp.proto.http.metric_exporter", "otel",
+            "otlp_endpoint", package="opentelemetry-exporter-otlp-proto-http")
 
 
 def _warning_exporter(url: str, timeout_s: float) -> Any:

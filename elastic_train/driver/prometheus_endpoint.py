@@ -18,22 +18,21 @@ import logging
 import socket
 from typing import Any
 
-from elastic_train.driver.node_metrics import BUCKETS_S, COMMON_LABELS, METRICS, Kind, Metric
+from elastic_train.driver.node_metrics import (
+    BUCKETS_S,
+    COMMON_LABELS,
+    METRICS,
+    Kind,
+    Metric,
+    require,
+)
 from elastic_train.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-EXTRA_HINT = "pip install 'elastic-train[metrics]' (prometheus_client)"
-
 
 def _client() -> Any:
-    try:
-        import prometheus_client
-    except ImportError as exc:
-        raise ConfigError(f"MetricsConfig.port needs prometheus_client: {EXTRA_HINT}, or "
-                          "drop the port (launch: --metrics-port).",
-                          field="MetricsConfig.port") from exc
-    return prometheus_client
+    return require("prometheus_client", "metrics", "port")
 
 
 def check_port(address: str, port: int) -> None:

@@ -6,6 +6,7 @@ and against a collector that is down."""
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import sys
 import time
@@ -246,3 +247,14 @@ def test_a_nodes_series_do_not_grow_with_the_jobs_ranks():
         return sum(len(f.samples) for f in filled(1, ranks).registry.collect())
 
     assert series(64) == series(2) < 100
+
+
+@pytest.mark.parametrize("module, settings, extra", [
+    ("prometheus_client", {"port": 9464}, "elastic-train[metrics]"),
+    ("opentelemetry.sdk.metrics", {"otlp_endpoint": "http://c:4318"}, "elastic-train[otel]"),
+])
+def test_a_missing_client_is_named_with_its_extra_before_anything_starts(
+        monkeypatch, module, settings, extra):
+    monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(et.ConfigError, match=re.escape(extra)):
+        exporters.check(et.MetricsConfig(**settings))
