@@ -164,7 +164,7 @@ class _Store:
 
 
 def test_the_feed_measures_upload_lag_and_bytes_and_forgets_lost_checkpoints():
-    storage = types.SimpleNamespace(checkpoints=_Store())
+    storage = types.SimpleNamespace(checkpoints=_Store(), read_ledger=list)  # no ledger lines
     sink = PrometheusSink()
     feed = metrics_feed.MetricsFeed(NodeMetrics("r", "n", [sink]), storage)
     now = time.time()
@@ -198,6 +198,7 @@ def test_the_goodput_hook_is_one_call_into_the_ledgers_breakdown(monkeypatch):
     goodput.breakdown = lambda entries: types.SimpleNamespace(
         seconds={Cause.PRODUCTIVE: 8.0, Cause.RESTORE: 2.0} if entries == ledger else {})
     monkeypatch.setitem(sys.modules, "elastic_train.goodput", goodput)
+    monkeypatch.setattr(et, "goodput", goodput, raising=False)  # where it was imported
     storage = types.SimpleNamespace(read_ledger=lambda: ledger)
     assert metrics_feed.goodput_seconds(storage) == {"productive": 8.0, "restore": 2.0}
     assert metrics_feed.goodput_seconds(types.SimpleNamespace(read_ledger=list)) is None
