@@ -18,7 +18,8 @@ from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.prometheus_server import prometheus_binary, running
 from tests.support.servers import free_port
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120),
+              pytest.mark.usefixtures("no_leaked_processes")]
 NAME = "observed"
 
 
@@ -42,7 +43,6 @@ def faulted(tmp_path_factory):
         yield result, prometheus, receiver, port
 
 
-@pytest.mark.usefixtures("no_leaked_processes")
 @pytest.mark.skipif(prometheus_binary() is None,
                     reason="no prometheus binary: apt-get install prometheus (.ci/run does)")
 def test_prometheus_scrapes_a_run_with_a_fault(faulted):
