@@ -18,6 +18,7 @@ from bench.data_position_figure import GOAL_PERCENT as POSITION_PERCENT
 from bench.data_position_figure import GOAL_RESUME_MS, data_position
 from bench.digest_cost import digest_cost
 from bench.gpu_figure import gpu
+from bench.interval_figure import interval
 from bench.main_figures import (
     AGENT_MEMORY_TARGET,
     COLD_START_TARGET,
@@ -122,4 +123,8 @@ FIGURES: dict[str, Figure] = {
         f"≤ +{RSS_GROWTH.bound * 100:g} %", soak),
     "gpu": Figure("15", "GPU: in-process restarts on nccl", "", gpu),
     "digest_cost": Figure("16", "what a checkpoint file's checksums cost", "", digest_cost),
+    "interval": Figure(
+        "17", "checkpoint interval on the same faults: every step, every epoch, "
+        "should_checkpoint()", "should_checkpoint() takes less wall time than both others, "
+        "and its ranks get the same answers", interval),
 }

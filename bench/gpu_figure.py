@@ -19,7 +19,7 @@ rank), (d') ``elastic-train launch`` with an ``@restart_in_process`` main.
 
 Without CUDA the figure is one line, "not available: no CUDA device". This
 process never asks the CUDA runtime itself (it would poison its forks): devices
-are counted by :func:`elastic_train.devices.count`, in a short-lived child.
+are counted by :func:`elastic_train._internal.devices.count`, in a short-lived child.
 
 Dev switches (environment):
 
@@ -65,11 +65,11 @@ def gpu(suite: Suite) -> list[Table]:
     if dry_run:
         gpus = 0
     else:
-        from elastic_train import devices  # counts in a forked child: no CUDA call here
+        from elastic_train._internal import devices  # counts in a forked child: no CUDA call here
 
         gpus = devices.count("cuda")
         if not gpus:
-            suite.echo(f"  [gpu] {NO_CUDA} (elastic_train.devices.count('cuda') == 0); "
+            suite.echo(f"  [gpu] {NO_CUDA} (elastic_train._internal.devices.count('cuda') == 0); "
                        f"skipped ({DRY_RUN_ENV}=1 runs it on CPU)")
             table = Table(f"{TITLE} — GPU: {NO_CUDA}", ["figure", "result"])
             table.add("in-process restarts on nccl vs torchrun", NO_CUDA)

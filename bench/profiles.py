@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bench.interval_figure import IntervalWorkload
 from bench.measure import FaultPlan
 from bench.workload import WorkloadConfig
 
@@ -63,6 +64,7 @@ class Profile:
                                          steps_per_epoch=40, epochs=3, optimizer="adam",
                                          lr=1e-3)
     gpu_faults: tuple[str, ...] = ("exception", "sigkill", "exit")
+    interval: IntervalWorkload = IntervalWorkload()  # figure 16's job
 
 
 _FULL_MODEL = WorkloadConfig(input_dim=512, hidden=1024, layers=2, batch=128)
@@ -93,7 +95,7 @@ SMOKE = Profile(
     # gpu: one line without CUDA (its device count is all it costs here)
     figures=("cold_start", "steps", "checkpoint", "memory", "storage", "rendezvous",
              "rendezvous_scale", "overhead", "straggler_cost", "data_position", "gpu",
-             "digest_cost"),
+             "digest_cost", "interval"),
     rendezvous_agents=(2,), rendezvous_launchers=("c10d",), rendezvous_recovery=False,
     fault=FaultPlan(how="sigkill", epoch=1, step=2, rank=1, recover_within_s=30.0),
     faults=("exit",),
@@ -101,6 +103,9 @@ SMOKE = Profile(
     scale_nodes=(4,), scale_backends=("etcd",), scale_timeout_s=30.0,
     overhead=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2), overhead_pairs=2,
     gpu=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2, optimizer="adam", lr=1e-3),
+    interval=IntervalWorkload(steps=20, steps_per_epoch=10, step_s=0.05, save_s=0.05,
+                              fault_every_s=0.5, min_gap_s=3.0, timeout_s=120.0,
+                              policies=("should_checkpoint",)),
 )
 
 PROFILES = {p.name: p for p in (FULL, SMOKE)}

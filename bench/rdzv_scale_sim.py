@@ -47,9 +47,9 @@ from typing import Any
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
+from elastic_train._internal.rendezvous_backends import lookup
 from elastic_train.agent.rendezvous import gone_nodes
 from elastic_train.agent.rendezvous.registry import register as register_backend
-from elastic_train.rendezvous_backends import lookup
 
 
 def etcd_counters(endpoint: str) -> tuple[int, int, int]:

@@ -4,7 +4,7 @@
 The endpoint's series carry ``node`` and ``run``, never a rank: one node's endpoint serves
 one node's series however many ranks the job runs (``--nodes 1``, the default: a node of
 a 64-rank job, every metric and label value filled in: restarts with each of their 3
-causes, badput with each of its 9). ``--nodes 64`` puts 64 nodes' series in one registry,
+causes, badput with each of its 10). ``--nodes 64`` puts 64 nodes' series in one registry,
 which no endpoint serves (each node serves its own): what a scrape would cost if it did.
 The endpoint is served by prometheus_client's own server, as in a run, and scraped over
 HTTP from this process.
@@ -22,11 +22,11 @@ import urllib.request
 from bench.procs import free_port
 from elastic_train.driver.node_metrics import NodeMetrics
 from elastic_train.driver.prometheus_endpoint import PrometheusSink
+from elastic_train.goodput.breakdown import Cause
 
 RANKS = 64
 CAUSES = ("failure", "peer", "preemption")
-BADPUT = ("startup", "detection", "rendezvous", "restore", "recompute", "checkpoint",
-          "preemption", "stragglers", "other")
+BADPUT = tuple(cause.value for cause in Cause if cause is not Cause.PRODUCTIVE)
 
 
 def filled(nodes: int, ranks: int = RANKS) -> PrometheusSink:

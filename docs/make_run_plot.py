@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAME = "digits-faulted"

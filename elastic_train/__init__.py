@@ -30,7 +30,7 @@ _EXPORTS = {
     "TrainingFailedError": "elastic_train.errors",
     "WorkerFailure": "elastic_train.errors",
     "PreemptionInfo": "elastic_train.worker.preemption",
-    "MetricsConfig": "elastic_train.metrics_config",
+    "MetricsConfig": "elastic_train.config",
     "RendezvousConfig": "elastic_train.rendezvous_config",
     "StragglerConfig": "elastic_train.stragglers",
     "Result": "elastic_train.result",
@@ -47,6 +47,7 @@ _EXPORTS = {
     "get_dataset_shard": "elastic_train.worker.session",
     "get_preemption_info": "elastic_train.worker.session",
     "report": "elastic_train.worker.session",
+    "should_checkpoint": "elastic_train.worker.session",
     "step": "elastic_train.worker.session",
     "restart_in_process": "elastic_train.worker.inprocess.decorator",
 }
@@ -61,7 +62,13 @@ if TYPE_CHECKING:  # what static tools see
         UserCallback,
     )
     from elastic_train.checkpoint import Checkpoint
-    from elastic_train.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from elastic_train.config import (
+        CheckpointConfig,
+        FailureConfig,
+        MetricsConfig,
+        RunConfig,
+        ScalingConfig,
+    )
     from elastic_train.context import TrainContext
     from elastic_train.errors import (
         ConfigError,
@@ -70,7 +77,6 @@ if TYPE_CHECKING:  # what static tools see
         TrainingFailedError,
         WorkerFailure,
     )
-    from elastic_train.metrics_config import MetricsConfig
     from elastic_train.rendezvous_config import RendezvousConfig
     from elastic_train.report_config import (
         CheckpointConsistencyMode,
@@ -94,6 +100,7 @@ if TYPE_CHECKING:  # what static tools see
         get_dataset_shard,
         get_preemption_info,
         report,
+        should_checkpoint,
         step,
     )
 

@@ -5,7 +5,7 @@ The driver watches the run directory while the workers train and calls
 list: rank 0's row; Ray passes one dict per worker), in order, with its
 checkpoint once that checkpoint is committed (as in Ray Train), and
 ``after_exception`` when the run fails. A row holds the user's metrics and the
-fields the project adds (:data:`elastic_train.metric_rows.AUTO_FIELDS`), among them
+fields the project adds (:data:`elastic_train._internal.metric_rows.AUTO_FIELDS`), among them
 each report's step time and straggler score (``step_time_s``, ``slowest_rank``,
 ``slowest_rank_score``, ``slowest_node``; see :mod:`elastic_train.stragglers`).
 Built in: :class:`CSVLoggerCallback` (``progress.csv``) and
@@ -33,8 +33,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from elastic_train._internal.metric_rows import plotted
 from elastic_train.checkpoint import Checkpoint
-from elastic_train.metric_rows import plotted
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.run_state import PROGRESS_FILE, TENSORBOARD_DIR

@@ -1,7 +1,8 @@
 """Run configuration: the dataclasses a user passes to a trainer.
 
 They mirror ``ray.train``'s ``ScalingConfig``, ``RunConfig``, ``FailureConfig``
-and ``CheckpointConfig`` (names, arguments, defaults). Each validates itself in
+and ``CheckpointConfig`` (names, arguments, defaults); ``MetricsConfig`` is our addition
+(the run's metric exporters). Each validates itself in
 ``__post_init__`` so that a bad value fails in the driver, before any process
 starts, with a message that names the field, the value and the fix.
 
@@ -24,12 +25,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_train.errors import ConfigError
-from elastic_train.metrics_config import MetricsConfig
-from elastic_train.ray_arguments import (
+from elastic_train._internal.ray_arguments import (
     CHECKPOINT_CONFIG,
     FAILURE_CONFIG,
     RESOURCES_PER_WORKER,
@@ -40,6 +40,7 @@ from elastic_train.ray_arguments import (
     sort_keys,
     takes_ray_arguments,
 )
+from elastic_train.errors import ConfigError
 from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.stragglers import StragglerConfig
 
@@ -106,7 +107,7 @@ class ScalingConfig:
     ``label_selector`` and ``elastic_resize_monitor_interval_s`` (and resources
     other than ``CPU`` and ``GPU``) only place Ray's actors: they are accepted and
     ignored with one warning at ``fit()``; its TPU settings raise ``ConfigError``
-    (see :mod:`elastic_train.ray_arguments`).
+    (see :mod:`elastic_train._internal.ray_arguments`).
     """
 
     num_workers: int | tuple[int, int] | None = None
@@ -463,6 +464,74 @@ class CheckpointConfig:
             "of peer nodes that keep a copy of each node's checkpoint files (an integer >= 0; "
             "0 turns copies off), e.g. CheckpointConfig(peer_replicas=1).",
         )
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """The run's metric exporters (our addition; Ray Train exports only to its own dashboard),
+    both opt-in and off by default: no port opened, no thread started, nothing imported that
+    the ``metrics``/``otel`` extras install. The figures and their names:
+    :mod:`elastic_train.driver.node_metrics`; how to turn each on: docs/observability.md.
+
+    Example::
+
+        RunConfig(metrics_config=MetricsConfig(port=9464, otlp_endpoint="http://c:4318"))
+        # elastic-train launch --metrics-port 9464 --otlp-endpoint http://c:4318 ...
+
+    Args:
+        port: Serve Prometheus's text format at ``http://<node>:<port>/metrics`` from each
+            node's driver (None, the default: no endpoint). 1024-65535; a port that is
+            taken is refused before any process starts. ``launch --metrics-port``.
+        address: The address the endpoint listens on (default ``0.0.0.0``: every
+            interface of the node). ``launch --metrics-address``.
+        otlp_endpoint: Push the same metrics over OTLP/HTTP to this collector, e.g.
+            ``http://collector:4318`` (``/v1/metrics`` is added when the URL has no path).
+            None, the default: no push. ``launch --otlp-endpoint``.
+        otlp_interval_s: Seconds between two pushes (default 10).
+    """
+
+    port: int | None = None
+    address: str = "0.0.0.0"
+    otlp_endpoint: str | None = None
+    otlp_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        port = self.port
+        if port is not None and not (isinstance(port, int) and not isinstance(port, bool)
+                                     and 1024 <= port <= 65535):
+            raise ConfigError(
+                f"MetricsConfig.port={port!r} is invalid: use a free port from 1024 to 65535 "
+                "(ports below 1024 are privileged), e.g. MetricsConfig(port=9464) or "
+                "launch --metrics-port 9464, or None for no endpoint.",
+                field="MetricsConfig.port")
+        endpoint = self.otlp_endpoint
+        if endpoint is not None and not (isinstance(endpoint, str) and urllib.parse.urlsplit(
+                endpoint).scheme in ("http", "https") and urllib.parse.urlsplit(endpoint).netloc):
+            raise ConfigError(
+                f"MetricsConfig.otlp_endpoint={endpoint!r} is invalid: use the collector's "
+                "OTLP/HTTP URL, e.g. 'http://collector:4318', or None for no push.",
+                field="MetricsConfig.otlp_endpoint")
+        interval = self.otlp_interval_s
+        if not (isinstance(interval, (int, float)) and not isinstance(interval, bool)
+                and interval > 0):
+            raise ConfigError(
+                f"MetricsConfig.otlp_interval_s={interval!r} is invalid: use a number of "
+                "seconds > 0, e.g. 10.", field="MetricsConfig.otlp_interval_s")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any exporter is on."""
+        return self.port is not None or self.otlp_endpoint is not None
+
+    @property
+    def otlp_url(self) -> str | None:
+        """The collector's metrics URL: ``otlp_endpoint``, with ``/v1/metrics`` when it has
+        no path of its own."""
+        if self.otlp_endpoint is None:
+            return None
+        parts = urllib.parse.urlsplit(self.otlp_endpoint)
+        return self.otlp_endpoint if parts.path.strip("/") else \
+            self.otlp_endpoint.rstrip("/") + "/v1/metrics"
 
 
 @takes_ray_arguments(RUN_CONFIG)

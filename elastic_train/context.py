@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 
 
 @dataclass(frozen=True)

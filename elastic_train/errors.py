@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elastic_train.redaction import redact_url
+from elastic_train._internal.redaction import redact_url
 
 
 class ConfigError(ValueError):
@@ -232,7 +232,7 @@ class NodeLeftError(TrainingFailedError):
     ``node`` is its name, ``reason`` the policy's, ``cool_off_s`` how long it is kept
     out of the job (0: it may join again at once): recorded in the run directory, the
     node is refused for that long even if its agent is started again
-    (:mod:`elastic_train.departures`).
+    (:mod:`elastic_train._internal.departures`).
     """
 
     def __init__(self, node: str, reason: str, cool_off_s: float = 0.0,

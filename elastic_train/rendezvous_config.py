@@ -12,10 +12,10 @@ import os
 import uuid
 from dataclasses import dataclass
 
+from elastic_train._internal.platforms import derived_settings
+from elastic_train._internal.redaction import public_options
+from elastic_train._internal.rendezvous_backends import DEFAULT, lookup
 from elastic_train.errors import ConfigError
-from elastic_train.platforms import derived_settings
-from elastic_train.redaction import public_options
-from elastic_train.rendezvous_backends import DEFAULT, lookup
 
 LOCAL_ENDPOINT = "127.0.0.1:0"  # a store of one node's own, on a free port
 
@@ -82,7 +82,7 @@ class RendezvousConfig:
     A field left ``None`` is read from its ``PET_*`` environment variable (what
     torchrun and e.g. Kubeflow's PyTorchJob set), else from the platform (inside a
     Slurm allocation: c10d on the first host of the node list, the job id as the
-    run id; see :mod:`elastic_train.platforms`), else gets its default.
+    run id; see :mod:`elastic_train._internal.platforms`), else gets its default.
 
     Example::
 
@@ -114,7 +114,7 @@ class RendezvousConfig:
     def _from_environment(self) -> None:
         """Fields left None: torchrun's ``PET_RDZV_*``, then what the platform implies
         (inside Slurm: c10d on the allocation's first host, the job id; see
-        :mod:`elastic_train.platforms`), as ``elastic-train launch`` reads them."""
+        :mod:`elastic_train._internal.platforms`), as ``elastic-train launch`` reads them."""
         env = os.environ
         platform = derived_settings(env) \
             if None in (self.backend, self.endpoint, self.run_id) else {}
@@ -151,7 +151,7 @@ class RendezvousConfig:
 
     def without_secrets(self) -> RendezvousConfig:
         """A copy without secret ``conf`` entries such as ``password`` (never stored; the
-        rule is :mod:`elastic_train.redaction`'s)."""
+        rule is :mod:`elastic_train._internal.redaction`'s)."""
         return dataclasses.replace(self, conf=public_options(self.conf or {}))
 
     def missing_for_multi_node(self) -> list[str]:

@@ -22,6 +22,7 @@ import fsspec
 from elastic_train.checkpoint import Checkpoint, committed_checkpoint
 from elastic_train.config import CheckpointConfig
 from elastic_train.errors import ConfigError, TrainingFailedError
+from elastic_train.goodput.breakdown import Goodput, breakdown
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.retention import CheckpointRecord, ranked
@@ -46,6 +47,9 @@ class Result:
             retention keeps so the run can resume, is listed only when it is among
             the best (it is always ``checkpoint``).
         return_value: What the train function returned on rank 0.
+        goodput: Where the run's wall time went, by cause, per attempt and in total
+            (our addition; :class:`~elastic_train.goodput.Goodput`, read from the run's
+            goodput ledger): ``result.goodput.ettr``, ``result.goodput.seconds``.
     """
 
     metrics: dict[str, Any] | None
@@ -56,6 +60,7 @@ class Result:
     best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = field(default_factory=list)
     return_value: Any = None
     metrics_history: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    goodput: Goodput | None = field(default=None, repr=False)
 
     @property
     def metrics_dataframe(self) -> Any:
@@ -108,6 +113,7 @@ class Result:
                               if m.index in best],
             return_value=return_value,
             metrics_history=rows,
+            goodput=breakdown(storage.read_ledger()),
         )
 
     @classmethod

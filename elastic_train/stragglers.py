@@ -14,7 +14,7 @@ spares (``ScalingConfig.spare_nodes``): every node's driver reads the same rows,
 named node knows it is the slow one (:attr:`StragglerWatch.named`, while its run of
 slow reports lasts); its agent leaves the job once a spare actually waits
 (:mod:`elastic_train.agent.leave_for_spare`), is kept out for ``cool_off_s`` like a node
-a health check sent away (:mod:`elastic_train.departures`), and the spare takes its
+a health check sent away (:mod:`elastic_train._internal.departures`), and the spare takes its
 ranks at the next rendezvous. Without a waiting spare it stays, and says so once.
 
 Example::

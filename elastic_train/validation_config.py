@@ -28,8 +28,13 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from elastic_train._internal.ray_arguments import (
+    RAY_REMOTE_KWARGS,
+    env_vars_of,
+    notes_of,
+    sort_keys,
+)
 from elastic_train.errors import ConfigError
-from elastic_train.ray_arguments import RAY_REMOTE_KWARGS, env_vars_of, notes_of, sort_keys
 
 if TYPE_CHECKING:
     from elastic_train.checkpoint import Checkpoint
@@ -98,7 +103,8 @@ class ValidationConfig:
             ``num_gpus`` it sees what rank 0's worker sees), ``runtime_env``'s
             ``env_vars`` are set in it, and the options that only size or place
             Ray's task (``num_cpus``, ``memory``, ``resources``...) are ignored with
-            one warning at ``fit()`` (see :data:`elastic_train.ray_arguments.RAY_REMOTE_KWARGS`).
+            one warning at ``fit()`` (see
+            :data:`elastic_train._internal.ray_arguments.RAY_REMOTE_KWARGS`).
     """
 
     def __init__(self, fn: ValidationFn,

@@ -23,6 +23,7 @@ from elastic_train.storage import CheckpointStore, RunStorage
 from elastic_train.torch import TorchTrainer
 from elastic_train.worker.committer import Committer
 from tests.support import jobs, restart_job
+from tests.support.ci_profile import mark_long_variants
 from tests.support.etcd_server import EtcdServer, etcd_binaries, etcd_binary
 from tests.support.paths import REPO
 from tests.support.process_tree import child_pids
@@ -56,6 +57,13 @@ def committer_for(store: CheckpointStore,
     run = RunStorage(store.fs, store.run_path, store.retry)
     run.checkpoints = store
     return Committer(run, config or CheckpointConfig())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """CI's profile: the variants tests/support/ci_profile.py leaves to ``-m long``
+    (before ``-m`` deselects)."""
+    mark_long_variants(config, items)
 
 
 def stop_driver_after_commit(driver, run_dir: str, index: int, sig: int,

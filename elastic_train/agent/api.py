@@ -32,6 +32,8 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
+from elastic_train._internal.departures import Departure
+from elastic_train._internal.rendezvous_backends import StateHome, lookup
 from elastic_train.agent import node_policy, torch_compat
 from elastic_train.agent.cooling_off import CoolingOff
 from elastic_train.agent.failures import failures_of
@@ -48,9 +50,7 @@ from elastic_train.agent.restart_budget import RestartBudget
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.agent.zygote.preload import ImportWatch
 from elastic_train.config import FailureConfig
-from elastic_train.departures import Departure
 from elastic_train.errors import NodeLeftError, RendezvousLostError, WorkerFailure
-from elastic_train.rendezvous_backends import StateHome, lookup
 from elastic_train.rendezvous_config import RendezvousConfig
 
 logger = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class AgentSpec:
     beside the logs, which a later job on the same run shares while an earlier
     one may still be writing (default: the log directory). ``departures`` reads
     the nodes that left the job (the run directory's, see
-    :mod:`elastic_train.departures`): in a job that sends nodes away
+    :mod:`elastic_train._internal.departures`): in a job that sends nodes away
     (:func:`sends_nodes_away`), a node still cooling off is not admitted
     (:mod:`.cooling_off`; None: nothing keeps a node out).
     """

@@ -2,7 +2,7 @@
 
 :class:`CoolingOff` wraps the job's node policy (:mod:`.node_policy`): before the
 policy is asked, it refuses a candidate whose latest departure
-(:class:`~elastic_train.departures.Departure`, read from the run directory) is still
+(:class:`~elastic_train._internal.departures.Departure`, read from the run directory) is still
 cooling off, naming the time left. Because the agent hands its policy to the
 rendezvous, the same wrapper answers both questions the module :mod:`.node_policy`
 lists: the node's own check before every round (every backend: a node whose agent
@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from elastic_train._internal.departures import Departure
 from elastic_train.agent.node_policy import (
     Admission,
     Candidate,
@@ -33,7 +34,6 @@ from elastic_train.agent.node_policy import (
     NodeVerdict,
     refused,
 )
-from elastic_train.departures import Departure
 
 logger = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ the node policy, :mod:`elastic_train.agent.node_policy`, decides what a failed
 check costs). Each check says what it found in one line, and how long it took.
 
 Nothing here touches the CUDA runtime, NVML or the user's code in the agent's own
-process, which the worker zygote is forked from (see :mod:`elastic_train.devices`):
+process, which the worker zygote is forked from (see :mod:`elastic_train._internal.devices`):
 the device check and the user's callables run in a forked child
-(:mod:`elastic_train.forked_call`), the user's command in a child process.
+(:mod:`elastic_train._internal.forked_call`), the user's command in a child process.
 
 Built in:
 
@@ -41,8 +41,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
-from elastic_train.forked_call import call_in_child
-from elastic_train.process_identity import has_exited
+from elastic_train._internal.forked_call import call_in_child
+from elastic_train._internal.process_identity import has_exited
 
 DEFAULT_TIMEOUT_S = 60.0  # a context on each of 8 GPUs takes seconds; a hung driver never ends
 MATMUL_SIZE = 128  # 128**3 = 2**21: the sum of a product of ones is exact in float32

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from elastic_train._internal.failure_kinds import FailureKind
 from elastic_train.agent.health_checks import DeviceCheck, HealthCheck, run_checks
 from elastic_train.agent.node_policy import (
     ADMITTED,
@@ -41,7 +42,6 @@ from elastic_train.agent.node_policy import (
     leave,
     refused,
 )
-from elastic_train.failure_kinds import FailureKind
 
 
 class HealthPolicy(NodePolicy):

@@ -85,7 +85,9 @@ from torch.distributed.elastic.agent.server.api import (
 )
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
+from elastic_train._internal.failure_kinds import FailureKind
+from elastic_train._internal.rendezvous_backends import lookup
 from elastic_train.agent import forked_workers, torch_compat
 from elastic_train.agent.attribution import FailureExchange, NodeReport, charged
 from elastic_train.agent.failures import failures_of, observe
@@ -100,8 +102,6 @@ from elastic_train.agent.rendezvous import gone_nodes, spares, state_poll
 from elastic_train.agent.restart_budget import Decision, RestartBudget
 from elastic_train.agent.worker_slots import surviving
 from elastic_train.errors import WorkerFailure
-from elastic_train.failure_kinds import FailureKind
-from elastic_train.rendezvous_backends import lookup
 from elastic_train.worker import preemption
 
 logger = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ are a policy, :class:`~.health_policy.HealthPolicy`, whose ``admit`` runs the no
 checks (before joining, and in ``after_failure``: leave when one fails), and whose
 "K failures in a row" is ``after_failure`` on :attr:`ChargedFailures.in_a_row`.
 A node that leaves with a cooling-off period is recorded in the run directory
-(:mod:`elastic_train.departures`), and :class:`~.cooling_off.CoolingOff`, which wraps
+(:mod:`elastic_train._internal.departures`), and :class:`~.cooling_off.CoolingOff`, which wraps
 the job's policy, refuses it at both points above until the period is over (the
 candidate's name is the key); spares need no change here: a node that leaves is
 replaced by whoever waits (``--spares``). A node can also be asked to leave while
@@ -62,8 +62,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from elastic_train._internal.failure_kinds import FailureKind
 from elastic_train.errors import ConfigError, NodeLeftError, WorkerFailure
-from elastic_train.failure_kinds import FailureKind
 
 POLICY_SETTING = "node_policy"  # the rendezvous setting (``conf``) that names the policy
 

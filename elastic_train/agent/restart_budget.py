@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from elastic_train._internal.failure_kinds import FailureKind
 from elastic_train.agent.no_progress_guard import NoProgressGuard, Progress
 from elastic_train.agent.node_policy import NodeVerdict
-from elastic_train.failure_kinds import FailureKind
 
 UNLIMITED = -1
 

@@ -13,11 +13,11 @@ import os
 import shlex
 import sys
 
+from elastic_train._internal.redaction import redact_argv
 from elastic_train.cli.browse import check_directory
 from elastic_train.cli.launch_command import main_launch
 from elastic_train.cli.relaunch import RunAt, plan_relaunch
 from elastic_train.errors import ConfigError, TrainingFailedError, exit_code
-from elastic_train.redaction import redact_argv
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.filesystem import options_from_flags as storage_options

@@ -9,9 +9,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from elastic_train.config import DEFAULT_STORAGE_PATH, CheckpointConfig, FailureConfig
+from elastic_train.config import (
+    DEFAULT_STORAGE_PATH,
+    CheckpointConfig,
+    FailureConfig,
+    MetricsConfig,
+)
 from elastic_train.errors import ConfigError
-from elastic_train.metrics_config import MetricsConfig
 from elastic_train.stragglers import StragglerConfig
 
 START_OVER_HELP = ("if the run stored under --name cannot be continued (it finished, or its "

@@ -7,7 +7,7 @@ we do not support), so every torchrun flag and spelling is torch's, and so is ev
 default but ``--master-port``'s (unset on every version, as from torch 2.12 on).
 Each value is then resolved as torchrun resolves it -- the flag, else
 ``PET_<FLAG>``, else the default -- with one step added before the default: what
-the platform implies (:mod:`elastic_train.platforms`: Slurm, Kubeflow). Unlike
+the platform implies (:mod:`elastic_train._internal.platforms`: Slurm, Kubeflow). Unlike
 torchrun, we keep where each value came from, so that a bad value is reported
 with its source (``PET_NPROC_PER_NODE='x' is invalid ...``) and ``--dry-run``
 can show it.
@@ -27,9 +27,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from elastic_train._internal.platforms import Derived, derived_settings
 from elastic_train.cli.launch_flags import add_our_flags, describe, refuse_print_completion
 from elastic_train.errors import ConfigError
-from elastic_train.platforms import Derived, derived_settings
 
 DEFAULT = "default"
 _UNSET = object()

@@ -23,8 +23,8 @@ import os
 import shlex
 from dataclasses import dataclass
 
+from elastic_train._internal.redaction import REDACTED, redact_argv
 from elastic_train.errors import ConfigError
-from elastic_train.redaction import REDACTED, redact_argv
 from elastic_train.rendezvous_config import parse_rdzv_conf
 
 TRUST_FLAG = "--trust-command"

@@ -7,9 +7,11 @@ import json
 import shlex
 from dataclasses import asdict
 
+from elastic_train._internal.metric_rows import user_metrics
 from elastic_train.cli.run_summary import Recovery, RunSummary
 from elastic_train.errors import NO_PROGRESS_EXIT_CODE
-from elastic_train.metric_rows import user_metrics
+from elastic_train.goodput.breakdown import Cause, Goodput
+from elastic_train.goodput.interval import advise
 from elastic_train.storage.run_state import FailureRecord, RunState
 
 SHOWN_DELETED = 3  # more checkpoints deleted by retention than this are counted, not named
@@ -61,7 +63,11 @@ def run_json(state: RunState, summary: RunSummary) -> str:
                                         "validation": c.validation.get("status")}
                                        for c in summary.checkpoints],
                        "deleted_checkpoints": summary.deleted,
-                       "step_times": summary.step_times}, indent=2)
+                       "step_times": summary.step_times,
+                       "ledger": summary.ledger.to_json() if summary.ledger else None,
+                       "checkpoint_interval": asdict(advice) if (
+                           advice := summary.ledger and advise(summary.ledger)) else None},
+                      indent=2)
 
 
 def run_text(display_path: str, state: RunState, summary: RunSummary, log_dir: str) -> list[str]:
@@ -89,12 +95,30 @@ def run_text(display_path: str, state: RunState, summary: RunSummary, log_dir: s
     lines.append(f"failures: {len(state.failures)}")
     for failure, recovery in zip(state.failures, summary.recoveries, strict=True):
         lines += [failure_line(failure), f"      {recovery_line(recovery)}"]
-    if summary.goodput is not None:
+    if summary.ledger is not None:
+        lines += ledger_lines(summary.ledger)
+    elif summary.goodput is not None:
         lines.append(f"goodput:  {summary.goodput:.1%}  ({summary.train_s:.1f} s of training "
                      f"kept, {summary.wall_s:.1f} s wall clock over all launches, "
                      f"{summary.redone_s:.1f} s redone after failures)")
     return (lines + step_lines(state, summary) + checkpoint_lines(summary)
             + [f"logs:     {log_dir}"])
+
+
+def ledger_lines(ledger: Goodput) -> list[str]:
+    """The goodput ledger: ETTR, each cause's seconds and share, per attempt, and the
+    checkpoint interval used beside Young/Daly's optimum."""
+    lines = [f"goodput:  {ledger.describe()}"]
+    lines += [f"  {cause.value:11} {ledger.seconds[cause]:9.1f} s  {ledger.share(cause):6.1%}"
+              for cause in Cause]
+    if len(ledger.attempts) > 1:
+        lines += [f"  attempt {n}: " + ", ".join(f"{c.value} {s:.1f} s"
+                                                 for c, s in attempt.seconds.items() if s)
+                  for n, attempt in enumerate(ledger.attempts, 1)]
+    advice = advise(ledger)
+    if advice is not None:
+        lines.append(f"interval: {advice.describe()}")
+    return lines
 
 
 def step_lines(state: RunState, summary: RunSummary) -> list[str]:
@@ -108,7 +132,7 @@ def step_lines(state: RunState, summary: RunSummary) -> list[str]:
                      f"{steps['slowest_rank_score']:.2f}x")
     lines.append(f"stragglers: {len(state.stragglers)}")
     lines += [f"  {when(s.since)}  {s.describe()}" for s in state.stragglers]
-    if state.departures:  # see elastic_train.departures
+    if state.departures:  # see elastic_train._internal.departures
         lines.append(f"left:     {len(state.departures)} node(s)")
         lines += [f"  {when(d.left_at)}  {d.describe()}" for d in state.departures]
     return lines

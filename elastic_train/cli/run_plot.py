@@ -27,10 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from elastic_train._internal.metric_rows import numeric_items, user_metrics
 from elastic_train.cli.run_summary import RunSummary, recoveries
 from elastic_train.driver.metrics_feed import goodput_seconds
 from elastic_train.errors import ConfigError
-from elastic_train.metric_rows import numeric_items, user_metrics
 from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunState
 

@@ -6,9 +6,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastic_train._internal.failure_kinds import FailureKind
 from elastic_train.config import CheckpointConfig
 from elastic_train.errors import ConfigError
-from elastic_train.failure_kinds import FailureKind
+from elastic_train.goodput.breakdown import Goodput, breakdown
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage.retention import CheckpointRecord, ranked
 from elastic_train.storage.run_state import FailureRecord, RestoreRecord, RunState
@@ -43,10 +44,15 @@ class RunSummary:
     wall_s: float = 0.0
     redone_s: float = 0.0
     step_times: dict[str, Any] = field(default_factory=dict)  # the latest row's STEP_FIELDS
+    ledger: Goodput | None = None  # the run's wall time by cause (None: no ledger, older runs)
 
     @property
     def goodput(self) -> float | None:
-        """Training time kept in the result / wall-clock time of all launches."""
+        """The ledger's ETTR (productive / wall time); for a run without a ledger (an
+        older version's), training time kept in the result / wall-clock time of all
+        launches."""
+        if self.ledger is not None:
+            return self.ledger.ettr
         return self.train_s / self.wall_s if self.wall_s > 0 else None
 
     @classmethod
@@ -72,7 +78,8 @@ class RunSummary:
                    recoveries=recoveries(state.failures, restores),
                    train_s=float(rows[-1].get("time_total_s", 0.0)) if rows else 0.0,
                    wall_s=wall, redone_s=sum(r.recomputed_s for r in restores),
-                   step_times={k: rows[-1][k] for k in STEP_FIELDS if rows and k in rows[-1]})
+                   step_times={k: rows[-1][k] for k in STEP_FIELDS if rows and k in rows[-1]},
+                   ledger=ledger if (ledger := breakdown(storage.read_ledger())).wall_s else None)
 
     def best_label(self) -> str:
         if self.best is None:

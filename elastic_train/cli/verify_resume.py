@@ -21,7 +21,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 from elastic_train.cli.launch_command import launch_settings
 from elastic_train.errors import ConfigError
 from elastic_train.storage import RunStorage

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import logging
 
+from elastic_train.config import MetricsConfig
 from elastic_train.driver import otlp_push, prometheus_endpoint
 from elastic_train.driver.node_metrics import NodeMetrics, Sink
-from elastic_train.metrics_config import MetricsConfig
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from elastic_train import devices
+from elastic_train._internal import devices
 from elastic_train.driver.console import BOTH, ConsoleView
 from elastic_train.errors import ConfigError
 

@@ -15,12 +15,12 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
+from elastic_train._internal.redaction import redact_argv, redacted_options
+from elastic_train._internal.rendezvous_backends import lookup
 from elastic_train.agent.api import Interrupted
 from elastic_train.driver.launch_settings import LaunchSettings
 from elastic_train.driver.node_run import FailureHints, NodePlan, NodeRun
 from elastic_train.errors import TrainingFailedError, exit_code
-from elastic_train.redaction import redact_argv, redacted_options
-from elastic_train.rendezvous_backends import lookup
 from elastic_train.storage import RunStorage
 from elastic_train.storage.filesystem import options_from_flags
 from elastic_train.worker.worker_plan import GivenStorage

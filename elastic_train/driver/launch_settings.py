@@ -22,20 +22,20 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 
+from elastic_train._internal.redaction import redact_conf, redacted_options
+from elastic_train._internal.rendezvous_backends import TORCHRUN_DEFAULT, Backend, lookup
 from elastic_train.agent.api import DEFAULT_SIGNALS, ProcessOptions
 from elastic_train.config import (
     DEFAULT_STORAGE_PATH,
     CheckpointConfig,
     FailureConfig,
+    MetricsConfig,
     RunConfig,
     ScalingConfig,
 )
 from elastic_train.driver import launch_rules as rules
 from elastic_train.driver.console import ConsoleView
 from elastic_train.errors import ConfigError
-from elastic_train.metrics_config import MetricsConfig
-from elastic_train.redaction import redact_conf, redacted_options
-from elastic_train.rendezvous_backends import TORCHRUN_DEFAULT, Backend, lookup
 from elastic_train.rendezvous_config import LOCAL_ENDPOINT, RendezvousConfig, parse_rdzv_conf
 from elastic_train.storage.filesystem import options_from_flags
 from elastic_train.stragglers import StragglerConfig

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from elastic_train.driver.node_metrics import NodeMetrics
+from elastic_train.goodput.breakdown import breakdown
 from elastic_train.storage import RunStorage
 
 logger = logging.getLogger(__name__)
@@ -23,21 +24,13 @@ GOODPUT_EVERY_S = 10.0
 
 
 def goodput_seconds(storage: RunStorage) -> dict[str, float] | None:
-    """THE one call into the goodput ledger (issue #40 items 1-2,
-    :mod:`elastic_train.goodput`): the run's wall time by cause, ``{"productive": s,
-    "recompute": s, ...}``; None when there is no ledger to read.
-
-    The ledger lands on its own branch; until it is merged this hook finds no module and
-    the goodput and badput metrics stay empty (the guard goes once it is)."""
-    try:
-        from elastic_train import goodput  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    entries = storage.read_ledger()  # type: ignore[attr-defined]
+    """THE one call into the goodput ledger (:mod:`elastic_train.goodput.breakdown`, its
+    one reader): the run's wall time by cause, ``{"productive": s, "recompute": s, ...}``;
+    None while the ledger has no line."""
+    entries = storage.read_ledger()
     if not entries:
         return None
-    return {cause.value: seconds
-            for cause, seconds in goodput.breakdown(entries).seconds.items()}
+    return {cause.value: seconds for cause, seconds in breakdown(entries).seconds.items()}
 
 
 class MetricsFeed:

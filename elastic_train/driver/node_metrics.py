@@ -151,7 +151,7 @@ class NodeMetrics:
 
     def note_failure(self, cause: str, restarting: bool, failed_at: float | None) -> None:
         """A failed attempt: ``cause`` is the budget it spent (a
-        :class:`~elastic_train.failure_kinds.FailureKind` value); ``failed_at`` when the
+        :class:`~elastic_train._internal.failure_kinds.FailureKind` value); ``failed_at`` when the
         first worker failed (seconds since the epoch; None: now)."""
         if not restarting:
             return

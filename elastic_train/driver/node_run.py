@@ -29,11 +29,12 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from elastic_train import env_vars, scratch
+from elastic_train._internal import env_vars, scratch
 from elastic_train.agent.api import AgentOutcome, AgentSpec, ProcessOptions
 from elastic_train.agent.no_progress_guard import Progress
 from elastic_train.agent.zygote import server as zygote
@@ -140,8 +141,10 @@ class NodeRun:
         self.user_roots: tuple[str, ...] = ()
         self.replicas: subprocess.Popen | None = None
         self.replica: NodeReplica | None = None
+        self.started = 0.0  # when this node's launch began (wall clock)
 
     def __enter__(self) -> NodeRun:
+        self.started = time.time()
         plan = self.plan
         replica_tls = ReplicaTLS.from_conf(plan.rendezvous.conf)  # bad input: before anything
         exporters.check(plan.run_config.metrics_config)  # a taken port, a missing client
@@ -240,11 +243,13 @@ class NodeRun:
             raise self._failed(outcome, supervisor)
         if supervisor.record is not None:
             supervisor.record.set_status(RunStatus.FINISHED)
+            supervisor.say_goodput()
 
     def _begin_record(self) -> RunRecord:
         plan = self.plan
         record = RunRecord.begin(plan.storage, plan.run_config.name, plan.spec,
-                                 start_over=plan.run_config.start_over, accepted=plan.accepted)
+                                 start_over=plan.run_config.start_over, accepted=plan.accepted,
+                                 launched_at=self.started)
         if plan.trainable is not None:
             plan.storage.write_trainable(plan.trainable)
         return record
@@ -311,6 +316,7 @@ class NodeRun:
         if outcome.left is None or sole:
             supervisor.record.set_status(RunStatus.FAILED, error=str(error),
                                          no_progress=outcome.no_progress)
+            supervisor.say_goodput()
         if sole:
             self.plan.storage.discard_unfinished_uploads()
         return error

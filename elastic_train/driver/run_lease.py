@@ -50,7 +50,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, replace
 
-from elastic_train import env_vars, process_identity
+from elastic_train._internal import env_vars, process_identity
 from elastic_train.errors import LeaseLostError, RunInUseError
 from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.storage import RunStorage

@@ -36,12 +36,12 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from elastic_train._internal.metric_rows import user_metrics
 from elastic_train.callbacks import RunContext, UserCallback
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.driver.console import Console, ConsoleView, LogTail
 from elastic_train.driver.metrics_feed import MetricsFeed
 from elastic_train.errors import WorkerFailure
-from elastic_train.metric_rows import user_metrics
 from elastic_train.stragglers import Straggler, StragglerConfig, StragglerWatch
 
 logger = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from elastic_train._internal.departures import Departure
 from elastic_train.agent.restart_budget import Decision
-from elastic_train.departures import Departure
 from elastic_train.driver.resume_rules import SpecChange, refusal, spec_changes
 from elastic_train.errors import ConfigError, StorageError, WorkerFailure
 from elastic_train.storage import RunStorage
@@ -70,12 +70,15 @@ class RunRecord:
     def __init__(self, storage: RunStorage, state: RunState):
         self.storage = storage
         self.state = state
+        self.ledger = storage.ledger_file("driver")  # see elastic_train.goodput.breakdown
 
     @classmethod
     def begin(cls, storage: RunStorage, name: str, spec: dict[str, Any], *,
-              start_over: bool = False,
-              accepted: frozenset[str] = frozenset()) -> RunRecord:
+              start_over: bool = False, accepted: frozenset[str] = frozenset(),
+              launched_at: float | None = None) -> RunRecord:
         """Starts a launch of the run: continues the stored run, or starts a fresh one.
+        ``launched_at``: when this launch's driver began (the goodput ledger's start-up
+        counts from then; default now).
 
         A stored run that cannot be continued (see :func:`check_resumable`) is
         refused, or with ``start_over`` moved aside first (never deleted).
@@ -97,6 +100,7 @@ class RunRecord:
         state.launches.append(LaunchRecord(started=now, pid=os.getpid(), host=platform.node()))
         record = cls(storage, state)
         record._write(required=True)
+        record.ledger.append({"event": "launch", "t": launched_at or now})
         return record
 
     @staticmethod
@@ -147,10 +151,13 @@ class RunRecord:
                        workers[0].describe(), outlook)
         failed_at = min((f.timestamp for f in own or workers if f.timestamp),
                         default=time.time())
-        self.state.failures.append(FailureRecord(
-            time=time.time(), failed_at=failed_at, restarts_left=decision.restarts_left,
-            kind=decision.kind, workers=workers))
+        failure = FailureRecord(time=time.time(), failed_at=failed_at,
+                                restarts_left=decision.restarts_left, kind=decision.kind,
+                                workers=workers)
+        self.state.failures.append(failure)
         self._write(required=False)
+        self.ledger.append({"event": "fault", "t": failure.time, "failed_at": failed_at,
+                            "kind": decision.kind.value})
 
     def note_rendezvous(self) -> None:
         """The group re-formed with new processes: closes the latest failure's
@@ -160,6 +167,7 @@ class RunRecord:
             failures[-1].rendezvous_at = time.time()
             failures[-1].restart = NEW_PROCESSES
             self._write(required=False)
+            self.ledger.append({"event": "rendezvous", "t": failures[-1].rendezvous_at})
 
     def note_recovery(self, replaced: dict[int, str]) -> None:
         """The group restarted in process: the latest failure's recovery time, and the
@@ -186,7 +194,8 @@ class RunRecord:
 
     def note_departures(self, departures: list[Departure]) -> list[Departure]:
         """Adds the nodes that left the job (read from the run directory, see
-        :mod:`elastic_train.departures`) that ``run.json`` does not list yet; returns them."""
+        :mod:`elastic_train._internal.departures`) that ``run.json`` does not list yet;
+        returns them."""
         known = set(self.state.departures)
         new = [d for d in departures if d not in known]
         if new:
@@ -203,6 +212,7 @@ class RunRecord:
         self.state.no_progress = no_progress
         self.state.launches[-1].status, self.state.launches[-1].ended = status, now
         self._write(required=status is RunStatus.FINISHED)
+        self.ledger.append({"event": "end", "t": now, "status": status.value})
 
     def _write(self, required: bool) -> None:
         try:

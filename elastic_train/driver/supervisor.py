@@ -4,8 +4,8 @@
 (``run.json``: failures, nodes that left, final status) and to the live view and
 callbacks (:class:`~elastic_train.driver.run_monitor.RunMonitor`), records this
 node's own departure where every node's admission reads it
-(:mod:`elastic_train.departures`), feeds the run's metric exporters when it has any
-(:mod:`elastic_train.driver.node_metrics`), and uploads the workers' logs to remote storage
+(:mod:`elastic_train._internal.departures`), feeds the run's metric exporters when it has
+any (:mod:`elastic_train.driver.node_metrics`), and uploads the workers' logs to remote storage
 when the run ends.
 """
 
@@ -15,6 +15,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from elastic_train._internal.departures import Departure
+from elastic_train._internal.redaction import redact_url
 from elastic_train.agent import node_policy
 from elastic_train.agent.api import (
     AgentEvents,
@@ -30,14 +32,13 @@ from elastic_train.agent.node_policy import NodeVerdict
 from elastic_train.agent.restart_budget import Decision
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.callbacks import RunContext, UserCallback
-from elastic_train.departures import Departure
 from elastic_train.driver.console import ConsoleView
 from elastic_train.driver.metrics_feed import MetricsFeed
 from elastic_train.driver.node_metrics import NodeMetrics
 from elastic_train.driver.run_monitor import RunMonitor
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.errors import NodeLeftError, RendezvousLostError, StorageError, WorkerFailure
-from elastic_train.redaction import redact_url
+from elastic_train.goodput.breakdown import breakdown
 from elastic_train.rendezvous_config import LOCAL_ENDPOINT, RendezvousConfig
 from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunStatus
@@ -146,9 +147,22 @@ class RunSupervisor:
             progress=lambda: read_progress(self.storage),
             leave_request=self._leave_request if self._replaces_stragglers else None)
 
+    def say_goodput(self) -> None:
+        """The run's last console line, on the node that records it: ETTR and the time
+        lost by cause, from the run's goodput ledger (:mod:`elastic_train.goodput.breakdown`)."""
+        if self.record is None or self._monitor is None or not self.verbose:
+            return
+        try:
+            goodput = breakdown(self.storage.read_ledger())
+        except StorageError as exc:
+            logger.warning("Could not read the goodput ledger: %s", exc)
+            return
+        self._monitor.console.lines([f"[elastic-train] goodput of {self.name}: "
+                                     f"{goodput.describe()}"])
+
     def _record_departure(self, left: NodeLeftError) -> None:
         """This node left with a cooling-off period: recorded in the run directory, where
-        every admission reads it (see :mod:`elastic_train.departures`)."""
+        every admission reads it (see :mod:`elastic_train._internal.departures`)."""
         departure = Departure(left.node, left.reason, time.time(), left.cool_off_s)
         try:
             self.storage.write_departure(departure)

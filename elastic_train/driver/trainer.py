@@ -21,7 +21,9 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from elastic_train import pickling
+from elastic_train._internal import pickling
+from elastic_train._internal.ray_arguments import warn_ignored
+from elastic_train._internal.redaction import redact_url
 from elastic_train.agent.api import Interrupted
 from elastic_train.callbacks import UserCallback
 from elastic_train.checkpoint import Checkpoint
@@ -32,8 +34,6 @@ from elastic_train.errors import (
     ConfigError,
     StorageError,
 )
-from elastic_train.ray_arguments import warn_ignored
-from elastic_train.redaction import redact_url
 from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.result import Result
 from elastic_train.storage import RunStorage

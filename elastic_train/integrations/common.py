@@ -9,9 +9,9 @@ import tempfile
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
+from elastic_train._internal.metric_rows import NOT_METRICS
 from elastic_train.callbacks import RunContext
 from elastic_train.checkpoint import Checkpoint
-from elastic_train.metric_rows import NOT_METRICS
 from elastic_train.storage.run_state import RunStatus
 
 
@@ -31,7 +31,7 @@ def metric_values(row: Mapping[str, Any], exclude: Collection[str] = NOT_METRICS
                   ) -> dict[str, float]:
     """The finite numbers of a reported row (nested dicts flattened), minus ``exclude``
     (by default the ids and clock readings among the fields we add, see
-    :mod:`elastic_train.metric_rows`)."""
+    :mod:`elastic_train._internal.metric_rows`)."""
     return {k: float(v) for k, v in flatten(row).items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)
             and math.isfinite(v) and k not in exclude}

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from elastic_train._internal.redaction import public_options
 from elastic_train.errors import ConfigError, StorageError
-from elastic_train.redaction import public_options
 from elastic_train.storage.manifest import FileDigest
 from elastic_train.storage.stores import adapter_for, open_url
 
@@ -63,7 +63,7 @@ def options_from_flags(pairs: list[str], flag: str = "--storage-option") -> dict
 
 def without_secrets(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
     """The same store through a filesystem built without credentials (safe to pickle; the
-    rule is :mod:`elastic_train.redaction`'s); on use it finds credentials where the
+    rule is :mod:`elastic_train._internal.redaction`'s); on use it finds credentials where the
     store's client looks (environment, profiles)."""
     options = public_options(fs.storage_options)
     if options == fs.storage_options:

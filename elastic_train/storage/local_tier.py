@@ -22,7 +22,7 @@ So a node holds its ranks' share of the newest committed checkpoint and of the
 few after it that are still being uploaded or committed (``report()`` waits when
 uploads fall behind), and what it downloaded of the checkpoint it resumed from.
 A replacement node starts empty and downloads what it needs.
-``ELASTIC_TRAIN_LOCAL_TIER=0`` (:data:`elastic_train.env_vars.LOCAL_TIER`, in the
+``ELASTIC_TRAIN_LOCAL_TIER=0`` (:data:`elastic_train._internal.env_vars.LOCAL_TIER`, in the
 driver's or launch's environment, read into the worker plan) stops keeping uploads,
 for nodes short of disk.
 

@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 
-from elastic_train.process_identity import end_tree
+from elastic_train._internal.process_identity import end_tree
 
 _POLL_S = 0.2
 _watched: int | None = None  # the owner this process watches, once started

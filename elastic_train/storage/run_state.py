@@ -17,6 +17,8 @@ The run directory, ``<storage_path>/<name>/``::
                        (see :mod:`.checkpoint_store`, :mod:`.checkpoint_names`)
     logs/              per-rank logs
     departures/        nodes that left on their node policy's word (one JSON file each)
+    goodput/           the goodput ledger: where the run's time went (one file per writer,
+                       see :mod:`elastic_train.goodput.breakdown`)
     progress.csv       CSVLoggerCallback's table of the metrics
     tensorboard/       TensorBoardLoggerCallback's event files
     .<anything>        the run's bookkeeping (claims, upload markers, checkpoints set
@@ -39,9 +41,9 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from elastic_train.departures import Departure
+from elastic_train._internal.departures import Departure
+from elastic_train._internal.failure_kinds import FailureKind
 from elastic_train.errors import WorkerFailure
-from elastic_train.failure_kinds import FailureKind
 from elastic_train.stragglers import Straggler
 
 RUN_FILE = "run.json"
@@ -52,9 +54,10 @@ LOGS_DIR = "logs"
 DEPARTURES_DIR = "departures"
 PROGRESS_FILE = "progress.csv"
 TENSORBOARD_DIR = "tensorboard"
+GOODPUT_DIR = "goodput"  # (its files: :mod:`.ledger_file`)
 
 RUN_ENTRIES = frozenset({RUN_FILE, TRAINABLE_FILE, METRICS_FILE, RESTORES_FILE, LOGS_DIR,
-                         DEPARTURES_DIR, PROGRESS_FILE, TENSORBOARD_DIR})
+                         DEPARTURES_DIR, PROGRESS_FILE, TENSORBOARD_DIR, GOODPUT_DIR})
 
 
 class RunStatus(str, enum.Enum):
@@ -156,7 +159,7 @@ class RunState:
     started as new interpreters instead (see :mod:`elastic_train.agent.zygote.server`).
     ``stragglers``: each node named slow (see :mod:`elastic_train.stragglers`).
     ``departures``: each node that left the job on its node policy's word, and for how
-    long it is kept out (see :mod:`elastic_train.departures`).
+    long it is kept out (see :mod:`elastic_train._internal.departures`).
     """
 
     name: str = ""

@@ -20,17 +20,19 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
-import cloudpickle
 import fsspec
 
-from elastic_train.departures import Departure
+from elastic_train._internal import moved_modules
+from elastic_train._internal.departures import Departure
 from elastic_train.errors import ConfigError, StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import CheckpointStore
 from elastic_train.storage.lease import LeaseDir, LeaseFence, lease_path
+from elastic_train.storage.ledger_file import LedgerFile, read_ledger
 from elastic_train.storage.retry import RetryPolicy
 from elastic_train.storage.run_state import (
     DEPARTURES_DIR,
+    GOODPUT_DIR,
     LOGS_DIR,
     METRICS_FILE,
     RESTORES_FILE,
@@ -290,6 +292,17 @@ class RunStorage:
         self._retry("writing restores.json", lambda: fsutil.write_json_atomic(
             self.fs, self._path(RESTORES_FILE), [e.to_json() for e in entries]))
 
+    # goodput/: where the run's time goes (see elastic_train.goodput.breakdown)
+    def ledger_file(self, source: str) -> LedgerFile:
+        """A new file of the run's goodput ledger, written by this process alone."""
+        return LedgerFile(self.fs, self._path(GOODPUT_DIR), source,
+                          lambda what: self._fenced(what, _ROW_FENCE_AGE_S))
+
+    def read_ledger(self) -> list[dict[str, Any]]:
+        """Every line of the run's goodput ledger, of every writer."""
+        return self._retry("reading the goodput ledger",
+                           lambda: read_ledger(self.fs, self._path(GOODPUT_DIR)))
+
     # departures/: who left the job and until when it is kept out (see departures.py)
     def write_departure(self, departure: Departure) -> None:
         """Records that a node left; replaces its earlier departure, if any."""
@@ -329,7 +342,8 @@ class RunStorage:
             with self.fs.open(self._path(TRAINABLE_FILE), "rb") as f:
                 return f.read()
 
-        return cloudpickle.loads(self._retry("reading trainable.pkl", read))
+        # a run saved before a module moved names its old path
+        return moved_modules.loads(self._retry("reading trainable.pkl", read))
 
     def has_trainable(self) -> bool:
         return self._retry("looking for trainable.pkl",

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elastic_train import scratch
+from elastic_train._internal import scratch
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.errors import ConfigError
 from elastic_train.storage.dcp_writer import save_in_writer_process, stop_writer_process

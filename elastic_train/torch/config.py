@@ -18,7 +18,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from elastic_train import devices
+from elastic_train._internal import devices
 from elastic_train.config import ScalingConfig
 from elastic_train.context import WorkerEnv
 from elastic_train.errors import ConfigError

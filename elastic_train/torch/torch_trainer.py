@@ -18,11 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from elastic_train._internal.ray_arguments import TORCH_TRAINER, takes_ray_arguments
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.config import RunConfig, ScalingConfig
 from elastic_train.driver.trainer import DataParallelTrainer, _trainer_arguments
 from elastic_train.errors import ConfigError
-from elastic_train.ray_arguments import TORCH_TRAINER, takes_ray_arguments
 from elastic_train.torch.config import TorchConfig
 from elastic_train.validation_config import ValidationConfig
 from elastic_train.worker.run_spec import RunSpec

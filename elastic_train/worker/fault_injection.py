@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 
 FAIL_EXIT_CODE = 75
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import cloudpickle
 
-from elastic_train import pickling
+from elastic_train._internal import pickling
 from elastic_train.context import WorkerEnv
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.worker.inprocess import group_sockets

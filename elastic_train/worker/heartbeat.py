@@ -16,7 +16,7 @@ import os
 import signal
 import time
 
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 
 STACK_SIGNAL = signal.SIGUSR1
 _last = 0.0

@@ -1,12 +1,14 @@
 """What a session learns when the ranks join, and what it builds from it.
 
 :meth:`JoinedSession.join` is the whole join (collective, once per attempt): the
-ranks agree on the resume point (:mod:`.resume_point`), and from it each rank builds
-its report rows (:mod:`elastic_train.metric_rows`), its checkpoint numbering and
-its background uploader; rank 0 also its :class:`~.committer.Committer` and, when the
-trainer has a ``validation_config``, its :class:`~.validation_runner.ValidationRunner`
-(which first takes the validations an earlier attempt left pending). The result
-is one frozen object, so no part of the session exists half-built.
+ranks agree on the resume point (:mod:`.resume_point`) and rank 0 tells them the run's
+goodput history, and from them each rank builds its report rows
+(:mod:`elastic_train._internal.metric_rows`), its checkpoint numbering, its background uploader
+and its :class:`~.attempt_clock.AttemptClock`; rank 0 also its
+:class:`~.committer.Committer` and, when the trainer has a ``validation_config``, its
+:class:`~.validation_runner.ValidationRunner` (which first takes the validations an
+earlier attempt left pending). The result is one frozen object, so no part of the
+session exists half-built.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from elastic_train.metric_rows import ReportRows
+from elastic_train._internal.metric_rows import ReportRows
 from elastic_train.storage import node_settings
 from elastic_train.storage.peer_replicas import PeerRing
 from elastic_train.storage.uploader import CheckpointUploader
+from elastic_train.worker.attempt_clock import AttemptClock, RunHistory
 from elastic_train.worker.committer import Committer
 from elastic_train.worker.control_group import ControlGroup
 from elastic_train.worker.resume_point import agree_on_resume_point
@@ -75,6 +78,7 @@ class JoinedSession:
         numbers: Numbers the reported checkpoints.
         uploader: Uploads this rank's checkpoint files in the background.
         committer: Rank 0's commit duties; None on every other rank.
+        clock: Times the reports for the goodput ledger and ``should_checkpoint()``.
     """
 
     group: ControlGroup
@@ -83,6 +87,7 @@ class JoinedSession:
     numbers: CheckpointNumbers
     uploader: CheckpointUploader
     committer: Committer | None
+    clock: AttemptClock
 
     @classmethod
     def join(cls, storage: RunStorage, env: WorkerEnv, config: CheckpointConfig,
@@ -107,8 +112,12 @@ class JoinedSession:
             committer.requeue_validations()
         uploader = CheckpointUploader(storage.checkpoints, env.rank, staging_dir,
                                       commit=committer.commit if committer else None)
+        history = group.broadcast(RunHistory.read(storage) if env.rank == 0 else None)
+        clock = AttemptClock(history, point.training_iteration,
+                             storage.ledger_file("rank0") if env.rank == 0 else None)
+        clock.ready(started_at, point.training_iteration if point.is_restart else None)
         return cls(group=group, restored=point.manifest,
                    rows=ReportRows(point.training_iteration, point.time_before_restore_s,
                                    started_at),
                    numbers=CheckpointNumbers(point.next_index), uploader=uploader,
-                   committer=committer)
+                   committer=committer, clock=clock)

@@ -22,7 +22,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.worker import heartbeat, worker_plan
 

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.worker import user_code
 

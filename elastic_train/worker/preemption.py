@@ -37,7 +37,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 
 _noticed_at: float | None = None
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import fsspec
 
+from elastic_train._internal.metric_rows import AUTO_FIELDS, clean_metrics
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.errors import ConfigError
-from elastic_train.metric_rows import AUTO_FIELDS, clean_metrics
 from elastic_train.report_config import CheckpointUploadMode
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_names import check_dir_name

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from elastic_train.checkpoint import Checkpoint, committed_checkpoint
 from elastic_train.context import StorageInfo, TrainContext, WorkerEnv
 from elastic_train.errors import ConfigError, StorageError
+from elastic_train.goodput.interval import PRIOR_MTBF_S
 from elastic_train.report_config import (
     CheckpointConsistencyMode,
     CheckpointUploadMode,
@@ -49,6 +50,7 @@ from elastic_train.validation_config import ValidationTaskConfig
 from elastic_train.worker import preemption
 from elastic_train.worker import upload_fn as by_upload_fn
 from elastic_train.worker.after_report import AFTER_REPORT, AfterReport
+from elastic_train.worker.attempt_clock import SHARED
 from elastic_train.worker.backend import WorkerResources
 from elastic_train.worker.data_position import Resumable, ranks_states
 from elastic_train.worker.dataset import DatasetShard
@@ -288,8 +290,10 @@ class TrainSession:
         joined.uploader.raise_if_failed()
         row = joined.rows.next(args.metrics)
         files, notice = _files_of(args), preemption.local_notice()
-        any_checkpoint, any_notice, times, nodes = self._first_round(
-            joined, files is not None, notice is not None, self.step_clock.report_begins())
+        any_checkpoint, any_notice, times, nodes, shared = self._first_round(
+            joined, files is not None, notice is not None, self.step_clock.report_begins(),
+            joined.clock.shared_numbers())
+        joined.clock.waited()
         row.update(step_fields(times, [int(n) for n in nodes]))
         if any_checkpoint:
             self._before_any_upload(joined, args)
@@ -298,7 +302,7 @@ class TrainSession:
             mode = self._agreed_mode(args.mode, gathered)
             if any_checkpoint:
                 self._report_checkpoint(joined, args, gathered, row, mode)
-        self._end_report(joined, row)
+        self._end_report(joined, row, shared, any_checkpoint)
 
     def _before_any_upload(self, joined: JoinedSession, args: ReportArgs) -> None:
         """Rank 0's checks once a rank has a checkpoint, before any rank uploads: the
@@ -352,30 +356,36 @@ class TrainSession:
         if (staged := _deleted_once_staged(args)) is not None:
             shutil.rmtree(staged, ignore_errors=True)
 
-    def _end_report(self, joined: JoinedSession, row: dict[str, Any]) -> None:
+    def _end_report(self, joined: JoinedSession, row: dict[str, Any],
+                    shared: list[list[float]], any_checkpoint: bool) -> None:
         """What ends every report: rank 0 records the metrics row, the after-report hooks
-        run, and the step clock starts the next report's step time."""
+        run, the attempt's clock takes the report's ``shared`` numbers (see
+        :mod:`.attempt_clock`), and the step clock starts the next report's step time."""
         if joined.committer is not None:
             joined.committer.record_row(row)
         for hook in self._after_report:
             hook(joined.rows.iteration, self.env)
+        joined.clock.report_ends(shared, any_checkpoint, joined.rows.iteration)
         self.step_clock.report_ends()
 
     def _first_round(self, joined: JoinedSession, has_files: bool, has_notice: bool,
-                     step_time: float, returned: bool = False
-                     ) -> tuple[bool, bool, list[float], list[float]]:
+                     step_time: float, clock_numbers: tuple[float, ...] = (0.0,) * SHARED,
+                     returned: bool = False
+                     ) -> tuple[bool, bool, list[float], list[float], list[list[float]]]:
         """The all_reduce every ``report()`` starts with (and a returning rank's last, see
         :mod:`.even_reports`): whether any rank has checkpoint files or a preemption
-        notice, and each rank's step time and node. A ConfigError on every rank when
-        one rank returned while others report."""
-        (any_files, any_notice, any_returned), (times, nodes, gone, calls) = \
+        notice, each rank's step time and node, and each rank's ``clock_numbers`` (see
+        :meth:`.attempt_clock.AttemptClock.shared_numbers`). A ConfigError on every rank
+        when one rank returned while others report."""
+        (any_files, any_notice, any_returned), (times, nodes, gone, calls, *shared) = \
             joined.group.any_rank_and_each(
                 (has_files, has_notice, returned),
-                (step_time, self.env.node_rank, float(returned), joined.rows.since_start))
+                (step_time, self.env.node_rank, float(returned), joined.rows.since_start,
+                 *clock_numbers))
         error = uneven_reports(gone, calls) if any_returned else None
         if error is not None:
             raise error
-        return any_files, any_notice, times, nodes
+        return any_files, any_notice, times, nodes, shared
 
     def returned(self) -> None:
         """The train function returned on this rank: a last round of the report's first
@@ -433,11 +443,18 @@ class TrainSession:
     def finish(self) -> None:
         """Waits for pending uploads and commits (the run ends only when they are
         stored), then, on rank 0, for the validations asked for (as Ray's controller
-        waits for them before it shuts down)."""
+        waits for them before it shuts down); the wait is checkpoint time in the
+        goodput ledger."""
         if self._joined is not None:
+            began = time.monotonic()
             self._joined.uploader.close()
             if (committer := self._joined.committer) and committer.validations is not None:
                 committer.validations.close()
+            self._joined.clock.finish(time.monotonic() - began, self._joined.rows.iteration)
+
+    def should_checkpoint(self, prior_mtbf_s: float) -> bool:
+        """The public :func:`should_checkpoint` (see :mod:`.attempt_clock`)."""
+        return self.join().clock.should_checkpoint(prior_mtbf_s)
 
     def uploads_in_flight(self) -> bool:
         """Whether a reported checkpoint of this rank is not uploaded (and, on rank 0,
@@ -593,6 +610,37 @@ def step() -> None:
         elastic_train.report({"loss": loss})
     """
     get_session().step_clock.step()
+
+
+def should_checkpoint(prior_mtbf_s: float = PRIOR_MTBF_S) -> bool:
+    """Whether this report should carry a checkpoint, by Young/Daly (opt-in; our addition).
+
+    True when the training time since the last checkpoint reaches, by the next
+    ``report()``, the interval ``sqrt(2 * C * MTBF)`` that loses the least time: ``C``
+    is this job's own measured save cost (the slowest rank's time from this function's
+    True to the end of the report that carried the checkpoint: your save and the
+    upload ``report()`` waited for), ``MTBF`` the run's wall time over the failures it
+    saw, or ``prior_mtbf_s`` (one hour by default) until it saw one. True until a save
+    was measured (the first checkpoint measures it), False before this attempt's first
+    report once one was.
+
+    Every rank gets the same answer without a collective of its own, so any rank may
+    ask, provided every rank asks at the same place with the same ``prior_mtbf_s``: it
+    reads only what the ranks share (the run's history, agreed as the attempt began,
+    and what the previous ``report()``'s collective carried). Ask right before saving:
+    the time from a True to the report counts as the save's. ``elastic-train show``
+    prints the interval the run used beside the optimum (see docs/observability.md).
+
+    Example::
+
+        for step, batch in enumerate(loader):
+            loss = train_step(batch)
+            checkpoint = None
+            if elastic_train.should_checkpoint():
+                checkpoint = save(model, optimizer)  # your Checkpoint.from_directory(...)
+            elastic_train.report({"loss": loss}, checkpoint=checkpoint)
+    """
+    return get_session().should_checkpoint(prior_mtbf_s)
 
 
 def get_checkpoint() -> Checkpoint | None:

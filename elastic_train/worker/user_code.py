@@ -21,7 +21,7 @@ A module is decided by where its file is, first match wins:
 5. under one of the user's roots -- the working directory, the directory of the
    driver's script, the train function's package, the launched script's
    directory, and the directories in ``ELASTIC_TRAIN_USER_CODE``
-   (:data:`elastic_train.env_vars.USER_CODE`): the user's own code;
+   (:data:`elastic_train._internal.env_vars.USER_CODE`): the user's own code;
 6. anything else: installed.
 
 The installed checks come first: a ``.venv`` inside the project directory is under
@@ -43,7 +43,7 @@ import os
 import sys
 from collections.abc import Iterable
 
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 from elastic_train.worker.worker_plan import WorkerPlan
 
 SITE_DIRS = frozenset({"site-packages", "dist-packages"})

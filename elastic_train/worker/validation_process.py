@@ -6,7 +6,7 @@ function, the committed checkpoint and the keyword arguments from stdin (so the
 checkpoint's filesystem, credentials included, never touches a disk), calls
 ``fn(checkpoint, **fn_kwargs)`` and writes ``{"metrics": {...}}`` -- or
 ``{"error": traceback}`` -- to ``RESULT_PATH``, then kills whatever the function left
-running (:func:`~elastic_train.process_identity.end_started`). It dies with the worker
+running (:func:`~elastic_train._internal.process_identity.end_started`). It dies with the worker
 that started it, and so does every process it started
 (:func:`~elastic_train.storage.parent_watch.die_with`): a validation nobody waits
 for any more is not left running. Its own interpreter, so it holds no GIL the
@@ -23,8 +23,8 @@ from typing import Any
 
 import cloudpickle
 
-from elastic_train.metric_rows import AUTO_FIELDS, clean_metrics
-from elastic_train.process_identity import end_started
+from elastic_train._internal.metric_rows import AUTO_FIELDS, clean_metrics
+from elastic_train._internal.process_identity import end_started
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.parent_watch import die_with
 

@@ -21,7 +21,7 @@ Outcomes, as Ray's (the committer records them in the checkpoint's manifest and 
 However it ends, every process the validation started dies with it (its process and
 their descendants, found through ``/proc`` and stopped before they are killed, and
 whatever is left in the session it leads: see
-:func:`~elastic_train.process_identity.end_tree`): a nested trainer's agent, zygote
+:func:`~elastic_train._internal.process_identity.end_tree`): a nested trainer's agent, zygote
 and workers included. ``timeout_s=None`` (the default, Ray's) sets no limit: the end
 of the run waits for the validation as long as it runs, as Ray's controller does.
 
@@ -53,7 +53,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from elastic_train import pickling, process_identity
+from elastic_train._internal import pickling, process_identity
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.worker import heartbeat
 from elastic_train.worker.validation_process import VALIDATION_PROCESS
@@ -222,7 +222,7 @@ class ValidationRunner:
 
     def _wait(self, process: subprocess.Popen, deadline: float | None) -> bool:
         """Waits for ``process`` to exit (left unreaped, see
-        :func:`~elastic_train.process_identity.has_exited`); False once ``deadline``
+        :func:`~elastic_train._internal.process_identity.has_exited`); False once ``deadline``
         passed. :class:`_Abandoned` when the attempt ends meanwhile."""
         while not process_identity.has_exited(process.pid):
             if self._stop.is_set():

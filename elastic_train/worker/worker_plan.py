@@ -25,7 +25,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 from elastic_train.config import CheckpointConfig
 from elastic_train.storage import node_settings
 from elastic_train.storage.replica_server import NodeReplica

@@ -153,7 +153,8 @@ def _check(trial: Trial, row: dict, storage: StorageUnderTest, tmp_path,
                            or bool(outcome.lost_commits))
     assert identical, "final weights differ from the uninterrupted run"
     assert not outcome.lost_commits, f"committed checkpoints lost: {outcome.lost_commits}"
-    assert outcome.second_refused in (None, True), "a second driver joined the live run"
+    assert outcome.second_refused in (None, True), \
+        "a second driver was not refused as a live run's: " + "; ".join(outcome.kind_failures)
     assert not outcome.kind_failures, "; ".join(outcome.kind_failures)
     assert history, f"metrics history has gaps or repeats: {outcome.iterations}"
     assert not outcome.partial_seen, f"partial checkpoint visible: {outcome.partial_seen}"

@@ -71,6 +71,9 @@ def _second_driver_trial(trial: Trial, storage: StorageUnderTest, tmp_path, name
     outcome = _outcome(digest, run_storage, watcher, tmp_path, num_to_keep=None)
     outcome.second_refused = (second.returncode != 0 and "is in use by" in second_out
                               and not list((tmp_path / "second").glob("worker-*")))
+    if not outcome.second_refused:  # say what it did: joined, or came after the run ended
+        outcome.kind_failures.append(f"the second driver (exit {second.returncode}) said: "
+                                     f"{second_out[-1500:]}")
     return outcome
 
 

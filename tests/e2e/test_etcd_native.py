@@ -31,10 +31,10 @@ from tests.support.servers import TcpProxy
 
 pytest.importorskip("etcd3gw", reason="etcd3gw is not installed (pip install etcd3gw)")
 
+from elastic_train._internal.rendezvous_backends import lookup  # noqa: E402
 from elastic_train.agent.rendezvous import etcd_kv as ops  # noqa: E402
 from elastic_train.agent.rendezvous.etcd_native import EtcdNativeHandler  # noqa: E402
 from elastic_train.agent.rendezvous.registry import register  # noqa: E402
-from elastic_train.rendezvous_backends import lookup  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -33,6 +33,7 @@ from tests.support.paths import REPO
 
 pytest.importorskip("etcd3gw", reason="etcd3gw is not installed (pip install etcd3gw)")
 
+from elastic_train._internal.rendezvous_backends import lookup  # noqa: E402
 from elastic_train.agent.rendezvous.etcd_handler import create_etcd_v3_handler  # noqa: E402
 from elastic_train.agent.rendezvous.etcd_v3 import (  # noqa: E402
     EtcdV3RendezvousBackend,
@@ -40,7 +41,6 @@ from elastic_train.agent.rendezvous.etcd_v3 import (  # noqa: E402
     create_backend,
 )
 from elastic_train.agent.rendezvous.registry import register as register_backend  # noqa: E402
-from elastic_train.rendezvous_backends import lookup  # noqa: E402
 
 
 def register() -> None:
@@ -79,7 +79,7 @@ def test_register_is_idempotent_and_import_registers_nothing() -> None:
     our native handler under "etcd" and torch's dynamic one over etcd under "etcd-v3"."""
     probe = (
         "import elastic_train.agent.rendezvous.etcd_handler as r\n"
-        "from elastic_train.rendezvous_backends import lookup\n"
+        "from elastic_train._internal.rendezvous_backends import lookup\n"
         "from elastic_train.agent.rendezvous.registry import register\n"
         "from torch.distributed.elastic.rendezvous.registry import handler_registry as h\n"
         "assert h._registry.get('etcd-v3', r.create_etcd_v3_handler) is "

@@ -12,7 +12,7 @@ import cloudpickle
 import pytest
 
 import elastic_train as et
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 from elastic_train.torch import TorchTrainer
 from tests.conftest import StorageUnderTest, make_storage, pid_alive
 from tests.support import fsdp_jobs

@@ -2,7 +2,7 @@
 SIGKILL: bit-identical weights, a restarted rank whose CUDA works, a survivor that freed
 the failed attempt's memory), ``launch --nproc-per-node gpu`` on nccl, and the FSDP
 example on nccl. Skipped where no CUDA device is visible: devices are counted in a
-forked child (:func:`elastic_train.devices.count`), never by ``torch.cuda`` in pytest's
+forked child (:func:`elastic_train._internal.devices.count`), never by ``torch.cuda`` in pytest's
 process, whose forks would be poisoned."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import elastic_train as et
-from elastic_train import devices
+from elastic_train._internal import devices
 from elastic_train.torch import TorchTrainer, get_device, prepare_model
 from tests.conftest import EPOCHS
 from tests.support import gpu_jobs, jobs

@@ -60,6 +60,7 @@ def test_prometheus_scrapes_a_run_with_a_fault(faulted):
     assert last("elastic_train_slowest_rank_score") >= 1
     assert last("elastic_train_upload_bytes_total") > 0
     assert last("elastic_train_upload_lag_seconds") >= 0
+    assert last("elastic_train_goodput_seconds") >= 0  # the ledger, read while it ran
     up = prometheus.query(f'up{{instance="127.0.0.1:{port}"}}[10m]')
     assert up and any(v == "1" for _, v in up[0]["values"])
 
@@ -72,6 +73,12 @@ def test_the_same_run_pushes_the_same_figures_over_otlp(faulted):
     assert receiver.latest("elastic_train_restarts", run=NAME, cause="failure").value == 1
     assert receiver.latest("elastic_train_world_size", run=NAME).value == 2
     assert receiver.latest("elastic_train_recovery_seconds", run=NAME).count == 1
+    # the goodput ledger's breakdown, read at the run's end: a fault costs detection time
+    assert receiver.latest("elastic_train_goodput_seconds", run=NAME).value > 0
+    assert receiver.latest("elastic_train_badput_seconds", run=NAME, cause="detection").value > 0
+    blocked = receiver.latest("elastic_train_checkpoint_blocked_seconds", run=NAME).value
+    assert blocked == receiver.latest("elastic_train_badput_seconds", run=NAME,
+                                      cause="checkpoint").value
 
 
 def test_show_plot_draws_the_faulted_run(faulted, tmp_path, capsys):

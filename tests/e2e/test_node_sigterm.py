@@ -16,7 +16,7 @@ import time
 import pytest
 
 import elastic_train as et
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 from tests.conftest import pid_alive, wait_until
 from tests.support.paths import REPO
 from tests.support.process_tree import descendants, signal_tree, stop_logged, stop_tree

@@ -10,11 +10,13 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
 import elastic_train as et
 from elastic_train.callbacks import CSVLoggerCallback, TensorBoardLoggerCallback
+from elastic_train.goodput.breakdown import Cause
 from elastic_train.storage.run_state import RunStatus
 from tests.conftest import EPOCHS, fit
 from tests.support.paths import REPO
@@ -172,9 +174,25 @@ def test_resumed_run_gives_callbacks_each_iteration_once(storage_path, tmp_path)
     assert [int(r["training_iteration"]) for r in rows] == list(range(1, EPOCHS + 1))
 
 
-def test_show_gives_recovery_times_and_goodput(storage_path, tmp_path):
+def test_show_gives_recovery_times_and_goodput(storage_path, tmp_path, capsys):
     fault = {"rank": 1, "epoch": 2, "batch": 2, "how": "sigkill", "marker": str(tmp_path / "m")}
-    fit(storage_path, "goodput", max_failures=1, config={"fault": fault, "upload_mode": "SYNC"})
+    began = time.time()
+    result = fit(storage_path, "goodput", max_failures=1,
+                 config={"fault": fault, "upload_mode": "SYNC"})
+    took = time.time() - began
+    ledger = result.goodput
+    # The causes add up to the wall time, which is the launch's own (fit() less the
+    # Result read after it); no writer left much unaccounted (other). A SIGKILL's time is
+    # torch's whole second: its lost work is detection.
+    assert sum(ledger.seconds.values()) == pytest.approx(ledger.wall_s, rel=0.01)
+    assert took - 1.0 < ledger.wall_s <= took
+    assert -0.01 * ledger.wall_s < ledger.seconds[Cause.OTHER] < 0.05 * ledger.wall_s, ledger
+    assert ledger.failures == 1 and len(ledger.attempts) == 2 and ledger.checkpoints == EPOCHS
+    for cause in (Cause.PRODUCTIVE, Cause.STARTUP, Cause.DETECTION, Cause.RENDEZVOUS,
+                  Cause.RESTORE, Cause.CHECKPOINT, Cause.SHUTDOWN):
+        assert ledger.seconds[cause] > 0, (cause, ledger)
+    assert ledger.seconds[Cause.PREEMPTION] == 0
+    assert f"[elastic-train] goodput of goodput: {ledger.describe()}" in capsys.readouterr().out
     show = subprocess.run([*CLI, "show", os.path.join(storage_path, "goodput"), "--json"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert show.returncode == 0, show.stderr
@@ -185,8 +203,12 @@ def test_show_gives_recovery_times_and_goodput(storage_path, tmp_path):
     assert 0 < recovery["restore_s"] < 60
     # SYNC: epoch 1's checkpoint was committed before the kill in epoch 2: nothing redone.
     assert recovery["recomputed_iterations"] == 0
-    assert 0 < data["goodput"] < 1
+    assert data["goodput"] == pytest.approx(ledger.ettr) and 0 < data["goodput"] < 1
+    assert data["ledger"]["seconds"] == pytest.approx({c.value: s for c, s in
+                                                       ledger.seconds.items()})
+    assert data["checkpoint_interval"]["optimum_s"] > 0
     assert data["checkpoints"][-1]["ranks"] == [0] and data["checkpoints"][-1]["size_bytes"] > 0
     text = subprocess.run([*CLI, "show", os.path.join(storage_path, "goodput")], cwd=REPO,
                           capture_output=True, text=True, timeout=60).stdout
-    assert "recovery: detected in" in text and "goodput:" in text
+    assert "recovery: detected in" in text and "goodput:  ETTR" in text
+    assert "recompute" in text and "Young/Daly's optimum" in text

@@ -10,7 +10,7 @@ import os
 import pytest
 
 import elastic_train as et
-from elastic_train import ray_arguments
+from elastic_train._internal import ray_arguments
 from elastic_train.storage import RunStorage
 from tests.support.examples import load_example
 

@@ -18,10 +18,10 @@ from torch.distributed.elastic.agent.server.api import SignalException  # noqa: 
 from torch.distributed.elastic.rendezvous import RendezvousParameters  # noqa: E402
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry  # noqa: E402
 
+from elastic_train._internal.rendezvous_backends import lookup  # noqa: E402
 from elastic_train.agent import api  # noqa: E402
 from elastic_train.agent.rendezvous import etcd_lease  # noqa: E402
 from elastic_train.agent.rendezvous.registry import register  # noqa: E402
-from elastic_train.rendezvous_backends import lookup  # noqa: E402
 from elastic_train.rendezvous_config import RendezvousConfig  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]

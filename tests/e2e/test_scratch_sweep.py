@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.timeout(240),
 
 OURS = ("elastic_train_", "et-zygote-")
 # A process that makes scratch directories as a driver does, says so, and lives on.
-LIVE_OWNER = ("from elastic_train import scratch; import sys, time; "
+LIVE_OWNER = ("from elastic_train._internal import scratch; import sys, time; "
               "print(scratch.make(scratch.NODE_PREFIX), scratch.make(scratch.ZYGOTE_PREFIX), "
               "flush=True); sys.stdin.read()")
 

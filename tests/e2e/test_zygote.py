@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 from elastic_train.agent.worker_slots import surviving
 from elastic_train.agent.zygote import server as zygote
 from tests.conftest import wait_until

@@ -97,6 +97,10 @@ NOT_RUN: dict[tuple[str, int], tuple[str, str]] = {
                                   "test_the_elastic_data_guides_code_runs (checks its output)"),
     ("docs/fault-tolerance.md", 1): ("saved = False", "a fragment of a train function's loop "
                                      "(`start`, `steps`, `metrics` are the function's)"),
+    ("docs/observability.md", 0): ("for step, batch in enumerate(loader):",
+                                   "a fragment of a train function's loop (`loader`, "
+                                   "`train_step`, `save` are the user's); the whole runs as "
+                                   "bench/interval_job.py (figure 17)"),
     ("docs/large-models.md", 0): ("import torch.distributed.checkpoint as dcp",
                                   "a fragment of an FSDP2 train function; the whole runs as "
                                   "examples/fsdp_transformer.py in tests/e2e/test_fsdp_example.py"),

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 import elastic_train as et
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 from elastic_train.torch import async_save, enable_reproducibility, prepare_model
 
 

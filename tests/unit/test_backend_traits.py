@@ -5,11 +5,11 @@ from __future__ import annotations
 import ast
 import pathlib
 
+from elastic_train._internal.rendezvous_backends import BACKENDS, StateHome, lookup
 from elastic_train.errors import RendezvousLostError
-from elastic_train.rendezvous_backends import BACKENDS, StateHome, lookup
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "elastic_train"
-TABLE = PACKAGE / "rendezvous_backends.py"
+TABLE = PACKAGE / "_internal" / "rendezvous_backends.py"
 
 
 def test_traits_say_where_state_lives_and_what_the_endpoint_is():

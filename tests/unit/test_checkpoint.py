@@ -135,7 +135,7 @@ def test_result_get_best_checkpoint_as_in_ray(tmp_path):
     ({"t": __import__("torch").ones(3)}, ["'t'", "Tensor"]),
 ])
 def test_metrics_that_are_not_json_are_named(metrics, words):
-    from elastic_train.metric_rows import jsonable
+    from elastic_train._internal.metric_rows import jsonable
 
     with pytest.raises(ConfigError) as info:
         {k: jsonable(v, k) for k, v in metrics.items()}

@@ -179,7 +179,7 @@ def test_nodes_map_to_torchruns_flags(monkeypatch):
 
 
 def test_fit_inside_slurm_meets_on_the_allocations_first_host(monkeypatch):
-    """The Python API reads the platform as launch does (elastic_train.platforms)."""
+    """The Python API reads the platform as launch does (elastic_train._internal.platforms)."""
     for name in ("PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF"):
         monkeypatch.delenv(name, raising=False)
     for name, value in {"SLURM_JOB_ID": "99", "SLURM_JOB_NUM_NODES": "2",

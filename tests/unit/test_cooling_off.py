@@ -8,11 +8,11 @@ import time
 
 import pytest
 
+from elastic_train._internal.departures import Departure, clock
 from elastic_train.agent.cooling_off import CoolingOff
 from elastic_train.agent.node_policy import ADMITTED, Candidate, NodePolicy, NodeStanding
 from elastic_train.cli import render
 from elastic_train.cli.run_summary import RunSummary
-from elastic_train.departures import Departure, clock
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.errors import NodeLeftError
 from elastic_train.storage import RunStorage

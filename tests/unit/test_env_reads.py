@@ -1,5 +1,5 @@
 """One route per fact: no module reads an ``ELASTIC_TRAIN_*`` variable but the two that
-own them -- :mod:`elastic_train.env_vars` (the agent's facts, the user's switches) and
+own them -- :mod:`elastic_train._internal.env_vars` (the agent's facts, the user's switches) and
 the worker plan's loader (the plan's path, the storage as given)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pathlib
 import re
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "elastic_train"
-READERS = {PACKAGE / "env_vars.py", PACKAGE / "worker" / "worker_plan.py",
+READERS = {PACKAGE / "_internal" / "env_vars.py", PACKAGE / "worker" / "worker_plan.py",
            # The zygote's stand-in imports only the standard library: it spells out
-           # WORKER_PIDS_DIR itself (see elastic_train.env_vars).
+           # WORKER_PIDS_DIR itself (see elastic_train._internal.env_vars).
            PACKAGE / "agent" / "zygote" / "client.py"}
 NAME = re.compile(r"ELASTIC_TRAIN_[A-Z_]+")
 
@@ -50,7 +50,7 @@ def test_only_the_plan_loader_and_env_vars_read_elastic_train_variables():
 
 
 def test_the_scan_sees_the_shapes_a_read_takes():
-    source = ('import os\nfrom elastic_train import env_vars\n'
+    source = ('import os\nfrom elastic_train._internal import env_vars\n'
               'a = os.environ.get(env_vars.ZYGOTE)\nb = os.environ["ELASTIC_TRAIN_X"]\n'
               'c = env_vars.LAUNCH in os.environ\nos.environ[env_vars.ATTEMPT] = "1"\n'
               'd = {env_vars.PLAN: "p", "ELASTIC_TRAIN_Y": "q"}\n')

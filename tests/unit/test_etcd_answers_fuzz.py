@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import handler_registry
 
+from elastic_train._internal.rendezvous_backends import lookup
 from elastic_train.agent.rendezvous.etcd_kv import EtcdKV, Event, KeyValue, TxnResult, Watch
 from elastic_train.agent.rendezvous.etcd_v3 import EtcdV3Keyspace, EtcdValue
 from elastic_train.agent.rendezvous.registry import register
-from elastic_train.rendezvous_backends import lookup
 
 FUZZ = settings(max_examples=300, deadline=None, database=None,
                 phases=[Phase.explicit, Phase.generate],

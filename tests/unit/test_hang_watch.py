@@ -10,7 +10,7 @@ import sysconfig
 import time
 
 import elastic_train
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 from elastic_train.agent.hang_watch import HangWatch, Stuck
 from elastic_train.worker.heartbeat import progress_file
 from tests.conftest import pid_alive, wait_until

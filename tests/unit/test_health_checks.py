@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from elastic_train._internal.failure_kinds import FailureKind
 from elastic_train.agent.health_checks import (
     CallableCheck,
     CommandCheck,
@@ -28,7 +29,6 @@ from elastic_train.agent.node_policy import (
     leave,
 )
 from elastic_train.agent.worker_slots import surviving
-from elastic_train.failure_kinds import FailureKind
 from elastic_train.storage import RunStorage
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 from torch.distributed.elastic.agent.server.api import WorkerState
 
+from elastic_train._internal.failure_kinds import FailureKind
 from elastic_train.agent.inprocess.controller import AgentHooks, InProcessController, RestartState
 from elastic_train.agent.inprocess.restarts import (
     FailedAttempt,
@@ -19,7 +20,6 @@ from elastic_train.agent.inprocess.restarts import (
 )
 from elastic_train.agent.restart_budget import Decision
 from elastic_train.errors import WorkerFailure
-from elastic_train.failure_kinds import FailureKind
 
 
 def failure(rank: int) -> WorkerFailure:

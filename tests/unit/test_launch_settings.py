@@ -10,8 +10,8 @@ import os
 import pytest
 
 import elastic_train as et
+from elastic_train._internal.platforms import SLURM_PORT_BASE
 from elastic_train.cli.launch_command import main_launch
-from elastic_train.platforms import SLURM_PORT_BASE
 from tests.support.paths import REPO
 
 SCRIPT = "tests/e2e/scripts/plain_torchrun_script.py"

@@ -3,6 +3,9 @@
 - ``worker/`` (what runs in each rank) and ``storage/`` never import ``agent/``,
   ``driver/`` or ``cli/``; ``storage/`` imports no ``worker/`` either;
 - ``agent/`` never imports ``driver/`` or ``cli/``; nothing but ``cli/`` imports ``cli/``;
+- ``_internal/`` (the helpers every layer shares) and ``goodput/`` (pure figures) are the
+  bottom: they import no layer,
+  only the public top-level modules;
 - only ``storage/`` opens a store (imports fsspec or a store's package), but for the
   modules listed in ``OPENS_A_STORE``, each with the reason.
 
@@ -31,6 +34,10 @@ OPENS_A_STORE = {
 }
 
 FORBIDDEN = {
+    "_internal": ("agent", "driver", "cli", "worker", "storage", "torch", "lightning",
+                  "huggingface", "integrations"),
+    "goodput": ("agent", "driver", "cli", "worker", "storage", "torch", "lightning",
+                "huggingface", "integrations"),
     "worker": ("agent", "driver", "cli"),
     "storage": ("agent", "driver", "cli", "worker"),
     "agent": ("driver", "cli"),

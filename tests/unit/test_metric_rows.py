@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from elastic_train.errors import ConfigError
-from elastic_train.metric_rows import (
+from elastic_train._internal.metric_rows import (
     AUTO_FIELDS,
     ReportRows,
     clean_metrics,
@@ -17,6 +16,7 @@ from elastic_train.metric_rows import (
     plotted,
     user_metrics,
 )
+from elastic_train.errors import ConfigError
 from elastic_train.stragglers import STEP_FIELDS
 from tests.support.paths import REPO
 
@@ -56,7 +56,7 @@ def test_single_numbers_become_json_numbers_and_the_rest_is_named():
 
 def test_the_row_format_imports_no_torch():
     """``elastic-train ls``/``show`` read rows; they must not pay for ``import torch``."""
-    code = "import sys, elastic_train.metric_rows; print('torch' in sys.modules)"
+    code = "import sys, elastic_train._internal.metric_rows; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == "False"

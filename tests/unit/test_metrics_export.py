@@ -184,21 +184,12 @@ def test_the_feed_measures_upload_lag_and_bytes_and_forgets_lost_checkpoints():
     assert feed._uncommitted == {}  # checkpoint 0 was cut short: never waited for again
 
 
-def test_the_goodput_hook_is_one_call_into_the_ledgers_breakdown(monkeypatch):
-    """The ledger (issue #40 item 1) comes on its own branch: its module stands in here
-    with the interface it has there, ``breakdown(storage.read_ledger()).seconds``."""
-    import enum
-
-    class Cause(str, enum.Enum):
-        PRODUCTIVE = "productive"
-        RESTORE = "restore"
+def test_the_goodput_hook_reads_the_ledgers_breakdown(monkeypatch):
+    from elastic_train.goodput.breakdown import Cause
 
     ledger = [{"event": "launch"}]
-    goodput = types.ModuleType("elastic_train.goodput")
-    goodput.breakdown = lambda entries: types.SimpleNamespace(
-        seconds={Cause.PRODUCTIVE: 8.0, Cause.RESTORE: 2.0} if entries == ledger else {})
-    monkeypatch.setitem(sys.modules, "elastic_train.goodput", goodput)
-    monkeypatch.setattr(et, "goodput", goodput, raising=False)  # where it was imported
+    monkeypatch.setattr(metrics_feed, "breakdown", lambda entries: types.SimpleNamespace(
+        seconds={Cause.PRODUCTIVE: 8.0, Cause.RESTORE: 2.0} if entries == ledger else {}))
     storage = types.SimpleNamespace(read_ledger=lambda: ledger)
     assert metrics_feed.goodput_seconds(storage) == {"productive": 8.0, "restore": 2.0}
     assert metrics_feed.goodput_seconds(types.SimpleNamespace(read_ledger=list)) is None

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from elastic_train._internal.failure_kinds import FailureKind
 from elastic_train.agent.no_progress_guard import NoProgressGuard, Progress, signature
 from elastic_train.agent.restart_budget import UNLIMITED, RestartBudget
 from elastic_train.errors import WorkerFailure
-from elastic_train.failure_kinds import FailureKind
 
 NAN = "rank 1: ValueError: loss is nan"
 

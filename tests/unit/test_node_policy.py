@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from elastic_train._internal.failure_kinds import FailureKind
 from elastic_train.agent import node_policy
 from elastic_train.agent.local_agent import TrainAgent
 from elastic_train.agent.node_policy import (
@@ -21,7 +22,6 @@ from elastic_train.agent.node_policy import (
 from elastic_train.agent.options import AgentEvents, AgentOptions
 from elastic_train.agent.restart_budget import RestartBudget
 from elastic_train.errors import ConfigError, NodeLeftError, WorkerFailure
-from elastic_train.failure_kinds import FailureKind
 from tests.support.memory_etcd import sealed_with_a_second_joiner
 from tests.support.node_policies import ADMITTED_VARIABLE, AdmitListed, LeaveAfterTwoInARow
 

@@ -10,7 +10,7 @@ import textwrap
 import cloudpickle
 import pytest
 
-from elastic_train import pickling
+from elastic_train._internal import pickling
 
 # CI runs these on cloudpickle 3.1.3 (the main suite) and 3.1.2 (.ci/compat's COMPAT_PINS).
 pytestmark = pytest.mark.compat
@@ -42,7 +42,7 @@ def test_a_scripts_train_function_fails_in_another_process_with_its_file_and_lin
     script = tmp_path / "user_script.py"
     script.write_text(textwrap.dedent("""
         import sys
-        from elastic_train import pickling
+        from elastic_train._internal import pickling
 
         def train_func(config):
             raise ValueError("the user's own error")

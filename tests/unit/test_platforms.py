@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_train.errors import ConfigError
-from elastic_train.platforms import (
+from elastic_train._internal.platforms import (
     SLURM_PORT_BASE,
     SLURM_PORT_SPAN,
     derived_settings,
@@ -13,6 +12,7 @@ from elastic_train.platforms import (
     kubeflow,
     slurm,
 )
+from elastic_train.errors import ConfigError
 
 
 @pytest.mark.parametrize("text, hosts", [

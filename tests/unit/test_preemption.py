@@ -11,11 +11,11 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 import elastic_train as et
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
+from elastic_train._internal.failure_kinds import FailureKind
 from elastic_train.agent.local_agent import TrainAgent
 from elastic_train.agent.options import AgentOptions
 from elastic_train.agent.restart_budget import RestartBudget
-from elastic_train.failure_kinds import FailureKind
 from elastic_train.worker import preemption
 
 

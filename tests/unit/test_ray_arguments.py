@@ -1,5 +1,5 @@
 """Ray arguments and functions a ported script may still use: every argument of
-:mod:`elastic_train.ray_arguments`' tables does what its kind says (honoured, ignored
+:mod:`elastic_train._internal.ray_arguments`' tables does what its kind says (honoured, ignored
 with one warning -- an error under ELASTIC_TRAIN_RAY_STRICT=1 --, refused with the way
 out), and removed functions end in an error that says what to do, never a bare
 TypeError or AttributeError."""
@@ -15,7 +15,7 @@ import pytest
 
 import elastic_train as et
 import elastic_train.torch
-from elastic_train import ray_arguments as ra
+from elastic_train._internal import ray_arguments as ra
 from elastic_train.context import StorageInfo, TrainContext, WorkerEnv
 from elastic_train.errors import ConfigError
 from elastic_train.torch import TorchTrainer

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from elastic_train.driver.launch_run import continuing_command
-from elastic_train.driver.launch_settings import LaunchSettings
-from elastic_train.redaction import (
+from elastic_train._internal.redaction import (
     public_options,
     redact_argv,
     redact_conf,
     redact_url,
     redacted_options,
 )
+from elastic_train.driver.launch_run import continuing_command
+from elastic_train.driver.launch_settings import LaunchSettings
 from elastic_train.rendezvous_config import RendezvousConfig
 from tests.support.paths import REPO
 

@@ -36,6 +36,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     _RendezvousState,
 )
 
+from elastic_train._internal.rendezvous_backends import lookup
 from elastic_train.agent.api import _corrupt_state
 from elastic_train.agent.rendezvous import etcd_v3
 from elastic_train.agent.rendezvous.etcd_handler import _leave, create_etcd_v3_handler
@@ -47,7 +48,6 @@ from elastic_train.agent.rendezvous.etcd_v3 import (
 )
 from elastic_train.agent.rendezvous.registry import register
 from elastic_train.agent.rendezvous.torch_state import check_state
-from elastic_train.rendezvous_backends import lookup
 from elastic_train.rendezvous_config import RendezvousConfig
 
 FUZZ = settings(max_examples=200, deadline=None, database=None,

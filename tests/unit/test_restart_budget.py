@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from elastic_train._internal.failure_kinds import FailureKind
 from elastic_train.agent.restart_budget import UNLIMITED, RestartBudget
-from elastic_train.failure_kinds import FailureKind
 
 FAILURE, PEER, PREEMPTION = FailureKind.FAILURE, FailureKind.PEER, FailureKind.PREEMPTION
 

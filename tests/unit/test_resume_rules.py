@@ -119,7 +119,8 @@ def test_start_over_moves_a_finished_run_aside_whole(storage, caplog):
     archives = [p for p in storage.fs.ls(root, detail=False) if ".finished-" in p]
     assert len(archives) == 1 and archives[0].rsplit("/", 1)[1].startswith("run.finished-2")
     assert files_under(storage.fs, archives[0]) == before
-    assert list(files_under(storage.fs, run.run_path)) == ["/run.json"]
+    fresh = list(files_under(storage.fs, run.run_path))  # and the new launch's ledger line
+    assert len(fresh) == 2 and fresh[0].startswith("/goodput/driver-") and fresh[1] == "/run.json"
     assert record.state.status is RunStatus.RUNNING and len(record.state.launches) == 1
     assert "moved to" in caplog.text
 
@@ -147,9 +148,9 @@ def test_incomplete_copy_on_an_object_store_leaves_the_run_in_place(s3_endpoint,
 def test_a_free_restart_after_a_peers_failure_is_not_told_as_no_restarts_left(tmp_path, caplog):
     """A node with no restarts of its own left still restarts after a peer's failure:
     the log said "no restart(s) left" just before it re-formed."""
+    from elastic_train._internal.failure_kinds import FailureKind
     from elastic_train.agent.restart_budget import RestartBudget
     from elastic_train.errors import WorkerFailure
-    from elastic_train.failure_kinds import FailureKind
 
     record = RunRecord.begin(make_storage("local", tmp_path, None).run("run"), "run", FIT)
     failure = WorkerFailure(rank=0, local_rank=0, pid=1, exitcode=1, message="peer gone",
@@ -167,9 +168,9 @@ def test_a_re_form_after_a_lost_node_is_recorded_as_in_process(tmp_path):
     """A lost node: the agents rendezvous again (which closes the failure's time as for
     new processes), then hand the waiting workers their new ranks: the failure says
     in-process, and which rank got a new process."""
+    from elastic_train._internal.failure_kinds import FailureKind
     from elastic_train.agent.restart_budget import RestartBudget
     from elastic_train.errors import WorkerFailure
-    from elastic_train.failure_kinds import FailureKind
     from elastic_train.storage.run_state import IN_PROCESS, NEW_PROCESSES
 
     run = make_storage("local", tmp_path, None).run("run")

@@ -8,7 +8,7 @@ import json
 import os
 import tempfile
 
-from elastic_train import process_identity, scratch
+from elastic_train._internal import process_identity, scratch
 
 
 def test_only_directories_of_ended_owners_are_removed(tmp_path, monkeypatch):

@@ -8,7 +8,8 @@ import fsspec
 import pytest
 
 import elastic_train as et
-from elastic_train import ConfigError, devices
+from elastic_train import ConfigError
+from elastic_train._internal import devices
 from elastic_train.storage import RunStorage
 from elastic_train.storage.run_state import RunState, RunStatus
 from elastic_train.torch import TorchConfig, TorchTrainer

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 from elastic_train.worker import module_report, user_code
 
 

@@ -41,7 +41,8 @@ from torch.distributed.elastic.agent.server.api import RunResult, Worker, Worker
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.utils import macros
 
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
+from elastic_train._internal.failure_kinds import FailureKind
 from elastic_train.agent.failures import Observed, observe
 from elastic_train.agent.inprocess.restarts import (
     FailedAttempt,
@@ -54,7 +55,6 @@ from elastic_train.agent.node_liveness import nobody
 from elastic_train.agent.restart_budget import Decision
 from elastic_train.agent.worker_slots import replace_worker
 from elastic_train.errors import WorkerFailure
-from elastic_train.failure_kinds import FailureKind
 from elastic_train.storage.uploader import discard_staged
 from elastic_train.worker.inprocess.channel import NewWorld
 

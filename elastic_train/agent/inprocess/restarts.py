@@ -45,7 +45,7 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import Worker, WorkerGroup
 
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 from elastic_train.agent.failures import Cause, Observed
 from elastic_train.agent.inprocess import attempt_store
 from elastic_train.agent.node_liveness import nobody

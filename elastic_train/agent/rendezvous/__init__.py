@@ -3,12 +3,11 @@
 The public settings and the table of backends live above the agent, where
 ``config.py`` and ``launch`` read them without importing it:
 :mod:`elastic_train.rendezvous_config` (:class:`~elastic_train.RendezvousConfig`,
-torchrun's ``--rdzv-*``) and :mod:`elastic_train.rendezvous_backends` (names,
+torchrun's ``--rdzv-*``) and :mod:`elastic_train._internal.rendezvous_backends` (names,
 aliases, defaults, traits, factories; adding a backend is one module here and one
 line there).
 
 - :mod:`.registry`: puts the table's factories into torch's handler registry.
-- :mod:`.config`: an alias of ``RendezvousConfig``'s old home, for pickled runs.
 - :mod:`.etcd_native` (with :mod:`.etcd_rounds`, :mod:`.etcd_kv`,
   :mod:`.etcd_lease`): our own handler on etcd's v3 API, ``etcd``: per-node
   keys, leases and watches, O(N) work per round.

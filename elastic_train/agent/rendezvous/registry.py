@@ -1,5 +1,5 @@
 """Puts our rendezvous backends into torch's handler registry (the agent's side of the
-table in :mod:`elastic_train.rendezvous_backends`, which imports no torch).
+table in :mod:`elastic_train._internal.rendezvous_backends`, which imports no torch).
 
 Example::
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-from elastic_train.rendezvous_backends import Backend
+from elastic_train._internal.rendezvous_backends import Backend
 
 
 def register(backend: Backend) -> None:

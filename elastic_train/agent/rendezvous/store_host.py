@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from elastic_train.rendezvous_backends import lookup
+from elastic_train._internal.rendezvous_backends import lookup
 from elastic_train.rendezvous_config import RendezvousConfig
 
 _LISTEN = "0A"  # a socket's state in /proc/net/tcp

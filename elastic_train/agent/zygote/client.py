@@ -36,7 +36,7 @@ CONNECT_TIMEOUT_S = 300.0  # the zygote binds its socket after importing torch
 _PR_SET_PDEATHSIG = 1
 
 
-PIDS_DIR = "ELASTIC_TRAIN_WORKER_PIDS_DIR"  # elastic_train.env_vars.WORKER_PIDS_DIR
+PIDS_DIR = "ELASTIC_TRAIN_WORKER_PIDS_DIR"  # elastic_train._internal.env_vars.WORKER_PIDS_DIR
 MAX_ERROR_LINES = 40
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 

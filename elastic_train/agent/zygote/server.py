@@ -46,7 +46,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from elastic_train import env_vars, scratch
+from elastic_train._internal import env_vars, scratch
 from elastic_train.agent.zygote import fork as zygote_fork
 from elastic_train.agent.zygote import standby as standbys
 from elastic_train.agent.zygote.preload import FIRST_STEP, ask_to_preload, preload_here

@@ -46,7 +46,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass
 
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 from elastic_train.storage import filesystem as fsutil
 
 ABORT_SIGNAL = signal.SIGUSR2  # the agent's "leave this attempt" (relayed by the zygote client)

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TypeVar
 
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 from elastic_train.worker.inprocess import channel, group_sockets
 from elastic_train.worker.inprocess.channel import FailureNote, Stage, WorkerRecord
 from elastic_train.worker.lifecycle import collective_line, from_communication

@@ -37,7 +37,7 @@ User switches (:class:`Switches`, read where they act):
 - ``RAY_STRICT`` (``ELASTIC_TRAIN_RAY_STRICT=1``, in the environment of the driver
   script): a strict port, every Ray argument that is accepted and ignored with a warning
   (``ScalingConfig(placement_strategy=...)``...) raises ``ConfigError`` instead, where
-  the object is built (:mod:`elastic_train.ray_arguments`).
+  the object is built (:mod:`elastic_train._internal.ray_arguments`).
 - ``LEASE_TTL_S``: seconds after its last heartbeat (every quarter of it) a
   driver's lease on its run goes stale and another job may take the run over
   (default 20; :mod:`elastic_train.driver.run_lease`).

@@ -24,7 +24,7 @@ import shutil
 import stat
 import tempfile
 
-from elastic_train import process_identity
+from elastic_train._internal import process_identity
 
 logger = logging.getLogger(__name__)
 

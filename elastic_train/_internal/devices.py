@@ -8,7 +8,7 @@ forks -- fails its first CUDA call with ``Cannot re-initialize CUDA in forked
 subprocess`` (and an NVML handle, which ``PYTORCH_NVML_BASED_CUDA_CHECK=1``
 opens instead, does not survive a fork either: NCCL fails in the child). So
 the count is taken in a short-lived forked child that exits right after
-(:mod:`elastic_train.forked_call`), and kept for the process (per kind and
+(:mod:`elastic_train._internal.forked_call`), and kept for the process (per kind and
 ``CUDA_VISIBLE_DEVICES``).
 
 A process that initialised CUDA already is counted in place: it is poisoned
@@ -17,7 +17,7 @@ anyway (its zygote starts as a new interpreter, see
 
 Example::
 
-    from elastic_train import devices
+    from elastic_train._internal import devices
     devices.count("cuda")         # 0 on a CPU node; never poisons this process
 """
 
@@ -27,7 +27,7 @@ import functools
 import logging
 import os
 
-from elastic_train.forked_call import call_in_child
+from elastic_train._internal.forked_call import call_in_child
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Calling a function in a short-lived forked child, so that what it touches stays there.
 
 The driver and the agent are what the worker zygote is forked from, so they must
-never touch the CUDA runtime or NVML (see :mod:`elastic_train.devices`), nor run
+never touch the CUDA runtime or NVML (see :mod:`elastic_train._internal.devices`), nor run
 the user's code (a health check may import anything). A forked child may: it
 answers through a pipe and exits, and the parent is as it was. A fork is used,
 not a new interpreter, because a fork costs milliseconds where ``import torch``
@@ -9,7 +9,7 @@ costs seconds, and the child already holds the parent's imports.
 
 Example::
 
-    from elastic_train.forked_call import call_in_child
+    from elastic_train._internal.forked_call import call_in_child
     answer = call_in_child(lambda: 6 * 7, timeout_s=10)
     answer.value if answer.ok else answer.error   # 42, or why not
 """

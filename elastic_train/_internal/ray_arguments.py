@@ -15,7 +15,7 @@ a Ray class takes Ray's arguments too, and this module says what each one does h
 
 Passing Ray's default of any argument (which asks for nothing) is accepted silently.
 ``ELASTIC_TRAIN_RAY_STRICT=1`` makes every ignored argument a ``ConfigError`` too, for
-users who want a strict port (:class:`elastic_train.env_vars.Switches`). The tables
+users who want a strict port (:class:`elastic_train._internal.env_vars.Switches`). The tables
 below are the whole list; ``docs/porting-from-ray.md`` shows them (a unit test keeps
 the two equal).
 
@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from elastic_train import env_vars
+from elastic_train._internal import env_vars
 from elastic_train.errors import ConfigError
 
 logger = logging.getLogger(__name__)

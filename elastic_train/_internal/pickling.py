@@ -10,7 +10,9 @@ code object's real file name beside it and puts it back when the worker loads
 it (nested code objects too: they are reduced the same way), so tracebacks
 name the user's file, and show its lines wherever the file is readable on the
 node. Loading needs nothing special: the payload names :func:`_named_code`,
-an importable function of this module.
+an importable function of this module (a run saved while this module was
+``elastic_train.pickling`` names that path: run storage reads it as today's,
+see :mod:`elastic_train._internal.moved_modules`).
 
 Example::
 

@@ -1,0 +1,133 @@
+"""Figure 17's job: ``fit()`` under each checkpoint policy, with the same faults by the clock.
+
+``python -m bench.interval_job CONFIG_JSON OUT_JSON`` runs, one after the other in this
+process, a 2-rank ``fit()`` per policy of ``policies``: ``steps`` steps of ``step_s``
+seconds each (a sleep: the figure is about time, not compute, on a machine other runs
+share), checkpointing every step (``"step"``), every ``steps_per_epoch`` (``"epoch"``)
+or when ``elastic_train.should_checkpoint(prior_mtbf_s=fault_every_s)`` says
+(``"should_checkpoint"``). A save is a real ``torch.save`` plus ``save_s`` of sleep (a
+larger state's write), reported SYNC, so its cost is the job's own to measure. Rank 1
+raises when the run's wall time passes the next of :func:`fault_times` (seeded,
+exponential gaps of mean ``fault_every_s``, never shorter than ``min_gap_s``): every
+policy meets the same faults at the same times since its ``fit()`` began, as a
+cluster's failures come by the clock. Each rank writes every answer it got from
+``should_checkpoint()``, which must be the same on both.
+
+What comes out, per policy: the run's goodput ledger (``Result.goodput``), whether the
+run finished, and whether the ranks' answers agreed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+
+import torch
+
+import elastic_train as et
+from elastic_train.torch import TorchTrainer
+
+
+def _due(config: dict, step: int) -> bool:
+    policy = config["policy"]
+    if policy == "step":
+        return True
+    if policy == "epoch":
+        return (step + 1) % config["steps_per_epoch"] == 0
+    return et.should_checkpoint(prior_mtbf_s=config["fault_every_s"])
+
+
+def fault_times(config: dict) -> list[float]:
+    """Seconds after ``fit()`` began at which rank 1 fails, the same for every policy."""
+    draw, times = random.Random(config["fault_seed"]), [0.0]
+    while times[-1] < config["timeout_s"]:
+        times.append(times[-1] + max(config["min_gap_s"],
+                                     draw.expovariate(1 / config["fault_every_s"])))
+    return times[1:]
+
+
+def _fault_due(config: dict, rank: int) -> bool:
+    """Rank 1, once the run's wall time passed its next fault time."""
+    if rank != 1:
+        return False
+    path = config["faults_file"]
+    with open(path) as f:
+        injected = int(f.read() or 0)
+    if time.time() - config["began"] < config["fault_times"][injected]:
+        return False
+    with open(path, "w") as f:
+        f.write(str(injected + 1))
+    return True
+
+
+def train(config: dict) -> None:
+    rank = et.get_context().get_world_rank()
+    start = 0
+    if (checkpoint := et.get_checkpoint()) is not None:
+        with checkpoint.as_directory() as d:
+            start = torch.load(os.path.join(d, "state.pt"))["step"]
+    answers = open(os.path.join(config["work"], f"answers-{rank}.jsonl"), "a")
+    for step in range(start, config["steps"]):
+        time.sleep(config["step_s"])
+        if _fault_due(config, rank):
+            raise RuntimeError(f"injected fault at step {step}")
+        due = _due(config, step)
+        answers.write(json.dumps([start, step, due]) + "\n")
+        answers.flush()
+        if not due:
+            et.report({"step": step + 1})
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            torch.save({"step": step + 1}, os.path.join(d, "state.pt"))
+            time.sleep(config["save_s"])
+            et.report({"step": step + 1}, checkpoint=et.Checkpoint.from_directory(d),
+                      checkpoint_upload_mode=et.CheckpointUploadMode.SYNC)
+
+
+def _answers_agree(work: str) -> bool:
+    """Each (attempt start, step) both ranks asked about got one answer on both."""
+    seen: list[dict] = []
+    for rank in (0, 1):
+        with open(os.path.join(work, f"answers-{rank}.jsonl")) as f:
+            seen.append({(s, i): due for s, i, due in map(json.loads, f)})
+    both = seen[0].keys() & seen[1].keys()
+    return bool(both) and all(seen[0][k] == seen[1][k] for k in both)
+
+
+def _fit(config: dict) -> dict:
+    """One policy's run: what came out of it."""
+    os.makedirs(config["work"], exist_ok=True)
+    with open(config["faults_file"], "w") as f:
+        f.write("0")
+    config["began"] = time.time()
+    result = TorchTrainer(
+        train, train_loop_config=config, scaling_config=et.ScalingConfig(num_workers=2),
+        run_config=et.RunConfig(storage_path=config["storage"], name=config["policy"],
+                                verbose=0,
+                                failure_config=et.FailureConfig(
+                                    max_failures=-1, max_restarts_without_progress=-1)),
+    ).fit()
+    return {"finished": result.error is None, "goodput": result.goodput.to_json(),
+            "answers_agree": (_answers_agree(config["work"])
+                              if config["policy"] == "should_checkpoint" else None)}
+
+
+def main(config_path: str, out_path: str) -> None:
+    with open(config_path) as f:
+        config = json.load(f)
+    config["fault_times"] = fault_times(config)
+    out = {}
+    for policy in config["policies"]:
+        work = os.path.join(config["work"], policy)
+        out[policy] = _fit({**config, "policy": policy, "work": work,
+                            "faults_file": os.path.join(work, "faults")})
+        with open(out_path, "w") as f:
+            json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

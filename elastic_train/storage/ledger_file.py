@@ -1,0 +1,94 @@
+"""The run's goodput ledger on the store: ``goodput/``, one append-only file per writer.
+
+Each writer (the driver of a launch, rank 0 of an attempt) has a file of its own,
+``goodput/<source>-<time_ns>-<pid>.jsonl``, so that no two processes ever append to
+the same file: on a store that cannot append (S3), a writer puts its whole file
+again from the lines it keeps, which is safe only with one writer. Lines are JSON,
+one per event; a line a crash cut short is skipped by the reader, and with it only
+that event. What the lines mean: :mod:`elastic_train.goodput.breakdown`.
+
+Writing is bookkeeping: a line that cannot be written (a store that is down, a
+directory that is not writable) is kept and tried again with the next one, and the
+first failure is logged once; training never waits on a retry or fails for it.
+Nothing here calls fsync: a writer writes at boundaries (a checkpoint report, every
+few seconds at a report, an attempt's end), never per step.
+
+Example::
+
+    ledger = storage.ledger_file("driver")
+    ledger.append({"event": "launch", "t": time.time()})
+    entries = storage.read_ledger()
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import fsspec
+
+from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.stores import adapter_for
+
+logger = logging.getLogger(__name__)
+
+
+class LedgerFile:
+    """One writer's file of the ledger in ``directory``; ``fenced(what)`` checks the
+    run's lease before a write (see :meth:`RunStorage.use_fence`)."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, directory: str, source: str,
+                 fenced: Callable[[str], None] = lambda what: None):
+        self.fs = fs
+        self.path = fsutil.join(directory, f"{source}-{time.time_ns()}-{os.getpid()}.jsonl")
+        self._adapter = adapter_for(fs)
+        self._fenced = fenced
+        self._written: list[bytes] = []  # every line stored (a store without append puts all)
+        self._pending: list[bytes] = []  # lines a failed write left
+        self._warned = False
+
+    def append(self, *entries: dict[str, Any]) -> None:
+        """Adds ``entries``, one line each (best effort: see the module's docstring)."""
+        self._pending += [(json.dumps(e) + "\n").encode() for e in entries]
+        data = b"".join(self._pending)
+        try:
+            self._fenced("writing the goodput ledger")
+            if not self._written:
+                self.fs.makedirs(self.path.rpartition("/")[0], exist_ok=True)
+            if not self._adapter.append(self.path, data):
+                fsutil.write_bytes_atomic(self.fs, self.path, b"".join(self._written) + data)
+        except Exception as exc:  # the store's own errors vary; a lost lease too: never fatal
+            if not self._warned:
+                self._warned = True
+                logger.warning("Could not write the goodput ledger %s (%s: %s): training goes "
+                               "on; `elastic-train show` will miss these figures until a "
+                               "later write succeeds.", fsutil.display_path(self.fs, self.path),
+                               type(exc).__name__, exc)
+            return
+        self._written += self._pending
+        self._pending = []
+
+
+def read_ledger(fs: fsspec.AbstractFileSystem, directory: str) -> list[dict[str, Any]]:
+    """Every line of every file in ``directory`` (a line that is not a JSON object, cut
+    short by a crash, is skipped); [] without a ledger."""
+    entries = []
+    for name in sorted(fsutil.names_in(fs, directory)):
+        if not name.endswith(".jsonl"):
+            continue
+        try:
+            text = fs.cat_file(fsutil.join(directory, name)).decode(errors="replace")
+        except FileNotFoundError:
+            continue
+        for line in text.splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict):
+                entries.append(entry)
+    return entries

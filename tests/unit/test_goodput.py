@@ -1,0 +1,127 @@
+"""Unit tests: the goodput ledger read into wall time by cause, and its files on a store."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import fsspec
+import pytest
+
+from elastic_train.goodput.breakdown import Cause, breakdown
+from elastic_train.storage import RunStorage
+from elastic_train.storage.ledger_file import LedgerFile, read_ledger
+
+
+def work(t, iteration, productive, checkpoint=0.0, stragglers=0.0, checkpoints=1, since=None):
+    return {"event": "work", "t": t, "from_iteration": iteration - 1 if since is None else since,
+            "iteration": iteration, "productive": productive, "checkpoint": checkpoint,
+            "stragglers": stragglers, "checkpoints": checkpoints}
+
+
+# A launch at 100; attempt 1 from 103 (ready 104), two checkpoint reports, a fault at
+# 109.5 seen at 110, the group formed again at 111, attempt 2 resumes from iteration 1
+# (its session at 112, ready at 113), reports once and ends; the launch ends at 116.
+RUN = [
+    {"event": "launch", "t": 100.0},
+    {"event": "attempt", "t": 104.0, "started": 103.0, "restored_iteration": None},
+    work(106.0, 1, productive=1.5, checkpoint=0.4, stragglers=0.1),
+    work(108.0, 2, productive=1.8, checkpoint=0.2),
+    {"event": "fault", "t": 110.0, "failed_at": 109.5, "kind": "failure"},
+    {"event": "rendezvous", "t": 111.0},
+    {"event": "attempt", "t": 113.0, "started": 112.0, "restored_iteration": 1},
+    work(115.0, 2, productive=1.7, checkpoint=0.3),
+    {"event": "end", "t": 116.0, "status": "finished"},
+]
+
+
+def test_every_second_goes_to_the_cause_known_where_it_was_spent():
+    goodput = breakdown(RUN)
+    assert goodput.wall_s == pytest.approx(16.0)
+    assert sum(goodput.seconds.values()) == pytest.approx(goodput.wall_s)
+    assert {c.value: round(s, 6) for c, s in goodput.seconds.items() if s} == {
+        "startup": 3.0 + 1.0 + 1.0,  # launch -> session; session -> ready (fresh); rdzv -> session
+        "productive": 1.5 + 1.7,     # iteration 2 of attempt 1 was lost ...
+        "recompute": 1.8 + 1.5,      # ... and so was the work after its line, to the fault
+        "checkpoint": 0.9, "stragglers": 0.1,
+        "detection": 0.5, "rendezvous": 1.0, "restore": 1.0,
+        "shutdown": 1.0,             # rank 0's last line -> the launch's end; and rank 0's
+                                     # lines account for their gaps: no "other"
+    }
+    assert goodput.failures == 1 and goodput.checkpoints == 3
+    first, second = goodput.attempts
+    assert first.seconds[Cause.RECOMPUTE] == pytest.approx(3.3)  # lost in the attempt that failed
+    assert first.wall_s == pytest.approx(9.5) and second.wall_s == pytest.approx(6.5)
+    assert goodput.ettr == pytest.approx(3.2 / 16.0)
+
+
+def test_the_order_of_the_lines_does_not_matter():
+    assert breakdown(list(reversed(RUN))) == breakdown(RUN)
+
+
+def test_a_preempted_nodes_outage_is_preemption():
+    preempted = [dict(e, kind="preemption") if e["event"] == "fault" else e for e in RUN]
+    seconds = breakdown(preempted).seconds
+    assert seconds[Cause.PREEMPTION] == pytest.approx(1.5)
+    assert seconds[Cause.DETECTION] == seconds[Cause.RENDEZVOUS] == 0
+
+
+def test_a_driver_that_died_counts_up_to_its_last_line_and_a_relaunch_goes_on():
+    died = RUN[:4]  # no fault, no end: the driver was lost after iteration 2's line at 108
+    relaunch = [{"event": "launch", "t": 200.0},
+                {"event": "attempt", "t": 202.0, "started": 201.0, "restored_iteration": 2},
+                work(204.0, 3, productive=2.0),
+                {"event": "end", "t": 205.0, "status": "finished"}]
+    goodput = breakdown(died + relaunch + [{"event": "work", "t": 206.0, "productive": 9.0}])
+    assert goodput.wall_s == pytest.approx(8.0 + 5.0)  # the dead time and the late line: not
+    assert goodput.seconds[Cause.RESTORE] == pytest.approx(1.0)
+    assert goodput.seconds[Cause.RECOMPUTE] == 0  # restored at the last line's iteration
+    assert len(goodput.attempts) == 2
+
+
+def test_a_signals_whole_second_is_not_taken_before_rank_0s_last_line():
+    """torch stamps a SIGKILL to the second: 109.0 would fall before the line at 109.4."""
+    run = [*RUN[:3], work(109.4, 2, productive=1.8, since=1), dict(RUN[4], failed_at=109.0),
+           *RUN[5:]]
+    seconds = breakdown(run).seconds
+    assert seconds[Cause.DETECTION] == pytest.approx(0.6)
+    assert sum(seconds.values()) == pytest.approx(16.0)
+
+
+def test_an_empty_ledger_has_no_ettr():
+    goodput = breakdown([])
+    assert goodput.wall_s == 0 and goodput.ettr is None and goodput.share(Cause.OTHER) == 0
+
+
+def test_a_ledger_file_appends_and_a_store_without_append_gets_the_whole_file(tmp_path):
+    local = RunStorage.open(str(tmp_path), "run")
+    memory = RunStorage(fsspec.filesystem("memory"), f"/ledger-{os.getpid()}/run")
+    for storage in (local, memory):
+        ledger = storage.ledger_file("rank0")
+        ledger.append(RUN[0])
+        ledger.append(*RUN[1:3])
+        other = storage.ledger_file("driver")
+        other.append(RUN[3])
+        assert sorted(storage.read_ledger(), key=lambda e: e["t"]) == RUN[:4]
+
+
+def test_a_line_cut_short_by_a_crash_is_skipped(tmp_path):
+    directory = tmp_path / "goodput"
+    directory.mkdir()
+    (directory / "rank0-1-1.jsonl").write_text(json.dumps(RUN[0]) + "\n" + '{"event": "wo')
+    assert read_ledger(fsspec.filesystem("file"), str(directory)) == [RUN[0]]
+
+
+def test_an_unwritable_ledger_warns_once_and_writes_what_it_kept_later(tmp_path, caplog):
+    directory = tmp_path / "goodput"
+    ledger = LedgerFile(fsspec.filesystem("file"), str(directory), "rank0")
+    directory.write_text("a file where the directory should be")
+    with caplog.at_level(logging.WARNING):
+        ledger.append(RUN[0])
+        ledger.append(RUN[1])
+    [warning] = [r.message for r in caplog.records]
+    assert "Could not write the goodput ledger" in warning and "training goes on" in warning
+    directory.unlink()
+    ledger.append(RUN[2])
+    assert read_ledger(fsspec.filesystem("file"), str(directory)) == RUN[:3]
