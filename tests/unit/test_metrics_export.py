@@ -232,8 +232,8 @@ def test_a_collector_that_is_down_costs_one_warning(caplog):
 
 def test_a_nodes_series_do_not_grow_with_the_jobs_ranks():
     """Nothing is labelled by rank: a node of a 64-rank job serves as many series as a
-    node of a 2-rank one (what keeps a scrape small: python -m bench.scrape_cost)."""
-    from bench.scrape_cost import filled
+    node of a 2-rank one (what keeps a scrape small: python -m bench.metrics_cost)."""
+    from bench.metrics_cost import filled
 
     def series(ranks: int) -> int:
         return sum(len(f.samples) for f in filled(1, ranks).registry.collect())
