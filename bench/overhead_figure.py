@@ -20,19 +20,22 @@ from typing import TYPE_CHECKING
 
 from bench.report import Table
 from bench.stats import Difference
-from bench.variants import ET_EPOCH, ET_LAUNCH, FLOOR, TORCH_SAVE, Variant
+from bench.variants import ET_EPOCH, ET_LAUNCH, ET_LAUNCH_METRICS, FLOOR, TORCH_SAVE, Variant
 
 if TYPE_CHECKING:
     from bench.measure import Sample
     from bench.suite import Suite
 
 GOAL_PERCENT = 1.0
+METRICS_GOAL_PERCENT = 0.5  # issue #40's bar for the metric exporters
 CLOCKS = (("wall", "wall time"), ("thread_cpu", "training thread's CPU"),
           ("process_cpu", "worker process's CPU (all threads)"))
 
 
-# (variant, baseline): what the variant costs on top of the baseline.
-COMPARISONS = ((TORCH_SAVE, FLOOR), (ET_EPOCH, TORCH_SAVE), (ET_LAUNCH, TORCH_SAVE))
+# (variant, baseline, goal %): what the variant costs on top of the baseline (no goal: None).
+COMPARISONS = ((TORCH_SAVE, FLOOR, None), (ET_EPOCH, TORCH_SAVE, GOAL_PERCENT),
+               (ET_LAUNCH, TORCH_SAVE, GOAL_PERCENT),
+               (ET_LAUNCH_METRICS, ET_LAUNCH, METRICS_GOAL_PERCENT))
 
 
 def _paired(runs: dict[str, list[Sample]], variant: Variant, baseline: Variant, clock: str
@@ -48,15 +51,15 @@ def overhead(suite: Suite) -> list[Table]:
     """Figure 12: per-step cost of (b) over (a), and of (c) and (d) over (b), with
     confidence intervals."""
     profile = suite.profile
-    variants = suite.variants(FLOOR, TORCH_SAVE, ET_EPOCH, ET_LAUNCH)
+    variants = suite.variants(FLOOR, TORCH_SAVE, ET_EPOCH, ET_LAUNCH, ET_LAUNCH_METRICS)
     runs = suite.run_set("overhead", variants, profile.overhead, profile.workers,
                          repeat=profile.overhead_pairs)
     table = Table("Figure 12 — steady-state cost per step (µs per step; mean of paired "
                   "differences [95 % interval])",
                   ["variant − baseline", "clock", "baseline µs/step", "variant µs/step",
                    "difference µs/step", "difference % of baseline",
-                   f"goal ≤ {GOAL_PERCENT:g} %"])
-    for variant, baseline in COMPARISONS:
+                   "goal (≤ % of baseline)"])
+    for variant, baseline, goal_percent in COMPARISONS:
         if variant.key not in runs:
             continue
         name = f"{variant.label.split(' ', 1)[0]} − {baseline.label.split(' ', 1)[0]}"
@@ -68,7 +71,8 @@ def overhead(suite: Suite) -> list[Table]:
                 continue
             mean = statistics.fmean(base)
             percent = 100 * diff.mean / mean
-            goal = "—" if baseline is FLOOR else ("PASS" if percent <= GOAL_PERCENT else "MISS")
+            goal = "—" if goal_percent is None else \
+                f"{'PASS' if percent <= goal_percent else 'MISS'} (≤ {goal_percent:g} %)"
             table.add(name, label, f"{mean:.0f}", f"{statistics.fmean(mine):.0f}",
                       diff.fmt(), f"{percent:+.2f} [{100 * diff.low / mean:+.2f}, "
                       f"{100 * diff.high / mean:+.2f}]", goal)
@@ -83,6 +87,8 @@ def overhead(suite: Suite) -> list[Table]:
         "overhead).",
         "(b), (c) and (d) save the same state once per epoch (rank 0's torch.save; (c) and "
         "(d) into a temporary directory they report); (a) saves nothing. The goal applies "
-        "to elastic-train's own cost, (c) − (b) and (d) − (b).",
+        "to elastic-train's own cost, (c) − (b) and (d) − (b), and to the Prometheus "
+        "endpoint's, (d-m) − (d): the same launch with --metrics-port (its driver feeds "
+        "the metrics from the agent's events and each poll of the run directory).",
     ]
     return [table]

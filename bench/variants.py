@@ -24,6 +24,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from bench.procs import free_port
 from bench.train_api import API_ENV
 from bench.workload import WorkloadConfig
 from tests.support.paths import REPO
@@ -59,6 +60,7 @@ class Variant:
     in_process: bool = False  # (d'): the script's main wrapped by restart_in_process
     restart_in_process: bool = True  # (c-proc): FailureConfig(restart_in_process=False)
     env: tuple[tuple[str, str], ...] = ()  # added to the run's environment
+    metrics: bool = False  # (d-m): launch --metrics-port on a free port of 127.0.0.1
 
     def workload(self, base: WorkloadConfig) -> WorkloadConfig:
         cfg = base.replace(checkpoint=self.checkpoint, report_every=self.report_every,
@@ -79,6 +81,9 @@ ET_STEP = Variant("c-step", "(c) elastic-train API, +metrics report/step", Harne
                   checkpoint=True, report_every="step")
 ET_LAUNCH = Variant("d", "(d) elastic-train launch, report+ckpt/epoch", Harness.ET_LAUNCH,
                     checkpoint=True)
+# Figure 12 only: the Prometheus endpoint on (elastic_train.driver.node_metrics).
+ET_LAUNCH_METRICS = Variant("d-m", "(d-m) elastic-train launch --metrics-port, report+ckpt/epoch",
+                            Harness.ET_LAUNCH, checkpoint=True, metrics=True)
 # The recovery figure only: the same restarts with new (warm) processes, and a launched
 # script whose main is wrapped by @elastic_train.restart_in_process.
 ET_PROC = Variant("c-proc", "(c) elastic-train API, restart_in_process=False", Harness.ET_API,
@@ -135,6 +140,8 @@ def command(variant: Variant, cfg: WorkloadConfig, workers: int, storage_dir: st
     if variant.harness in (Harness.ET_API, Harness.RAY):
         return [py, "-m", "bench.et_driver", cfg.to_json(), str(workers), storage_dir,
                 str(max_restarts)]
+    metrics = ["--metrics-port", str(free_port()), "--metrics-address", "127.0.0.1"] \
+        if variant.metrics else []
     return [*ELASTIC_TRAIN_CLI, "launch", "--standalone", "--nproc-per-node", str(workers),
             "--max-restarts", str(max_restarts), "--storage-path", storage_dir,
-            "--name", "bench", WORKER_SCRIPT, cfg.to_json()]
+            "--name", "bench", *metrics, WORKER_SCRIPT, cfg.to_json()]

@@ -30,6 +30,7 @@ _EXPORTS = {
     "TrainingFailedError": "elastic_train.errors",
     "WorkerFailure": "elastic_train.errors",
     "PreemptionInfo": "elastic_train.worker.preemption",
+    "MetricsConfig": "elastic_train.config",
     "RendezvousConfig": "elastic_train.rendezvous_config",
     "StragglerConfig": "elastic_train.stragglers",
     "Result": "elastic_train.result",
@@ -61,7 +62,13 @@ if TYPE_CHECKING:  # what static tools see
         UserCallback,
     )
     from elastic_train.checkpoint import Checkpoint
-    from elastic_train.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from elastic_train.config import (
+        CheckpointConfig,
+        FailureConfig,
+        MetricsConfig,
+        RunConfig,
+        ScalingConfig,
+    )
     from elastic_train.context import TrainContext
     from elastic_train.errors import (
         ConfigError,

@@ -1,7 +1,8 @@
 """Run configuration: the dataclasses a user passes to a trainer.
 
 They mirror ``ray.train``'s ``ScalingConfig``, ``RunConfig``, ``FailureConfig``
-and ``CheckpointConfig`` (names, arguments, defaults). Each validates itself in
+and ``CheckpointConfig`` (names, arguments, defaults); ``MetricsConfig`` is our addition
+(the run's metric exporters). Each validates itself in
 ``__post_init__`` so that a bad value fails in the driver, before any process
 starts, with a message that names the field, the value and the fix.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -464,6 +466,74 @@ class CheckpointConfig:
         )
 
 
+@dataclass(frozen=True)
+class MetricsConfig:
+    """The run's metric exporters (our addition; Ray Train exports only to its own dashboard),
+    both opt-in and off by default: no port opened, no thread started, nothing imported that
+    the ``metrics``/``otel`` extras install. The figures and their names:
+    :mod:`elastic_train.driver.node_metrics`; how to turn each on: docs/observability.md.
+
+    Example::
+
+        RunConfig(metrics_config=MetricsConfig(port=9464, otlp_endpoint="http://c:4318"))
+        # elastic-train launch --metrics-port 9464 --otlp-endpoint http://c:4318 ...
+
+    Args:
+        port: Serve Prometheus's text format at ``http://<node>:<port>/metrics`` from each
+            node's driver (None, the default: no endpoint). 1024-65535; a port that is
+            taken is refused before any process starts. ``launch --metrics-port``.
+        address: The address the endpoint listens on (default ``0.0.0.0``: every
+            interface of the node). ``launch --metrics-address``.
+        otlp_endpoint: Push the same metrics over OTLP/HTTP to this collector, e.g.
+            ``http://collector:4318`` (``/v1/metrics`` is added when the URL has no path).
+            None, the default: no push. ``launch --otlp-endpoint``.
+        otlp_interval_s: Seconds between two pushes (default 10).
+    """
+
+    port: int | None = None
+    address: str = "0.0.0.0"
+    otlp_endpoint: str | None = None
+    otlp_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        port = self.port
+        if port is not None and not (isinstance(port, int) and not isinstance(port, bool)
+                                     and 1024 <= port <= 65535):
+            raise ConfigError(
+                f"MetricsConfig.port={port!r} is invalid: use a free port from 1024 to 65535 "
+                "(ports below 1024 are privileged), e.g. MetricsConfig(port=9464) or "
+                "launch --metrics-port 9464, or None for no endpoint.",
+                field="MetricsConfig.port")
+        endpoint = self.otlp_endpoint
+        if endpoint is not None and not (isinstance(endpoint, str) and urllib.parse.urlsplit(
+                endpoint).scheme in ("http", "https") and urllib.parse.urlsplit(endpoint).netloc):
+            raise ConfigError(
+                f"MetricsConfig.otlp_endpoint={endpoint!r} is invalid: use the collector's "
+                "OTLP/HTTP URL, e.g. 'http://collector:4318', or None for no push.",
+                field="MetricsConfig.otlp_endpoint")
+        interval = self.otlp_interval_s
+        if not (isinstance(interval, (int, float)) and not isinstance(interval, bool)
+                and interval > 0):
+            raise ConfigError(
+                f"MetricsConfig.otlp_interval_s={interval!r} is invalid: use a number of "
+                "seconds > 0, e.g. 10.", field="MetricsConfig.otlp_interval_s")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any exporter is on."""
+        return self.port is not None or self.otlp_endpoint is not None
+
+    @property
+    def otlp_url(self) -> str | None:
+        """The collector's metrics URL: ``otlp_endpoint``, with ``/v1/metrics`` when it has
+        no path of its own."""
+        if self.otlp_endpoint is None:
+            return None
+        parts = urllib.parse.urlsplit(self.otlp_endpoint)
+        return self.otlp_endpoint if parts.path.strip("/") else \
+            self.otlp_endpoint.rstrip("/") + "/v1/metrics"
+
+
 @takes_ray_arguments(RUN_CONFIG)
 @dataclass
 class RunConfig:
@@ -491,6 +561,9 @@ class RunConfig:
         checkpoint_config: Retention; see :class:`CheckpointConfig`.
         straggler_config: Our addition: when a node that stays slow is named in the
             console and ``run.json``; see :class:`~elastic_train.StragglerConfig`.
+        metrics_config: Our addition: a Prometheus endpoint on each node and an
+            OpenTelemetry push, both off by default; see
+            :class:`~elastic_train.MetricsConfig` and docs/observability.md.
         start_over: Our addition. A run stored under this name that cannot be
             continued -- it finished, or its train function changed (see
             :mod:`elastic_train.driver.resume_rules`) -- is refused by default. With
@@ -519,6 +592,7 @@ class RunConfig:
     failure_config: FailureConfig | None = None
     checkpoint_config: CheckpointConfig | None = None
     straggler_config: StragglerConfig | None = None
+    metrics_config: MetricsConfig | None = None
     callbacks: list[Any] | None = None
     verbose: int = 1
     start_over: bool = False
@@ -528,29 +602,9 @@ class RunConfig:
         variables = env_vars_of(notes_of(self), "RunConfig(worker_runtime_env",
                                 self.worker_runtime_env)
         self.worker_runtime_env = {"env_vars": variables} if variables else None
-        if self.failure_config is None:
-            self.failure_config = FailureConfig()
-        if self.checkpoint_config is None:
-            self.checkpoint_config = CheckpointConfig()
-        if self.straggler_config is None:
-            self.straggler_config = StragglerConfig()
+        self._check_parts()
         if self.storage_path is None:
             self.storage_path = DEFAULT_STORAGE_PATH
-        _require(
-            "RunConfig.failure_config",
-            isinstance(self.failure_config, FailureConfig),
-            f"RunConfig.failure_config={self.failure_config!r} must be a FailureConfig.",
-        )
-        _require(
-            "RunConfig.checkpoint_config",
-            isinstance(self.checkpoint_config, CheckpointConfig),
-            f"RunConfig.checkpoint_config={self.checkpoint_config!r} must be a CheckpointConfig.",
-        )
-        _require(
-            "RunConfig.straggler_config",
-            isinstance(self.straggler_config, StragglerConfig),
-            f"RunConfig.straggler_config={self.straggler_config!r} must be a StragglerConfig.",
-        )
         _require(
             "RunConfig.storage_path",
             isinstance(self.storage_path, (str, os.PathLike)),
@@ -581,6 +635,17 @@ class RunConfig:
             f"RunConfig.name={self.name!r} is invalid: use a non-empty name without '/', "
             "e.g. RunConfig(name='resnet-fashion').",
         )
+
+    def _check_parts(self) -> None:
+        """The settings' own configs: their defaults, and each of the right type."""
+        for name, kind in (("failure_config", FailureConfig),
+                           ("checkpoint_config", CheckpointConfig),
+                           ("straggler_config", StragglerConfig),
+                           ("metrics_config", MetricsConfig)):
+            if getattr(self, name) is None:
+                setattr(self, name, kind())
+            _require(f"RunConfig.{name}", isinstance(getattr(self, name), kind),
+                     f"RunConfig.{name}={getattr(self, name)!r} must be a {kind.__name__}.")
 
     @property
     def worker_env_vars(self) -> dict[str, str]:

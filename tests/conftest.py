@@ -169,10 +169,11 @@ EPOCHS = 5
 
 def fit(storage, name, config=None, max_failures=0, checkpoint_config=None,
         storage_retry_timeout_s=120.0, callbacks=None, start_over=False,
-        straggler_config=None, **kwargs):
+        straggler_config=None, metrics_config=None, **kwargs):
     """Runs the deterministic job; ``storage`` is a StorageUnderTest or a local path."""
     settings = {"failure_config": et.FailureConfig(max_failures=max_failures),
                 "checkpoint_config": checkpoint_config, "straggler_config": straggler_config,
+                "metrics_config": metrics_config,
                 "storage_retry_timeout_s": storage_retry_timeout_s, "callbacks": callbacks,
                 "start_over": start_over}
     if isinstance(storage, str):

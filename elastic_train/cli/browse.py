@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import fsspec
 
-from elastic_train.cli import render
+from elastic_train.cli import render, run_plot
 from elastic_train.cli.run_summary import RunSummary
 from elastic_train.driver.run_lease import held_by_a_live_job
 from elastic_train.errors import ConfigError, StorageError
@@ -127,6 +127,8 @@ def cmd_show(args: argparse.Namespace) -> int:
                                "pass a run's directory, as `elastic-train ls` lists them")
         state = _as_it_stands(storage, state)
         summary = RunSummary.read(storage, state)
+        if args.plot:
+            run_plot.plot(args.plot, storage, state, summary)
     if args.json:
         print(render.run_json(state, summary))
     else:

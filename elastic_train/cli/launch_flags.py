@@ -9,7 +9,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from elastic_train.config import DEFAULT_STORAGE_PATH, CheckpointConfig, FailureConfig
+from elastic_train.config import (
+    DEFAULT_STORAGE_PATH,
+    CheckpointConfig,
+    FailureConfig,
+    MetricsConfig,
+)
 from elastic_train.errors import ConfigError
 from elastic_train.stragglers import StragglerConfig
 
@@ -94,12 +99,13 @@ def refuse_print_completion(parser: argparse.ArgumentParser) -> None:
 
 def add_our_flags(parser: argparse.ArgumentParser) -> None:
     """Ours: spares, hangs, in-process restarts, the no-progress guard, preemption, stragglers,
-    the console, storage, checkpoints, starting over, dry run."""
+    the console, metrics, storage, checkpoints, starting over, dry run."""
     ours = parser.add_argument_group("elastic-train (every flag with a value can also be "
                                      "set as PET_<FLAG>)")
     _failure_flags(ours)
     _straggler_flags(ours)
     _console_flags(ours)
+    _metrics_flags(ours)
     _storage_flags(ours)
     _run_flags(ours)
 
@@ -163,6 +169,21 @@ def _console_flags(ours: argparse._ArgumentGroup) -> None:
     flag(ours, "quiet", action="store_true", help="no live status line")
     flag(ours, "verbose", action="store_true",
          help="also show torch.distributed.elastic's agent logs")
+
+
+def _metrics_flags(ours: argparse._ArgumentGroup) -> None:
+    """The metric exporters (docs/observability.md)."""
+    metrics = MetricsConfig()
+    flag(ours, "metrics-port", type=int, default=None,
+         help="serve Prometheus metrics at http://<node>:PORT/metrics from each node "
+              "(default: off; needs elastic-train[metrics])")
+    flag(ours, "metrics-address", default=metrics.address,
+         help=f"the address --metrics-port listens on (default {metrics.address})")
+    flag(ours, "otlp-endpoint", default=None, metavar="URL",
+         help="push the same metrics over OTLP/HTTP to this OpenTelemetry collector, e.g. "
+              "http://collector:4318 (default: off; needs elastic-train[otel])")
+    flag(ours, "otlp-interval", type=float, default=metrics.otlp_interval_s,
+         help=f"seconds between two OTLP pushes (default {metrics.otlp_interval_s:g})")
 
 
 def _storage_flags(ours: argparse._ArgumentGroup) -> None:

@@ -1,7 +1,8 @@
 """The ``elastic-train`` command: run, list, show and continue runs.
 
     elastic-train ls [STORAGE_PATH]        runs under a storage path (~/elastic_train_results)
-    elastic-train show RUN_PATH [--json]   a run's status, failures and checkpoints
+    elastic-train show RUN_PATH [--json] [--plot FILE.png]   a run's status, failures and
+                                           checkpoints (and a picture of it)
     elastic-train restore RUN_PATH [--start-over]   continue an interrupted or failed run
     elastic-train launch [torchrun flags] SCRIPT [ARGS]   run a script on this node, as torchrun
     elastic-train verify-resume [--nproc-per-node N] SCRIPT [ARGS]   does it resume exactly?
@@ -65,10 +66,16 @@ def _add_browse(sub: argparse._SubParsersAction) -> None:
     show = sub.add_parser("show", help="show one run",
                           epilog="examples:\n  elastic-train show "
                                  "~/elastic_train_results/digits\n  elastic-train show "
-                                 "s3://bucket/experiments/resnet --json\n" + EXIT_CODES,
+                                 "s3://bucket/experiments/resnet --json\n  elastic-train show "
+                                 "~/elastic_train_results/digits --plot digits.png\n"
+                                 + EXIT_CODES,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     show.add_argument("run_path", help=RUN_PATH_HELP)
     show.add_argument("--json", action="store_true", help="machine-readable output")
+    show.add_argument("--plot", metavar="FILE.png", default=None,
+                      help="also draw the run into FILE.png: metrics, world size, each "
+                           "fault's recovery, checkpoints, time by cause (needs "
+                           "elastic-train[plot])")
     _common(show)
     show.set_defaults(func=browse.cmd_show)
 

@@ -29,6 +29,7 @@ from elastic_train.config import (
     DEFAULT_STORAGE_PATH,
     CheckpointConfig,
     FailureConfig,
+    MetricsConfig,
     RunConfig,
     ScalingConfig,
 )
@@ -42,6 +43,7 @@ from elastic_train.stragglers import StragglerConfig
 SCRIPT_WORKER = "elastic_train.worker.script_worker"
 _FAILURE = FailureConfig()  # the API's defaults, which launch's flags share
 _STRAGGLERS = StragglerConfig()
+_METRICS = MetricsConfig()
 DEFAULT_GRACE_S = _FAILURE.preemption_grace_s
 
 # The setting each config field gets its value from: an error about the field names it.
@@ -114,6 +116,10 @@ class LaunchSettings:
     straggler_cool_off: float = _STRAGGLERS.cool_off_s
     quiet: bool = False
     verbose: bool = False
+    metrics_port: int | None = None
+    metrics_address: str = _METRICS.address
+    otlp_endpoint: str | None = None
+    otlp_interval: float = _METRICS.otlp_interval_s
     storage_path: str = DEFAULT_STORAGE_PATH
     storage_option: list[str] = field(default_factory=list)
     name: str | None = None
@@ -284,6 +290,9 @@ class LaunchSettings:
             storage_options=options_from_flags(self.storage_option),
             checkpoint_config=self.checkpoint, start_over=self.start_over,
             verbose=0 if self.quiet else (2 if self.verbose else 1),
+            metrics_config=MetricsConfig(port=self.metrics_port, address=self.metrics_address,
+                                         otlp_endpoint=self.otlp_endpoint,
+                                         otlp_interval_s=self.otlp_interval),
             straggler_config=StragglerConfig(score_threshold=self.straggler_threshold,
                                              window=self.straggler_window,
                                              min_excess_s=self.straggler_min_excess,

@@ -39,6 +39,7 @@ from elastic_train.agent.api import AgentOutcome, AgentSpec, ProcessOptions
 from elastic_train.agent.no_progress_guard import Progress
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.config import RunConfig, ScalingConfig, check_together
+from elastic_train.driver import exporters
 from elastic_train.driver.console import ConsoleView
 from elastic_train.driver.resume_rules import is_launch
 from elastic_train.driver.run_lease import RunLease
@@ -146,6 +147,7 @@ class NodeRun:
         self.started = time.time()
         plan = self.plan
         replica_tls = ReplicaTLS.from_conf(plan.rendezvous.conf)  # bad input: before anything
+        exporters.check(plan.run_config.metrics_config)  # a taken port, a missing client
         plan.storage.ensure_writable()
         # Every node checks before it starts anything; the node that becomes group
         # rank 0 checks again as it records the launch, and is the one that starts over.
@@ -218,6 +220,11 @@ class NodeRun:
             RendezvousLostError: this node lost the job's rendezvous.
             Interrupted: a signal stopped the node; the run is left resumable.
         """
+        # Started now, after the zygote was forked from this process (their threads would
+        # have kept it from being forked); ended with the run.
+        metrics = exporters.start(self.plan.run_config.metrics_config,
+                                  self.plan.run_config.name,
+                                  self.plan.local_addr or socket.gethostname())
         supervisor = RunSupervisor(self.plan.storage, self.plan.run_config.name,
                                    begin_record=self._begin_record,
                                    check_lease=self.lease.check if self.lease else None,
@@ -225,8 +232,13 @@ class NodeRun:
                                    verbose=self.plan.run_config.verbose,
                                    view=self.plan.view,
                                    train_loop_config=self.plan.train_loop_config,
-                                   stragglers=self.plan.run_config.straggler_config)
-        outcome = supervisor.run(self._agent_spec(entrypoint, args, worker_env))
+                                   stragglers=self.plan.run_config.straggler_config,
+                                   metrics=metrics)
+        try:
+            outcome = supervisor.run(self._agent_spec(entrypoint, args, worker_env))
+        finally:
+            if metrics is not None:
+                metrics.close()
         if outcome.failures or outcome.left is not None:
             raise self._failed(outcome, supervisor)
         if supervisor.record is not None:

@@ -14,7 +14,9 @@ the reports after it wait with it. A checkpoint that never became visible (its
 upload was cut short; a later one is committed, or the run ended) is handed over
 as None with its metrics.
 
-Each new row also goes to a :class:`~elastic_train.stragglers.StragglerWatch`: a node
+Each new row also goes to the run's metric exporters, when it has any
+(:class:`~elastic_train.driver.metrics_feed.MetricsFeed`), and to a
+:class:`~elastic_train.stragglers.StragglerWatch`: a node
 that stays slow is named in a warning on the console and handed to ``on_straggler``
 (the run's record); the status line shows the latest row's slowest rank once its
 score reaches the threshold. :attr:`RunMonitor.slow_here` says whether this node is the
@@ -38,6 +40,7 @@ from elastic_train._internal.metric_rows import user_metrics
 from elastic_train.callbacks import RunContext, UserCallback
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.driver.console import Console, ConsoleView, LogTail
+from elastic_train.driver.metrics_feed import MetricsFeed
 from elastic_train.errors import WorkerFailure
 from elastic_train.stragglers import Straggler, StragglerConfig, StragglerWatch
 
@@ -65,7 +68,7 @@ class RunMonitor:
                  plain_every_s: float = 10.0, nproc_per_node: int = 1,
                  stragglers: StragglerConfig | None = None,
                  on_straggler: Callable[[Straggler], None] | None = None,
-                 waiting_for: str | None = None):
+                 waiting_for: str | None = None, feed: MetricsFeed | None = None):
         self.context = context
         self.callbacks = list(callbacks)
         self.verbose = verbose
@@ -92,6 +95,7 @@ class RunMonitor:
         self._straggler_config = stragglers or StragglerConfig()
         self._stragglers = StragglerWatch(self._straggler_config)
         self._on_straggler = on_straggler
+        self._feed = feed
 
     def _prefix(self, local_rank: int) -> str:
         rank = self._group_rank * self._nproc + local_rank
@@ -172,6 +176,8 @@ class RunMonitor:
         try:
             self._poll_metrics()
             self._hand_over(final)
+            if self._feed is not None:
+                self._feed.poll(final)
         except Exception:  # an unreachable store must not stop the run or hide its error
             logger.debug("Progress poll failed", exc_info=True)
 
@@ -197,6 +203,8 @@ class RunMonitor:
             self._last_row = row
             self._waiting.append(row)
             self._watch_stragglers(row)
+            if self._feed is not None:
+                self._feed.observe(row)
 
     def _watch_stragglers(self, row: dict[str, Any]) -> None:
         straggler = self._stragglers.observe(row)

@@ -4,7 +4,8 @@
 (``run.json``: failures, nodes that left, final status) and to the live view and
 callbacks (:class:`~elastic_train.driver.run_monitor.RunMonitor`), records this
 node's own departure where every node's admission reads it
-(:mod:`elastic_train._internal.departures`), and uploads the workers' logs to remote storage
+(:mod:`elastic_train._internal.departures`), feeds the run's metric exporters when it has
+any (:mod:`elastic_train.driver.node_metrics`), and uploads the workers' logs to remote storage
 when the run ends.
 """
 
@@ -32,6 +33,8 @@ from elastic_train.agent.restart_budget import Decision
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.callbacks import RunContext, UserCallback
 from elastic_train.driver.console import ConsoleView
+from elastic_train.driver.metrics_feed import MetricsFeed
+from elastic_train.driver.node_metrics import NodeMetrics
 from elastic_train.driver.run_monitor import RunMonitor
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.errors import NodeLeftError, RendezvousLostError, StorageError, WorkerFailure
@@ -58,7 +61,8 @@ class RunSupervisor:
                  check_lease: Callable[[], None] | None = None,
                  callbacks: list[UserCallback] | None = None, verbose: int = 1,
                  view: ConsoleView | None = None, train_loop_config: dict | None = None,
-                 stragglers: StragglerConfig | None = None):
+                 stragglers: StragglerConfig | None = None,
+                 metrics: NodeMetrics | None = None):
         self.storage = storage
         self.record: RunRecord | None = None
         self.train_loop_config = train_loop_config
@@ -69,6 +73,7 @@ class RunSupervisor:
         self.view = view
         self.name = name
         self.stragglers = stragglers
+        self.metrics = metrics
         self.departures_kept = False  # whether the job sends nodes away (set by run)
         self._monitor: RunMonitor | None = None
 
@@ -78,35 +83,9 @@ class RunSupervisor:
         monitor = self._monitor = RunMonitor(
             context, self.callbacks, spec.log_dir, verbose=self.verbose, view=self.view,
             nproc_per_node=spec.nproc_per_node, stragglers=self.stragglers,
-            on_straggler=self._note_straggler, waiting_for=_server(spec.rendezvous))
-
-        def on_rendezvous(group_rank: int, nodes: int) -> None:
-            if self.check_lease is not None:
-                self.check_lease()
-            monitor.note_rendezvous(group_rank, nodes)
-            if group_rank == 0 and self.record is None:
-                self.record = self.begin_record()
-            elif self.record is not None:
-                self.record.note_rendezvous()
-            self._note_zygote_errors()
-            self._note_departures()
-
-        def on_failure(failures: list[WorkerFailure], decision: Decision,
-                       cause: WorkerFailure | None = None) -> None:
-            self._note_zygote_errors()
-            monitor.note_failure(failures, restarting=decision.restart)
-            if self.record is not None:
-                self.record.record_failure(failures, decision, cause)
-
-        def on_recovered(recovery: Recovery) -> None:
-            monitor.note_recovered()
-            if self.record is not None:
-                self.record.note_recovery(recovery.replaced)
-
-        events = AgentEvents(
-            on_failure=on_failure, on_rendezvous=on_rendezvous, on_recovered=on_recovered,
-            progress=lambda: read_progress(self.storage),
-            leave_request=self._leave_request if self._replaces_stragglers else None)
+            on_straggler=self._note_straggler, waiting_for=_server(spec.rendezvous),
+            feed=MetricsFeed(self.metrics, self.storage) if self.metrics else None)
+        events = self._agent_events(spec, monitor)
         # Only a job that sends nodes away keeps departures: the others never look for any.
         self.departures_kept = sends_nodes_away(spec, events)
         monitor.start()
@@ -129,6 +108,44 @@ class RunSupervisor:
             self._record_departure(outcome.left)
         self._note_departures()
         return outcome
+
+    def _agent_events(self, spec: AgentSpec, monitor: RunMonitor) -> AgentEvents:
+        """The agent's events, wired to the live view, the record and the metrics."""
+
+        def on_rendezvous(group_rank: int, nodes: int) -> None:
+            if self.check_lease is not None:
+                self.check_lease()
+            monitor.note_rendezvous(group_rank, nodes)
+            if self.metrics is not None:
+                self.metrics.note_rendezvous(nodes * spec.nproc_per_node)
+            if group_rank == 0 and self.record is None:
+                self.record = self.begin_record()
+            elif self.record is not None:
+                self.record.note_rendezvous()
+            self._note_zygote_errors()
+            self._note_departures()
+
+        def on_failure(failures: list[WorkerFailure], decision: Decision,
+                       cause: WorkerFailure | None = None) -> None:
+            self._note_zygote_errors()
+            monitor.note_failure(failures, restarting=decision.restart)
+            if self.metrics is not None:
+                self.metrics.note_failure(decision.kind.value, decision.restart,
+                                          min((f.timestamp for f in failures), default=None))
+            if self.record is not None:
+                self.record.record_failure(failures, decision, cause)
+
+        def on_recovered(recovery: Recovery) -> None:
+            monitor.note_recovered()
+            if self.metrics is not None:
+                self.metrics.note_recovered()
+            if self.record is not None:
+                self.record.note_recovery(recovery.replaced)
+
+        return AgentEvents(
+            on_failure=on_failure, on_rendezvous=on_rendezvous, on_recovered=on_recovered,
+            progress=lambda: read_progress(self.storage),
+            leave_request=self._leave_request if self._replaces_stragglers else None)
 
     def say_goodput(self) -> None:
         """The run's last console line, on the node that records it: ETTR and the time

@@ -195,6 +195,15 @@ class CheckpointStore:
         dirs.update(self.names.listed())
         return {index: fsutil.join(self.run_path, name) for index, name in dirs.items()}
 
+    def manifest_of(self, name: str) -> CommitManifest | None:
+        """The commit marker of the checkpoint directory ``name``, None while it has none
+        (one marker read: for a watcher of new commits, where :meth:`committed` would read
+        every checkpoint's)."""
+        path = fsutil.join(self.run_path, name)
+        raw = self._retry("reading a commit marker", lambda: fsutil.read_unless_missing(
+            self.fs, fsutil.join(path, MARKER), self.fs.cat_file))
+        return None if raw is None else parse_marker(raw, path)
+
     def _read_manifest(self, index: int, path: str) -> CommitManifest | None:
         """The marker of the checkpoint directory ``path``; None only when a fresh listing
         of the directory confirms there is none. A marker that is no manifest of checkpoint
