@@ -294,8 +294,8 @@ def _tier_tables(rows: dict[str, dict[str, list[float]]], profile: Any) -> list[
         "committed after each epoch (num_to_keep=2); rank 1 SIGKILLs itself once checkpoint "
         "1 is committed; the group restarts and dcp.load reads through CheckpointReader.",
         "Local tier: the node kept the files its ranks uploaded and checks them against the "
-        "manifest (CRC-32) before use. Downloading: nothing kept, each rank downloads (and "
-        "checks) its share before the restart.",
+        "manifest (size and SHA-256) before use. Downloading: nothing kept, each rank "
+        "downloads (and checks) its share before the restart.",
         "Times are rank 0's time.time() stamps after the kill: its train function entered "
         "(the session is up: restart point chosen, every rank's share checked), the state "
         "loaded, the first step. S3 is moto's server (in memory) on 127.0.0.1.",
