@@ -61,7 +61,7 @@ class MetricsFeed:
                 for earlier, _ in waiting[:at + 1]:  # commits come in order: an earlier
                     self._uncommitted.pop(earlier, None)  # one still waiting never will
         if final or time.monotonic() >= self._next_goodput:
-            self._next_goodput = time.monotonic() + self.goodput_every_s
             seconds = goodput_seconds(self.storage)
-            if seconds is not None:
+            if seconds is not None:  # at the ledger's first lines, then every goodput_every_s
+                self._next_goodput = time.monotonic() + self.goodput_every_s
                 self.metrics.note_goodput(seconds)

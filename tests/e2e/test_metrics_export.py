@@ -38,7 +38,7 @@ def faulted(tmp_path_factory):
         metrics = et.MetricsConfig(port=port, address="127.0.0.1", otlp_endpoint=receiver.url,
                                    otlp_interval_s=0.5)
         result = fit(str(tmp_path / "results"), NAME, max_failures=1,
-                     config={"fault": fault, "step_sleep": 0.05}, metrics_config=metrics)
+                     config={"fault": fault, "step_sleep": 0.15}, metrics_config=metrics)
         assert result.error is None and len(result.metrics_dataframe) == EPOCHS
         yield result, prometheus, receiver, port
 
