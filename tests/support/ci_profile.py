@@ -42,6 +42,24 @@ LONG_VARIANTS = {
         "[local]; FSDP shards on S3: test_sigkill_resumes_bit_identically_from_the_shards[s3]",
     "tests/e2e/test_failure_attribution.py::test_a_node_failing_the_same_way_every_attempt_ends_the_job[same-clock]":
         "[node0-clock-ahead]: the same verdict, with the clocks apart",
+    "tests/e2e/test_node_sigterm.py::test_sigterm_to_every_process_gives_a_committed_jit_checkpoint[no-zygote]":
+        "[zygote], the default (workers forked from the zygote)",
+    "tests/e2e/test_validation.py::test_validation_metrics_land_in_the_row_and_drive_retention[s3]":
+        "[local]; validations on S3: test_ray_guide_ports.py's async validation guide",
+    "tests/e2e/test_node_loss_in_process.py::test_a_joining_node_leaves_the_running_workers_in_their_processes[etcd]":
+        "[c10d]; etcd's joins in process: test_etcd_native_agents.py, test_elastic_data.py",
+    "tests/e2e/test_node_loss_in_process.py::test_lost_node_survivors_keep_their_processes[etcd]":
+        "[c10d]; etcd's lost node: test_node_liveness.py[etcd-new-processes], "
+        "test_launch.py's three agents [etcd]",
+    "tests/e2e/test_observe.py::test_ls_and_show_on_finished_failed_and_interrupted_runs[s3]":
+        "[local]; ls and show on S3: test_cli_storage.py",
+    "tests/e2e/test_restore.py::test_restore_after_driver_sigkill_is_bit_identical[api]":
+        "[cli]; TorchTrainer.restore: test_restore_old_run.py and the chaos kind "
+        "driver_sigkill_restore",
+    "tests/e2e/test_fit.py::test_driver_stopped_leaves_no_orphans_and_resumes[9]":
+        "[2] (Ctrl-C); a SIGKILLed driver: test_restore.py[cli]",
+    "tests/e2e/test_inprocess.py::test_launch_wrapper_restarts_in_process[exit-3]":
+        "[raise-2] (also in the compat runs)",
 }
 
 
