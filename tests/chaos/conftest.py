@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tests.chaos.faults import KINDS, LAUNCH_SCRIPT, REPO, launch_digest
+from tests.chaos.ledger_check import adds_up
 from tests.conftest import EPOCHS
 
 RESULTS: list[dict] = []  # one row per trial, filled by test_chaos.py
@@ -42,10 +43,11 @@ def save(row: dict) -> None:
 
 def table(results: list[dict] = RESULTS) -> str:
     """Faults by kind: injected, passed (every check held), recovered, data lost, leaked
-    processes, recovery times; then the replay command of each failed trial."""
+    processes, recovery times, ledgers that added up (of the trials with one); then the
+    replay command of each failed trial and each ledger that did not add up."""
     lines = ["chaos suite: faults by kind",
              f"{'kind':24} {'injected':>8} {'passed':>6} {'recovered':>9} {'data lost':>9} "
-             f"{'leaked':>6} {'recovery median s':>17} {'max s':>6}"]
+             f"{'leaked':>6} {'recovery median s':>17} {'max s':>6} {'ledger adds up':>14}"]
     for kind in (*KINDS, "all"):
         rows = [r for r in results if kind in ("all", r["kind"])]
         if not rows:
@@ -54,14 +56,19 @@ def table(results: list[dict] = RESULTS) -> str:
         median = f"{statistics.median(times):.2f}" if times else "-"
         worst = f"{max(times):.2f}" if times else "-"
         passed = sum(_passed(r) for r in rows)
+        ledgers = [adds_up(r) for r in rows if adds_up(r) is not None]
         lines.append(f"{kind:24} {len(rows):>8} {passed:>6} "
                      f"{sum(r['recovered'] for r in rows):>9} "
                      f"{sum(r['data_lost'] for r in rows):>9} {sum(r['leaked'] for r in rows):>6} "
-                     f"{median:>17} {worst:>6}")
+                     f"{median:>17} {worst:>6} {f'{sum(ledgers)}/{len(ledgers)}':>14}")
     failed = [r for r in results if not _passed(r)]
     if failed:
         lines.append(f"failed trials ({len(failed)}), each replayed alone by its command:")
         lines += [f"  {r['trial']}\n    {r.get('replay', '')}" for r in failed]
+    unbalanced = [r for r in results if r.get("ledger_problems")]
+    if unbalanced:
+        lines.append(f"ledgers that did not add up ({len(unbalanced)}):")
+        lines += [f"  {r['trial']}: {r['ledger_problems']}" for r in unbalanced]
     return "\n".join(lines)
 
 

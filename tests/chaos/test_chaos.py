@@ -37,6 +37,7 @@ from tests.chaos.faults import (
     Trial,
     run_trial,
 )
+from tests.chaos.ledger_check import ledger_figures
 from tests.conftest import (
     StorageUnderTest,
     child_pids,
@@ -126,6 +127,10 @@ def test_trial(trial: Trial, tmp_path, baseline, request):
         raise
     finally:
         row["trial_s"] = round(time.monotonic() - started, 1)
+        try:  # reported in the table, not a check of the job (see ledger_check.py)
+            row.update(ledger_figures(storage, time.monotonic() - started))
+        except Exception as unread:  # noqa: BLE001 - the row says why
+            row["ledger_problems"] = {"(unread)": [repr(unread)]}
         save(row)
 
 
