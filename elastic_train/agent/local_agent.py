@@ -257,7 +257,10 @@ class TrainAgent(LocalElasticAgent):
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         """torch's restart of the group (stop, rendezvous, start); with the workers parked
         for a new world -- after a failure, or now for a node that joins a running job
-        -- the rendezvous alone (membership changes in process, in this module's docstring)."""
+        -- the rendezvous alone (membership changes in process, in this module's docstring).
+        torch restarts a healthy group only for a node waiting to join: ``on_join``."""
+        if worker_group.state == WorkerState.HEALTHY and self.events.on_join is not None:
+            self.events.on_join()
         if self._in_process is None or not (self._in_process.parked
                                             or self._in_process.park(worker_group)):
             return super()._restart_workers(worker_group)

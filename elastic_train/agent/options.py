@@ -74,6 +74,8 @@ class AgentEvents:
     node (else None).
     ``on_rendezvous(group_rank, nodes)``: after every rendezvous.
     ``on_recovered(recovery)``: after every in-process restart (see :mod:`.inprocess`).
+    ``on_join()``: a node waits to join the running job, so the group forms again
+    (nothing failed); before that rendezvous.
     ``progress()``: how far the run is, for the no-progress guard (None: unknown).
     ``leave_request()``: whether this node is asked to leave the running job for a spare
     (a node named a straggler, see :mod:`elastic_train.stragglers`): the verdict to leave
@@ -84,5 +86,6 @@ class AgentEvents:
         | None = None
     on_rendezvous: Callable[[int, int], None] | None = None
     on_recovered: Callable[[Recovery], None] | None = None
+    on_join: Callable[[], None] | None = None
     progress: Callable[[], Progress | None] | None = None
     leave_request: Callable[[], NodeVerdict | None] | None = None

@@ -245,11 +245,11 @@ class NodeRun:
             supervisor.record.set_status(RunStatus.FINISHED)
             supervisor.say_goodput()
 
-    def _begin_record(self) -> RunRecord:
+    def _begin_record(self, takeover: bool) -> RunRecord:
         plan = self.plan
         record = RunRecord.begin(plan.storage, plan.run_config.name, plan.spec,
                                  start_over=plan.run_config.start_over, accepted=plan.accepted,
-                                 launched_at=self.started)
+                                 launched_at=self.started, takeover=takeover)
         if plan.trainable is not None:
             plan.storage.write_trainable(plan.trainable)
         return record

@@ -71,14 +71,17 @@ class RunRecord:
         self.storage = storage
         self.state = state
         self.ledger = storage.ledger_file("driver")  # see elastic_train.goodput.breakdown
+        self._joining = False  # a node joins: the group forms again (see note_join)
 
     @classmethod
     def begin(cls, storage: RunStorage, name: str, spec: dict[str, Any], *,
               start_over: bool = False, accepted: frozenset[str] = frozenset(),
-              launched_at: float | None = None) -> RunRecord:
+              launched_at: float | None = None, takeover: bool = False) -> RunRecord:
         """Starts a launch of the run: continues the stored run, or starts a fresh one.
         ``launched_at``: when this launch's driver began (the goodput ledger's start-up
-        counts from then; default now).
+        counts from then; default now). ``takeover``: this node goes on recording a
+        launch whose recording node was lost; the goodput ledger's launch line is that
+        node's (a second one would start the launch again).
 
         A stored run that cannot be continued (see :func:`check_resumable`) is
         refused, or with ``start_over`` moved aside first (never deleted).
@@ -100,7 +103,8 @@ class RunRecord:
         state.launches.append(LaunchRecord(started=now, pid=os.getpid(), host=platform.node()))
         record = cls(storage, state)
         record._write(required=True)
-        record.ledger.append({"event": "launch", "t": launched_at or now})
+        if not takeover:
+            record.ledger.append({"event": "launch", "t": launched_at or now})
         return record
 
     @staticmethod
@@ -126,13 +130,15 @@ class RunRecord:
         return ResumeCheck(state, reason, [c for c in changes if not c.breaks])
 
     def record_failure(self, failures: list[WorkerFailure], decision: Decision,
-                       cause: WorkerFailure | None = None) -> None:
+                       cause: WorkerFailure | None = None,
+                       known_at: float | None = None) -> None:
         """Appends a failed attempt, with the budget it spent and what is left of it.
 
         ``failures``: this node's failed workers, root cause first; ``cause``: when
         another node is at fault (a PEER decision), the root cause there, recorded first
         (``FailureRecord.root``). ``failed_at`` is when this node's first worker failed:
-        read on this node's clock, as ``time`` is -- another node's may be far off."""
+        read on this node's clock, as ``time`` is -- another node's may be far off.
+        ``known_at``: when the agent knew (default now)."""
         left = {-1: "unlimited", 0: "no"}.get(decision.restarts_left, decision.restarts_left)
         own = [f for f in failures if f != cause]  # (in-process, a node that only heard of
         workers = [cause, *own] if cause is not None else own  # the failure has none)
@@ -149,9 +155,9 @@ class RunRecord:
             outlook = "no restart left: the run stops"
         logger.warning("Worker group failed (%s): %s; %s.", decision.kind.value,
                        workers[0].describe(), outlook)
-        failed_at = min((f.timestamp for f in own or workers if f.timestamp),
-                        default=time.time())
-        failure = FailureRecord(time=time.time(), failed_at=failed_at,
+        known_at = known_at or time.time()
+        failed_at = min((f.timestamp for f in own or workers if f.timestamp), default=known_at)
+        failure = FailureRecord(time=known_at, failed_at=failed_at,
                                 restarts_left=decision.restarts_left, kind=decision.kind,
                                 workers=workers)
         self.state.failures.append(failure)
@@ -159,9 +165,20 @@ class RunRecord:
         self.ledger.append({"event": "fault", "t": failure.time, "failed_at": failed_at,
                             "kind": decision.kind.value})
 
+    def note_join(self) -> None:
+        """A node waits to join the running job: the group forms again though nothing
+        failed. The ledger's ``join`` line starts that rendezvous (no failure of the run)."""
+        self._joining = True
+        self.ledger.append({"event": "join", "t": time.time()})
+
     def note_rendezvous(self) -> None:
-        """The group re-formed with new processes: closes the latest failure's
-        rendezvous time."""
+        """The group formed again: closes the latest failure's rendezvous time (and the
+        restart's kind, new processes until :meth:`note_recovery` says otherwise), or a
+        joining node's."""
+        if self._joining:
+            self._joining = False
+            self.ledger.append({"event": "rendezvous", "t": time.time()})
+            return
         failures = self.state.failures
         if failures and failures[-1].rendezvous_at is None:
             failures[-1].rendezvous_at = time.time()

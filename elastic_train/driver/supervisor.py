@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from elastic_train._internal.departures import Departure
 from elastic_train._internal.redaction import redact_url
@@ -47,17 +48,29 @@ from elastic_train.stragglers import Straggler, StragglerConfig
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class _Heard:
+    """A failure this node's agent saw while another node recorded the run."""
+
+    failures: list[WorkerFailure]
+    decision: Decision
+    cause: WorkerFailure | None
+    known_at: float  # when the agent knew (time.time())
+
+
 class RunSupervisor:
     """One node's run of the agent, recorded and shown.
 
     ``begin_record`` creates the run's :class:`RunRecord` at the first
     rendezvous that makes this node group rank 0 (on a single node: the first);
-    ``record`` is None on the other nodes. ``check_lease`` runs at every
-    rendezvous, before a group starts: it raises when the run was taken over.
+    ``record`` is None on the other nodes. A node that becomes group rank 0 later
+    takes the record over from the node that was lost (:meth:`_take_over`).
+    ``check_lease`` runs at every rendezvous, before a group starts: it raises when
+    the run was taken over.
     """
 
     def __init__(self, storage: RunStorage, name: str, *,
-                 begin_record: Callable[[], RunRecord],
+                 begin_record: Callable[[bool], RunRecord],
                  check_lease: Callable[[], None] | None = None,
                  callbacks: list[UserCallback] | None = None, verbose: int = 1,
                  view: ConsoleView | None = None, train_loop_config: dict | None = None,
@@ -76,6 +89,8 @@ class RunSupervisor:
         self.metrics = metrics
         self.departures_kept = False  # whether the job sends nodes away (set by run)
         self._monitor: RunMonitor | None = None
+        self._formed = False  # a group with this node formed before (see _take_over)
+        self._heard: _Heard | None = None  # the latest failure, while another node records
 
     def run(self, spec: AgentSpec) -> AgentOutcome:
         """Runs the agent; returns how it ended. Raises ``Interrupted`` on a signal."""
@@ -119,9 +134,10 @@ class RunSupervisor:
             if self.metrics is not None:
                 self.metrics.note_rendezvous(nodes * spec.nproc_per_node)
             if group_rank == 0 and self.record is None:
-                self.record = self.begin_record()
+                self.record = self._take_over() if self._formed else self.begin_record(False)
             elif self.record is not None:
                 self.record.note_rendezvous()
+            self._formed = True
             self._note_zygote_errors()
             self._note_departures()
 
@@ -134,6 +150,8 @@ class RunSupervisor:
                                           min((f.timestamp for f in failures), default=None))
             if self.record is not None:
                 self.record.record_failure(failures, decision, cause)
+            else:
+                self._heard = _Heard(failures, decision, cause, time.time())
 
         def on_recovered(recovery: Recovery) -> None:
             monitor.note_recovered()
@@ -142,10 +160,28 @@ class RunSupervisor:
             if self.record is not None:
                 self.record.note_recovery(recovery.replaced)
 
+        def on_join() -> None:
+            if self.record is not None:
+                self.record.note_join()
+
         return AgentEvents(
             on_failure=on_failure, on_rendezvous=on_rendezvous, on_recovered=on_recovered,
+            on_join=on_join,
             progress=lambda: read_progress(self.storage),
             leave_request=self._leave_request if self._replaces_stragglers else None)
+
+    def _take_over(self) -> RunRecord:
+        """This node became group rank 0 after the node that recorded the run was lost:
+        it records the run from here on, starting with what it saw of the loss (the
+        failure it heard of and the group formed again), so the run's record and its
+        goodput ledger account for that time as detection and rendezvous."""
+        record = self.begin_record(True)
+        if self._heard is not None:
+            heard, self._heard = self._heard, None
+            record.record_failure(heard.failures, heard.decision, heard.cause,
+                                  known_at=heard.known_at)
+            record.note_rendezvous()
+        return record
 
     def say_goodput(self) -> None:
         """The run's last console line, on the node that records it: ETTR and the time

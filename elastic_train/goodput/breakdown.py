@@ -5,8 +5,9 @@ writer (:mod:`elastic_train.storage.ledger_file`), each line an event stamped ``
 (seconds since the epoch) by the process that knew it:
 
 - the driver that records the run: ``launch``, ``fault`` (``failed_at``: when the
-  first worker failed; ``t``: when its agent knew; ``kind``), ``rendezvous`` (the
-  group formed again with new processes), ``end`` (the launch's outcome);
+  first worker failed; ``t``: when its agent knew; ``kind``), ``join`` (a node waits
+  to join the running job, so the group forms again though nothing failed),
+  ``rendezvous`` (the group formed again), ``end`` (the launch's outcome);
 - rank 0 of each attempt: ``attempt`` (``started``: the session began, ``t``: the
   ranks agreed where to resume, ``restored_iteration``: from which iteration, None on
   a fresh start) and ``work`` (what rank 0 measured since its previous ``work``, by
@@ -17,12 +18,12 @@ writer (:mod:`elastic_train.storage.ledger_file`), each line an event stamped ``
 ``Result.goodput``, the console's last line, a metrics exporter) asks it. It puts the
 events of each launch in time order and gives every second between two of them to
 the cause the earlier one starts: a launch or a rendezvous starts start-up, a fault
-detection, its detection a rendezvous, an attempt's start a restore (or start-up on
-a fresh start). Between rank 0's ``work`` lines the seconds are the causes rank 0
-measured (the rest of the gap: other); from its last line to a fault, work that is
-lost (recompute), and so is every productive second of an earlier attempt past the
-iteration the next attempt restored; whatever comes before a launch's end is its
-shutdown. So the causes add up to the wall time of the launches by construction, and
+detection, its detection or a join a rendezvous, an attempt's start a restore (or
+start-up on a fresh start). Between rank 0's ``work`` lines the seconds are the causes
+rank 0 measured (the rest of the gap: other); from its last line to a fault or a
+join, work that is lost (recompute), and so is every productive second of an earlier
+attempt past the iteration the next attempt restored; whatever comes before a launch's
+end is its shutdown. So the causes add up to the wall time of the launches by construction, and
 ``other`` says how much no writer accounted for.
 
 Example::
@@ -173,8 +174,11 @@ class _Tally:
 
 # The cause of the seconds after a point, until the next; None: rank 0 measured them.
 _AFTER = {"launch": Cause.STARTUP, "failed": Cause.DETECTION, "fault": Cause.RENDEZVOUS,
-          "rendezvous": Cause.STARTUP, "started": Cause.STARTUP, "resumed": Cause.RESTORE,
-          "attempt": None, "work": None}
+          "join": Cause.RENDEZVOUS, "rendezvous": Cause.STARTUP, "started": Cause.STARTUP,
+          "resumed": Cause.RESTORE, "attempt": None, "work": None}
+
+
+_ATTEMPT_ENDS = ("failed", "join")  # points that end an attempt before the launch's end
 
 
 def _failed_at(entry: dict[str, Any], rank0_times: list[float]) -> float:
@@ -226,13 +230,13 @@ def breakdown(entries: Iterable[dict[str, Any]]) -> Goodput:
                 tally.add(Cause.SHUTDOWN, gap)
             elif kind == "work" and after is None:
                 tally.work(entry, gap)
-            elif after is None:  # rank 0's unwritten work: lost at a fault, else other
-                tally.add(Cause.RECOMPUTE if kind == "failed" else Cause.OTHER, gap)
+            elif after is None:  # rank 0's unwritten work: lost at a fault or join, else other
+                tally.add(Cause.RECOMPUTE if kind in _ATTEMPT_ENDS else Cause.OTHER, gap)
             else:
                 tally.add(Cause.PREEMPTION if preempted and after in (
                     Cause.DETECTION, Cause.RENDEZVOUS) else after, gap)
-            if kind == "failed":
-                tally.failures += 1
+            if kind in _ATTEMPT_ENDS:
+                tally.failures += kind == "failed"
                 tally.attempts.append(_zero())
                 preempted = entry.get("kind") == "preemption"
             elif kind == "resumed":

@@ -12,15 +12,10 @@ import pytest
 from elastic_train.goodput.breakdown import Cause
 from elastic_train.torch import TorchTrainer
 from tests.conftest import fit, start_driver, stop_driver_after_commit
+from tests.support.ledger_account import assert_adds_up
 
 pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.timeout(300),
               pytest.mark.usefixtures("no_leaked_processes")]
-
-
-def adds_up(goodput) -> None:
-    assert sum(goodput.seconds.values()) == pytest.approx(goodput.wall_s, rel=0.01)
-    assert -0.01 * goodput.wall_s < goodput.seconds[Cause.OTHER] < 0.05 * goodput.wall_s, goodput
-    assert all(s >= 0 for c, s in goodput.seconds.items() if c is not Cause.OTHER), goodput
 
 
 def test_a_raised_faults_lost_work_is_recompute(storage_path, tmp_path):
@@ -29,7 +24,7 @@ def test_a_raised_faults_lost_work_is_recompute(storage_path, tmp_path):
     fault = {"rank": 1, "epoch": 2, "batch": 3, "how": "raise", "marker": str(tmp_path / "m")}
     result = fit(storage_path, "raised", max_failures=1, config={"fault": fault})
     goodput = result.goodput
-    adds_up(goodput)
+    assert_adds_up(goodput)
     assert goodput.failures == 1 and goodput.seconds[Cause.RECOMPUTE] > 0, goodput
     assert goodput.attempts[0].seconds[Cause.RECOMPUTE] > 0  # charged to the failed attempt
 
@@ -41,7 +36,7 @@ def test_the_ledger_survives_a_killed_driver_and_its_restore(storage_path, tmp_p
     stop_driver_after_commit(driver, os.path.join(storage_path, "killed"), 2, signal.SIGKILL)
     run_path = os.path.join(storage_path, "killed")
     goodput = TorchTrainer.restore(run_path).fit().goodput
-    adds_up(goodput)
+    assert_adds_up(goodput)
     assert len(goodput.attempts) == 2  # one per launch: the lost driver's, the restore's
     first, second = goodput.attempts
     assert first.seconds[Cause.PRODUCTIVE] > 0 and second.seconds[Cause.RESTORE] > 0

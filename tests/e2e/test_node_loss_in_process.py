@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from elastic_train.goodput.breakdown import Cause
 from elastic_train.result import Result
 from tests.conftest import wait_until
 from tests.support.launched import (
@@ -29,6 +30,7 @@ from tests.support.launched import (
     starts,
     worker_pids,
 )
+from tests.support.ledger_account import assert_adds_up
 from tests.support.rendezvous_state import c10d_spare_parked, c10d_store
 from tests.support.servers import free_port, stop_process
 
@@ -134,9 +136,13 @@ def test_lost_rank_0_node_survivors_take_the_lower_ranks(etcd_endpoint, storage_
     assert after and {world for _, world, _, _ in after} == {2}, rank_starts(out_dir)
     assert {rank for rank, _, _, _ in after} == {0, 1}
     assert {pid for _, _, pid, _ in after} == survivors, node_log  # the same two processes
-    rows = Result.from_path(os.path.join(storage_path, name)).metrics_dataframe
-    assert list(rows["epoch"]) == list(range(EPOCHS))
+    result = Result.from_path(os.path.join(storage_path, name))
+    assert list(result.metrics_dataframe["epoch"]) == list(range(EPOCHS))
     assert run_state(storage_path, name)["status"] == "finished"
+    # The survivor records the run from its takeover on: the lost node's fault and the
+    # re-formed group are in the ledger, not time that no writer accounted for.
+    assert_adds_up(result.goodput)
+    assert result.goodput.failures == 1, result.goodput.to_json()
 
 
 @pytest.mark.timeout(180)
@@ -183,10 +189,14 @@ def test_a_joining_node_leaves_the_running_workers_in_their_processes(
     assert set(worker_pids(out_dir)) == {pid for _, _, pid in after}  # and no other came
     [start, *rest] = starts(out_dir)
     assert start == (0, 2) and rest and rest[-1][1] == 3 and rest[-1][0] > 0, starts(out_dir)
-    rows = Result.from_path(os.path.join(storage_path, name)).metrics_dataframe
-    assert list(rows["epoch"]) == list(range(EPOCHS))  # resumed from the last commit
+    result = Result.from_path(os.path.join(storage_path, name))
+    assert list(result.metrics_dataframe["epoch"]) == list(range(EPOCHS))  # from the last commit
     state = run_state(storage_path, name)
     assert state["status"] == "finished" and not state["failures"], state
+    # The re-form for the newcomer is in the ledger (rendezvous, its lost work recompute),
+    # not time that no writer accounted for; and it is no failure.
+    assert_adds_up(result.goodput)
+    assert result.goodput.failures == 0 and result.goodput.seconds[Cause.RENDEZVOUS] > 0
 
 
 @pytest.mark.timeout(240)

@@ -125,3 +125,17 @@ def test_an_unwritable_ledger_warns_once_and_writes_what_it_kept_later(tmp_path,
     directory.unlink()
     ledger.append(RUN[2])
     assert read_ledger(fsspec.filesystem("file"), str(directory)) == RUN[:3]
+
+
+def test_a_joining_node_ends_the_attempt_without_a_failure():
+    """A node joins at 108.5 (nothing failed): rank 0's unwritten work since 108 is lost
+    (recompute), the group forms again by 110 (rendezvous), and no failure is counted."""
+    joined = [*RUN[:4], {"event": "join", "t": 108.5}, {"event": "rendezvous", "t": 110.0},
+              {"event": "attempt", "t": 112.0, "started": 111.0, "restored_iteration": 2},
+              work(114.0, 3, productive=2.0), {"event": "end", "t": 115.0, "status": "finished"}]
+    goodput = breakdown(joined)
+    assert goodput.failures == 0 and len(goodput.attempts) == 2
+    assert goodput.seconds[Cause.RECOMPUTE] == pytest.approx(0.5)
+    assert goodput.seconds[Cause.RENDEZVOUS] == pytest.approx(1.5)
+    assert goodput.seconds[Cause.OTHER] == pytest.approx(0.0)
+    assert sum(goodput.seconds.values()) == pytest.approx(goodput.wall_s) == 15.0
