@@ -19,6 +19,7 @@ from elastic_train.callbacks import CSVLoggerCallback, TensorBoardLoggerCallback
 from elastic_train.goodput.breakdown import Cause
 from elastic_train.storage.run_state import RunStatus
 from tests.conftest import EPOCHS, fit
+from tests.support.ledger_account import assert_adds_up
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
@@ -184,9 +185,8 @@ def test_show_gives_recovery_times_and_goodput(storage_path, tmp_path, capsys):
     # The causes add up to the wall time, which is the launch's own (fit() less the
     # Result read after it); no writer left much unaccounted (other). A SIGKILL's time is
     # torch's whole second: its lost work is detection.
-    assert sum(ledger.seconds.values()) == pytest.approx(ledger.wall_s, rel=0.01)
-    assert took - 1.0 < ledger.wall_s <= took
-    assert -0.01 * ledger.wall_s < ledger.seconds[Cause.OTHER] < 0.05 * ledger.wall_s, ledger
+    assert_adds_up(ledger, took)
+    assert took - 1.0 < ledger.wall_s
     assert ledger.failures == 1 and len(ledger.attempts) == 2 and ledger.checkpoints == EPOCHS
     for cause in (Cause.PRODUCTIVE, Cause.STARTUP, Cause.DETECTION, Cause.RENDEZVOUS,
                   Cause.RESTORE, Cause.CHECKPOINT, Cause.SHUTDOWN):
