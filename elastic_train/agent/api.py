@@ -58,6 +58,7 @@ logger = logging.getLogger(__name__)
 _SIGNALS_VARIABLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's --signals-to-handle
+KEEP_ALIVE_STOP_S = 1.0  # the most an ending agent waits for torch's heartbeat in flight
 
 
 @dataclass(frozen=True)
@@ -237,18 +238,20 @@ def run_agent(spec: AgentSpec, events: AgentEvents | None = None) -> AgentOutcom
 def _released(rdzv_handler: Any) -> Iterator[None]:
     """However the block ends, the handler's background work (the etcd backends' lease
     refresh, heartbeats) stops: its ``release()``, for handlers that have one, stops it
-    without closing the rendezvous. Otherwise a failed or interrupted agent in a notebook
-    or a sweep keeps the node's etcd keys alive for good."""
+    without closing the rendezvous; torch's handlers' keep-alive timer is stopped the
+    same way (:func:`torch_compat.stop_keep_alive`). Otherwise a failed or interrupted
+    agent in a notebook or a sweep keeps the node's etcd keys alive for good, and an
+    interrupted launcher can abort at exit in a heartbeat's store call."""
     try:
         yield
     finally:
-        release = getattr(rdzv_handler, "release", None)
-        if release is not None:
-            try:
-                release()
-            except Exception:  # the keys expire with their lease anyway
-                logger.warning("Could not stop the rendezvous handler's lease refresh",
-                               exc_info=True)
+        release = getattr(rdzv_handler, "release", None) or functools.partial(
+            torch_compat.stop_keep_alive, rdzv_handler, KEEP_ALIVE_STOP_S)
+        try:
+            release()
+        except Exception:  # the keys expire with their lease anyway
+            logger.warning("Could not stop the rendezvous handler's lease refresh",
+                           exc_info=True)
 
 
 def _corrupt_state(rdzv: RendezvousConfig, exc: RendezvousStateError) -> RendezvousLostError:

@@ -111,6 +111,23 @@ def shutdown(torch_shutdown: Callable[..., None], pcontext: Any,
         pcontext.close = close
 
 
+def stop_keep_alive(handler: Any, wait_s: float) -> None:
+    """Stops the keep-alive heartbeats of torch's dynamic rendezvous handler without
+    closing its rendezvous (the other nodes may go on), and waits at most ``wait_s`` for
+    a heartbeat in flight. torch's own ``_stop_heartbeats`` waits without a bound (a store
+    that stopped answering holds it for the store's timeout), and its ``shutdown`` closes
+    the rendezvous. A heartbeat still in a store call when the interpreter finalizes
+    aborts the process: its daemon thread leaves through ``pthread_exit`` inside C++
+    ("terminate called without an active exception", SIGABRT instead of the exit code).
+    Handlers without torch's timer (other backends): nothing to do."""
+    timer = getattr(handler, "_keep_alive_timer", None)
+    context, thread = getattr(timer, "_ctx", None), getattr(timer, "_thread", None)
+    if context is None or thread is None:
+        return
+    context.stop_event.set()
+    thread.join(wait_s)
+
+
 def torchrun_parser() -> argparse.ArgumentParser:
     """torchrun's parser (``elastic-train launch``'s), with one default made the same on
     every version: ``--master-port`` is unset unless given (torch before 2.12 defaults it to
