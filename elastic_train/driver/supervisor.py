@@ -137,7 +137,7 @@ class RunSupervisor:
                 self.record = self._take_over() if self._formed else self.begin_record(False)
             elif self.record is not None:
                 self.record.note_rendezvous()
-            self._formed = True
+            self._formed, self._heard = True, None  # a failure heard is this round's only
             self._note_zygote_errors()
             self._note_departures()
 
@@ -176,8 +176,7 @@ class RunSupervisor:
         failure it heard of and the group formed again), so the run's record and its
         goodput ledger account for that time as detection and rendezvous."""
         record = self.begin_record(True)
-        if self._heard is not None:
-            heard, self._heard = self._heard, None
+        if (heard := self._heard) is not None:
             record.record_failure(heard.failures, heard.decision, heard.cause,
                                   known_at=heard.known_at)
             record.note_rendezvous()
