@@ -10,6 +10,13 @@ which no endpoint serves (each node serves its own): what a scrape would cost if
 The endpoint is served by prometheus_client's own server, as in a run, and scraped over
 HTTP from this process.
 
+Rank 0's ledger (``--ledger-reports``): the goodput ledger is always on; what it costs a
+worker is rank 0's report clock (:class:`~elastic_train.worker.attempt_clock.AttemptClock`:
+a few clock reads per report, its three numbers in the report's first collective) and
+its ledger lines (one per checkpoint report, at least every 10 s), appended to a real
+ledger file on local disk. Measured per report, a checkpoint every ``--per-checkpoint``
+reports, on the thread's CPU clock and the wall clock.
+
 The driver's feed (``--run-dir``, a run's directory): the workers do no metrics work,
 so what metrics can take from a step is the CPU of the driver's feed, which the monitor
 calls about once a second (:mod:`elastic_train.driver.metrics_feed`). Each measured poll
@@ -18,6 +25,7 @@ every 10th reads the goodput ledger, as at one poll a second; the thread's CPU t
 poll over one second is its share of a core.
 
     python -m bench.metrics_cost [--nodes 1] [--scrapes 300] [--run-dir DIR --polls 2000]
+                                 [--ledger-reports 20000 --per-checkpoint 60]
 """
 
 from __future__ import annotations
@@ -72,13 +80,40 @@ def poll_cost(run_dir: str, polls: int) -> float:
     return (time.thread_time() - start) / polls
 
 
+def ledger_cost(reports: int, per_checkpoint: int) -> tuple[float, float]:
+    """Rank 0's report clock and ledger lines: (thread CPU, wall) seconds per report."""
+    import tempfile
+
+    from elastic_train.storage import RunStorage
+    from elastic_train.worker.attempt_clock import AttemptClock, RunHistory
+
+    with tempfile.TemporaryDirectory() as root:
+        clock = AttemptClock(RunHistory(), iteration=0,
+                             ledger=RunStorage.open(root, "run").ledger_file("rank0"))
+        clock.ready(time.time(), restored_iteration=None)
+        cpu, wall = time.thread_time(), time.perf_counter()
+        for i in range(1, reports + 1):
+            numbers = clock.shared_numbers()
+            clock.waited()
+            clock.report_ends([[n] for n in numbers], any_checkpoint=i % per_checkpoint == 0,
+                              iteration=i)
+        return (time.thread_time() - cpu) / reports, (time.perf_counter() - wall) / reports
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--scrapes", type=int, default=300)
     parser.add_argument("--run-dir", default=None)
     parser.add_argument("--polls", type=int, default=2000)
+    parser.add_argument("--ledger-reports", type=int, default=0)
+    parser.add_argument("--per-checkpoint", type=int, default=60)
     args = parser.parse_args()
+    if args.ledger_reports:
+        cpu, wall = ledger_cost(args.ledger_reports, args.per_checkpoint)
+        print(f"rank 0's clock and ledger: {cpu * 1e6:.1f} µs CPU, {wall * 1e6:.1f} µs wall per "
+              f"report over {args.ledger_reports} reports (a checkpoint every "
+              f"{args.per_checkpoint})")
     if args.run_dir:
         cpu = poll_cost(args.run_dir, args.polls)
         print(f"driver feed: {cpu * 1e6:.0f} µs CPU per poll over {args.polls} polls = "
