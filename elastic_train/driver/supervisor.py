@@ -64,7 +64,8 @@ class RunSupervisor:
     ``begin_record`` creates the run's :class:`RunRecord` at the first
     rendezvous that makes this node group rank 0 (on a single node: the first);
     ``record`` is None on the other nodes. A node that becomes group rank 0 later
-    takes the record over from the node that was lost (:meth:`_take_over`).
+    takes the record over from the node that was lost (:meth:`_take_over`;
+    ``begin_record``'s argument says which of the two it is).
     ``check_lease`` runs at every rendezvous, before a group starts: it raises when
     the run was taken over.
     """
