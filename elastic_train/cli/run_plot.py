@@ -7,7 +7,8 @@ global backend, no display). Time runs along x in seconds since the run was crea
 - the reported metrics (up to :data:`MAX_METRICS` of the user's) and the median step
   time, per report (``metrics.jsonl``; when: :func:`report_times`), each reported
   checkpoint as a tick on top;
-- the world size at each checkpoint still kept (its commit marker's);
+- the world size of each attempt, from the goodput ledger (rank 0's ``attempt``
+  lines; a run without them: at each checkpoint still kept, its commit marker's);
 - after each fault, bands for detection (the worker failed -> its agent knew),
   rendezvous (-> the group formed again), restore (-> the checkpoint was chosen and
   verified) and recompute (the work since that checkpoint, trained again), from
@@ -31,7 +32,7 @@ from elastic_train._internal.metric_rows import numeric_items, user_metrics
 from elastic_train.cli.run_summary import RunSummary, recoveries
 from elastic_train.driver.metrics_feed import goodput_seconds
 from elastic_train.errors import ConfigError
-from elastic_train.storage import RunStorage
+from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage.run_state import RunState
 
 MAX_METRICS = 2
@@ -136,10 +137,10 @@ def plot(path: str, storage: RunStorage, state: RunState, summary: RunSummary) -
     for row, at in zip(rows, times, strict=True):  # every reported checkpoint, as a tick on top
         if row.get("checkpoint_dir_name") and at is not None:
             axes[0].axvline(at - origin, color="#2ca02c", lw=0.8, ls=":")
-    commits = sorted((m.created - origin, m.world_size) for m in summary.checkpoints)
+    sizes, source = world_sizes(storage.read_ledger(), summary.checkpoints, origin)
     world = axes[len(series)]
-    world.step([c[0] for c in commits], [c[1] for c in commits], where="post", marker="o")
-    world.set_ylabel("world size\n(kept checkpoints)")
+    world.step([c[0] for c in sizes], [c[1] for c in sizes], where="post", marker="o")
+    world.set_ylabel(f"world size\n({source})")
     for band in fault_bands(state, storage, origin):
         for ax in time_axes:
             ax.axvspan(band.start, band.end, color=PHASES[band.phase], alpha=0.3, lw=0,
@@ -152,6 +153,18 @@ def plot(path: str, storage: RunStorage, state: RunState, summary: RunSummary) -
     figure.suptitle(f"{state.name or storage.display_path}: {state.status.value}, "
                     f"{len(state.failures)} fault(s), {len(summary.checkpoints)} checkpoint(s)")
     canvas_class(figure).print_png(path)
+
+
+def world_sizes(ledger: list[dict[str, Any]], checkpoints: list[CommitManifest], origin: float
+                ) -> tuple[list[tuple[float, int]], str]:
+    """(seconds since ``origin``, world size) at each attempt's start, from the goodput
+    ``ledger``'s lines; a run whose ledger has none (older runs): at each kept
+    checkpoint's commit. Also says which."""
+    attempts = sorted((float(e["t"]) - origin, int(e["world_size"])) for e in ledger
+                      if e.get("event") == "attempt" and e.get("world_size"))
+    if attempts:
+        return attempts, "attempts"
+    return sorted((m.created - origin, m.world_size) for m in checkpoints), "kept checkpoints"
 
 
 def _badput(ax: Any, seconds: dict[str, float], source: str) -> None:

@@ -10,9 +10,10 @@ writer (:mod:`elastic_train.storage.ledger_file`), each line an event stamped ``
   ``rendezvous`` (the group formed again), ``end`` (the launch's outcome);
 - rank 0 of each attempt: ``attempt`` (``started``: the session began, ``t``: the
   ranks agreed where to resume, ``restored_iteration``: from which iteration, None on
-  a fresh start) and ``work`` (what rank 0 measured since its previous ``work``, by
-  cause, between iterations ``from_iteration`` and ``iteration``; written at
-  checkpoint reports, every :data:`FLUSH_S` at a report, and at the attempt's end).
+  a fresh start; ``world_size``: the attempt's, for the run's picture) and ``work``
+  (what rank 0 measured since its previous ``work``, by cause, between iterations
+  ``from_iteration`` and ``iteration``; written at checkpoint reports, every
+  :data:`FLUSH_S` at a report, and at the attempt's end).
 
 :func:`breakdown` is the one reader: every consumer (``elastic-train show``,
 ``Result.goodput``, the console's last line, a metrics exporter) asks it. It puts the

@@ -99,12 +99,13 @@ class AttemptClock:
         self._interval_s: float | None = None
         self._save_cost_s = history.save_cost_s
 
-    def ready(self, started: float, restored_iteration: int | None) -> None:
+    def ready(self, started: float, restored_iteration: int | None,
+              world_size: int | None = None) -> None:
         """The ranks agreed where to resume (``restored_iteration``; None: a fresh start);
-        the session began at ``started`` (wall clock)."""
+        the session began at ``started`` (wall clock); ``world_size``: the attempt's."""
         self._flushed = self._last_end = self._checkpoint_end = self._now()
         self._write({"event": "attempt", "started": started,
-                     "restored_iteration": restored_iteration})
+                     "restored_iteration": restored_iteration, "world_size": world_size})
 
     def should_checkpoint(self, prior_mtbf_s: float) -> bool:
         """Young/Daly's answer from shared values

@@ -115,7 +115,8 @@ class JoinedSession:
         history = group.broadcast(RunHistory.read(storage) if env.rank == 0 else None)
         clock = AttemptClock(history, point.training_iteration,
                              storage.ledger_file("rank0") if env.rank == 0 else None)
-        clock.ready(started_at, point.training_iteration if point.is_restart else None)
+        clock.ready(started_at, point.training_iteration if point.is_restart else None,
+                    env.world_size)
         return cls(group=group, restored=point.manifest,
                    rows=ReportRows(point.training_iteration, point.time_before_restore_s,
                                    started_at),

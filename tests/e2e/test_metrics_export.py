@@ -9,10 +9,13 @@ import contextlib
 import os
 import struct
 
+import fsspec
 import pytest
 
 import elastic_train as et
 from elastic_train.cli.main import main as cli_main
+from elastic_train.cli.run_plot import world_sizes
+from elastic_train.storage import RunStorage
 from tests.conftest import EPOCHS, fit
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.prometheus_server import prometheus_binary, running
@@ -91,3 +94,7 @@ def test_show_plot_draws_the_faulted_run(faulted, tmp_path, capsys):
     width, height = struct.unpack(">II", data[16:24])  # the IHDR chunk
     assert 600 <= width <= 3000 and 600 <= height <= 4000, (width, height)
     assert 20_000 < os.path.getsize(png) < 2_000_000
+    # The world-size panel comes from the ledger's attempts, kept checkpoints or not.
+    ledger = RunStorage(fsspec.filesystem("file"), result.path).read_ledger()
+    sizes, source = world_sizes(ledger, [], 0.0)
+    assert source == "attempts" and [size for _, size in sizes] == [2, 2], ledger
