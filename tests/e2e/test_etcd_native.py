@@ -522,3 +522,30 @@ def test_a_stray_left_key_does_not_end_the_run_for_the_others(nodes) -> None:
     assert run_keys(run.endpoint, run.run_id) != []  # still running
     assert members[1].shutdown()
     assert run_keys(run.endpoint, run.run_id) == []
+
+
+def test_a_node_waiting_on_a_dead_watch_sees_the_close_of_a_run_that_ended_without_it(
+        etcd_endpoint: str) -> None:
+    """Was: a member alone in its round finished the job and, the last one out, deleted
+    every key of the run, its close with them. A newcomer whose watch had died silently
+    (etcd stalled, a NAT forgot the flow) then read a run without a round and without a
+    close, and waited for a round that never came until its join timeout (the chaos
+    suite's etcd_silent trial #173 of seed 2914: 180 s). A waiting node keeps the keys
+    alive: it finds the close at its next check and leaves at once."""
+    proxy = TcpProxy(int(etcd_endpoint.rsplit(":", 1)[1]))
+    run = Nodes(f"127.0.0.1:{proxy.port}", 1, 3, watch_check_interval=1, join_timeout=20)
+    try:
+        member = run.add(1)
+        assert Joins(member).wait().worlds() == {1}
+        newcomer = Joins(run.add(1))
+        assert wait_until(lambda: member[0].num_nodes_waiting() >= 1, 15)
+        assert proxy.forget("/v3/watch") >= 1  # the newcomer's watch of the run, among them
+        began = time.monotonic()
+        assert member[0].shutdown()  # the job finished without the newcomer
+        newcomer.wait(timeout=30)
+        assert isinstance(newcomer.errors.get(0), RendezvousClosedError), newcomer.errors
+        assert time.monotonic() - began < 8
+        assert run_keys(run.endpoint, run.run_id) != []  # kept for the newcomer (its lease)
+    finally:
+        run.close()
+        proxy.cut()

@@ -668,13 +668,23 @@ class EtcdNativeHandler(RendezvousHandler):
 
     def _count_out(self, last: _Membership) -> None:
         """Counts this node out of the job; the last member of the last round to do so
-        deletes every key of the run (else they expire with the run's lease)."""
-        keys = self._keys
+        deletes every key of the run (else they expire with the run's lease), unless a
+        node that did not count itself out still waits for a round (its join or spare
+        key in the last round or the next): that node must find the close, which a
+        watch that died silently would otherwise never bring it, so the keys stay until
+        its lease and the run's expire."""
+        keys, r = self._keys, last.round
         try:
-            result = self._kv.txn([], [ops.put(keys.left + self._node.encode(), b"",
-                                               self._run.lease_id),
-                                       ops.get(keys.left, prefix=True, keys_only=True)])
-            if sum(ours(kv) for kv in result.ranges[0]) >= last.seal.world_size:
+            result = self._kv.txn([], [
+                ops.put(keys.left + self._node.encode(), b"", self._run.lease_id),
+                ops.get(keys.left, prefix=True, keys_only=True),
+                *(ops.get(prefix, prefix=True, keys_only=True)
+                  for prefix in (keys.joins(r), keys.joins(r + 1), keys.spares(r + 1)))])
+            left, *rounds = result.ranges
+            gone = {kv.key[len(keys.left):] for kv in left if ours(kv)}
+            waiting = {kv.key.rsplit(b"/", 1)[-1] for found in rounds for kv in found
+                       if ours(kv)} - gone
+            if len(gone) >= last.seal.world_size and not waiting:
                 self._run.delete_all()
         except RendezvousError as exc:
             log.warning("Could not delete the run's etcd keys (%s); they expire with their "
