@@ -58,7 +58,6 @@ logger = logging.getLogger(__name__)
 _SIGNALS_VARIABLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's --signals-to-handle
-KEEP_ALIVE_STOP_S = 1.0  # the most an ending agent waits for torch's heartbeat in flight
 
 
 @dataclass(frozen=True)
@@ -246,7 +245,7 @@ def _released(rdzv_handler: Any) -> Iterator[None]:
         yield
     finally:
         release = getattr(rdzv_handler, "release", None) or functools.partial(
-            torch_compat.stop_keep_alive, rdzv_handler, KEEP_ALIVE_STOP_S)
+            torch_compat.stop_keep_alive, rdzv_handler)
         try:
             release()
         except Exception:  # the keys expire with their lease anyway

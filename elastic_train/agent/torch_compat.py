@@ -111,7 +111,10 @@ def shutdown(torch_shutdown: Callable[..., None], pcontext: Any,
         pcontext.close = close
 
 
-def stop_keep_alive(handler: Any, wait_s: float) -> None:
+KEEP_ALIVE_STOP_S = 1.0  # the most an ending agent waits for torch's heartbeat in flight
+
+
+def stop_keep_alive(handler: Any, wait_s: float = KEEP_ALIVE_STOP_S) -> None:
     """Stops the keep-alive heartbeats of torch's dynamic rendezvous handler without
     closing its rendezvous (the other nodes may go on), and waits at most ``wait_s`` for
     a heartbeat in flight. torch's own ``_stop_heartbeats`` waits without a bound (a store

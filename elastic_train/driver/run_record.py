@@ -81,7 +81,8 @@ class RunRecord:
         ``launched_at``: when this launch's driver began (the goodput ledger's start-up
         counts from then; default now). ``takeover``: this node goes on recording a
         launch whose recording node was lost; the goodput ledger's launch line is that
-        node's (a second one would start the launch again).
+        node's (a second one would start the launch again), while ``run.json`` gets a
+        launch record of its own (the driver that records changed).
 
         A stored run that cannot be continued (see :func:`check_resumable`) is
         refused, or with ``start_over`` moved aside first (never deleted).
@@ -155,21 +156,29 @@ class RunRecord:
             outlook = "no restart left: the run stops"
         logger.warning("Worker group failed (%s): %s; %s.", decision.kind.value,
                        workers[0].describe(), outlook)
-        known_at = known_at or time.time()
+        known_at = time.time() if known_at is None else known_at
         failed_at = min((f.timestamp for f in own or workers if f.timestamp), default=known_at)
         failure = FailureRecord(time=known_at, failed_at=failed_at,
                                 restarts_left=decision.restarts_left, kind=decision.kind,
                                 workers=workers)
         self.state.failures.append(failure)
+        self._joining = False  # the failure's rendezvous is the one to come
         self._write(required=False)
         self.ledger.append({"event": "fault", "t": failure.time, "failed_at": failed_at,
                             "kind": decision.kind.value})
 
-    def note_join(self) -> None:
-        """A node waits to join the running job: the group forms again though nothing
-        failed. The ledger's ``join`` line starts that rendezvous (no failure of the run)."""
+    @property
+    def failure_open(self) -> bool:
+        """Whether the latest failure still waits for its group to form again."""
+        failures = self.state.failures
+        return bool(failures) and failures[-1].rendezvous_at is None
+
+    def note_join(self, known_at: float | None = None) -> None:
+        """A node waits to join the running job (the agent knew at ``known_at``, default
+        now): the group forms again though nothing failed. The ledger's ``join`` line
+        starts that rendezvous (no failure of the run)."""
         self._joining = True
-        self.ledger.append({"event": "join", "t": time.time()})
+        self.ledger.append({"event": "join", "t": time.time() if known_at is None else known_at})
 
     def note_rendezvous(self) -> None:
         """The group formed again: closes the latest failure's rendezvous time (and the
@@ -179,8 +188,8 @@ class RunRecord:
             self._joining = False
             self.ledger.append({"event": "rendezvous", "t": time.time()})
             return
-        failures = self.state.failures
-        if failures and failures[-1].rendezvous_at is None:
+        if self.failure_open:
+            failures = self.state.failures
             failures[-1].rendezvous_at = time.time()
             failures[-1].restart = NEW_PROCESSES
             self._write(required=False)

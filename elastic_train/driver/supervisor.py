@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from elastic_train._internal.departures import Departure
 from elastic_train._internal.redaction import redact_url
@@ -50,12 +50,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class _Heard:
-    """A failure this node's agent saw while another node recorded the run."""
+    """The group's latest change this node's agent saw while another node recorded the
+    run: a failure (its workers, the budget's decision, the root cause elsewhere), or
+    with ``decision`` None a node waiting to join."""
 
-    failures: list[WorkerFailure]
-    decision: Decision
-    cause: WorkerFailure | None
     known_at: float  # when the agent knew (time.time())
+    failures: list[WorkerFailure] = field(default_factory=list)
+    decision: Decision | None = None
+    cause: WorkerFailure | None = None
 
 
 class RunSupervisor:
@@ -138,7 +140,7 @@ class RunSupervisor:
                 self.record = self._take_over() if self._formed else self.begin_record(False)
             elif self.record is not None:
                 self.record.note_rendezvous()
-            self._formed, self._heard = True, None  # a failure heard is this round's only
+            self._formed, self._heard = True, None  # what was heard: this round's only
             self._note_zygote_errors()
             self._note_departures()
 
@@ -152,7 +154,7 @@ class RunSupervisor:
             if self.record is not None:
                 self.record.record_failure(failures, decision, cause)
             else:
-                self._heard = _Heard(failures, decision, cause, time.time())
+                self._heard = _Heard(time.time(), failures, decision, cause)
 
         def on_recovered(recovery: Recovery) -> None:
             monitor.note_recovered()
@@ -160,10 +162,13 @@ class RunSupervisor:
                 self.metrics.note_recovered()
             if self.record is not None:
                 self.record.note_recovery(recovery.replaced)
+            self._heard = None  # recovered in process: the recording node saw it too
 
         def on_join() -> None:
             if self.record is not None:
                 self.record.note_join()
+            else:
+                self._heard = _Heard(time.time())
 
         return AgentEvents(
             on_failure=on_failure, on_rendezvous=on_rendezvous, on_recovered=on_recovered,
@@ -174,13 +179,21 @@ class RunSupervisor:
     def _take_over(self) -> RunRecord:
         """This node became group rank 0 after the node that recorded the run was lost:
         it records the run from here on, starting with what it saw of the loss (the
-        failure it heard of and the group formed again), so the run's record and its
-        goodput ledger account for that time as detection and rendezvous."""
+        failure or the join it heard of, and the group formed again), so the run's record
+        and its goodput ledger account for that time as detection and rendezvous. A
+        failure the lost node recorded before it went (still open in ``run.json``) is
+        not recorded twice: only its rendezvous is closed. With nothing heard, the time
+        since rank 0's last ledger line stays unaccounted (``other``)."""
         record = self.begin_record(True)
-        if (heard := self._heard) is not None:
+        heard = self._heard
+        if heard is None:
+            return record
+        if heard.decision is None:
+            record.note_join(heard.known_at)
+        elif not record.failure_open:
             record.record_failure(heard.failures, heard.decision, heard.cause,
                                   known_at=heard.known_at)
-            record.note_rendezvous()
+        record.note_rendezvous()
         return record
 
     def say_goodput(self) -> None:

@@ -208,8 +208,8 @@ def _points(entries: Iterable[dict[str, Any]]) -> list[tuple[float, str, dict[st
                            "resumed" if resumed else "started", entry))
         if event in _AFTER or event == "end":
             points.append((t, event, entry))
-    # at equal times, in the order things happen: rank 0's lines before the fault after them
-    return sorted(points, key=lambda p: (p[0], p[1] == "failed"))
+    # at equal times, in the order things happen: rank 0's lines before the fault or join
+    return sorted(points, key=lambda p: (p[0], p[1] in _ATTEMPT_ENDS))
 
 
 def breakdown(entries: Iterable[dict[str, Any]]) -> Goodput:
@@ -237,7 +237,7 @@ def breakdown(entries: Iterable[dict[str, Any]]) -> Goodput:
                 tally.add(Cause.PREEMPTION if preempted and after in (
                     Cause.DETECTION, Cause.RENDEZVOUS) else after, gap)
             if kind in _ATTEMPT_ENDS:
-                tally.failures += kind == "failed"
+                tally.failures += int(kind == "failed")
                 tally.attempts.append(_zero())
                 preempted = entry.get("kind") == "preemption"
             elif kind == "resumed":

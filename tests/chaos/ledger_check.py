@@ -44,7 +44,8 @@ def ledger_figures(storage: StorageUnderTest, trial_s: float) -> dict[str, Any]:
 
 
 def adds_up(row: dict[str, Any]) -> bool | None:
-    """The trial's ledgers all added up; None when it has no ledger figures."""
-    if not row.get("ledger_runs"):
+    """The trial's ledgers all added up; None when it has no ledger to read (a ledger
+    that could not be read did not add up)."""
+    if not row.get("ledger_runs") and not row.get("ledger_problems"):
         return None
     return not row["ledger_problems"]

@@ -30,10 +30,12 @@ def _formed_handler(port: int, run_id: str):
 
 def test_an_interrupted_agent_stops_torchs_heartbeats_and_keeps_the_rendezvous_open():
     handler = _formed_handler(free_port(), "interrupted")
-    timer = handler._keep_alive_timer._thread
-    assert timer.is_alive()
-    with pytest.raises(Interrupted), _released(handler):
-        raise Interrupted(15)
-    assert not timer.is_alive()  # stopped, and waited for
-    assert not handler.is_closed()  # the other nodes may go on
-    handler.shutdown()
+    try:
+        timer = handler._keep_alive_timer._thread
+        assert timer.is_alive()
+        with pytest.raises(Interrupted), _released(handler):
+            raise Interrupted(15)
+        assert not timer.is_alive()  # stopped, and waited for
+        assert not handler.is_closed()  # the other nodes may go on
+    finally:
+        handler.shutdown()

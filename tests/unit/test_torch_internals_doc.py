@@ -337,7 +337,7 @@ def test_the_scan_finds_each_kind_of_use_and_not_our_own_names(uses):
         ("_pcontext", "elastic_train/agent/local_agent.py"),  # (c) self.
         ("_popen", "elastic_train/agent/worker_slots.py"),  # (c) the handler
         ("_running_local_ranks", "elastic_train/agent/worker_slots.py"),  # (d)
-        ("_stop_heartbeats", "elastic_train/agent/rendezvous/etcd_handler.py"),  # (d)
+        ("_keep_alive_timer", "elastic_train/agent/torch_compat.py"),  # (d)
         ("_dynamo", "elastic_train/agent/zygote/preload.py"),  # (e)
     ]:
         assert expected in found, expected

@@ -20,6 +20,7 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousParameters,
 )
 
+from elastic_train.agent import torch_compat
 from elastic_train.agent.rendezvous.torch_state import checked_handler
 
 if TYPE_CHECKING:
@@ -68,9 +69,7 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> RendezvousHandler:
     def release() -> None:
         """Stops this node's heartbeats and lease refresh, leaving the rendezvous open
         (the agent failed or was interrupted: the other nodes may go on without it)."""
-        stop_heartbeats = getattr(handler, "_stop_heartbeats", None)  # torch's, private
-        if stop_heartbeats is not None:
-            stop_heartbeats()
+        torch_compat.stop_keep_alive(handler)
         backend.close()
 
     handler.next_rendezvous = next_rendezvous_noted  # type: ignore[method-assign]
