@@ -20,7 +20,6 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousParameters,
 )
 
-from elastic_train.agent import torch_compat
 from elastic_train.agent.rendezvous.torch_state import checked_handler
 
 if TYPE_CHECKING:
@@ -69,6 +68,10 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> RendezvousHandler:
     def release() -> None:
         """Stops this node's heartbeats and lease refresh, leaving the rendezvous open
         (the agent failed or was interrupted: the other nodes may go on without it)."""
+        # imported here: torch loads this module while its agent module is half imported
+        # (the registry's out-of-tree handlers), and torch_compat imports from that module
+        from elastic_train.agent import torch_compat
+
         torch_compat.stop_keep_alive(handler)
         backend.close()
 
