@@ -347,7 +347,7 @@ class EtcdNativeHandler(RendezvousHandler):
             closed = False
         if self._last is not None:
             self._stop_waiting(self._last)
-            self._count_out(self._last)
+        self._count_out(self._last)
         self._lease.stop(revoke=True)
         self._alive.stop(revoke=True)
         self._run.close()
@@ -666,14 +666,16 @@ class EtcdNativeHandler(RendezvousHandler):
             membership.waiting.stop()
             membership.waiting = None
 
-    def _count_out(self, last: _Membership) -> None:
-        """Counts this node out of the job; the last member of the last round to do so
-        deletes every key of the run (else they expire with the run's lease), unless a
-        node that did not count itself out still waits for a round (its join or spare
-        key in the last round or the next): that node must find the close, which a
-        watch that died silently would otherwise never bring it, so the keys stay until
-        its lease and the run's expire."""
-        keys, r = self._keys, last.round
+    def _count_out(self, last: _Membership | None) -> None:
+        """Counts this node out of the job (``last``: its last round; None: it never was
+        a member, e.g. a spare the job did not need); the last node out deletes every
+        key of the run (else they expire with the run's lease). Not while a node that
+        did not count itself out still holds a join or spare key in that round or the
+        next (a member still running, or a node waiting for a round): a waiting node
+        must find the close, which a watch that died silently would otherwise never
+        bring it, and counts itself out when it leaves."""
+        keys = self._keys
+        r = last.round if last is not None else self._round_hint
         try:
             result = self._kv.txn([], [
                 ops.put(keys.left + self._node.encode(), b"", self._run.lease_id),
@@ -682,9 +684,9 @@ class EtcdNativeHandler(RendezvousHandler):
                   for prefix in (keys.joins(r), keys.joins(r + 1), keys.spares(r + 1)))])
             left, *rounds = result.ranges
             gone = {kv.key[len(keys.left):] for kv in left if ours(kv)}
-            waiting = {kv.key.rsplit(b"/", 1)[-1] for found in rounds for kv in found
+            present = {kv.key.rsplit(b"/", 1)[-1] for found in rounds for kv in found
                        if ours(kv)} - gone
-            if len(gone) >= last.seal.world_size and not waiting:
+            if not present and (last is None or len(gone) >= last.seal.world_size):
                 self._run.delete_all()
         except RendezvousError as exc:
             log.warning("Could not delete the run's etcd keys (%s); they expire with their "
