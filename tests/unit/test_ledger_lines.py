@@ -39,6 +39,16 @@ def _events_of(supervisor: RunSupervisor):
     return supervisor._agent_events(spec, monitor)
 
 
+def _survivor(storage: RunStorage):
+    """Node B of a run that node A records: B formed the first group as group rank 1.
+    Its supervisor and the agent events it gets."""
+    survivor = _supervisor(storage)
+    events = _events_of(survivor)
+    events.on_rendezvous(1, 2)
+    assert survivor.record is None
+    return survivor, events
+
+
 def test_a_join_writes_join_and_rendezvous_and_counts_no_failure(tmp_path):
     storage = RunStorage.open(str(tmp_path), "run")
     record = RunRecord.begin(storage, "run", SPEC)
@@ -65,10 +75,7 @@ def test_a_takeover_writes_what_it_heard_and_no_second_launch(tmp_path):
     agent knew, and the rendezvous."""
     storage = RunStorage.open(str(tmp_path), "run")
     RunRecord.begin(storage, "run", SPEC)  # node A's launch
-    survivor = _supervisor(storage)
-    events = _events_of(survivor)
-    events.on_rendezvous(1, 2)  # B formed the first group as group rank 1: not recording
-    assert survivor.record is None
+    survivor, events = _survivor(storage)
     failed_at = time.time()
     events.on_failure([_failure(failed_at)], Decision(FailureKind.PEER, True, 1), None)
     heard = time.time()
@@ -83,9 +90,7 @@ def test_a_takeover_does_not_record_again_what_the_lost_node_recorded(tmp_path):
     storage = RunStorage.open(str(tmp_path), "run")
     recorder = RunRecord.begin(storage, "run", SPEC)  # node A records B's failure, then goes
     recorder.record_failure([_failure(time.time())], Decision(FailureKind.FAILURE, True, 1))
-    survivor = _supervisor(storage)
-    events = _events_of(survivor)
-    events.on_rendezvous(1, 2)
+    survivor, events = _survivor(storage)
     events.on_failure([_failure(time.time())], Decision(FailureKind.FAILURE, True, 1), None)
     events.on_rendezvous(0, 1)
     assert _events(storage) == ["launch", "fault", "rendezvous"]
@@ -95,9 +100,7 @@ def test_a_takeover_does_not_record_again_what_the_lost_node_recorded(tmp_path):
 def test_a_takeover_after_a_join_writes_the_join(tmp_path):
     storage = RunStorage.open(str(tmp_path), "run")
     RunRecord.begin(storage, "run", SPEC)
-    survivor = _supervisor(storage)
-    events = _events_of(survivor)
-    events.on_rendezvous(1, 2)
+    _, events = _survivor(storage)
     events.on_join()
     events.on_rendezvous(0, 2)
     assert _events(storage) == ["launch", "join", "rendezvous"]
@@ -107,9 +110,7 @@ def test_a_takeover_after_a_join_writes_the_join(tmp_path):
 def test_what_was_heard_is_forgotten_at_the_next_rendezvous_and_recovery(tmp_path):
     storage = RunStorage.open(str(tmp_path), "run")
     RunRecord.begin(storage, "run", SPEC)
-    survivor = _supervisor(storage)
-    events = _events_of(survivor)
-    events.on_rendezvous(1, 2)
+    _, events = _survivor(storage)
     events.on_failure([_failure(time.time())], Decision(FailureKind.FAILURE, True, 1), None)
     events.on_recovered(SimpleNamespace(replaced={}))  # the recorder saw it, in process
     events.on_rendezvous(0, 2)  # later, the recorder is lost without a failure heard
