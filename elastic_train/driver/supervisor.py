@@ -93,7 +93,7 @@ class RunSupervisor:
         self.departures_kept = False  # whether the job sends nodes away (set by run)
         self._monitor: RunMonitor | None = None
         self._formed = False  # a group with this node formed before (see _take_over)
-        self._heard: _Heard | None = None  # the latest failure, while another node records
+        self._heard: _Heard | None = None  # the group's latest change, while another records
 
     def run(self, spec: AgentSpec) -> AgentOutcome:
         """Runs the agent; returns how it ended. Raises ``Interrupted`` on a signal."""

@@ -24,8 +24,8 @@ start-up on a fresh start). Between rank 0's ``work`` lines the seconds are the 
 rank 0 measured (the rest of the gap: other); from its last line to a fault or a
 join, work that is lost (recompute), and so is every productive second of an earlier
 attempt past the iteration the next attempt restored; whatever comes before a launch's
-end is its shutdown. So the causes add up to the wall time of the launches by construction, and
-``other`` says how much no writer accounted for.
+end is its shutdown. So the causes add up to the wall time of the launches by
+construction, and ``other`` says how much no writer accounted for.
 
 Example::
 
