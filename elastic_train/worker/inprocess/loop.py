@@ -43,7 +43,8 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import TypeVar
 
@@ -66,6 +67,8 @@ class RestartAttempt(BaseException):
 
 
 _in_attempt = False
+_deferring = False  # inside abort_deferred(): an abort waits for its end
+_deferred = False  # an abort came meanwhile
 
 
 def enabled() -> bool:
@@ -74,7 +77,30 @@ def enabled() -> bool:
 
 
 def _on_abort(signum: int, frame: object) -> None:
-    if _in_attempt:
+    global _deferred
+    if _in_attempt and _deferring:
+        _deferred = True
+    elif _in_attempt:
+        raise RestartAttempt("another rank failed: the attempt restarts")
+
+
+@contextmanager
+def abort_deferred() -> Iterator[None]:
+    """Holds an abort back while the block runs, and raises it at the block's end: the
+    copy of a step's state for live recovery (:mod:`elastic_train.worker.live`) is never
+    torn by another rank's failure. A block that outlasts ``unwind_timeout_s`` is
+    killed as any other that does not unwind."""
+    global _deferring, _deferred
+    outer = _deferring
+    _deferring = True
+    try:
+        yield
+    except BaseException:  # the block's own error ends the attempt: no abort to add
+        _deferring, _deferred = outer, _deferred and outer
+        raise
+    _deferring = outer
+    if not outer and _deferred:
+        _deferred = False
         raise RestartAttempt("another rank failed: the attempt restarts")
 
 
