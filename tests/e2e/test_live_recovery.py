@@ -16,6 +16,7 @@ import elastic_train as et
 from elastic_train.goodput.breakdown import Cause
 from elastic_train.torch import TorchTrainer
 from tests.support import live_jobs
+from tests.support.ledger_account import assert_adds_up
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180),
               pytest.mark.usefixtures("no_leaked_processes")]
@@ -146,5 +147,6 @@ def test_the_ledger_tells_a_live_recovery_apart(storage_path, tmp_path, uninterr
              for line in open(os.path.join(result.path, "goodput", name))]
     [live] = [line for line in lines if line["event"] == "live"]
     assert live["step"] == 2 * STEPS_PER_EPOCH + 2 and live["source_rank"] in (0, 1)
-    assert result.goodput.failures == 1
+    assert result.goodput.failures == result.goodput.live_recoveries == 1
     assert result.goodput.seconds[Cause.RECOMPUTE] < 1.0
+    assert_adds_up(result.goodput)
