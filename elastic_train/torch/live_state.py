@@ -12,6 +12,13 @@ only when no process holds the state (a fresh start, a restore, the whole job lo
 then :meth:`LiveState.restore` loads the latest checkpoint written by
 :meth:`LiveState.checkpoint`.
 
+A step costs no copy of the parameters or the optimizer's state: they are read from the
+objects when an attempt ends, and another rank's failure is held back from the
+optimizer's step to ``step_done()``, so the objects are at a completed step then. What
+changes outside the optimizer's step (a model's buffers, the learning rate, a
+scheduler, plain values) is copied at each ``step_done()`` (see
+:mod:`elastic_train.worker.live.held`).
+
 The state is the data-parallel state (DDP): every rank's copy is the whole state, so
 the group goes on from one rank's copy. A sharded model (FSDP) is not kept live: use
 checkpoints (docs/live-recovery.md says what is kept and what is not).
@@ -43,6 +50,7 @@ import contextlib
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,9 +59,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.errors import ConfigError
-from elastic_train.worker.inprocess.loop import abort_deferred
+from elastic_train.worker.inprocess.loop import hold_aborts, release_aborts
 from elastic_train.worker.live import held, transfer
-from elastic_train.worker.live.held import Held, copy_tree
+from elastic_train.worker.live.held import Held, Keeper, copy_tree
 from elastic_train.worker.session import get_checkpoint, get_session
 
 logger = logging.getLogger(__name__)
@@ -77,7 +85,7 @@ def _is_plain(value: Any) -> bool:
 
 def _checked(key: str, value: Any) -> Any:
     """``value`` as LiveState keeps it: a DDP model by its module (whose keys do not
-    change with the world size), else as given; anything it cannot copy is refused."""
+    change with the world size), else as given; anything it cannot keep is refused."""
     if isinstance(value, DistributedDataParallel):
         return value.module
     if _is_stateful(value) or _is_plain(value):
@@ -89,15 +97,67 @@ def _checked(key: str, value: Any) -> Any:
         f"model, optimizer=optimizer, epoch=0); save a {type(value).__name__} yourself.")
 
 
+class _ModuleKeeper:
+    """A model: its parameters read at the end (the optimizer's step changes them), its
+    buffers (batch norm's statistics change in the forward pass) copied each step."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+        saved = module.state_dict(keep_vars=True)
+        self._buffers = {name: tensor for name, tensor in saved.items()
+                         if not isinstance(tensor, torch.nn.Parameter)}
+        self._copies: dict[str, torch.Tensor] = {}
+
+    def copy(self) -> None:
+        self._copies = copy_tree(self._buffers, self._copies)
+
+    def full_state(self) -> Any:
+        return {**self.module.state_dict(), **self._copies}
+
+
+class _OptimizerKeeper:
+    """An optimizer: its state read at the end (its step changes it), its settings (a
+    scheduler changes the learning rate between steps) copied each step."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer = optimizer
+        self._settings: list[dict[str, Any]] = []
+
+    def copy(self) -> None:
+        self._settings = copy_tree(
+            [{k: v for k, v in group.items() if k != "params"}
+             for group in self.optimizer.param_groups], self._settings)
+
+    def full_state(self) -> Any:
+        state = self.optimizer.state_dict()
+        for group, settings in zip(state["param_groups"], self._settings, strict=True):
+            group.update(settings)
+        return state
+
+
+class _CopyKeeper:
+    """Any other object (a scheduler, a GradScaler, the user's own) and plain values:
+    copied each step."""
+
+    def __init__(self, read: Any):
+        self._read = read
+        self._copy: Any = None
+
+    def copy(self) -> None:
+        self._copy = copy_tree(self._read(), self._copy)
+
+    def full_state(self) -> Any:
+        return self._copy
+
+
 class LiveState:
     """The state a fault rolls back to, kept in memory across faults (see the module's
     docstring for what it keeps and how).
 
     Args:
         name: Tells several LiveStates of one train function apart (default: one).
-        **state: The objects to keep, by name: ``Stateful`` objects (kept by reference,
-            copied by their ``state_dict()`` at each :meth:`step_done`) and plain values
-            (read and set as ``live["epoch"]``).
+        **state: The objects to keep, by name: ``Stateful`` objects (models, optimizers,
+            schedulers, ...) and plain values (read and set as ``live["epoch"]``).
 
     Attributes:
         steps: Steps done in the whole run (calls of :meth:`step_done`; restored too).
@@ -114,6 +174,21 @@ class LiveState:
         self._state = {key: _checked(key, value) for key, value in state.items()}
         self.steps = 0
         self._session = get_session()
+        self._held = Held(keepers={key: self._keeper(key) for key in self._state})
+        self._stepped: set[int] = set()  # the optimizers that stepped since step_done()
+        for value in self._state.values():
+            if isinstance(value, torch.optim.Optimizer):
+                value.register_step_pre_hook(self._optimizer_steps)
+
+    def _keeper(self, key: str) -> Keeper:
+        value = self._state[key]
+        if isinstance(value, torch.nn.Module):
+            return _ModuleKeeper(value)
+        if isinstance(value, torch.optim.Optimizer):
+            return _OptimizerKeeper(value)
+        if _is_stateful(value):
+            return _CopyKeeper(value.state_dict)
+        return _CopyKeeper(lambda: self._state[key])
 
     def __getitem__(self, key: str) -> Any:
         return self._state[key]
@@ -151,20 +226,22 @@ class LiveState:
         """
         session = self._session
         group = session.join().group
-        mine = held.get(self.name)
-        source = transfer.agree(group, mine)
+        source = transfer.agree(group, held.get(self.name))
         if source is None:
-            return self._restore_checkpoint()
-        got = transfer.receive(group, source, mine, session.resources.devices[0])
-        self.load_state_dict(copy_tree(got.state))  # a copy: no object aliases the held one
-        self.steps = got.step
-        held.keep(self.name, got)
-        session.resume_live(got.positions, got.iteration, got.step, source.rank, got.taken_at)
-        if session.env.rank == 0:
-            holders = [r for r, step in enumerate(source.held) if step == source.step]
-            logger.warning("Live recovery: step %d from rank %d's memory (held by rank(s) %s "
-                           "of %d); nothing read from storage.", got.step, source.rank,
-                           holders, len(source.held))
+            self.steps = self._restore_checkpoint()
+        else:
+            got = transfer.receive(group, source, held.get(self.name))
+            self.load_state_dict(copy_tree(got.frozen))  # no object aliases a held tensor
+            self.steps = got.step
+            session.resume_live(got.positions, got.iteration, got.step, source.rank,
+                                got.taken_at)
+            if session.env.rank == 0:
+                holders = [r for r, step in enumerate(source.held) if step == source.step]
+                logger.warning("Live recovery: step %d from rank %d's memory (held by "
+                               "rank(s) %s of %d); nothing read from storage.", got.step,
+                               source.rank, holders, len(source.held))
+        self._take()  # this rank holds the restored step: it can be the next source
+        held.keep(self.name, self._held)
         return self.steps
 
     def _restore_checkpoint(self) -> int:
@@ -178,21 +255,40 @@ class LiveState:
             saved = torch.load(path, map_location=self._session.resources.devices[0],
                                weights_only=False)
         self.load_state_dict(saved["state"])
-        self.steps = int(saved["steps"])
-        return self.steps
+        return int(saved["steps"])
+
+    def _optimizer_steps(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        """An optimizer of this state is about to step: the state is in a step until
+        :meth:`step_done` (aborts held back, and a failure of this rank's own drops its
+        copy)."""
+        if id(optimizer) in self._stepped:
+            raise ConfigError(
+                "LiveState: the optimizer stepped twice without step_done() between: call "
+                "live.step_done() after each optimizer step.")
+        self._stepped.add(id(optimizer))
+        hold_aborts()
+        self._held.open = True
+
+    def _take(self) -> None:
+        """Copies what changes outside the optimizer's step and notes the step's facts."""
+        entry, session = self._held, self._session
+        entry.open = True  # until the copies are whole
+        for keeper in entry.keepers.values():
+            keeper.copy()
+        entry.positions, entry.iteration = session.live_positions()
+        entry.step, entry.world = self.steps, session.env.world_size
+        entry.taken_at = time.time()
+        entry.open = False
 
     def step_done(self) -> None:
         """Marks a completed step (call it after the optimizer's step): a fault from here on
-        rolls back to this step. Copies the state into buffers kept for the purpose (no
-        allocation after the first call), with another rank's failure held back until
-        the copy is whole."""
+        rolls back to this step. Copies only what changes outside the optimizer's step; an
+        abort held back since the optimizer's step is raised here."""
+        hold_aborts()
         self.steps += 1
-        session = self._session
-        with abort_deferred():
-            previous = held.drop(self.name)  # a copy cut short is never held
-            positions, iteration = session.live_positions()
-            held.keep(self.name, Held.take(self.steps, self.state_dict(), positions,
-                                              iteration, session.env.world_size, previous))
+        self._take()
+        self._stepped.clear()
+        release_aborts()
 
     @contextlib.contextmanager
     def checkpoint(self) -> Iterator[Checkpoint | None]:

@@ -29,11 +29,12 @@ ROWS = 96
 
 class FaultyCounter:
     """A ``Stateful`` of the job's own (steps it saw) that can fail inside
-    ``LiveState.step_done`` (its ``state_dict``) or inside the state's transfer (its
-    ``load_state_dict``), once each, on a given rank, as ``config['stateful_faults']``
-    says: ``{"where": "state_dict"|"load", "rank": R, "after": S, "how": "raise"|"sigkill",
-    "marker": path}`` (``after``: at the state_dict call of that step; at the first load
-    after a recovery, whatever its step)."""
+    ``LiveState.step_done`` (its ``state_dict``, copied there) or inside the state's
+    transfer (its ``load_state_dict``), once each, on a given rank, as
+    ``config['stateful_faults']`` says: ``{"where": "state_dict"|"load", "rank": R,
+    "after": S, "how": "raise"|"sigkill", "marker": path}`` (``after``: at the
+    state_dict call when it has seen S steps; a load fails at the first load after a
+    recovery, whatever its step)."""
 
     def __init__(self, faults: list[dict]):
         self.seen = 0
@@ -92,11 +93,11 @@ def train_live(config: dict) -> dict:
             loss = loss_fn(model(x), y)
             optimizer.zero_grad()
             loss.backward()
-            optimizer.step()
             seen = torch.zeros(ROWS, dtype=torch.int64)
             seen[index] += 1
-            if dist.is_initialized():
+            if dist.is_initialized():  # before the step: no collective inside it
                 dist.all_reduce(seen)  # every rank's samples: the count is replicated
+            optimizer.step()
             live["visits"][epoch] += seen
             counter.seen += 1
             live.step_done()

@@ -1,5 +1,6 @@
-"""Unit tests of live recovery's parts: the held copy, every rank's data position from one
-rank's, an abort held back during a copy, and LiveState's checks of what it is given."""
+"""Unit tests of live recovery's parts: copies into kept buffers, what a held state reads
+when, every rank's data position from one rank's, an abort held back inside a step, and
+LiveState's checks of what it is given."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import torch
 
 from elastic_train.errors import ConfigError
 from elastic_train.torch import LiveState
+from elastic_train.torch.live_state import _ModuleKeeper, _OptimizerKeeper
 from elastic_train.worker.data_position import EpochPosition, every_rank
 from elastic_train.worker.inprocess import loop
-from elastic_train.worker.live.held import Held, copy_tree, nbytes, tensors
+from elastic_train.worker.live.held import Held, copy_tree, freeze_all, get, keep, nbytes, tensors
 
 
 def test_a_copy_reuses_the_previous_buffers_and_shares_nothing_with_its_source():
@@ -42,11 +44,43 @@ def test_a_copy_of_another_shape_allocates_anew():
     assert second["w"].tolist() == [1.0, 1.0, 1.0] and first["w"].tolist() == [0.0, 0.0]
 
 
-def test_held_takes_a_copy_with_its_step_and_positions():
-    held = Held.take(7, {"w": torch.ones(2)}, {"loader:0": {"batch": 3}}, 2, 4, None)
-    assert (held.step, held.iteration, held.world, held.positions) == \
-        (7, 2, 4, {"loader:0": {"batch": 3}})
-    assert held.taken_at > 0
+def test_a_held_state_reads_parameters_at_the_end_and_copies_buffers_each_step():
+    """The optimizer's step changes parameters (read when the attempt ends, no copy per
+    step); batch norm's statistics change in the forward pass (copied at step_done)."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    keeper = _ModuleKeeper(model)
+    model(torch.randn(4, 3))
+    keeper.copy()  # step_done
+    at_step = model[1].running_mean.clone()
+    model(torch.randn(4, 3))  # the next step's forward pass, then the attempt fails
+    with torch.no_grad():
+        model[0].weight.add_(1.0)  # (no optimizer: a step that completed)
+    entry = Held(keepers={"model": keeper}, step=3)
+    keep("unit", entry)
+    freeze_all()
+    frozen = get("unit").frozen["model"]
+    assert torch.equal(frozen["1.running_mean"], at_step)  # the copy of the step
+    assert torch.equal(frozen["0.weight"], model[0].weight)  # read at the end
+    assert not entry.keepers  # the objects are let go
+
+
+def test_an_attempt_that_ended_inside_a_step_holds_nothing():
+    keep("unit", Held(keepers={"model": _ModuleKeeper(torch.nn.Linear(1, 1))}, open=True))
+    freeze_all()
+    assert get("unit") is None
+
+
+def test_an_optimizers_settings_are_those_of_the_last_step():
+    """A scheduler stepped after the last step_done() changed the learning rate: the held
+    state has the step's."""
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.1)
+    keeper = _OptimizerKeeper(optimizer)
+    optimizer.step()
+    keeper.copy()  # step_done
+    scheduler.step()
+    assert keeper.full_state()["param_groups"][0]["lr"] == 0.5
 
 
 @pytest.mark.parametrize("world,batches", [(2, 3), (3, 4), (4, 2)])
@@ -69,24 +103,14 @@ def test_a_position_before_any_pass_is_the_same_on_every_rank():
     assert every_rank(state) == {0: state, 1: state, 2: state}
 
 
-def test_an_abort_during_a_copy_waits_for_its_end(monkeypatch):
+def test_an_abort_inside_a_step_waits_for_its_end(monkeypatch):
     monkeypatch.setattr(loop, "_in_attempt", True)
-    done = []
+    loop.hold_aborts()  # the optimizer steps
+    loop._on_abort(signal.SIGUSR1, None)  # another rank failed, mid-step: nothing yet
     with pytest.raises(loop.RestartAttempt):
-        with loop.abort_deferred():
-            loop._on_abort(signal.SIGUSR1, None)  # another rank failed, mid-copy
-            done.append("the copy ends")
-    assert done == ["the copy ends"] and not loop._deferred
-
-
-def test_the_blocks_own_error_wins_over_a_held_abort(monkeypatch):
-    monkeypatch.setattr(loop, "_in_attempt", True)
-    with pytest.raises(ValueError):
-        with loop.abort_deferred():
-            loop._on_abort(signal.SIGUSR1, None)
-            raise ValueError("the user's state_dict failed")
+        loop.release_aborts()  # step_done()
     assert not loop._deferred and not loop._deferring
-    with pytest.raises(loop.RestartAttempt):  # outside the block an abort raises at once
+    with pytest.raises(loop.RestartAttempt):  # outside a step an abort raises at once
         loop._on_abort(signal.SIGUSR1, None)
 
 

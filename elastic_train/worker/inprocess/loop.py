@@ -43,8 +43,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TypeVar
 
@@ -52,6 +51,7 @@ from elastic_train._internal import env_vars
 from elastic_train.worker.inprocess import channel, group_sockets
 from elastic_train.worker.inprocess.channel import FailureNote, Stage, WorkerRecord
 from elastic_train.worker.lifecycle import collective_line, from_communication
+from elastic_train.worker.live import held
 from elastic_train.worker.session import uploads_in_flight
 
 logger = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class RestartAttempt(BaseException):
 
 
 _in_attempt = False
-_deferring = False  # inside abort_deferred(): an abort waits for its end
+_deferring = False  # between hold_aborts() and release_aborts(): an abort waits
 _deferred = False  # an abort came meanwhile
 
 
@@ -84,22 +84,21 @@ def _on_abort(signum: int, frame: object) -> None:
         raise RestartAttempt("another rank failed: the attempt restarts")
 
 
-@contextmanager
-def abort_deferred() -> Iterator[None]:
-    """Holds an abort back while the block runs, and raises it at the block's end: the
-    copy of a step's state for live recovery (:mod:`elastic_train.worker.live`) is never
-    torn by another rank's failure. A block that outlasts ``unwind_timeout_s`` is
-    killed as any other that does not unwind."""
-    global _deferring, _deferred
-    outer = _deferring
+def hold_aborts() -> None:
+    """Holds an abort (another rank failed) back until :func:`release_aborts`: from an
+    optimizer's step to ``LiveState.step_done()`` the kept objects are being changed, and
+    live recovery needs them at a completed step when the attempt ends (see
+    :mod:`elastic_train.worker.live.held`). A step that never ends is killed as any
+    attempt that does not unwind (``unwind_timeout_s``)."""
+    global _deferring
     _deferring = True
-    try:
-        yield
-    except BaseException:  # the block's own error ends the attempt: no abort to add
-        _deferring, _deferred = outer, _deferred and outer
-        raise
-    _deferring = outer
-    if not outer and _deferred:
+
+
+def release_aborts() -> None:
+    """Ends :func:`hold_aborts`; raises the abort that came meanwhile."""
+    global _deferring, _deferred
+    _deferring = False
+    if _deferred:
         _deferred = False
         raise RestartAttempt("another rank failed: the attempt restarts")
 
@@ -158,13 +157,13 @@ def _release_objects() -> None:
 
 def _run_one(attempt: Callable[[], T]) -> tuple[bool, T | None, FailureNote | None]:
     """Runs one attempt: (succeeded, its value, this worker's own error if it failed)."""
-    global _in_attempt
+    global _in_attempt, _deferring, _deferred
     try:
         _in_attempt = True
         try:
             return True, attempt(), None
         finally:
-            _in_attempt = False
+            _in_attempt = _deferring = _deferred = False
     except (KeyboardInterrupt, SystemExit) as exc:
         if isinstance(exc, SystemExit) and exc.code not in (None, 0):
             return False, None, describe(exc)
@@ -212,6 +211,7 @@ def run_attempts(attempt: Callable[[], T], release: Callable[[float], None]) -> 
             return value  # type: ignore[return-value]
         group_sockets.cut()  # peers blocked in a collective with this worker: released now
         abort_process_groups()
+        held.freeze_all()  # a LiveState's last step, kept for the next attempt
         record = WorkerRecord(number, Stage.FAILED, os.getpid(), failure)
         if failure is not None:
             channel.write_record(directory, rank, record)

@@ -7,11 +7,11 @@ Collective, once per attempt, in :meth:`elastic_train.torch.LiveState.restore`:
    rank's copy is the whole state, so a copy of one step is never mixed with another's;
    survivors that disagree (a rank died inside the step's last collective, so some
    finished the step and others did not) take the newest, which is a step that completed.
-2. The source sends the state's layout (every tensor's shape, dtype and device, the
-   plain values, the data positions and report count), then every tensor, over the
-   job's process groups (:func:`receive`): tensors on the CPU over the session's control
-   group (gloo), tensors on a GPU over the training's own group (NCCL), each received
-   into a buffer on the receiving rank's device. Nothing is read from storage.
+2. The source sends the state's layout (every tensor's shape and dtype, the plain
+   values, the data positions and report count), then every tensor, over the session's
+   control group (gloo; the held state is on the host, see :mod:`.held`), each into a
+   buffer on the receiving rank's host (:func:`receive`); loading it puts it on the
+   receiver's device. Nothing is read from storage.
 
 When nobody holds a state (a fresh start, every process new), :func:`agree` says so and
 the caller falls back to the latest checkpoint.
@@ -20,7 +20,7 @@ Example::
 
     source = agree(group, held.get("default"))
     if source is not None:
-        state = receive(group, source, held.get("default"), device)
+        state = receive(group, source, held.get("default"))
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ class _Slot:
 
     shape: tuple[int, ...]
     dtype: torch.dtype
-    on_cpu: bool
 
 
 def agree(group: ControlGroup, mine: Held | None) -> Source | None:
@@ -64,7 +63,7 @@ def agree(group: ControlGroup, mine: Held | None) -> Source | None:
 def _layout(tree: Any) -> Any:
     """``tree`` with each tensor replaced by the :class:`_Slot` a receiver fills."""
     if isinstance(tree, torch.Tensor):
-        return _Slot(tuple(tree.shape), tree.dtype, tree.device.type == "cpu")
+        return _Slot(tuple(tree.shape), tree.dtype)
     if isinstance(tree, Mapping):
         return {key: _layout(value) for key, value in tree.items()}
     if isinstance(tree, (list, tuple)):
@@ -72,33 +71,29 @@ def _layout(tree: Any) -> Any:
     return tree
 
 
-def _filled(layout: Any, device: torch.device) -> Any:
-    """A tree of ``layout``'s shape with an empty tensor in each slot (on the CPU where the
-    source's was, else on ``device``)."""
+def _filled(layout: Any) -> Any:
+    """A tree of ``layout``'s shape with an empty host tensor in each slot."""
     if isinstance(layout, _Slot):
-        return torch.empty(layout.shape, dtype=layout.dtype,
-                           device="cpu" if layout.on_cpu else device)
+        return torch.empty(layout.shape, dtype=layout.dtype)
     if isinstance(layout, Mapping):
-        return {key: _filled(value, device) for key, value in layout.items()}
+        return {key: _filled(value) for key, value in layout.items()}
     if isinstance(layout, (list, tuple)):
-        return type(layout)(_filled(value, device) for value in layout)
+        return type(layout)(_filled(value) for value in layout)
     return layout
 
 
-def receive(group: ControlGroup, source: Source, mine: Held | None,
-            device: torch.device) -> Held:
-    """The source's held state on every rank (collective): the source's own copy there,
-    a received one elsewhere."""
+def receive(group: ControlGroup, source: Source, mine: Held | None) -> Held:
+    """The source's held state on every rank (collective): the source's own there, a
+    received copy elsewhere (``frozen`` holds the state)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     sent = mine if rank == source.rank else None
     if group.world_size == 1:
         assert sent is not None
         return sent
     header = group.broadcast(
-        replace(sent, state=_layout(sent.state)) if sent is not None else None,
+        replace(sent, keepers={}, frozen=_layout(sent.frozen)) if sent is not None else None,
         src=source.rank)
-    state = sent.state if sent is not None else _filled(header.state, device)
+    state = sent.frozen if sent is not None else _filled(header.frozen)
     for tensor in tensors(state):
-        dist.broadcast(tensor, src=source.rank,
-                       group=group.group if tensor.device.type == "cpu" else None)
-    return replace(header, state=state)
+        dist.broadcast(tensor, src=source.rank, group=group.group)
+    return replace(header, frozen=state)

@@ -62,9 +62,9 @@ def main() -> None:
             seen[index[:real]] += 1  # the batch's own samples; the rest is padding
             if not loader.sync_gradients:
                 continue
+            dist.all_reduce(seen)  # before the step: no collective inside it
             optimizer.step()
             optimizer.zero_grad()
-            dist.all_reduce(seen)
             live["visits"][epoch] += seen
             seen.zero_()
             live.step_done()
