@@ -202,15 +202,16 @@ def _failed_at(entry: dict[str, Any], rank0_times: list[float]) -> float:
 
 def _live_resumes(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[float]]:
     """``entries`` with each attempt that went on from a live state resumed at the live
-    state's iteration (rank 0 writes ``live`` after its ``attempt``), and the times of the
-    live copies whose work no rank-0 line recorded: from rank 0's last line before the
-    copy to the copy, the failed attempt's work was kept."""
+    state's iteration (rank 0 writes ``live`` after its ``attempt``), and for each such
+    attempt the time up to which the failed attempt's unwritten work was kept: from rank
+    0's last line before the fault to the copy (or the fault, if the copy's clock, on
+    another node, says later)."""
     ordered = sorted(entries, key=lambda e: float(e.get("t", 0.0)))
     rank0 = [float(e.get("t", 0.0)) for e in ordered if e.get("event") in ("attempt", "work")]
     faults = [float(e.get("failed_at", e.get("t", 0.0))) for e in ordered
               if e.get("event") == "fault"]
     attempt: dict[str, Any] | None = None
-    out, copies = [], []
+    out, kept_until = [], []
     for entry in ordered:
         event = entry.get("event")
         if event == "attempt":
@@ -221,11 +222,13 @@ def _live_resumes(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
         if event != "live" or attempt is None:
             continue
         attempt["restored_iteration"] = int(entry.get("iteration", 0))
-        taken, began = float(entry.get("taken_at", 0.0)), float(attempt.get("t", 0.0))
-        after = min((r for r in rank0 if r > taken), default=began)
-        if after >= began and any(taken <= f <= began for f in faults):
-            copies.append(taken)
-    return out, copies
+        began = float(attempt.get("t", 0.0))
+        last = max((r for r in rank0 if r < began), default=None)
+        fault = max((f for f in faults if f <= began), default=None)
+        taken = float(entry.get("taken_at", 0.0))
+        if last is not None and fault is not None and last < min(taken, fault):
+            kept_until.append(min(taken, fault))
+    return out, kept_until
 
 
 def _points(entries: Iterable[dict[str, Any]]) -> list[tuple[float, str, dict[str, Any]]]:

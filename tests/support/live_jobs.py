@@ -93,12 +93,12 @@ def train_live(config: dict) -> dict:
             loss = loss_fn(model(x), y)
             optimizer.zero_grad()
             loss.backward()
-            seen = torch.zeros(ROWS, dtype=torch.int64)
+            seen = torch.zeros(ROWS, dtype=torch.int64, device=index.device)
             seen[index] += 1
             if dist.is_initialized():  # before the step: no collective inside it
                 dist.all_reduce(seen)  # every rank's samples: the count is replicated
             optimizer.step()
-            live["visits"][epoch] += seen
+            live["visits"][epoch] += seen.cpu()
             counter.seen += 1
             live.step_done()
         live["epoch"] = epoch + 1  # what a checkpoint after the epoch resumes at

@@ -167,3 +167,14 @@ def test_a_live_copy_older_than_rank_0s_last_line_adds_nothing():
     goodput = breakdown(live)
     assert goodput.seconds[Cause.RECOMPUTE] == pytest.approx(1.5)
     assert sum(goodput.seconds.values()) == pytest.approx(goodput.wall_s)
+
+
+def test_a_live_copy_stamped_after_the_failure_keeps_the_work_up_to_the_failure():
+    """The survivor's copy is stamped by its own clock, which can read a moment after the
+    failed rank's: the work is kept up to the failure, none of it is lost."""
+    live = [*RUN[:6], {**RUN[6], "restored_iteration": None},
+            {"event": "live", "t": 113.1, "iteration": 2, "step": 40, "source_rank": 0,
+             "taken_at": 109.6}, *RUN[7:]]
+    goodput = breakdown(live)
+    assert goodput.seconds[Cause.RECOMPUTE] == pytest.approx(0.0)
+    assert sum(goodput.seconds.values()) == pytest.approx(goodput.wall_s)
