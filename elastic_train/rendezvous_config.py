@@ -126,12 +126,14 @@ class RendezvousConfig:
 
         self.backend = self.backend or read("PET_RDZV_BACKEND", "rdzv_backend") or DEFAULT
         # The platform's endpoint is a node's store; another backend needs one given.
-        platform_store = lookup(self.backend, "RendezvousConfig.backend").endpoint_is_node_store
+        backend = lookup(self.backend, "RendezvousConfig.backend")
+        platform_store = backend.endpoint_is_node_store
         self.endpoint = self.endpoint or (read("PET_RDZV_ENDPOINT", "rdzv_endpoint")
                                           if platform_store else env.get("PET_RDZV_ENDPOINT"))
         self.run_id = self.run_id or read("PET_RDZV_ID", "rdzv_id")
         if self.conf is None:
-            self.conf = parse_rdzv_conf(env.get("PET_RDZV_CONF", ""), "PET_RDZV_CONF")
+            self.conf = backend.check_conf(  # named by its variable
+                parse_rdzv_conf(env.get("PET_RDZV_CONF", ""), "PET_RDZV_CONF"), "PET_RDZV_CONF")
 
     @classmethod
     def single_node(cls, name: str, conf: dict[str, object] | None = None,

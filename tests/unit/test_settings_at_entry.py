@@ -105,6 +105,12 @@ def test_the_python_api_checks_its_conf_by_the_same_table():
     assert lookup("etcd", "x").check_conf({"outage_timeout": "0"}, "c") == {"outage_timeout": 0}
 
 
+def test_a_conf_from_pet_rdzv_conf_is_named_by_its_variable(monkeypatch):
+    monkeypatch.setenv("PET_RDZV_CONF", "outage_timeout=2m")
+    with pytest.raises(ConfigError, match=r"PET_RDZV_CONF outage_timeout='2m' .* e\.g\. 120"):
+        et.RendezvousConfig(backend="etcd", endpoint="h:2379", run_id="j")
+
+
 @pytest.mark.parametrize("argv", [["--standalone"], ["--nproc-per-node", "1"]],
                          ids=["standalone", "one-node"])
 def test_rdzv_conf_is_kept_on_one_node_as_torchrun_keeps_it(argv):
