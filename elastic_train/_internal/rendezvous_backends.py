@@ -64,9 +64,11 @@ def _choice(*words: str) -> Parse:
 
 
 def _policy(value: Any, setting: str) -> Any:
-    """``module:Class`` (the agent hands its loaded policy on as an object)."""
-    module, sep, name = str(value).partition(":") if isinstance(value, str) else ("", ":", "-")
-    if not (module and sep and name):
+    """``module:Class``, or a policy object as it is (the API may pass one)."""
+    if not isinstance(value, str):
+        return value
+    module, _, name = value.partition(":")
+    if not (module and name):
         raise ConfigError(f"{setting}={value!r} is invalid: name the policy as module:Class, "
                           "e.g. node_policy=my_pkg.policies:TwoStrikes.", field=setting)
     return value

@@ -12,6 +12,7 @@ import pytest
 import elastic_train as et
 from elastic_train._internal import env_vars
 from elastic_train._internal.rendezvous_backends import lookup
+from elastic_train.agent.node_policy import NodePolicy
 from elastic_train.cli.launch_command import launch_settings, main_launch
 from elastic_train.errors import ConfigError
 from tests.support.paths import REPO
@@ -103,6 +104,9 @@ def test_the_python_api_checks_its_conf_by_the_same_table():
         et.RendezvousConfig(backend="etcd", endpoint="h:2379", run_id="j",
                             conf={"join_timout": 5})
     assert lookup("etcd", "x").check_conf({"outage_timeout": "0"}, "c") == {"outage_timeout": 0}
+    policy = NodePolicy()
+    assert et.RendezvousConfig(backend="c10d", endpoint="h:29400", run_id="j", conf={
+        "node_policy": policy}).conf["node_policy"] is policy
 
 
 def test_a_conf_from_pet_rdzv_conf_is_named_by_its_variable(monkeypatch):
