@@ -113,8 +113,8 @@ def add_our_flags(parser: argparse.ArgumentParser) -> None:
 def _failure_flags(ours: argparse._ArgumentGroup) -> None:
     """Restarts and their budgets: spares, hangs, in-process restarts, the no-progress
     guard, preemption."""
-    flag(ours, "max-failures", type=int, dest="max_restarts",
-         help="Ray-style alias of --max-restarts")
+    flag(ours, "max-failures", type=int, default=None,
+         help="Ray-style alias of --max-restarts (give one of them)")
     flag(ours, "spares", type=int, default=0, metavar="N",
          help="hot spares: N more nodes than --nnodes' MAX are started with the same "
               "command; they wait parked and take a lost node's place, so the world size is "

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 import torch.distributed as dist
 
+from elastic_train._internal.setting_values import seconds
 from elastic_train.checkpoint import Checkpoint, committed_checkpoint
 from elastic_train.context import StorageInfo, TrainContext, WorkerEnv
 from elastic_train.errors import ConfigError, StorageError
@@ -648,7 +649,8 @@ def should_checkpoint(prior_mtbf_s: float = PRIOR_MTBF_S) -> bool:
     is this job's own measured save cost (the slowest rank's time from this function's
     True to the end of the report that carried the checkpoint: your save and the
     upload ``report()`` waited for), ``MTBF`` the run's wall time over the failures it
-    saw, or ``prior_mtbf_s`` (one hour by default) until it saw one. True until a save
+    saw, or ``prior_mtbf_s`` (seconds > 0, one hour by default; a text such as "4h" is a
+    ConfigError) until it saw one. True until a save
     was measured (the first checkpoint measures it), False before this attempt's first
     report once one was.
 
@@ -668,7 +670,8 @@ def should_checkpoint(prior_mtbf_s: float = PRIOR_MTBF_S) -> bool:
                 checkpoint = save(model, optimizer)  # your Checkpoint.from_directory(...)
             elastic_train.report({"loss": loss}, checkpoint=checkpoint)
     """
-    return get_session().should_checkpoint(prior_mtbf_s)
+    mtbf = seconds(prior_mtbf_s, "should_checkpoint's prior_mtbf_s", example="14400")
+    return get_session().should_checkpoint(mtbf)
 
 
 def get_checkpoint() -> Checkpoint | None:
