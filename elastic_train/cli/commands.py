@@ -17,6 +17,7 @@ from elastic_train._internal.redaction import redact_argv
 from elastic_train.cli.browse import check_directory
 from elastic_train.cli.launch_command import main_launch
 from elastic_train.cli.relaunch import RunAt, plan_relaunch
+from elastic_train.driver.resume_rules import why_not_restorable
 from elastic_train.errors import ConfigError, TrainingFailedError, exit_code
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
@@ -36,11 +37,14 @@ def cmd_restore(args: argparse.Namespace) -> int:
         parent, _, name = path.rstrip("/").rpartition("/")
         return _relaunch(command, state.spec.get("cwd", "?"), args,
                          RunAt(fsutil.display_path(fs, parent), name, options))
-    if finished or state is None or not storage.has_trainable():
-        why = ("its run has already finished: pass --start-over to move it aside and train "
-               "it again from scratch" if finished else "it is not a run directory")
-        raise ConfigError(f"{args.run_path} cannot be restored: {why} (see "
-                          "`elastic-train show`).")
+    if finished:
+        raise ConfigError(f"{args.run_path} cannot be restored: its run has already "
+                          "finished: pass --start-over to move it aside and train it again "
+                          "from scratch (see `elastic-train show`).")
+    why = why_not_restorable(state, state is not None and storage.has_trainable(),
+                             args.run_path)
+    if why is not None:
+        raise ConfigError(why)
     return _refit(args.run_path, options, args.start_over)
 
 
