@@ -34,6 +34,9 @@ SCRIPT = "tests/e2e/scripts/plain_torchrun_script.py"
     ({"port": True}, ["MetricsConfig.port=True"]),
     ({"otlp_endpoint": "collector:4318"}, ["otlp_endpoint='collector:4318'", "http://"]),
     ({"otlp_interval_s": 0}, ["otlp_interval_s=0", "> 0"]),
+    ({"port": 9464, "address": "127.0.0.1:9464"},
+     ["address='127.0.0.1:9464'", "without a port", "address='127.0.0.1', port=9464"]),
+    ({"address": "[::1]:9464"}, ["address='[::1]:9464'", "address='::1', port=9464"]),
 ])
 def test_bad_settings_name_the_value_and_the_fix(settings, words):
     with pytest.raises(et.ConfigError) as raised:
@@ -93,6 +96,11 @@ def test_launch_flags_set_the_metrics_config(monkeypatch, capsys):
     assert main_launch(["--metrics-port", "80", SCRIPT], {}) == 2
     err = capsys.readouterr().err
     assert "--metrics-port=80" in err and "privileged" in err, err
+    assert main_launch(["--metrics-port", "9464", "--metrics-address", "127.0.0.1:9464",
+                        SCRIPT], {}) == 2
+    err = capsys.readouterr().err  # the address is blamed, and the fix works as said
+    assert "--metrics-address='127.0.0.1:9464'" in err and "without a port" in err, err
+    assert "--metrics-address 127.0.0.1 --metrics-port 9464" in err, err
 
 
 def _sample(sink: PrometheusSink, name: str, **labels: str) -> float | None:
