@@ -119,6 +119,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     fs, path = fsutil.resolve(args.run_path,
                               options=fsutil.options_from_flags(args.storage_option))
     storage = RunStorage(fs, path)
+    plot_format = run_plot.check_output(args.plot) if args.plot else None
     check_directory(fs, path, "a run directory")
     with reading(fs, path):
         state = storage.read_run_state()
@@ -127,8 +128,9 @@ def cmd_show(args: argparse.Namespace) -> int:
                                "pass a run's directory, as `elastic-train ls` lists them")
         state = _as_it_stands(storage, state)
         summary = RunSummary.read(storage, state)
-        if args.plot:
-            run_plot.plot(args.plot, storage, state, summary)
+        drawn = run_plot.draw(storage, state, summary) if plot_format else None
+    if plot_format:  # outside `reading`: an error of the output path is not the run's
+        run_plot.save(drawn, args.plot, plot_format)
     if args.json:
         print(render.run_json(state, summary))
     else:
