@@ -81,7 +81,8 @@ def _runs(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[str, RunStorag
                 state = storage.read_run_state()
                 state = state and _as_it_stands(storage, state)
         except StorageError as exc:
-            print(f"elastic-train: skipping {storage.display_path}: {exc}", file=sys.stderr)
+            print(render.printed([f"elastic-train: skipping {storage.display_path}: {exc}"]),
+                  file=sys.stderr)
             continue
         if state is not None:
             runs.append((entry["name"].rstrip("/").rsplit("/", 1)[-1], storage, state))
@@ -101,17 +102,28 @@ def _as_it_stands(storage: RunStorage, state: RunState) -> RunState:
     return state
 
 
+def _summary(storage: RunStorage, state: RunState) -> RunSummary:
+    """The run's summary for ``ls``; one whose files cannot be read is listed as damaged
+    (why: on stderr), so that one odd run hides none of the others."""
+    try:
+        with reading(storage.fs, storage.run_path):
+            return RunSummary.read(storage, state)
+    except (ConfigError, StorageError) as exc:
+        print(render.printed([f"elastic-train: {storage.display_path} is damaged: {exc}"]),
+              file=sys.stderr)
+        return RunSummary.unreadable(str(exc))
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     fs, root = fsutil.resolve(args.storage_path,
                               options=fsutil.options_from_flags(args.storage_option))
-    runs = [(name, state, RunSummary.read(storage, state))
-            for name, storage, state in _runs(fs, root)]
+    runs = [(name, state, _summary(storage, state)) for name, storage, state in _runs(fs, root)]
     if args.json:
         print(render.runs_json(runs))
     elif not runs:
-        print(f"No runs under {fsutil.display_path(fs, root)}")
+        print(render.printed([f"No runs under {fsutil.display_path(fs, root)}"]))
     else:
-        print("\n".join(render.runs_table(runs, time.time())))
+        print(render.printed(render.runs_table(runs, time.time())))
     return 0
 
 
@@ -135,5 +147,5 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(render.run_json(state, summary))
     else:
         log_dir = fsutil.display_path(fs, storage.log_dir())
-        print("\n".join(render.run_text(storage.display_path, state, summary, log_dir)))
+        print(render.printed(render.run_text(storage.display_path, state, summary, log_dir)))
     return 0

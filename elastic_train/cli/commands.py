@@ -17,6 +17,7 @@ from elastic_train._internal.redaction import redact_argv
 from elastic_train.cli.browse import check_directory
 from elastic_train.cli.launch_command import main_launch
 from elastic_train.cli.relaunch import RunAt, plan_relaunch
+from elastic_train.cli.render import printed
 from elastic_train.driver.resume_rules import why_not_restorable
 from elastic_train.errors import ConfigError, TrainingFailedError, exit_code
 from elastic_train.storage import RunStorage
@@ -58,8 +59,8 @@ def _relaunch(command: list[str], stored_cwd: str, args: argparse.Namespace,
     except ConfigError as exc:
         raise ConfigError(f"{args.run_path} cannot be restored: {exc}") from None
     shown = shlex.join(redact_argv(["elastic-train", "launch", *argv]))
-    print(f"elastic-train: restoring {args.run_path}: running {shown} in {os.getcwd()}",
-          file=sys.stderr)
+    print(printed([f"elastic-train: restoring {args.run_path}: running {shown} in "
+                   f"{os.getcwd()}"]), file=sys.stderr)
     return main_launch(argv)
 
 
@@ -72,7 +73,7 @@ def _refit(run_path: str, options: dict[str, str] | None, start_over: bool) -> i
         trainer.run_config = dataclasses.replace(trainer.run_config, start_over=start_over)
         result = trainer.fit()
     except TrainingFailedError as exc:
-        print(f"elastic-train: {exc}", file=sys.stderr)
+        print(printed(f"elastic-train: {exc}".split("\n")), file=sys.stderr)
         return exit_code(exc)
     except KeyboardInterrupt:
         return 130

@@ -239,11 +239,8 @@ class RunStorage:
 
     # metrics.jsonl: rank 0's reports
     def read_metrics(self) -> list[dict[str, Any]]:
-        def read(path: str) -> str:
-            with self.fs.open(path, "rb") as f:
-                return f.read().decode()
-
-        text = self._read_unless_missing(METRICS_FILE, "reading metrics.jsonl", read) or ""
+        text = self._read_unless_missing(METRICS_FILE, "reading metrics.jsonl",
+                                         lambda p: fsutil.read_bytes(self.fs, p).decode()) or ""
         rows = []
         for line in text.splitlines():
             if line.strip():
