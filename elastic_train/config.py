@@ -495,7 +495,9 @@ class MetricsConfig:
             node's driver (None, the default: no endpoint). 1024-65535; a port that is
             taken is refused before any process starts. ``launch --metrics-port``.
         address: The host name or IP address the endpoint listens on, without a port
-            (the port is ``port``; default ``0.0.0.0``: every interface of the node).
+            (the port is ``port``). The default, ``127.0.0.1``, serves a scraper on the
+            node itself only; name the address a remote scraper reaches (``0.0.0.0``:
+            every interface) to open it to the network (docs/SECURITY.md).
             ``launch --metrics-address``.
         otlp_endpoint: Push the same metrics over OTLP/HTTP to this collector, e.g.
             ``http://collector:4318`` (``/v1/metrics`` is added when the URL has no path).
@@ -504,7 +506,7 @@ class MetricsConfig:
     """
 
     port: int | None = None
-    address: str = "0.0.0.0"
+    address: str = "127.0.0.1"
     otlp_endpoint: str | None = None
     otlp_interval_s: float = 10.0
 

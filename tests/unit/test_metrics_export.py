@@ -11,19 +11,20 @@ import socket
 import sys
 import time
 import types
+import urllib.request
 
 import pytest
 
 import elastic_train as et
 from elastic_train.cli.launch_command import main_launch
-from elastic_train.driver import exporters, metrics_feed
+from elastic_train.driver import exporters, metrics_feed, prometheus_endpoint
 from elastic_train.driver.node_metrics import METRICS, NodeMetrics
 from elastic_train.driver.otlp_push import OtlpSink
 from elastic_train.driver.prometheus_endpoint import PrometheusSink, check_port
 from elastic_train.storage.manifest import CommitManifest
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.paths import REPO
-from tests.support.servers import free_port
+from tests.support.servers import free_port, held_connections, idle_connections
 
 SCRIPT = "tests/e2e/scripts/plain_torchrun_script.py"
 
@@ -258,3 +259,28 @@ def test_a_missing_client_is_named_with_its_extra_before_anything_starts(
     monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(et.ConfigError, match=re.escape(extra)):
         exporters.check(et.MetricsConfig(**settings))
+
+
+@pytest.mark.timeout(60)
+def test_idle_connections_neither_hold_the_endpoint_nor_delay_a_scrape():
+    """300 connections that send nothing (one a request cut short) against the endpoint
+    at its defaults: a scrape still answers at once, the endpoint holds no more than its
+    cap, and it closes the idle ones within its admit timeout."""
+    sink, port = PrometheusSink(), free_port()
+    sink.serve("127.0.0.1", port)
+    flood = idle_connections("127.0.0.1", port, 300)
+    flood[-1].sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+    try:
+        started = time.monotonic()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as got:
+            assert got.status == 200 and b"elastic_train_" in got.read()
+        assert time.monotonic() - started < 3.0
+        time.sleep(0.5)  # the last of the flood accepted
+        limits = prometheus_endpoint.LIMITS
+        assert held_connections(port) <= limits.connections
+        flood[-1].settimeout(limits.admit_timeout_s + 5)
+        assert flood[-1].recv(1) == b""  # closed by the endpoint
+    finally:
+        for sock in flood:
+            sock.close()
+        sink.close()
