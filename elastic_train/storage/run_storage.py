@@ -335,12 +335,9 @@ class RunStorage:
             self.fs, self._path(TRAINABLE_FILE), data))
 
     def read_trainable(self) -> Any:
-        def read() -> bytes:
-            with self.fs.open(self._path(TRAINABLE_FILE), "rb") as f:
-                return f.read()
-
         # a run saved before a module moved names its old path
-        return moved_modules.loads(self._retry("reading trainable.pkl", read))
+        return moved_modules.loads(self._retry("reading trainable.pkl", lambda: fsutil.read_bytes(
+            self.fs, self._path(TRAINABLE_FILE))))
 
     def has_trainable(self) -> bool:
         return self._retry("looking for trainable.pkl",

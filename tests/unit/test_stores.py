@@ -165,6 +165,18 @@ def test_a_fifo_is_refused_before_a_byte_is_read(tmp_path):
         fsutil.read_bytes(fs, str(tmp_path))
 
 
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("entry, read", [
+    ("run.json", RunStorage.read_run_state), ("metrics.jsonl", RunStorage.read_metrics),
+    ("restores.json", RunStorage.read_restores), ("trainable.pkl", RunStorage.read_trainable),
+    ("goodput/rank0.jsonl", RunStorage.read_ledger)], ids=lambda v: getattr(v, "__name__", v))
+def test_every_reader_of_a_run_refuses_a_fifo(tmp_path, entry, read):
+    (tmp_path / entry).parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(tmp_path / entry)
+    with pytest.raises(StorageError, match=f"{entry} is not a regular file but a FIFO"):
+        read(RunStorage(LocalFileSystem(), str(tmp_path)))
+
+
 @pytest.mark.parametrize("fs", [LocalFileSystem(), fsspec.filesystem("memory")],
                          ids=["local", "memory"])
 def test_whole_file_reads_are_bounded(tmp_path, monkeypatch, fs):
