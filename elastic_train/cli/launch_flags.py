@@ -178,7 +178,8 @@ def _metrics_flags(ours: argparse._ArgumentGroup) -> None:
          help="serve Prometheus metrics at http://<node>:PORT/metrics from each node "
               "(default: off; needs elastic-train[metrics])")
     flag(ours, "metrics-address", default=metrics.address,
-         help=f"the address --metrics-port listens on (default {metrics.address})")
+         help="the host name or IP address --metrics-port listens on, without a port "
+              f"(default {metrics.address})")
     flag(ours, "otlp-endpoint", default=None, metavar="URL",
          help="push the same metrics over OTLP/HTTP to this OpenTelemetry collector, e.g. "
               "http://collector:4318 (default: off; needs elastic-train[otel])")
