@@ -199,3 +199,16 @@ def test_fit_with_num_workers_min_max_loses_a_node_and_its_shards_rows_are_train
     *_, record = [r for r in _restores(storage_path, name) if r.get("data")]
     assert record["data"] == ["dataset:train: world 2 -> 1 at epoch 1, sample 160/480: the "
                               "remaining 320 samples split over 1 rank(s)"]
+
+
+@pytest.mark.timeout(120)
+def test_a_loader_whose_iterator_is_never_exhausted_resumes_at_the_next_epoch(
+        request, tmp_path, storage_path):
+    """``zip(range(len(loader)), loader)`` takes every batch of a pass but never asks the
+    loader for the end. A restart from the checkpoint after the loop (``epoch + 1``)
+    goes on with the next epoch, whose every sample is trained on once (not an empty
+    pass that skips it)."""
+    _job(request, tmp_path, storage_path, "c10d", "zip-resume",
+         ["--zip", "--fail-after-epoch", 0, "--checkpoint-every", 1000, "--sleep", 0],
+         nodes=1, nnodes="1", nproc=2)
+    assert [s for s, _ in starts(tmp_path / "out")] == [0, 1], starts(tmp_path / "out")
