@@ -31,12 +31,14 @@ from elastic_train.worker.data_position import (
     EpochPosition,
     Resumed,
     accumulation_for,
+    check_global_batch,
     epoch_order,
     plan,
     steps_of,
 )
 from elastic_train.worker.dataset import _to
 from elastic_train.worker.session import get_session
+from elastic_train.worker.worker_plan import WorkerPlan
 
 logger = logging.getLogger(__name__)
 
@@ -362,16 +364,23 @@ def prepare_data_loader(data_loader: DataLoader, add_dist_sampler: bool = True,
         raise ConfigError(f"prepare_data_loader({type(data_loader).__name__}): pass a "
                           "torch.utils.data.DataLoader, e.g. prepare_data_loader("
                           "DataLoader(dataset, batch_size=32)).")
-    global_batch_size = _checked_global_batch(global_batch_size)
-    session = get_session()
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
+    global_batch_size = _checked_global_batch(global_batch_size, world_size)
+    session = get_session()
     prepared = prepared_loader(data_loader, EpochPosition(rank, world_size), session.seed,
                                get_device() if move_to_device else None, add_dist_sampler,
                                even_batches, global_batch_size)
     prepared.options = options
     session.register_resumable(session.next_loader_key(), prepared)
     return prepared
+
+
+def _job_world_sizes() -> tuple[int, ...]:
+    """Every world size the job may run at, as its node run tells its workers (none
+    outside a node run)."""
+    plan = WorkerPlan.load()
+    return plan.world_sizes if plan is not None else ()
 
 
 def _prepared_again(prepared: _PreparedDataLoader, options: Mapping[str, Any]
@@ -389,8 +398,9 @@ def _prepared_again(prepared: _PreparedDataLoader, options: Mapping[str, Any]
     return prepared
 
 
-def _checked_global_batch(value: Any) -> int | None:
-    """``global_batch_size`` as an int (None: not given), or a ConfigError naming it."""
+def _checked_global_batch(value: Any, world_size: int) -> int | None:
+    """``global_batch_size`` as an int (None: not given), or a ConfigError naming it: a
+    positive int that divides by this world size and every other the job may run at."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -402,6 +412,7 @@ def _checked_global_batch(value: Any) -> int | None:
                           "positive number of samples per optimizer step, e.g. "
                           "global_batch_size=64, or leave it out to let the global batch "
                           "follow the world size.")
+    check_global_batch(int(value), [world_size, *_job_world_sizes()])
     return int(value)
 
 

@@ -39,7 +39,7 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -130,16 +130,24 @@ def plan(done: Done, n: int, world: int, rank: int, batch_size: int,
     return batches
 
 
+def check_global_batch(global_batch_size: int, worlds: Sequence[int]) -> None:
+    """A ConfigError unless ``global_batch_size`` divides by each of ``worlds`` (every
+    world size the job may run at: checked at the first, not when a node joins)."""
+    bad = [world for world in worlds if global_batch_size % world]
+    if bad:
+        sizes = ", ".join(map(str, sorted(set(worlds))))
+        raise ConfigError(
+            f"prepare_data_loader(global_batch_size={global_batch_size}) cannot be split over "
+            f"{bad[0]} workers (this job may run at {sizes}): use a multiple of every world "
+            f"size the job may run at (e.g. {math.lcm(global_batch_size, *worlds)}), or "
+            "leave it out to let the global batch follow the world size.")
+
+
 def accumulation_for(global_batch_size: int, world: int, batch_size: int) -> tuple[int, int]:
     """(micro-batches per optimizer step, micro-batch size) that keep a step at
     ``global_batch_size`` samples on ``world`` ranks, with micro-batches of at most
     ``batch_size`` (fewer, smaller ones where it does not divide)."""
-    if global_batch_size % world:
-        raise ConfigError(
-            f"prepare_data_loader(global_batch_size={global_batch_size}) cannot be split over "
-            f"{world} workers: use a multiple of every world size the job may run at (e.g. "
-            f"{math.lcm(global_batch_size, world)}), or leave it out to let the global batch "
-            "follow the world size.")
+    check_global_batch(global_batch_size, [world])
     per_rank = global_batch_size // world
     steps = math.ceil(per_rank / batch_size)
     while per_rank % steps:

@@ -11,6 +11,7 @@ from elastic_train.worker.data_position import (
     Done,
     EpochPosition,
     accumulation_for,
+    check_global_batch,
     merge,
     plan,
 )
@@ -133,8 +134,19 @@ def test_accumulation_keeps_the_global_batch(global_batch, world, batch_size, ex
 
 def test_a_global_batch_that_does_not_divide_by_the_world_size_is_refused():
     with pytest.raises(ConfigError, match=r"global_batch_size=32\) cannot be split over 3 "
-                                          r"workers: use a multiple .* \(e.g. 96\)"):
+                                          r"workers \(this job may run at 3\): use a "
+                                          r"multiple .* \(e.g. 96\)"):
         accumulation_for(32, 3, 8)
+
+
+def test_a_global_batch_is_checked_against_every_world_size_the_job_may_run_at():
+    """``--nnodes 1:2`` of 3 workers each: a global batch of 3 divides at world 3, not at
+    6, the world a joining node would make: refused at the first."""
+    check_global_batch(6, [3, 6])
+    with pytest.raises(ConfigError, match=r"global_batch_size=3\) cannot be split over 6 "
+                                          r"workers \(this job may run at 3, 6\): .* "
+                                          r"\(e.g. 6\)"):
+        check_global_batch(3, [3, 6])
 
 
 def test_merge_turns_uneven_shares_into_a_prefix_and_the_places_beyond():
