@@ -212,3 +212,28 @@ def test_a_loader_whose_iterator_is_never_exhausted_resumes_at_the_next_epoch(
          ["--zip", "--fail-after-epoch", 0, "--checkpoint-every", 1000, "--sleep", 0],
          nodes=1, nnodes="1", nproc=2)
     assert [s for s, _ in starts(tmp_path / "out")] == [0, 1], starts(tmp_path / "out")
+
+
+@pytest.mark.timeout(120)
+def test_a_global_batch_a_later_world_cannot_divide_is_refused_at_once_and_not_retried(
+        tmp_path, storage_path):
+    """``--nnodes 1:2`` (one worker each) with a global batch of 3: it divides at world 1,
+    not at 2, the world a second node makes. Refused at the first attempt, at world 1,
+    as a ConfigError that is not retried (``--max-restarts 3`` left as it was)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with open(tmp_path / "node0.log", "w") as log:
+        node = _node(["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                      f"127.0.0.1:{free_port()}", "--rdzv-id", "odd", "--name", "odd",
+                      "--max-restarts", 3, "--storage-path", storage_path, SCRIPT, out,
+                      EPOCHS, "--global-batch", 3], log, 0)
+        try:
+            code = node.wait(90)
+        finally:
+            stop_process(node)
+    said = (tmp_path / "node0.log").read_text()
+    assert code != 0, said[-3000:]
+    state = run_state(storage_path, "odd")
+    assert len(state["failures"]) == 1 and state["status"] == "failed", said[-3000:]
+    assert "cannot be split over 2 workers (this job may run at 1, 2)" in said
+    assert "it was not retried" in said, said[-3000:]
