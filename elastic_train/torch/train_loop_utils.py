@@ -194,14 +194,13 @@ class _PreparedDataLoader:
 
     def __init__(self, loader: DataLoader, device: torch.device | None,
                  position: EpochPosition, untracked: str | None = None,
-                 global_batch_size: int | None = None,
-                 options: Mapping[str, Any] | None = None):
+                 global_batch_size: int | None = None):
         self.loader = loader
         self.global_batch_size = global_batch_size
         self.device = device
         self.position = position
         self.untracked = untracked
-        self.options = dict(options or {})
+        self.options: dict[str, Any] = {}  # prepare_data_loader's arguments
         # the batches of a pass go here (the batch sampler; batch_size=None: the sampler)
         self._passes = None if untracked else (
             loader.sampler if loader.batch_sampler is None else loader.batch_sampler)
@@ -435,10 +434,8 @@ def prepared_loader(data_loader: DataLoader, position: EpochPosition, seed: int,
     _refuse_empty_epochs(sampler, global_batch_size)
     unbatched = data_loader.batch_size is None
     passes = _PassBatches(sampler, unbatched)
-    loader = DataLoader(data_loader.dataset, batch_size=None, sampler=passes,
-                        **_carried_options(data_loader)) if unbatched \
-        else DataLoader(data_loader.dataset, batch_sampler=passes,
-                        **_carried_options(data_loader))
+    split = {"batch_size": None, "sampler": passes} if unbatched else {"batch_sampler": passes}
+    loader = DataLoader(data_loader.dataset, **split, **_carried_options(data_loader))
     return _PreparedDataLoader(loader, device, position, None, global_batch_size)
 
 
