@@ -123,6 +123,7 @@ class NodePlan:
 
     def __post_init__(self) -> None:
         check_together(self.run_config, self.scaling)  # both front-ends, before any process
+        env_vars.Switches.from_environ()  # a bad ELASTIC_TRAIN_* switch: named now
 
 
 class NodeRun:

@@ -81,7 +81,7 @@ def read_ledger(fs: fsspec.AbstractFileSystem, directory: str) -> list[dict[str,
         if not name.endswith(".jsonl"):
             continue
         try:
-            text = fs.cat_file(fsutil.join(directory, name)).decode(errors="replace")
+            text = fsutil.read_bytes(fs, fsutil.join(directory, name)).decode(errors="replace")
         except FileNotFoundError:
             continue
         for line in text.splitlines():

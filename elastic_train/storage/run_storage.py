@@ -239,11 +239,8 @@ class RunStorage:
 
     # metrics.jsonl: rank 0's reports
     def read_metrics(self) -> list[dict[str, Any]]:
-        def read(path: str) -> str:
-            with self.fs.open(path, "rb") as f:
-                return f.read().decode()
-
-        text = self._read_unless_missing(METRICS_FILE, "reading metrics.jsonl", read) or ""
+        text = self._read_unless_missing(METRICS_FILE, "reading metrics.jsonl",
+                                         lambda p: fsutil.read_bytes(self.fs, p).decode()) or ""
         rows = []
         for line in text.splitlines():
             if line.strip():
@@ -338,12 +335,9 @@ class RunStorage:
             self.fs, self._path(TRAINABLE_FILE), data))
 
     def read_trainable(self) -> Any:
-        def read() -> bytes:
-            with self.fs.open(self._path(TRAINABLE_FILE), "rb") as f:
-                return f.read()
-
         # a run saved before a module moved names its old path
-        return moved_modules.loads(self._retry("reading trainable.pkl", read))
+        return moved_modules.loads(self._retry("reading trainable.pkl", lambda: fsutil.read_bytes(
+            self.fs, self._path(TRAINABLE_FILE))))
 
     def has_trainable(self) -> bool:
         return self._retry("looking for trainable.pkl",

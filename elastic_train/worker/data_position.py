@@ -214,13 +214,15 @@ class EpochPosition:
         self.size: int | None = None  # the dataset's length, once a pass has begun
         self.finished = False
         self._pass_length: int | None = None  # batches of the pass's whole plan
+        self._plan: list[Any] | None = None  # the pass's plan() arguments past the rank's
         self._resume_pending = False
         self._in_pass = False
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "batch": self.batch, "taken": self.taken,
                 "prefix": self.done.prefix, "beyond": list(self.done.beyond),
-                "world": self.world, "size": self.size, "finished": self.finished}
+                "world": self.world, "size": self.size, "plan": self._plan,
+                "finished": self.finished}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Goes on from this rank's own saved state (the same world size)."""
@@ -280,6 +282,7 @@ class EpochPosition:
                 accumulation: int = 1) -> list[Batch]:
         """This rank's batches (see :func:`plan`) still to run in this pass."""
         self.size = n
+        self._plan = [batch_size, drop_last, even, accumulation]
         whole = plan(self.done, n, self.world, self.rank, batch_size, drop_last, even,
                      accumulation)
         self._pass_length = len(whole)
@@ -296,6 +299,19 @@ class EpochPosition:
         self.epoch += 1
         self.batch, self.taken, self.done = 0, 0, Done()
         self._in_pass = self.finished = False
+
+
+def every_rank(state: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+    """Every rank's state of a position, from one rank's ``state`` taken where every rank
+    had handed out as many batches (after an optimizer step): the ranks of a split run
+    the same plan in step, so they differ only in the samples each took."""
+    world, args = int(state.get("world", 1)), state.get("plan")
+    if args is None or state.get("size") is None:  # no pass planned yet: nothing taken
+        return {rank: dict(state) for rank in range(world)}
+    done = Done(int(state["prefix"]), tuple(state["beyond"]))
+    return {rank: {**state, "taken": sum(b.real for b in plan(
+                done, int(state["size"]), world, rank, *args)[: int(state["batch"])])}
+            for rank in range(world)}
 
 
 class Resumable(Protocol):
