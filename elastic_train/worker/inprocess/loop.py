@@ -48,6 +48,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 from elastic_train._internal import env_vars
+from elastic_train.errors import ConfigError
 from elastic_train.worker.inprocess import channel, group_sockets
 from elastic_train.worker.inprocess.channel import FailureNote, Stage, WorkerRecord
 from elastic_train.worker.lifecycle import collective_line, from_communication
@@ -110,7 +111,7 @@ def describe(exc: BaseException) -> FailureNote:
     return FailureNote(message=f"{type(exc).__name__}: {exc}",
                        traceback="".join(traceback.format_exception(exc)),
                        primary=not from_communication(exc), timestamp=time.time(),
-                       exitcode=code)
+                       exitcode=code, config_error=isinstance(exc, ConfigError))
 
 
 def abort_process_groups() -> None:
