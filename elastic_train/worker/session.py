@@ -239,8 +239,13 @@ class TrainSession:
         """The group goes on from a live state (``positions`` and ``iteration`` as
         :meth:`live_positions` gave them on the rank ``source``, at ``step``, taken at
         ``taken_at``) instead of the checkpoint it joined at: data positions, the report
-        count and, on rank 0, the goodput ledger follow."""
-        self._live_positions = positions
+        count and, on rank 0, the goodput ledger follow.
+
+        A live state is taken inside a step, so a pass it finished is resumed into its
+        empty rest (the train function's own epoch counter says that epoch), not at the
+        next epoch as a checkpoint reported after the loop is."""
+        self._live_positions = {key: {**state, "finished": False}
+                                for key, state in positions.items()}
         joined = self.join()
         joined.rows.resume_at(iteration)
         joined.clock.live_restored(iteration, step, source, taken_at)

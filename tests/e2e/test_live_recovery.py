@@ -150,3 +150,13 @@ def test_the_ledger_tells_a_live_recovery_apart(storage_path, tmp_path, uninterr
     assert result.goodput.failures == result.goodput.live_recoveries == 1
     assert result.goodput.seconds[Cause.RECOMPUTE] < 1.0
     assert_adds_up(result.goodput)
+
+
+def test_a_fault_at_an_epochs_first_step_goes_on_with_that_epoch(storage_path, tmp_path,
+                                                                 uninterrupted):
+    """The copy is the previous epoch's last step (its loader's pass finished, the train
+    function's epoch counter still the old epoch): the group goes on into that epoch's
+    empty rest and then the next epoch, as the train function expects -- not an epoch
+    ahead of its counter."""
+    result = fit_live(storage_path, "epoch-start", tmp_path, [fault(tmp_path, 0, "raise", 1, 0)])
+    assert_kept_every_step(result, uninterrupted, tmp_path, [0, STEPS_PER_EPOCH])

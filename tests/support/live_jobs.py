@@ -79,7 +79,7 @@ def train_live(config: dict) -> dict:
     loader = prepare_data_loader(DataLoader(dataset(), batch_size=8, shuffle=True))
     epochs = config.get("epochs", 3)
     counter = FaultyCounter(config.get("stateful_faults", []))
-    live = LiveState(model=model, optimizer=optimizer, counter=counter, epoch=0,
+    live = LiveState(model=model, optimizer=optimizer, counter=counter, epoch=0, loss=0.0,
                      visits=torch.zeros(epochs, ROWS, dtype=torch.int64))
     start = live.restore()
     if et.get_context().get_world_rank() == 0 and config.get("starts_file"):
@@ -99,14 +99,15 @@ def train_live(config: dict) -> dict:
                 dist.all_reduce(seen)  # every rank's samples: the count is replicated
             optimizer.step()
             live["visits"][epoch] += seen.cpu()
+            live["loss"] = loss.item()  # what the report after the loop needs, kept
             counter.seen += 1
             live.step_done()
         live["epoch"] = epoch + 1  # what a checkpoint after the epoch resumes at
         if config.get("checkpoint_every_epoch"):
             with live.checkpoint() as checkpoint:  # committed before report() returns
-                et.report({"epoch": epoch, "loss": loss.item()}, checkpoint=checkpoint,
+                et.report({"epoch": epoch, "loss": live["loss"]}, checkpoint=checkpoint,
                           checkpoint_upload_mode=et.CheckpointUploadMode.SYNC)
         else:
-            et.report({"epoch": epoch, "loss": loss.item()})
+            et.report({"epoch": epoch, "loss": live["loss"]})
     return {"digest": jobs.weights_digest(getattr(model, "module", model)),
             "visits": live["visits"].tolist(), "steps": live.steps, "seen": counter.seen}
