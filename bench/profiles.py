@@ -64,7 +64,8 @@ class Profile:
                                          steps_per_epoch=40, epochs=3, optimizer="adam",
                                          lr=1e-3)
     gpu_faults: tuple[str, ...] = ("exception", "sigkill", "exit")
-    interval: IntervalWorkload = IntervalWorkload()  # figure 16's job
+    interval: IntervalWorkload = IntervalWorkload()  # figure 17's job
+    live_steps: int = 400  # figure 17b's steps (of figure 12's model)
 
 
 _FULL_MODEL = WorkloadConfig(input_dim=512, hidden=1024, layers=2, batch=128)
@@ -95,7 +96,7 @@ SMOKE = Profile(
     # gpu: one line without CUDA (its device count is all it costs here)
     figures=("cold_start", "steps", "checkpoint", "memory", "storage", "rendezvous",
              "rendezvous_scale", "overhead", "straggler_cost", "data_position", "gpu",
-             "digest_cost", "interval"),
+             "digest_cost", "interval", "live_cost"),
     rendezvous_agents=(2,), rendezvous_launchers=("c10d",), rendezvous_recovery=False,
     fault=FaultPlan(how="sigkill", epoch=1, step=2, rank=1, recover_within_s=30.0),
     faults=("exit",),
@@ -106,6 +107,7 @@ SMOKE = Profile(
     interval=IntervalWorkload(steps=20, steps_per_epoch=10, step_s=0.05, save_s=0.05,
                               fault_every_s=0.5, min_gap_s=3.0, timeout_s=120.0,
                               policies=("should_checkpoint", "live")),
+    live_steps=60,
 )
 
 PROFILES = {p.name: p for p in (FULL, SMOKE)}
