@@ -83,11 +83,28 @@ def _is_plain(value: Any) -> bool:
     return isinstance(value, _PLAIN)
 
 
+def _sharded(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s parameters are sharded over the ranks (FSDP, FSDP2, tensor
+    parallelism): no rank then holds the whole state."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
+        return True
+    return any(type(p).__name__ == "DTensor" or type(p.data).__name__ == "DTensor"
+               for p in module.parameters())
+
+
 def _checked(key: str, value: Any) -> Any:
     """``value`` as LiveState keeps it: a DDP model by its module (whose keys do not
     change with the world size), else as given; anything it cannot keep is refused."""
     if isinstance(value, DistributedDataParallel):
-        return value.module
+        value = value.module
+    if isinstance(value, torch.nn.Module) and _sharded(value):
+        raise ConfigError(
+            f"LiveState({key}=...): the model's parameters are sharded over the ranks "
+            "(FSDP or DTensor), so no rank holds the whole state to hand over. Keep a "
+            "data-parallel (DDP) model live, and checkpoint a sharded one (async_save, the "
+            "node's local tier; docs/large-models.md).")
     if _is_stateful(value) or _is_plain(value):
         return value
     raise ConfigError(

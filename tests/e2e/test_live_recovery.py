@@ -160,3 +160,16 @@ def test_a_fault_at_an_epochs_first_step_goes_on_with_that_epoch(storage_path, t
     ahead of its counter."""
     result = fit_live(storage_path, "epoch-start", tmp_path, [fault(tmp_path, 0, "raise", 1, 0)])
     assert_kept_every_step(result, uninterrupted, tmp_path, [0, STEPS_PER_EPOCH])
+
+
+def test_a_survivor_that_cannot_go_on_loses_nothing_another_holds(storage_path, tmp_path,
+                                                                  uninterrupted):
+    """Rank 0 fails with a device that stays unhealthy (a sticky CUDA error, as its check
+    after the failure finds it): its process is replaced and its copy goes with it, but
+    rank 1 holds the same step and hands it over."""
+    result = fit_live(storage_path, "sticky", tmp_path,
+                      [fault(tmp_path, 0, "sticky_device", 1, 2)])
+    assert_kept_every_step(result, uninterrupted, tmp_path, [0, STEPS_PER_EPOCH + 2])
+    with open(os.path.join(result.path, "run.json")) as f:
+        [failure] = json.load(f)["failures"]
+    assert failure["replaced"] == {"0": "its device was unhealthy"}

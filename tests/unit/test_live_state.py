@@ -15,6 +15,7 @@ from elastic_train.torch.live_state import _ModuleKeeper, _OptimizerKeeper
 from elastic_train.worker.data_position import EpochPosition, every_rank
 from elastic_train.worker.inprocess import loop
 from elastic_train.worker.live.held import Held, copy_tree, freeze_all, get, keep, nbytes, tensors
+from elastic_train.worker.live.transfer import Source, agree
 
 
 def test_a_copy_reuses_the_previous_buffers_and_shares_nothing_with_its_source():
@@ -125,3 +126,35 @@ def test_what_live_state_cannot_keep_is_refused_by_name(kwargs, words):
     with pytest.raises(ConfigError, match="LiveState") as error:
         LiveState(**kwargs)
     assert words in str(error.value)
+
+
+def test_a_sharded_model_is_refused_with_the_way_out():
+    """FSDP2 on a one-rank group: its parameters are DTensors, no rank holds them whole."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = fully_shard(torch.nn.Linear(2, 2))
+        with pytest.raises(ConfigError, match="sharded over the ranks"):
+            LiveState(model=model)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_survivors_that_disagree_go_on_from_the_newest_step():
+    """Rank 2 died inside step 8's last collective: rank 0 finished step 8, rank 1 did
+    not (7); the new rank 3 holds nothing. The newest step, from its lowest holder."""
+    class Gathered:
+        def all_gather(self, step):
+            return [8, 7, 8, -1]
+
+    assert agree(Gathered(), None) == Source(rank=0, step=8, held=[8, 7, 8, -1])
+
+
+def test_nobody_holding_a_step_means_the_checkpoint():
+    class Gathered:
+        def all_gather(self, step):
+            return [-1, -1]
+
+    assert agree(Gathered(), None) is None
