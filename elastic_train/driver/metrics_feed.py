@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from elastic_train.driver.node_metrics import NodeMetrics
-from elastic_train.goodput.breakdown import breakdown
+from elastic_train.goodput.breakdown import Goodput, breakdown
 from elastic_train.storage import RunStorage
 
 logger = logging.getLogger(__name__)
@@ -23,14 +23,18 @@ logger = logging.getLogger(__name__)
 GOODPUT_EVERY_S = 10.0
 
 
-def goodput_seconds(storage: RunStorage) -> dict[str, float] | None:
+def run_goodput(storage: RunStorage) -> Goodput | None:
     """THE one call into the goodput ledger (:mod:`elastic_train.goodput.breakdown`, its
-    one reader): the run's wall time by cause, ``{"productive": s, "recompute": s, ...}``;
-    None while the ledger has no line."""
+    one reader); None while the ledger has no line."""
     entries = storage.read_ledger()
-    if not entries:
-        return None
-    return {cause.value: seconds for cause, seconds in breakdown(entries).seconds.items()}
+    return breakdown(entries) if entries else None
+
+
+def goodput_seconds(storage: RunStorage) -> dict[str, float] | None:
+    """The run's wall time by cause, ``{"productive": s, "recompute": s, ...}``; None
+    while the ledger has no line."""
+    goodput = run_goodput(storage)
+    return None if goodput is None else {c.value: s for c, s in goodput.seconds.items()}
 
 
 class MetricsFeed:
@@ -61,7 +65,8 @@ class MetricsFeed:
                 for earlier, _ in waiting[:at + 1]:  # commits come in order: an earlier
                     self._uncommitted.pop(earlier, None)  # one still waiting never will
         if final or time.monotonic() >= self._next_goodput:
-            seconds = goodput_seconds(self.storage)
-            if seconds is not None:  # at the ledger's first lines, then every goodput_every_s
+            goodput = run_goodput(self.storage)
+            if goodput is not None:  # at the ledger's first lines, then every goodput_every_s
                 self._next_goodput = time.monotonic() + self.goodput_every_s
-                self.metrics.note_goodput(seconds)
+                self.metrics.note_goodput({c.value: s for c, s in goodput.seconds.items()},
+                                          goodput.live_recoveries)

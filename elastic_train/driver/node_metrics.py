@@ -88,10 +88,13 @@ GOODPUT = Metric("elastic_train_goodput_seconds", Kind.GAUGE,
                  "Productive seconds of the whole run (goodput ledger).")
 BADPUT = Metric("elastic_train_badput_seconds", Kind.GAUGE,
                 "Seconds of the whole run lost, by cause (goodput ledger).", ("cause",))
+LIVE_RECOVERIES = Metric("elastic_train_live_recoveries", Kind.GAUGE,
+                         "Recoveries that went on from a survivor's memory (LiveState), "
+                         "not from a checkpoint, whole run (goodput ledger).")
 
 METRICS: tuple[Metric, ...] = (
     RESTARTS, RECOVERY, RENDEZVOUS_ROUNDS, RENDEZVOUS, WORLD_SIZE, STEP_TIME, SLOWEST_SCORE,
-    CHECKPOINT_BLOCKED, UPLOAD_LAG, UPLOAD_BYTES, GOODPUT, BADPUT)
+    CHECKPOINT_BLOCKED, UPLOAD_LAG, UPLOAD_BYTES, GOODPUT, BADPUT, LIVE_RECOVERIES)
 
 
 def require(module: str, extra: str, field: str, package: str | None = None) -> ModuleType:
@@ -180,8 +183,10 @@ class NodeMetrics:
         self._record(UPLOAD_LAG, max(0.0, lag_s))
         self._record(UPLOAD_BYTES, size_bytes)
 
-    def note_goodput(self, seconds: dict[str, float]) -> None:
-        """The ledger's breakdown: seconds by cause (``productive`` and the badput causes)."""
+    def note_goodput(self, seconds: dict[str, float], live_recoveries: int = 0) -> None:
+        """The ledger's breakdown: seconds by cause (``productive`` and the badput causes),
+        and the recoveries that went on from a survivor's memory."""
+        self._record(LIVE_RECOVERIES, live_recoveries)
         for cause, value in seconds.items():
             if cause == "productive":
                 self._record(GOODPUT, value)

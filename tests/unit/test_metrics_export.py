@@ -136,8 +136,10 @@ def test_the_agents_events_and_the_rows_become_the_metrics():
 def test_goodput_by_cause_and_checkpoint_blocking():
     sink = PrometheusSink()
     NodeMetrics("r", "n", [sink]).note_goodput(
-        {"productive": 90.0, "recompute": 6.0, "checkpoint": 3.0, "other": 1.0})
+        {"productive": 90.0, "recompute": 6.0, "checkpoint": 3.0, "other": 1.0},
+        live_recoveries=2)
     assert _sample(sink, "elastic_train_goodput_seconds") == 90.0
+    assert _sample(sink, "elastic_train_live_recoveries") == 2
     assert _sample(sink, "elastic_train_badput_seconds", cause="recompute") == 6.0
     assert _sample(sink, "elastic_train_badput_seconds", cause="productive") is None
     assert _sample(sink, "elastic_train_checkpoint_blocked_seconds") == 3.0
