@@ -75,7 +75,8 @@ def _note(config: dict, name: str, value: float) -> None:
 def _start(config: dict) -> tuple[int, LiveState | None]:
     """The step to start at, and the live state of the ``"live"`` policy."""
     if config["policy"] == "live":
-        live = LiveState(model=torch.nn.Linear(8, 8))
+        model = torch.nn.Linear(8, 8)
+        live = LiveState(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
         return live.restore(), live
     if (checkpoint := et.get_checkpoint()) is not None:
         with checkpoint.as_directory() as d:
@@ -104,6 +105,7 @@ def train(config: dict) -> None:
             _note(config, "faults-at", time.time())
             raise RuntimeError(f"injected fault at step {step}")
         if live is not None:
+            live["optimizer"].step()  # (no gradients: the step changes nothing)
             live.step_done()
             if step == start and rank == 0:
                 _note(config, "first-steps", time.time())

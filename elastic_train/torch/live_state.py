@@ -114,9 +114,24 @@ def _checked(key: str, value: Any) -> Any:
         f"model, optimizer=optimizer, epoch=0); save a {type(value).__name__} yourself.")
 
 
+def _check_stepped_by_kept_optimizers(state: dict[str, Any]) -> None:
+    """A kept model's trainable parameters are read when an attempt ends, which is right
+    only if a kept optimizer is what changes them (its step holds aborts back)."""
+    stepped = {id(p) for value in state.values() if isinstance(value, torch.optim.Optimizer)
+               for group in value.param_groups for p in group["params"]}
+    for key, value in state.items():
+        if isinstance(value, torch.nn.Module) and any(
+                p.requires_grad and id(p) not in stepped for p in value.parameters()):
+            raise ConfigError(
+                f"LiveState({key}=...): some of the model's trainable parameters are "
+                "stepped by no optimizer this LiveState keeps; pass the optimizer(s) too, "
+                f"e.g. LiveState({key}={key}, optimizer=optimizer).")
+
+
 class _ModuleKeeper:
     """A model: its parameters read at the end (the optimizer's step changes them), its
-    buffers (batch norm's statistics change in the forward pass) copied each step."""
+    buffers (batch norm's statistics change in the forward pass) copied each step. The
+    buffers are found once: build the LiveState after the model is on its device."""
 
     def __init__(self, module: torch.nn.Module):
         self.module = module
@@ -189,6 +204,7 @@ class LiveState:
                               "e.g. LiveState(model=model, optimizer=optimizer).")
         self.name = name
         self._state = {key: _checked(key, value) for key, value in state.items()}
+        _check_stepped_by_kept_optimizers(self._state)
         self.steps = 0
         self._session = get_session()
         self._held = Held(keepers={key: self._keeper(key) for key in self._state})

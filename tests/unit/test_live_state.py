@@ -121,6 +121,7 @@ def test_an_abort_inside_a_step_waits_for_its_end(monkeypatch):
     ({"loader": iter([1])}, "loader=<list_iterator>"),
     ({"epoch": object()}, "epoch=<object>"),
     ({"extra": {1: 2}}, "extra=<dict>"),
+    ({"model": torch.nn.Linear(1, 1)}, "stepped by no optimizer"),
 ])
 def test_what_live_state_cannot_keep_is_refused_by_name(kwargs, words):
     with pytest.raises(ConfigError, match="LiveState") as error:
