@@ -99,10 +99,11 @@ def _checked(key: str, value: Any) -> Any:
     change with the world size), else as given; anything it cannot keep is refused."""
     if isinstance(value, DistributedDataParallel):
         value = value.module
-    if isinstance(value, torch.nn.Module) and _sharded(value):
+    if isinstance(value, torch.nn.Module) and _sharded(value) or type(value).__name__ == \
+            "ZeroRedundancyOptimizer":
         raise ConfigError(
-            f"LiveState({key}=...): the model's parameters are sharded over the ranks "
-            "(FSDP or DTensor), so no rank holds the whole state to hand over. Keep a "
+            f"LiveState({key}=...): its state is sharded over the ranks (FSDP, DTensor, "
+            "ZeroRedundancyOptimizer), so no rank holds the whole state to hand over. Keep a "
             "data-parallel (DDP) model live, and checkpoint a sharded one (async_save, the "
             "node's local tier; docs/large-models.md).")
     if _is_stateful(value) or _is_plain(value):

@@ -130,7 +130,8 @@ def test_what_live_state_cannot_keep_is_refused_by_name(kwargs, words):
 
 
 def test_a_sharded_model_is_refused_with_the_way_out():
-    """FSDP2 on a one-rank group: its parameters are DTensors, no rank holds them whole."""
+    """FSDP2 on a one-rank group (its parameters are DTensors) and ZeRO's optimizer: no rank
+    holds their state whole."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
@@ -139,6 +140,13 @@ def test_a_sharded_model_is_refused_with_the_way_out():
         model = fully_shard(torch.nn.Linear(2, 2))
         with pytest.raises(ConfigError, match="sharded over the ranks"):
             LiveState(model=model)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        plain = torch.nn.Linear(2, 2)
+        zero = ZeroRedundancyOptimizer(plain.parameters(), optimizer_class=torch.optim.SGD,
+                                       lr=0.1)
+        with pytest.raises(ConfigError, match="ZeroRedundancyOptimizer"):
+            LiveState(model=plain, optimizer=zero)
     finally:
         dist.destroy_process_group()
 
