@@ -318,6 +318,9 @@ class LiveState:
         """Marks a completed step (call it after the optimizer's step): a fault from here on
         rolls back to this step. Copies only what changes outside the optimizer's step; an
         abort held back since the optimizer's step is raised here."""
+        if held.current(self.name) is not self._held:
+            raise ConfigError("LiveState.step_done() before restore(): call live.restore() "
+                              "once, before the first step, so that a recovery is loaded.")
         hold_aborts()
         self.steps += 1
         self._take()

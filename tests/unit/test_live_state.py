@@ -167,3 +167,15 @@ def test_nobody_holding_a_step_means_the_checkpoint():
             return [-1, -1]
 
     assert agree(Gathered(), None) is None
+
+
+def test_step_done_before_restore_is_refused(monkeypatch):
+    """A LiveState whose restore() was never called would never load a recovery."""
+    from elastic_train.torch import live_state
+
+    monkeypatch.setattr(live_state, "get_session", lambda: None)
+    model = torch.nn.Linear(1, 1)
+    live = LiveState(name="unit-no-restore", model=model,
+                     optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ConfigError, match="before restore"):
+        live.step_done()

@@ -139,6 +139,11 @@ def keep(name: str, held: Held) -> None:
     _HELD[name] = held
 
 
+def current(name: str) -> Held | None:
+    """What is kept under ``name``, the running attempt's or a frozen one."""
+    return _HELD.get(name)
+
+
 def freeze_all() -> None:
     """An attempt ended: every LiveState's state is read and held, or dropped when the
     attempt ended inside one of its steps (see :meth:`Held.freeze`) or cannot be read (a
