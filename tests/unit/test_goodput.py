@@ -141,13 +141,19 @@ def test_a_joining_node_ends_the_attempt_without_a_failure():
     assert sum(goodput.seconds.values()) == pytest.approx(goodput.wall_s) == 15.0
 
 
+def live_run(taken_at: float) -> list[dict]:
+    """RUN, but attempt 2 goes on from a survivor's copy taken at ``taken_at``, at report 2
+    (its attempt line, written before the live recovery, says a fresh start)."""
+    return [*RUN[:6], {**RUN[6], "restored_iteration": None},
+            {"event": "live", "t": 113.1, "iteration": 2, "step": 40, "source_rank": 1,
+             "taken_at": taken_at}, *RUN[7:]]
+
+
 def test_a_live_recovery_keeps_the_work_up_to_the_copy_it_went_on_from():
     """As RUN, but attempt 2 goes on from a survivor's copy of the step taken at 109.2, at
     report 2: the work from rank 0's last line (108) to the copy is kept, only the 0.3 s
     from the copy to the failure are lost, and iteration 2 of attempt 1 is kept too."""
-    live = [*RUN[:6], {**RUN[6], "restored_iteration": None},
-            {"event": "live", "t": 113.1, "iteration": 2, "step": 40, "source_rank": 1,
-             "taken_at": 109.2}, *RUN[7:]]
+    live = live_run(109.2)
     goodput = breakdown(live)
     assert goodput.seconds[Cause.RECOMPUTE] == pytest.approx(0.3)
     assert goodput.seconds[Cause.PRODUCTIVE] == pytest.approx(1.5 + 1.8 + 1.2 + 1.7)
@@ -161,10 +167,7 @@ def test_a_live_recovery_keeps_the_work_up_to_the_copy_it_went_on_from():
 def test_a_live_copy_older_than_rank_0s_last_line_adds_nothing():
     """A copy taken before rank 0's last line (a report after the step): that line already
     accounts for the time; only what came after it is lost."""
-    live = [*RUN[:6], {**RUN[6], "restored_iteration": None},
-            {"event": "live", "t": 113.1, "iteration": 2, "step": 40, "source_rank": 0,
-             "taken_at": 107.0}, *RUN[7:]]
-    goodput = breakdown(live)
+    goodput = breakdown(live_run(107.0))
     assert goodput.seconds[Cause.RECOMPUTE] == pytest.approx(1.5)
     assert sum(goodput.seconds.values()) == pytest.approx(goodput.wall_s)
 
@@ -172,9 +175,6 @@ def test_a_live_copy_older_than_rank_0s_last_line_adds_nothing():
 def test_a_live_copy_stamped_after_the_failure_keeps_the_work_up_to_the_failure():
     """The survivor's copy is stamped by its own clock, which can read a moment after the
     failed rank's: the work is kept up to the failure, none of it is lost."""
-    live = [*RUN[:6], {**RUN[6], "restored_iteration": None},
-            {"event": "live", "t": 113.1, "iteration": 2, "step": 40, "source_rank": 0,
-             "taken_at": 109.6}, *RUN[7:]]
-    goodput = breakdown(live)
+    goodput = breakdown(live_run(109.6))
     assert goodput.seconds[Cause.RECOMPUTE] == pytest.approx(0.0)
     assert sum(goodput.seconds.values()) == pytest.approx(goodput.wall_s)
