@@ -19,6 +19,7 @@ from bench.data_position_figure import GOAL_RESUME_MS, data_position
 from bench.digest_cost import digest_cost
 from bench.gpu_figure import gpu
 from bench.interval_figure import interval
+from bench.ledger_read_figure import YEAR_TARGET, ledger_read
 from bench.main_figures import (
     AGENT_MEMORY_TARGET,
     COLD_START_TARGET,
@@ -127,4 +128,7 @@ FIGURES: dict[str, Figure] = {
         "17", "checkpoint interval on the same faults: every step, every epoch, "
         "should_checkpoint()", "should_checkpoint() takes less wall time than both others, "
         "and its ranks get the same answers", interval),
+    "ledger_read": Figure(
+        "18", "reading the goodput ledger", f"a year-long ledger read in "
+        f"{YEAR_TARGET.describe()} s", ledger_read),
 }

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 
 import fsspec
 import pytest
 
+from elastic_train.goodput import breakdown as breakdown_module
 from elastic_train.goodput.breakdown import Cause, breakdown
 from elastic_train.storage import RunStorage
 from elastic_train.storage.ledger_file import LedgerFile, read_ledger
+from tests.support.long_ledger import long_ledger
 
 
 def work(t, iteration, productive, checkpoint=0.0, stragglers=0.0, checkpoints=1, since=None):
@@ -139,3 +142,43 @@ def test_a_joining_node_ends_the_attempt_without_a_failure():
     assert goodput.seconds[Cause.RENDEZVOUS] == pytest.approx(1.5)
     assert goodput.seconds[Cause.OTHER] == pytest.approx(0.0)
     assert sum(goodput.seconds.values()) == pytest.approx(goodput.wall_s) == 15.0
+
+
+def test_a_long_ledger_with_many_faults_reads_as_counted_by_hand():
+    """600 s of work lines every 10 s (8 s productive, 1 s checkpoint, 1 s stragglers),
+    a checkpoint every 6th line, faults 5 s after lines 20 and 40: 2 and 4 lines since
+    the last checkpoint are lost, and so are the 5 s each to the fault."""
+    goodput = breakdown(long_ledger(600.0, faults=2))
+    assert goodput.failures == 2 and goodput.checkpoints == 10 and len(goodput.attempts) == 3
+    assert goodput.wall_s == pytest.approx(2.0 + 600.0 + 2 * 10.0 + 1.0)
+    assert {c.value: round(s, 6) for c, s in goodput.seconds.items() if s} == {
+        "productive": 60 * 8.0 - (2 + 4) * 8.0, "recompute": (2 + 4) * 8.0 + 2 * 5.0,
+        "checkpoint": 60.0, "stragglers": 60.0, "startup": 2.0 + 2 * 1.0,
+        "detection": 2 * 1.0, "rendezvous": 2 * 2.0, "restore": 2 * 1.0, "shutdown": 1.0}
+
+
+def _lines_run(entries: list[dict]) -> int:
+    """How many lines of :mod:`elastic_train.goodput.breakdown` reading ``entries`` runs."""
+    count = 0
+
+    def trace(frame, event, arg):
+        nonlocal count
+        if frame.f_code.co_filename != breakdown_module.__file__:
+            return None
+        count += event == "line"
+        return trace
+
+    sys.settrace(trace)
+    try:
+        breakdown(entries)
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def test_reading_the_ledger_takes_lines_linear_in_its_length_whatever_its_faults():
+    """Twice the lines and twice the faults: twice the work, not four times (every fault
+    once scanned every rank-0 line, every resume every kept work line)."""
+    small, large = (_lines_run(long_ledger(days * 86400.0 / 8, faults=days * 40))
+                    for days in (1, 2))
+    assert large / small < 2.1, (small, large)
