@@ -31,6 +31,7 @@ from bench.main_figures import (
     scaling,
     steps,
 )
+from bench.metrics_row_figure import FLAT_TARGET, metrics_row
 from bench.node_loss_figure import node_loss
 from bench.nodes_figure import nodes
 from bench.overhead_figure import GOAL_PERCENT as OVERHEAD_PERCENT
@@ -131,4 +132,7 @@ FIGURES: dict[str, Figure] = {
     "ledger_read": Figure(
         "18", "reading the goodput ledger", f"a year-long ledger read in "
         f"{YEAR_TARGET.describe()} s", ledger_read),
+    "metrics_row": Figure(
+        "19", "a report's metrics row and ledger line on S3, against the reports before it",
+        f"the row's cost at 600 reports {FLAT_TARGET.describe()} × at 10 (flat)", metrics_row),
 }

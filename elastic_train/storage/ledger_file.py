@@ -2,10 +2,11 @@
 
 Each writer (the driver of a launch, rank 0 of an attempt) has a file of its own,
 ``goodput/<source>-<time_ns>-<pid>.jsonl``, so that no two processes ever append to
-the same file: on a store that cannot append (S3), a writer puts its whole file
-again from the lines it keeps, which is safe only with one writer. Lines are JSON,
-one per event; a line a crash cut short is skipped by the reader, and with it only
-that event. What the lines mean: :mod:`elastic_train.goodput.breakdown`.
+the same file: on a store that cannot append (S3), the file is a log of segments
+(:mod:`.jsonl_log`), whose last a writer puts again with each line, which is safe only
+with one writer. Lines are JSON, one per event; a line a crash cut short is skipped by
+the reader, and with it only that event. What the lines mean:
+:mod:`elastic_train.goodput.breakdown`.
 
 Writing is bookkeeping: a line that cannot be written (a store that is down, a
 directory that is not writable) is kept and tried again with the next one, and the
@@ -32,7 +33,7 @@ from typing import Any
 import fsspec
 
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.stores import adapter_for
+from elastic_train.storage.jsonl_log import SEGMENTS_SUFFIX, JsonLinesLog, read_log
 
 logger = logging.getLogger(__name__)
 
@@ -45,22 +46,21 @@ class LedgerFile:
                  fenced: Callable[[str], None] = lambda what: None):
         self.fs = fs
         self.path = fsutil.join(directory, f"{source}-{time.time_ns()}-{os.getpid()}.jsonl")
-        self._adapter = adapter_for(fs)
+        self._log = JsonLinesLog(fs, self.path, new=True)
         self._fenced = fenced
-        self._written: list[bytes] = []  # every line stored (a store without append puts all)
+        self._made = False  # whether the directory was made
         self._pending: list[bytes] = []  # lines a failed write left
         self._warned = False
 
     def append(self, *entries: dict[str, Any]) -> None:
         """Adds ``entries``, one line each (best effort: see the module's docstring)."""
         self._pending += [(json.dumps(e) + "\n").encode() for e in entries]
-        data = b"".join(self._pending)
         try:
             self._fenced("writing the goodput ledger")
-            if not self._written:
+            if not self._made:
                 self.fs.makedirs(self.path.rpartition("/")[0], exist_ok=True)
-            if not self._adapter.append(self.path, data):
-                fsutil.write_bytes_atomic(self.fs, self.path, b"".join(self._written) + data)
+                self._made = True
+            self._log.append(self._pending)
         except Exception as exc:  # the store's own errors vary; a lost lease too: never fatal
             if not self._warned:
                 self._warned = True
@@ -69,22 +69,18 @@ class LedgerFile:
                                "later write succeeds.", fsutil.display_path(self.fs, self.path),
                                type(exc).__name__, exc)
             return
-        self._written += self._pending
         self._pending = []
 
 
 def read_ledger(fs: fsspec.AbstractFileSystem, directory: str) -> list[dict[str, Any]]:
-    """Every line of every file in ``directory`` (a line that is not a JSON object, cut
-    short by a crash, is skipped); [] without a ledger."""
+    """Every line of every writer's file in ``directory``, whether a file or segments
+    (a line that is not a JSON object, cut short by a crash, is skipped); [] without a
+    ledger."""
     entries = []
-    for name in sorted(fsutil.names_in(fs, directory)):
-        if not name.endswith(".jsonl"):
-            continue
-        try:
-            text = fs.cat_file(fsutil.join(directory, name)).decode(errors="replace")
-        except FileNotFoundError:
-            continue
-        for line in text.splitlines():
+    names = {name.removesuffix(SEGMENTS_SUFFIX) for name in fsutil.names_in(fs, directory)}
+    for name in sorted(n for n in names if n.endswith(".jsonl")):
+        data = read_log(fs, fsutil.join(directory, name), lambda path: _read_file(fs, path))
+        for line in (data or b"").decode(errors="replace").splitlines():
             try:
                 entry = json.loads(line)
             except ValueError:
@@ -92,3 +88,11 @@ def read_ledger(fs: fsspec.AbstractFileSystem, directory: str) -> list[dict[str,
             if isinstance(entry, dict):
                 entries.append(entry)
     return entries
+
+
+def _read_file(fs: fsspec.AbstractFileSystem, path: str) -> bytes | None:
+    """``path``'s bytes, None when it is gone (a listing can outlive the file)."""
+    try:
+        return fs.cat_file(path)
+    except FileNotFoundError:
+        return None

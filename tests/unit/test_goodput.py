@@ -13,6 +13,8 @@ import pytest
 from elastic_train.goodput import breakdown as breakdown_module
 from elastic_train.goodput.breakdown import Cause, breakdown
 from elastic_train.storage import RunStorage
+from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.jsonl_log import SEGMENT_BYTES
 from elastic_train.storage.ledger_file import LedgerFile, read_ledger
 from tests.support.long_ledger import long_ledger
 
@@ -97,7 +99,7 @@ def test_an_empty_ledger_has_no_ettr():
     assert goodput.wall_s == 0 and goodput.ettr is None and goodput.share(Cause.OTHER) == 0
 
 
-def test_a_ledger_file_appends_and_a_store_without_append_gets_the_whole_file(tmp_path):
+def test_a_ledger_file_appends_and_a_store_without_append_gets_segments(tmp_path):
     local = RunStorage.open(str(tmp_path), "run")
     memory = RunStorage(fsspec.filesystem("memory"), f"/ledger-{os.getpid()}/run")
     for storage in (local, memory):
@@ -107,6 +109,28 @@ def test_a_ledger_file_appends_and_a_store_without_append_gets_the_whole_file(tm
         other = storage.ledger_file("driver")
         other.append(RUN[3])
         assert sorted(storage.read_ledger(), key=lambda e: e["t"]) == RUN[:4]
+
+
+def test_a_ledger_line_costs_the_same_however_many_came_before(monkeypatch):
+    """On a store without append, a line rewrites one bounded segment, never the file."""
+    storage = RunStorage(fsspec.filesystem("memory"), f"/ledger-{os.getpid()}/long")
+    ledger = storage.ledger_file("rank0")
+    puts = []
+    write = fsutil.write_bytes_atomic
+    monkeypatch.setattr(fsutil, "write_bytes_atomic",
+                        lambda fs, path, data: (puts.append(len(data)), write(fs, path, data)))
+    lines = [work(float(t), t, productive=1.0) for t in range(1, 2001)]
+    for line in lines:
+        ledger.append(line)
+    assert max(puts) <= SEGMENT_BYTES and storage.read_ledger() == lines
+
+
+def test_a_ledger_written_before_segments_still_reads():
+    """One file per writer on a store without append, as before segments: read as it is."""
+    fs, directory = fsspec.filesystem("memory"), f"/ledger-{os.getpid()}/old/goodput"
+    fs.pipe_file(f"{directory}/rank0-1-1.jsonl", "".join(json.dumps(e) + "\n"
+                                                         for e in RUN[:3]).encode())
+    assert read_ledger(fs, directory) == RUN[:3]
 
 
 def test_a_line_cut_short_by_a_crash_is_skipped(tmp_path):

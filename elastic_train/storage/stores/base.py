@@ -34,6 +34,11 @@ class StoreAdapter:
     #: them in place, and the run's logs are written straight into the run directory.
     is_local: ClassVar[bool] = False
 
+    #: True when :meth:`append` adds to a file in place; False where a file is written
+    #: whole (an object store), where an append-only log goes to segments instead
+    #: (:mod:`elastic_train.storage.jsonl_log`).
+    appends: ClassVar[bool] = False
+
     #: What to check when the store cannot be read at all (said with the error).
     access_hint: ClassVar[str] = "check the path and that you may read it"
 
@@ -75,10 +80,9 @@ class StoreAdapter:
         one PUT is atomic on an object store."""
         self.fs.pipe_file(path, data)
 
-    def append(self, path: str, data: bytes) -> bool:
-        """Appends ``data`` to ``path`` where the store can; False where it cannot (the
-        caller writes the whole file again)."""
-        return False
+    def append(self, path: str, data: bytes) -> None:
+        """Appends ``data`` to ``path``; asked only of a store that :attr:`appends`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot append")
 
     def link_files(self, sources: list[str], targets: list[str]) -> bool:
         """Places local files ``sources`` at ``targets`` without copying where the store
