@@ -114,8 +114,7 @@ class JsonLinesLog:
         contents = segments.add(lines)
         self._remove_segments(len(contents))
         self._put(contents, reverse=True)
-        if self.fs.exists(self.path):
-            self.fs.rm(self.path)  # the single file of a log written before segments
+        self._remove(self.path)  # the single file of a log written before segments
         self._segments = segments
 
     def _put(self, contents: dict[int, bytes], reverse: bool = False) -> None:
@@ -123,29 +122,36 @@ class JsonLinesLog:
             fsutil.write_bytes_atomic(self.fs, segment_path(self.path, number), contents[number])
 
     def _remove_segments(self, start: int) -> None:
-        """Removes the segments from number ``start`` on, the last first."""
-        for number in reversed(range(start, len(_segment_numbers(self.fs, self.path)))):
-            try:
-                self.fs.rm(segment_path(self.path, number))
-            except FileNotFoundError:
-                pass
+        """Removes the segments from number ``start`` on, the last first (any past a gap
+        too: an append could otherwise close the gap and bring them back)."""
+        for number in reversed(_segment_numbers(self.fs, self.path)):
+            if number >= start:
+                self._remove(segment_path(self.path, number))
+
+    def _remove(self, path: str) -> None:
+        self.fs.invalidate_cache(path)  # a listing cached earlier may say it is gone
+        try:
+            if self.fs.exists(path):
+                self.fs.rm(path)
+        except FileNotFoundError:
+            pass
 
 
 def _segment_numbers(fs: fsspec.AbstractFileSystem, path: str) -> list[int]:
-    """The numbers of log ``path``'s segments from 0 up to the first that is missing."""
+    """The numbers of log ``path``'s segments, in order."""
     names = fsutil.names_in(fs, path + SEGMENTS_SUFFIX)
-    numbers = {int(m.group(1)) for n in names if (m := _SEGMENT.fullmatch(n))}
-    return list(itertools.takewhile(numbers.__contains__, itertools.count()))
+    return sorted(int(m.group(1)) for n in names if (m := _SEGMENT.fullmatch(n)))
 
 
 def read_log(fs: fsspec.AbstractFileSystem, path: str,
              read_file: Callable[[str], bytes | None]) -> bytes | None:
     """The bytes of log ``path``: its segments in order, up to the first that is missing;
     without segments, ``read_file(path)`` (None: there is no log)."""
-    numbers = _segment_numbers(fs, path)
+    numbers = list(itertools.takewhile(lambda n: n[0] == n[1],
+                                       enumerate(_segment_numbers(fs, path))))
     if not numbers:
         return read_file(path)
-    paths = [segment_path(path, n) for n in numbers]
+    paths = [segment_path(path, n) for n, _ in numbers]
     found = fs.cat(paths, on_error="omit")  # one request at a time per segment, at once
     present = itertools.takewhile(lambda p: p in found, paths)
     return b"".join(found[p] for p in present)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
+import uuid
 
 import fsspec
 import pytest
@@ -99,10 +99,12 @@ def test_an_empty_ledger_has_no_ettr():
     assert goodput.wall_s == 0 and goodput.ettr is None and goodput.share(Cause.OTHER) == 0
 
 
-def test_a_ledger_file_appends_and_a_store_without_append_gets_segments(tmp_path):
-    local = RunStorage.open(str(tmp_path), "run")
-    memory = RunStorage(fsspec.filesystem("memory"), f"/ledger-{os.getpid()}/run")
-    for storage in (local, memory):
+def test_a_ledger_file_appends_and_a_store_without_append_gets_segments(storage):
+    """Local disk appends to one file per writer; S3 gets segments: both read back."""
+    run = storage.run("run")
+    run.ensure_writable()
+    memory = RunStorage(fsspec.filesystem("memory"), f"/ledger-{uuid.uuid4().hex}/run")
+    for storage in (run, memory):
         ledger = storage.ledger_file("rank0")
         ledger.append(RUN[0])
         ledger.append(*RUN[1:3])
@@ -111,23 +113,24 @@ def test_a_ledger_file_appends_and_a_store_without_append_gets_segments(tmp_path
         assert sorted(storage.read_ledger(), key=lambda e: e["t"]) == RUN[:4]
 
 
-def test_a_ledger_line_costs_the_same_however_many_came_before(monkeypatch):
+def test_a_ledger_line_costs_the_same_however_many_came_before(storage, monkeypatch):
     """On a store without append, a line rewrites one bounded segment, never the file."""
-    storage = RunStorage(fsspec.filesystem("memory"), f"/ledger-{os.getpid()}/long")
+    storage = storage.run("long")
+    storage.ensure_writable()
     ledger = storage.ledger_file("rank0")
     puts = []
     write = fsutil.write_bytes_atomic
     monkeypatch.setattr(fsutil, "write_bytes_atomic",
                         lambda fs, path, data: (puts.append(len(data)), write(fs, path, data)))
-    lines = [work(float(t), t, productive=1.0) for t in range(1, 2001)]
+    lines = [work(float(t), t, productive=1.0) for t in range(1, 501)]
     for line in lines:
         ledger.append(line)
-    assert max(puts) <= SEGMENT_BYTES and storage.read_ledger() == lines
+    assert max(puts, default=0) <= SEGMENT_BYTES and storage.read_ledger() == lines
 
 
 def test_a_ledger_written_before_segments_still_reads():
     """One file per writer on a store without append, as before segments: read as it is."""
-    fs, directory = fsspec.filesystem("memory"), f"/ledger-{os.getpid()}/old/goodput"
+    fs, directory = fsspec.filesystem("memory"), f"/ledger-{uuid.uuid4().hex}/old/goodput"
     fs.pipe_file(f"{directory}/rank0-1-1.jsonl", "".join(json.dumps(e) + "\n"
                                                          for e in RUN[:3]).encode())
     assert read_ledger(fs, directory) == RUN[:3]
