@@ -23,9 +23,11 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -70,6 +72,72 @@ class LedgerFile:
                                type(exc).__name__, exc)
             return
         self._pending = []
+
+
+class QueuedLedger:
+    """A :class:`LedgerFile` written from a thread of its own: :meth:`append` only queues,
+    so a slow or unreachable store never holds the caller (rank 0's training thread).
+
+    The thread runs while lines wait and ends when none do (nothing is left running
+    after an attempt, however it ended). At most ``max_queued`` lines wait: beyond,
+    the oldest are dropped, with one warning (a store down for that long loses
+    figures, never training time). :meth:`flush` waits, up to a bound, until every
+    queued line was handed to the file (the attempt's end).
+    """
+
+    def __init__(self, ledger: LedgerFile, max_queued: int = 1000):
+        self.ledger = ledger
+        self._max = max_queued
+        self._queue: collections.deque[dict[str, Any]] = collections.deque()
+        self._cond = threading.Condition()
+        self._running = False
+        self._warned = False
+
+    def append(self, *entries: dict[str, Any]) -> None:
+        """Queues ``entries`` for the file (see the class)."""
+        with self._cond:
+            self._queue.extend(entries)
+            dropped = len(self._queue) - self._max
+            for _ in range(max(dropped, 0)):
+                self._queue.popleft()
+            if dropped > 0 and not self._warned:
+                self._warned = True
+                logger.warning("The goodput ledger %s is %d lines behind its store: the "
+                               "oldest are dropped; `elastic-train show` will miss them.",
+                               fsutil.display_path(self.ledger.fs, self.ledger.path), self._max)
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._drain, name="elastic-train-ledger",
+                                 daemon=True).start()
+
+    def _drain(self) -> None:
+        """The thread: writes what is queued until nothing is (see :meth:`_take`)."""
+        batch = self._take()
+        try:
+            while batch:
+                self.ledger.append(*batch)  # best effort: it keeps what it could not write
+                batch = self._take()
+        except BaseException:
+            with self._cond:
+                self._running = False
+                self._cond.notify_all()
+            raise
+
+    def _take(self) -> list[dict[str, Any]]:
+        """The queued lines, emptying the queue; none: the thread ends (said under the
+        lock, so the next :meth:`append` starts another)."""
+        with self._cond:
+            batch = list(self._queue)
+            self._queue.clear()
+            if not batch:
+                self._running = False
+                self._cond.notify_all()
+            return batch
+
+    def flush(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for the queued lines to be written; False: still not."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._running, timeout_s)
 
 
 def read_ledger(fs: fsspec.AbstractFileSystem, directory: str) -> list[dict[str, Any]]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
+import time
 import uuid
 
 import fsspec
@@ -15,7 +17,8 @@ from elastic_train.goodput.breakdown import Cause, breakdown
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.jsonl_log import SEGMENT_BYTES
-from elastic_train.storage.ledger_file import LedgerFile, read_ledger
+from elastic_train.storage.ledger_file import LedgerFile, QueuedLedger, read_ledger
+from elastic_train.worker.attempt_clock import AttemptClock, RunHistory
 from tests.support.long_ledger import long_ledger
 
 
@@ -209,3 +212,51 @@ def test_reading_the_ledger_takes_lines_linear_in_its_length_whatever_its_faults
     small, large = (_lines_run(long_ledger(days * 86400.0 / 8, faults=days * 40))
                     for days in (1, 2))
     assert large / small < 2.1, (small, large)
+
+
+class SlowLedger:
+    """A ledger file whose every write takes ``delay_s`` (a store in an outage), or until
+    ``released`` is set."""
+
+    fs, path = fsspec.filesystem("memory"), "/slow/goodput/rank0.jsonl"
+
+    def __init__(self, delay_s: float = 0.0):
+        self.delay_s = delay_s
+        self.released = threading.Event()
+        self.lines: list[dict] = []
+
+    def append(self, *entries):
+        self.released.wait(self.delay_s or None)
+        self.lines += entries
+
+
+def test_rank_0s_ledger_lines_never_hold_its_training_thread():
+    """Three checkpoint reports on a store taking 0.5 s a write: the reports do not wait
+    for it; the attempt's end does, and every line is written, in order."""
+    ledger = SlowLedger(delay_s=0.5)
+    clock = AttemptClock(RunHistory(), 0, ledger=ledger)
+    started = time.monotonic()
+    clock.ready(time.time(), restored_iteration=None)
+    for iteration in range(1, 4):
+        numbers = clock.shared_numbers()
+        clock.waited()
+        clock.report_ends([[n] for n in numbers], any_checkpoint=True, iteration=iteration)
+    assert time.monotonic() - started < 0.25
+    clock.finish(0.0, 3)
+    assert [(e["event"], e.get("iteration")) for e in ledger.lines] == [
+        ("attempt", None), ("work", 1), ("work", 2), ("work", 3), ("work", 3)]
+
+
+def test_a_ledger_far_behind_its_store_drops_its_oldest_lines_with_one_warning(caplog):
+    ledger = SlowLedger()  # blocked until released
+    queued = QueuedLedger(ledger, max_queued=3)
+    queued.append({"n": 0})  # taken by the thread, which then waits on the store
+    assert not queued.flush(0.1)
+    with caplog.at_level(logging.WARNING):
+        for n in range(1, 6):
+            queued.append({"n": n})
+    [warning] = [r.message for r in caplog.records]
+    assert "3 lines behind" in warning
+    ledger.released.set()
+    assert queued.flush(5.0)
+    assert [e["n"] for e in ledger.lines] == [0, 3, 4, 5]
