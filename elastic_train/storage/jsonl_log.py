@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import fsspec
@@ -42,6 +42,7 @@ _SEGMENT = re.compile(r"(\d{6,})\.jsonl")
 
 
 def segment_path(path: str, number: int) -> str:
+    """Where segment ``number`` of log ``path`` is."""
     return fsutil.join(path + SEGMENTS_SUFFIX, f"{number:06d}.jsonl")
 
 
@@ -137,21 +138,48 @@ class JsonLinesLog:
             pass
 
 
+def _segments_stored(fs: fsspec.AbstractFileSystem, path: str) -> dict[int, Hashable]:
+    """Log ``path``'s segments as the store lists them now: each one's version, by number."""
+    directory = path + SEGMENTS_SUFFIX
+    fs.invalidate_cache(directory)
+    try:
+        entries = fs.ls(directory, detail=True)
+    except FileNotFoundError:
+        return {}
+    adapter = adapter_for(fs)
+    return {int(m.group(1)): adapter.version(entry) for entry in entries
+            if (m := _SEGMENT.fullmatch(entry["name"].rstrip("/").rsplit("/", 1)[-1]))}
+
+
 def _segment_numbers(fs: fsspec.AbstractFileSystem, path: str) -> list[int]:
     """The numbers of log ``path``'s segments, in order."""
-    names = fsutil.names_in(fs, path + SEGMENTS_SUFFIX)
-    return sorted(int(m.group(1)) for n in names if (m := _SEGMENT.fullmatch(n)))
+    return sorted(_segments_stored(fs, path))
+
+
+#: What a reader read of a log's segments: ``{segment path: (version, bytes)}``.
+ReadCache = dict[str, tuple[Hashable, bytes]]
 
 
 def read_log(fs: fsspec.AbstractFileSystem, path: str,
-             read_file: Callable[[str], bytes | None]) -> bytes | None:
+             read_file: Callable[[str], bytes | None],
+             cache: ReadCache | None = None) -> bytes | None:
     """The bytes of log ``path``: its segments in order, up to the first that is missing;
-    without segments, ``read_file(path)`` (None: there is no log)."""
-    numbers = list(itertools.takewhile(lambda n: n[0] == n[1],
-                                       enumerate(_segment_numbers(fs, path))))
+    without segments, ``read_file(path)`` (None: there is no log). With ``cache`` (kept
+    by the caller from one read to the next), a segment is fetched again only when its
+    version changed: a reader that polls fetches the last segment, not the log."""
+    stored = _segments_stored(fs, path)
+    numbers = list(itertools.takewhile(stored.__contains__, itertools.count()))
     if not numbers:
         return read_file(path)
-    paths = [segment_path(path, n) for n, _ in numbers]
-    found = fs.cat(paths, on_error="omit")  # one request at a time per segment, at once
-    present = itertools.takewhile(lambda p: p in found, paths)
-    return b"".join(found[p] for p in present)
+    known = cache if cache is not None else {}
+    paths = {segment_path(path, n): stored[n] for n in numbers}
+    wanted = [p for p, version in paths.items() if known.get(p, (None,))[0] != version]
+    fetched = fs.cat(wanted, on_error="omit") if wanted else {}  # s3fs: all at once
+    parts = []
+    for segment, version in paths.items():
+        if segment in fetched:
+            known[segment] = (version, fetched[segment])
+        elif segment in wanted:
+            break  # removed since the listing: the log ends before it
+        parts.append(known[segment][1])
+    return b"".join(parts)

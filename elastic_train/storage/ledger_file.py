@@ -35,7 +35,7 @@ from typing import Any
 import fsspec
 
 from elastic_train.storage import filesystem as fsutil
-from elastic_train.storage.jsonl_log import SEGMENTS_SUFFIX, JsonLinesLog, read_log
+from elastic_train.storage.jsonl_log import SEGMENTS_SUFFIX, JsonLinesLog, ReadCache, read_log
 
 logger = logging.getLogger(__name__)
 
@@ -140,14 +140,16 @@ class QueuedLedger:
             return self._cond.wait_for(lambda: not self._running, timeout_s)
 
 
-def read_ledger(fs: fsspec.AbstractFileSystem, directory: str) -> list[dict[str, Any]]:
+def read_ledger(fs: fsspec.AbstractFileSystem, directory: str,
+                cache: ReadCache | None = None) -> list[dict[str, Any]]:
     """Every line of every writer's file in ``directory``, whether a file or segments
     (a line that is not a JSON object, cut short by a crash, is skipped); [] without a
-    ledger."""
+    ledger. ``cache``: see :func:`.jsonl_log.read_log`."""
     entries = []
     names = {name.removesuffix(SEGMENTS_SUFFIX) for name in fsutil.names_in(fs, directory)}
     for name in sorted(n for n in names if n.endswith(".jsonl")):
-        data = read_log(fs, fsutil.join(directory, name), lambda path: _read_file(fs, path))
+        data = read_log(fs, fsutil.join(directory, name), lambda path: _read_file(fs, path),
+                        cache)
         for line in (data or b"").decode(errors="replace").splitlines():
             try:
                 entry = json.loads(line)

@@ -27,7 +27,7 @@ from elastic_train._internal.departures import Departure
 from elastic_train.errors import ConfigError, StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import CheckpointStore
-from elastic_train.storage.jsonl_log import JsonLinesLog, read_log
+from elastic_train.storage.jsonl_log import JsonLinesLog, ReadCache, read_log
 from elastic_train.storage.lease import LeaseDir, LeaseFence, lease_path
 from elastic_train.storage.ledger_file import LedgerFile, read_ledger
 from elastic_train.storage.retry import RetryPolicy
@@ -74,6 +74,7 @@ class RunStorage:
         self.checkpoints = CheckpointStore(fs, self.run_path, self.retry)
         self.fence: LeaseFence | None = None
         self._metrics_log = JsonLinesLog(fs, self._path(METRICS_FILE))
+        self._read_cache: ReadCache = {}  # the segments read so far (a poller's next read)
 
     @classmethod
     def open(cls, storage_path: str, name: str,
@@ -250,7 +251,7 @@ class RunStorage:
             return fsutil.read_unless_missing(self.fs, path, whole)
 
         data = self._retry("reading metrics.jsonl", lambda: read_log(
-            self.fs, self._path(METRICS_FILE), read)) or b""
+            self.fs, self._path(METRICS_FILE), read, self._read_cache)) or b""
         rows = []
         for line in data.decode().splitlines():
             if line.strip():
@@ -305,7 +306,8 @@ class RunStorage:
     def read_ledger(self) -> list[dict[str, Any]]:
         """Every line of the run's goodput ledger, of every writer."""
         return self._retry("reading the goodput ledger",
-                           lambda: read_ledger(self.fs, self._path(GOODPUT_DIR)))
+                           lambda: read_ledger(self.fs, self._path(GOODPUT_DIR),
+                                               self._read_cache))
 
     # departures/: who left the job and until when it is kept out (see departures.py)
     def write_departure(self, departure: Departure) -> None:

@@ -296,7 +296,7 @@ def test_metrics_of_a_run_directory_written_before_segments_still_read(run):
 
 
 def test_metrics_segments_read_up_to_the_first_missing_one(run):
-    """A crash between a rewrite's removals leaves a gap: what follows it is not read."""
+    """A segment missing (lost, removed by hand) ends the rows: none past it is read."""
     if run.adapter.appends:
         pytest.skip("a store that appends keeps one file")
     rows = [_row(i) for i in range(1, 200)]
@@ -305,6 +305,27 @@ def test_metrics_segments_read_up_to_the_first_missing_one(run):
     run.fs.rm(segment_path(run._path(METRICS_FILE), 1))
     kept = run.read_metrics()
     assert kept == rows[:len(kept)] and 0 < len(kept) < 40
+
+
+def test_a_reader_that_polls_fetches_only_the_segments_that_changed(run, monkeypatch):
+    """The driver reads the rows at every poll: a new row costs it the last segment, not
+    the whole history; a rewrite (a validation's metrics) reads back whole."""
+    if run.adapter.appends:
+        pytest.skip("a store that appends keeps one file")
+    run.ensure_writable()
+    rows = [_row(i) for i in range(1, 101)]
+    run.write_metrics(rows)
+    reader = RunStorage(run.fs, run.run_path)
+    assert reader.read_metrics() == rows
+    fetched, cat = [], run.fs.cat
+    monkeypatch.setattr(run.fs, "cat", lambda paths, **kw: (fetched.append(len(paths)),
+                                                           cat(paths, **kw))[1])
+    rows.append(_row(101))
+    run.append_metrics(rows[-1], rows)
+    assert reader.read_metrics() == rows and fetched == [1]
+    rows[0]["loss"] = 0.5
+    run.write_metrics(rows)
+    assert reader.read_metrics() == rows
 
 
 def skip_on_s3(fs, why):

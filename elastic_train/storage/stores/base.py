@@ -13,7 +13,7 @@ in one place, :mod:`elastic_train.storage.stores`.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Hashable
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -74,6 +74,11 @@ class StoreAdapter:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 return float(value)
         return None
+
+    def version(self, info: dict[str, Any]) -> Hashable:
+        """What changes whenever a file's bytes do, from its ``ls(detail=True)`` entry: a
+        reader keeps what it read under it (here the size and modification time)."""
+        return info.get("size"), self.modified(info)
 
     def write_bytes_atomic(self, path: str, data: bytes) -> None:
         """Writes ``path`` so that readers see the old content or the new, never a part:
