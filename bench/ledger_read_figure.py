@@ -52,5 +52,11 @@ def ledger_read(suite: Suite) -> list[Table]:
         "Ledgers of tests/support/long_ledger.py: a work line every 10 s (8 s productive), "
         "a checkpoint every 6th, each fault followed by a rendezvous and an attempt that "
         "restores the last checkpoint; timed on one core with time.perf_counter().",
+        "Linear: the seconds per line do not grow with the faults (before, each fault "
+        "scanned every rank-0 line and each resume every kept work line: 18.7 s for 54 "
+        "days with 400 faults against 4.4 s with 4, as measured when that was found).",
+        "A year at a line every 10 s is 3.2 M lines: at a few µs a line (Python dicts) no "
+        "reader of every line meets 1 s; that takes fewer lines (rank 0 writing less "
+        "often as an attempt ages, or a compacted summary), which the ledger does not do.",
     ]
     return [table]
