@@ -5,7 +5,9 @@ process, a 2-rank ``fit()`` per policy of ``policies``: ``steps`` steps of ``ste
 seconds each (a sleep: the figure is about time, not compute, on a machine other runs
 share), checkpointing every step (``"step"``), every ``steps_per_epoch`` (``"epoch"``)
 or when ``elastic_train.should_checkpoint(prior_mtbf_s=fault_every_s)`` says
-(``"should_checkpoint"``). A save is a real ``torch.save`` plus ``save_s`` of sleep (a
+(``"should_checkpoint"``); ``"live"`` checkpoints every epoch and keeps its state live
+(:class:`elastic_train.torch.LiveState`): a fault rolls back to the last step, not the
+last checkpoint. A save is a real ``torch.save`` plus ``save_s`` of sleep (a
 larger state's write), reported SYNC, so its cost is the job's own to measure. Rank 1
 raises when the run's wall time passes the next of :func:`fault_times` (seeded,
 exponential gaps of mean ``fault_every_s``, never shorter than ``min_gap_s``): every
@@ -14,7 +16,8 @@ cluster's failures come by the clock. Each rank writes every answer it got from
 ``should_checkpoint()``, which must be the same on both.
 
 What comes out, per policy: the run's goodput ledger (``Result.goodput``), whether the
-run finished, and whether the ranks' answers agreed.
+run finished, whether the ranks' answers agreed, and for ``"live"`` the seconds from
+each fault to the next completed step.
 """
 
 from __future__ import annotations
@@ -29,14 +32,14 @@ import time
 import torch
 
 import elastic_train as et
-from elastic_train.torch import TorchTrainer
+from elastic_train.torch import LiveState, TorchTrainer
 
 
 def _due(config: dict, step: int) -> bool:
     policy = config["policy"]
     if policy == "step":
         return True
-    if policy == "epoch":
+    if policy in ("epoch", "live"):
         return (step + 1) % config["steps_per_epoch"] == 0
     return et.should_checkpoint(prior_mtbf_s=config["fault_every_s"])
 
@@ -64,22 +67,57 @@ def _fault_due(config: dict, rank: int) -> bool:
     return True
 
 
-def train(config: dict) -> None:
-    rank = et.get_context().get_world_rank()
-    start = 0
+def _note(config: dict, name: str, value: float) -> None:
+    with open(os.path.join(config["work"], name), "a") as f:
+        f.write(f"{value}\n")
+
+
+def _start(config: dict) -> tuple[int, LiveState | None]:
+    """The step to start at, and the live state of the ``"live"`` policy."""
+    if config["policy"] == "live":
+        live = LiveState(model=torch.nn.Linear(8, 8))
+        return live.restore(), live
     if (checkpoint := et.get_checkpoint()) is not None:
         with checkpoint.as_directory() as d:
-            start = torch.load(os.path.join(d, "state.pt"))["step"]
+            return torch.load(os.path.join(d, "state.pt"))["step"], None
+    return 0, None
+
+
+def _fault_to_step(config: dict) -> list[float]:
+    """Seconds from each fault to the first step completed after it (``"live"``)."""
+    def read(name: str) -> list[float]:
+        path = os.path.join(config["work"], name)
+        return [float(v) for v in open(path).read().split()] if os.path.exists(path) else []
+
+    firsts = read("first-steps")
+    return [min((f - t for f in firsts if f > t), default=float("nan"))
+            for t in read("faults-at")]
+
+
+def train(config: dict) -> None:
+    rank = et.get_context().get_world_rank()
+    start, live = _start(config)
     answers = open(os.path.join(config["work"], f"answers-{rank}.jsonl"), "a")
     for step in range(start, config["steps"]):
         time.sleep(config["step_s"])
         if _fault_due(config, rank):
+            _note(config, "faults-at", time.time())
             raise RuntimeError(f"injected fault at step {step}")
+        if live is not None:
+            live.step_done()
+            if step == start and rank == 0:
+                _note(config, "first-steps", time.time())
         due = _due(config, step)
         answers.write(json.dumps([start, step, due]) + "\n")
         answers.flush()
         if not due:
             et.report({"step": step + 1})
+            continue
+        if live is not None:
+            with live.checkpoint() as checkpoint:
+                time.sleep(config["save_s"])
+                et.report({"step": step + 1}, checkpoint=checkpoint,
+                          checkpoint_upload_mode=et.CheckpointUploadMode.SYNC)
             continue
         with tempfile.TemporaryDirectory() as d:
             torch.save({"step": step + 1}, os.path.join(d, "state.pt"))
@@ -113,7 +151,8 @@ def _fit(config: dict) -> dict:
     ).fit()
     return {"finished": result.error is None, "goodput": result.goodput.to_json(),
             "answers_agree": (_answers_agree(config["work"])
-                              if config["policy"] == "should_checkpoint" else None)}
+                              if config["policy"] == "should_checkpoint" else None),
+            "fault_to_step_s": _fault_to_step(config) if config["policy"] == "live" else []}
 
 
 def main(config_path: str, out_path: str) -> None:

@@ -108,7 +108,7 @@ SMOKE = Profile(
     gpu=_TINY_MODEL.replace(steps_per_epoch=5, epochs=2, optimizer="adam", lr=1e-3),
     interval=IntervalWorkload(steps=20, steps_per_epoch=10, step_s=0.05, save_s=0.05,
                               fault_every_s=0.5, min_gap_s=3.0, timeout_s=120.0,
-                              policies=("should_checkpoint",)),
+                              policies=("should_checkpoint", "live")),
     ledger_reads=((1, 4), (1, 100)), metrics_reports=(10, 40),
 )
 

@@ -22,7 +22,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import ipaddress
 import math
 import os
 import urllib.parse
@@ -53,6 +55,16 @@ def _is_whole(x: float) -> bool:
 
 def _is_count(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
+def _is_bare_host(address: Any) -> bool:
+    """Whether ``address`` names a host alone: an IP address (IPv6 too), or a host name
+    without a port, a scheme or a path."""
+    if not isinstance(address, str) or not address:
+        return False
+    with contextlib.suppress(ValueError):
+        return bool(ipaddress.ip_address(address))
+    return not any(c in address for c in ":/[]@ ")
 
 
 def _require(field: str, condition: bool, message: str) -> None:
@@ -482,8 +494,11 @@ class MetricsConfig:
         port: Serve Prometheus's text format at ``http://<node>:<port>/metrics`` from each
             node's driver (None, the default: no endpoint). 1024-65535; a port that is
             taken is refused before any process starts. ``launch --metrics-port``.
-        address: The address the endpoint listens on (default ``0.0.0.0``: every
-            interface of the node). ``launch --metrics-address``.
+        address: The host name or IP address the endpoint listens on, without a port
+            (the port is ``port``). The default, ``127.0.0.1``, serves a scraper on the
+            node itself only; name the address a remote scraper reaches (``0.0.0.0``:
+            every interface) to open it to the network (docs/SECURITY.md).
+            ``launch --metrics-address``.
         otlp_endpoint: Push the same metrics over OTLP/HTTP to this collector, e.g.
             ``http://collector:4318`` (``/v1/metrics`` is added when the URL has no path).
             None, the default: no push. ``launch --otlp-endpoint``.
@@ -491,7 +506,7 @@ class MetricsConfig:
     """
 
     port: int | None = None
-    address: str = "0.0.0.0"
+    address: str = "127.0.0.1"
     otlp_endpoint: str | None = None
     otlp_interval_s: float = 10.0
 
@@ -504,6 +519,15 @@ class MetricsConfig:
                 "(ports below 1024 are privileged), e.g. MetricsConfig(port=9464) or "
                 "launch --metrics-port 9464, or None for no endpoint.",
                 field="MetricsConfig.port")
+        if not _is_bare_host(self.address):
+            given = str(self.address)
+            host = urllib.parse.urlsplit(given if "://" in given else f"//{given}"
+                                         ).hostname or "127.0.0.1"
+            raise ConfigError(
+                f"MetricsConfig.address={self.address!r} is invalid: give a host name or IP "
+                "address without a port (the port is MetricsConfig.port), e.g. "
+                f"MetricsConfig(address='{host}', port={port or 9464}).",
+                field="MetricsConfig.address")
         endpoint = self.otlp_endpoint
         if endpoint is not None and not (isinstance(endpoint, str) and urllib.parse.urlsplit(
                 endpoint).scheme in ("http", "https") and urllib.parse.urlsplit(endpoint).netloc):

@@ -56,7 +56,9 @@ class WorkerFailure:
     """One failed worker process, as the agent observed it.
 
     ``exitcode`` is negative when the process was killed by a signal
-    (``-9`` for SIGKILL), as in ``subprocess``.
+    (``-9`` for SIGKILL), as in ``subprocess``. ``config_error``: it raised a
+    :class:`ConfigError` (a mistake in the run's settings, which a restart would meet
+    again: never retried).
     """
 
     rank: int
@@ -67,6 +69,7 @@ class WorkerFailure:
     traceback: str | None
     hostname: str = ""
     timestamp: float = 0.0  # when it failed (torch's record: the error file's, or detection)
+    config_error: bool = False
 
     @property
     def signal_name(self) -> str | None:
@@ -105,7 +108,8 @@ class WorkerFailure:
                    pid=int(data.get("pid", 0)), exitcode=int(data["exitcode"]),
                    message=str(data.get("message", "")), traceback=data.get("traceback"),
                    hostname=str(data.get("hostname", "")),
-                   timestamp=float(data.get("timestamp", 0.0)))
+                   timestamp=float(data.get("timestamp", 0.0)),
+                   config_error=bool(data.get("config_error", False)))
 
     def to_json(self) -> dict:
         return {
@@ -118,6 +122,7 @@ class WorkerFailure:
             "traceback": self.traceback,
             "hostname": self.hostname,
             "timestamp": self.timestamp,
+            "config_error": self.config_error,
         }
 
 
@@ -163,6 +168,10 @@ class TrainingFailedError(RuntimeError):
         if cls is PreemptionError:
             lines.append(f"The preemption budget (max_preemption_failures={max_failures}) is "
                          "spent: the job's nodes were preempted more often than that.")
+        elif root.config_error:
+            lines.append(f"Rank {root.rank} raised a ConfigError, a mistake in the run's "
+                         "settings that a restart would meet again: it was not retried "
+                         "(the restart budget is left as it was). Fix what it names first.")
         elif max_failures == 0 and not retry_helps:
             lines.append(f"Rank {root.rank}'s error came before the run's first report(), "
                          "in its first attempt: a retry would most likely meet it again, so "

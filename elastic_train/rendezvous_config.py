@@ -76,7 +76,9 @@ class RendezvousConfig:
             ``protocol``/``ca_cert``/``username``/``password``; our
             fast-recovery defaults (a 2 s last call; for c10d and etcd-v3 also
             1 s heartbeats, a node lost after 3 missed ones) fill in what is
-            not given.
+            not given. Each key must be one the backend takes (a ConfigError names
+            the closest one otherwise), its value parsed by the key's rule
+            (:meth:`~elastic_train._internal.rendezvous_backends.Backend.check_conf`).
             torchrun: ``--rdzv-conf k=v,...``; env ``PET_RDZV_CONF``.
 
     A field left ``None`` is read from its ``PET_*`` environment variable (what
@@ -103,7 +105,7 @@ class RendezvousConfig:
                               "{'last_call_timeout': 5}.", field="RendezvousConfig.conf")
         if self.endpoint:
             check_endpoint(self.endpoint, "RendezvousConfig.endpoint")
-        self.conf = {**backend.defaults, **self.conf}
+        self.conf = {**backend.defaults, **backend.check_conf(self.conf, "RendezvousConfig.conf")}
         if not backend.elastic and "rank" not in self.conf:
             raise ConfigError(
                 f"RendezvousConfig(backend={self.backend!r}) needs this node's rank: pass "
@@ -124,19 +126,25 @@ class RendezvousConfig:
 
         self.backend = self.backend or read("PET_RDZV_BACKEND", "rdzv_backend") or DEFAULT
         # The platform's endpoint is a node's store; another backend needs one given.
-        platform_store = lookup(self.backend, "RendezvousConfig.backend").endpoint_is_node_store
+        backend = lookup(self.backend, "RendezvousConfig.backend")
+        platform_store = backend.endpoint_is_node_store
         self.endpoint = self.endpoint or (read("PET_RDZV_ENDPOINT", "rdzv_endpoint")
                                           if platform_store else env.get("PET_RDZV_ENDPOINT"))
         self.run_id = self.run_id or read("PET_RDZV_ID", "rdzv_id")
         if self.conf is None:
-            self.conf = parse_rdzv_conf(env.get("PET_RDZV_CONF", ""), "PET_RDZV_CONF")
+            self.conf = backend.check_conf(  # named by its variable
+                parse_rdzv_conf(env.get("PET_RDZV_CONF", ""), "PET_RDZV_CONF"), "PET_RDZV_CONF")
 
     @classmethod
-    def single_node(cls, name: str) -> RendezvousConfig:
+    def single_node(cls, name: str, conf: dict[str, object] | None = None,
+                    source: str = "RendezvousConfig.conf") -> RendezvousConfig:
         """A job on this node alone: a c10d store of its own on a free local port, under a
-        fresh run id (``PET_RDZV_*`` are not read: they describe a multi-node job)."""
+        fresh run id (``PET_RDZV_*`` are not read: they describe a multi-node job), with
+        the ``conf`` given (``launch --standalone --rdzv-conf``, as torchrun keeps it),
+        checked as c10d's and named by ``source``."""
         return cls(backend=DEFAULT, endpoint=LOCAL_ENDPOINT,
-                   run_id=f"{name}-{uuid.uuid4().hex[:8]}", conf={})
+                   run_id=f"{name}-{uuid.uuid4().hex[:8]}",
+                   conf=lookup(DEFAULT, source).check_conf(conf or {}, source))
 
     @property
     def is_local(self) -> bool:

@@ -14,7 +14,9 @@ spells out ``WORKER_PIDS_DIR``. torch.distributed.elastic's own variables (``RAN
 ``WORLD_SIZE``, ``TORCHELASTIC_*``) and torchrun's ``PET_*`` flags are torch's, not
 listed here.
 
-User switches (:class:`Switches`, read where they act):
+User switches (:class:`Switches`, read where they act; each variable is parsed by its
+rule in :data:`RULES`: a switch takes ``0/1/false/true/no/yes/off/on`` in any case, a
+duration a number of seconds, and anything else is a ConfigError naming the variable):
 
 - ``ZYGOTE`` (``ELASTIC_TRAIN_ZYGOTE=0``): start every worker as a fresh
   interpreter instead of forking it from the agent's zygote
@@ -73,8 +75,11 @@ Set by the agent for each worker (read through :class:`AgentFacts`, but for
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from elastic_train._internal.setting_values import count, seconds, switch
 
 PREFIX = "ELASTIC_TRAIN_"  # of every variable here
 ZYGOTE = "ELASTIC_TRAIN_ZYGOTE"
@@ -102,14 +107,53 @@ def is_ours(name: str) -> bool:
     return name.startswith(PREFIX)
 
 
-def _paths(value: str | None) -> tuple[str, ...]:
-    return tuple(p for p in (value or "").split(os.pathsep) if p)
+def _text(raw: str, variable: str) -> str:
+    return raw
+
+
+def _paths(raw: str, variable: str) -> tuple[str, ...]:
+    return tuple(p for p in raw.split(os.pathsep) if p)
+
+
+def _attempt(raw: str, variable: str) -> int:
+    return count(raw, variable, minimum=0)
+
+
+def _grace(raw: str, variable: str) -> float:
+    return seconds(raw, variable, zero=True)
+
+
+def _ttl(raw: str, variable: str) -> float:
+    return seconds(raw, variable, example="20")
+
+
+# Every variable read here: how its text becomes its value (a ConfigError naming the
+# variable, its value and the fix otherwise; see :mod:`.setting_values`), and its value
+# when it is unset or empty. Switches take 0/1/false/true/no/yes/off/on in any case.
+RULES: dict[str, tuple[Callable[[str, str], Any], Any]] = {
+    ZYGOTE: (switch, True), STANDBY: (switch, True), LOCAL_TIER: (switch, True),
+    RAY_STRICT: (switch, False), FAIL_AT_REPORT: (count, None), LEASE_TTL_S: (_ttl, None),
+    USER_CODE: (_paths, ()),
+    GENERATION: (_text, None), AGENT_PID: (count, None), ATTEMPT: (_attempt, 0),
+    PROGRESS_DIR: (_text, None), PREEMPTION_DIR: (_text, None),
+    PREEMPTION_GRACE_S: (_grace, 0.0), INPROCESS_DIR: (_text, None),
+    MODULES_DIR: (_text, None),
+}
+
+
+def read(variable: str, env: Mapping[str, str] = os.environ) -> Any:
+    """``variable``'s value in ``env`` by its rule in :data:`RULES`."""
+    parse, default = RULES[variable]
+    raw = env.get(variable)
+    return default if not raw else parse(raw, variable)
 
 
 @dataclass(frozen=True)
 class Switches:
     """The user's switches, as this process's environment sets them (read at each call:
-    they are cheap, and a test or a driver may change them between runs)."""
+    they are cheap, and a test or a driver may change them between runs). A bad value
+    is a ConfigError naming its variable (the driver reads them all before it starts
+    anything)."""
 
     zygote: bool
     standby: bool
@@ -121,13 +165,10 @@ class Switches:
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str] = os.environ) -> Switches:
-        fail_at, ttl = env.get(FAIL_AT_REPORT), env.get(LEASE_TTL_S)
-        return cls(zygote=env.get(ZYGOTE, "1") != "0", standby=env.get(STANDBY, "1") != "0",
-                   fail_at_report=int(fail_at) if fail_at else None,
-                   local_tier=env.get(LOCAL_TIER) != "0",
-                   user_code=_paths(env.get(USER_CODE)),
-                   lease_ttl_s=float(ttl) if ttl else None,
-                   ray_strict=env.get(RAY_STRICT, "0") not in ("", "0"))
+        return cls(zygote=read(ZYGOTE, env), standby=read(STANDBY, env),
+                   fail_at_report=read(FAIL_AT_REPORT, env), local_tier=read(LOCAL_TIER, env),
+                   user_code=read(USER_CODE, env), lease_ttl_s=read(LEASE_TTL_S, env),
+                   ray_strict=read(RAY_STRICT, env))
 
 
 @dataclass(frozen=True)
@@ -147,11 +188,8 @@ class AgentFacts:
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str] = os.environ) -> AgentFacts:
-        pid = env.get(AGENT_PID)
-        return cls(generation=env.get(GENERATION), agent_pid=int(pid) if pid else None,
-                   attempt=int(env.get(ATTEMPT, "0")),
-                   progress_dir=env.get(PROGRESS_DIR) or None,
-                   preemption_dir=env.get(PREEMPTION_DIR) or None,
-                   preemption_grace_s=float(env.get(PREEMPTION_GRACE_S, "0") or 0),
-                   inprocess_dir=env.get(INPROCESS_DIR) or None,
-                   modules_dir=env.get(MODULES_DIR) or None)
+        return cls(generation=read(GENERATION, env), agent_pid=read(AGENT_PID, env),
+                   attempt=read(ATTEMPT, env), progress_dir=read(PROGRESS_DIR, env),
+                   preemption_dir=read(PREEMPTION_DIR, env),
+                   preemption_grace_s=read(PREEMPTION_GRACE_S, env),
+                   inprocess_dir=read(INPROCESS_DIR, env), modules_dir=read(MODULES_DIR, env))

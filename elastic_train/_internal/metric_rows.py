@@ -108,6 +108,11 @@ class ReportRows:
         self._start = time.time() if start is None else start
         self._last_report = self._start
 
+    def resume_at(self, iteration: int) -> None:
+        """The attempt goes on from a live state at report ``iteration`` (not the
+        checkpoint's): the next report is ``iteration + 1``."""
+        self.iteration = self._iterations_at_start = iteration
+
     @property
     def since_start(self) -> int:
         """The reports of this attempt so far."""

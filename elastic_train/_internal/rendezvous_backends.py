@@ -1,7 +1,9 @@
 """The rendezvous backends we offer, in one table: names, aliases, defaults, factories.
 
 Both front-ends (``ScalingConfig(rendezvous=RendezvousConfig(...))`` and
-``elastic-train launch --rdzv-backend``) look a backend up here, and the agent
+``elastic-train launch --rdzv-backend``) look a backend up here, check its ``conf``
+(``--rdzv-conf``) against the keys it takes (:meth:`Backend.check_conf`: an unknown key
+is refused with the closest known one, each value parsed by its key's rule), and the agent
 registers our own handlers into torch's registry from it
 (:mod:`elastic_train.agent.rendezvous.registry`), so nothing else
 branches on a backend's name: code that needs to know how a backend behaves
@@ -16,9 +18,14 @@ Example::
 
 from __future__ import annotations
 
+import difflib
 import enum
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from elastic_train._internal.setting_values import count, seconds, switch, whole_seconds
 from elastic_train.errors import ConfigError
 
 # Recovery-oriented defaults for torch's dynamic rendezvous (torch's: 5 s keep-alive x 3
@@ -29,6 +36,75 @@ FAST_DEFAULTS: dict[str, object] = {"keep_alive_interval": 1, "keep_alive_max_at
 # survivors form the next round, so it keeps torch's heartbeat (5 s x 3): a node is
 # dropped after 15 s without a refresh, not after 3 s of a starved CPU.
 NATIVE_DEFAULTS: dict[str, object] = {"last_call_timeout": 2, "join_timeout": 600}
+
+
+Parse = Callable[[Any, str], Any]  # (value, "--rdzv-conf KEY") -> the value, or ConfigError
+
+
+def _text(value: Any, setting: str) -> Any:
+    return value
+
+
+def _file(value: Any, setting: str) -> str:
+    """A file this node has (a TLS certificate or key)."""
+    if not os.path.isfile(str(value)):
+        raise ConfigError(f"{setting}={value!r} is invalid: no such file on this node; give "
+                          "the path of a PEM file.", field=setting)
+    return str(value)
+
+
+def _choice(*words: str) -> Parse:
+    def parse(value: Any, setting: str) -> str:
+        word = str(value).strip().lower()
+        if word not in words:
+            raise ConfigError(f"{setting}={value!r} is invalid: use {' or '.join(words)}.",
+                              field=setting)
+        return word
+    return parse
+
+
+def _policy(value: Any, setting: str) -> Any:
+    """``module:Class``, or a policy object as it is (the API may pass one)."""
+    if not isinstance(value, str):
+        return value
+    module, _, name = value.partition(":")
+    if not (module and name):
+        raise ConfigError(f"{setting}={value!r} is invalid: name the policy as module:Class, "
+                          "e.g. node_policy=my_pkg.policies:TwoStrikes.", field=setting)
+    return value
+
+
+def _rank(value: Any, setting: str) -> int:
+    return count(value, setting, minimum=0)
+
+
+def _outage(value: Any, setting: str) -> float:
+    return seconds(value, setting, zero=True)
+
+
+# The --rdzv-conf keys, by who reads them. Every backend: the agent's node policy, the
+# node run's replica TLS files, torch's launcher's ``timeout``.
+EVERY_BACKEND: dict[str, Parse] = {
+    "node_policy": _policy, "replica_cert": _file, "replica_key": _file,
+    "replica_ca_cert": _file, "timeout": whole_seconds}
+# torch's dynamic rendezvous (c10d, etcd-v3): it reads them with int().
+TORCH_DYNAMIC: dict[str, Parse] = {
+    **{f"{name}_timeout": whole_seconds for name in ("join", "last_call", "close", "heartbeat")},
+    "keep_alive_interval": whole_seconds, "keep_alive_max_attempt": count}
+# torch's c10d store.
+C10D_STORE: dict[str, Parse] = {"read_timeout": whole_seconds, "is_host": switch,
+                                "store_type": _choice("tcp", "file"), "use_agent_store": switch}
+# The etcd connection (agent/rendezvous/etcd_v3.py, etcd_outage.py).
+ETCD_CLIENT: dict[str, Parse] = {
+    "protocol": _choice("http", "https"), "ca_cert": _file, "cert": _file, "key": _file,
+    "username": _text, "password": _text, "timeout": seconds, "outage_timeout": _outage,
+    "lease_ttl": whole_seconds}
+# Our etcd handler (agent/rendezvous/etcd_rounds.py): fractions of seconds are fine.
+ETCD_NATIVE: dict[str, Parse] = {
+    **{f"{name}_timeout": seconds for name in ("join", "last_call", "close", "read")},
+    "keep_alive_interval": seconds, "keep_alive_max_attempt": count,
+    "liveness_ttl": seconds, "watch_check_interval": seconds}
+STATIC: dict[str, Parse] = {"rank": _rank}
 
 
 class StateHome(str, enum.Enum):
@@ -64,6 +140,7 @@ class Backend:
             as the endpoint, and that node's loss is the rendezvous's loss.
         store_per_round: Whether the store the handler gives the agents is prefixed by
             the round (dynamic rendezvous); the static one is shared by every round.
+        keys: The ``conf`` keys it takes, each with the rule that parses its value.
         extra: The pip extra it needs, named in errors.
         summary: How it is described in errors and help texts.
     """
@@ -77,6 +154,7 @@ class Backend:
     state: StateHome = StateHome.NODE_STORE
     endpoint_is_node_store: bool = False
     store_per_round: bool = True
+    keys: Mapping[str, Parse] = field(default_factory=dict)
     extra: str | None = None
     summary: str = ""
 
@@ -84,21 +162,45 @@ class Backend:
     def names(self) -> tuple[str, ...]:
         return (self.name, *self.aliases)
 
+    def check_conf(self, conf: Mapping[str, Any], source: str) -> dict[str, Any]:
+        """``conf`` with each value parsed by its key's rule; ``source`` names where it came
+        from (``--rdzv-conf``). A ConfigError names an unknown key, with the closest one
+        this backend takes, or a bad value with its fix."""
+        keys = {**EVERY_BACKEND, **self.keys}
+        for key in conf:
+            if key not in keys:
+                raise self._unknown(key, keys, source)
+        return {key: keys[key](value, f"{source} {key}") for key, value in conf.items()}
+
+    def _unknown(self, key: str, keys: Mapping[str, Parse], source: str) -> ConfigError:
+        """The error for a key this backend does not take: the closest one it takes, or
+        the backends that take it. Its value is not shown: a misspelt password's key is
+        no longer recognised as a secret."""
+        close = difflib.get_close_matches(key, keys, n=1)
+        owners = [b.name for b in BACKENDS if key in b.keys]
+        hint = f"it is a key of --rdzv-backend {' or '.join(owners)}." if owners else \
+            f"did you mean {close[0]}?" if close else f"it takes {', '.join(sorted(keys))}."
+        return ConfigError(f"{source} {key}=...: the {self.name} rendezvous has no key "
+                           f"{key!r}; {hint}", field=source)
+
 
 BACKENDS: tuple[Backend, ...] = (
-    Backend("c10d", defaults=FAST_DEFAULTS, reuses_store=True, endpoint_is_node_store=True,
+    Backend("c10d", defaults=FAST_DEFAULTS, keys={**TORCH_DYNAMIC, **C10D_STORE},
+            reuses_store=True, endpoint_is_node_store=True,
             factory="elastic_train.agent.rendezvous.torch_state:create_c10d_handler",
             summary="c10d (default; torch's TCP store on the first node)"),
     Backend("etcd", extra="etcd", defaults=NATIVE_DEFAULTS, state=StateHome.ETCD,
+            keys={**ETCD_CLIENT, **ETCD_NATIVE},
             factory="elastic_train.agent.rendezvous.etcd_native:create_handler",
             summary="etcd (our handler on etcd's v3 API: survives the loss of any node, "
                     "forms hundreds of nodes in seconds)"),
     Backend("etcd-v3", extra="etcd", defaults=FAST_DEFAULTS, reuses_store=True,
+            keys={**TORCH_DYNAMIC, **ETCD_CLIENT},
             state=StateHome.ETCD,
             factory="elastic_train.agent.rendezvous.etcd_handler:create_etcd_v3_handler",
             summary="etcd-v3 (torch's dynamic rendezvous over etcd's v3 API, for jobs "
                     "started with it, and plain torchrun's name for us)"),
-    Backend("static", elastic=False, store_per_round=False,
+    Backend("static", elastic=False, store_per_round=False, keys=STATIC,
             summary="static (a fixed set of nodes; --node-rank, --master-addr/--master-port)"),
 )
 DEFAULT = "c10d"  # ScalingConfig's and a platform's (Slurm, Kubeflow) backend

@@ -34,10 +34,11 @@ from torch.distributed.elastic.agent.server.api import RunResult
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from elastic_train.agent.hang_watch import WAITED_FOR_PEER
-from elastic_train.errors import WorkerFailure
+from elastic_train.errors import ConfigError, WorkerFailure
 from elastic_train.worker.lifecycle import EXCEPTION_TYPES, FAILED_AT, FAILED_SEQ
 
 _BROKEN_COLLECTIVE = "torch.distributed.DistError"
+_CONFIG_ERROR = f"{ConfigError.__module__}.{ConfigError.__qualname__}"  # never retried
 
 
 class Cause(enum.Enum):
@@ -95,6 +96,7 @@ def observe(result: RunResult) -> list[Observed]:
             exitcode=failure.exitcode, message=_message(failure, data),
             traceback=extra.get("py_callstack"), hostname=socket.gethostname(),
             timestamp=float(extra.get(FAILED_AT, failure.timestamp)),
+            config_error=_CONFIG_ERROR in extra.get(EXCEPTION_TYPES, ()),
         ), cause, seq))
     order = list(Cause)
     return sorted(out, key=lambda o: (order.index(o.cause), o.failure.traceback is None,

@@ -348,7 +348,8 @@ class TrainAgent(LocalElasticAgent):
         """Charges a failed attempt to its budget, asks the node policy whether this node
         stays (a node sent away stops its group alone), and reports the decision."""
         progress = self.events.progress() if self.events.progress is not None else None
-        decision = self.budget.charge(kind, progress, signature(failures[0]))
+        decision = self.budget.charge(kind, progress, signature(failures[0]),
+                                      config_error=failures[0].config_error)
         verdict = self.options.node.after_failure(kind, failures)
         if verdict.leave and decision.restart:  # a run that stops anyway closes the job
             decision = dataclasses.replace(decision, restart=False, leave=verdict)

@@ -11,6 +11,9 @@ without a process (torch's agent only carries the decision out):
   ``max_preemptions`` (``FailureConfig.max_preemption_failures``), never
   ``max_failures``.
 
+A failure whose root is a worker's ``ConfigError`` (a mistake in the run's settings) is
+never restarted, whatever is left of the budget: a restart would raise it again.
+
 Whatever is left of the budget, a failure or peer failure after too many
 restarts without progress stops the run (the :mod:`.no_progress_guard`).
 
@@ -23,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from elastic_train._internal.failure_kinds import FailureKind
@@ -42,6 +46,7 @@ class Decision:
     restarts bring no progress (see :mod:`.no_progress_guard`), with the reason.
     ``leave``: this node leaves the job (the node policy's verdict, see
     :mod:`.node_policy`): its group does not restart, the other nodes' do.
+    ``config_error``: the run stops because a worker raised a ``ConfigError``.
     """
 
     kind: FailureKind
@@ -50,6 +55,7 @@ class Decision:
     preemption_budget_spent: bool = False
     no_progress: str | None = None  # why the run stops although its budget is not spent
     leave: NodeVerdict | None = None
+    config_error: bool = False
 
 
 @dataclass
@@ -71,11 +77,12 @@ class RestartBudget:
         return used <= limit, max(limit - used, 0)
 
     def charge(self, kind: FailureKind, progress: Progress | None = None,
-               failure: str = "") -> Decision:
+               failure: str = "", config_error: bool = False) -> Decision:
         """Spends one attempt of ``kind``'s budget; the decision for the group.
 
         ``progress`` (how far the run is now) and ``failure`` (the root failure's
-        :func:`~.no_progress_guard.signature`) feed the no-progress guard, if any.
+        :func:`~.no_progress_guard.signature`) feed the no-progress guard, if any;
+        ``config_error``: this node's root failure is a ``ConfigError`` (no restart).
         """
         if kind is FailureKind.PREEMPTION:
             self.preemptions += 1
@@ -87,6 +94,8 @@ class RestartBudget:
         else:
             self.failures += 1
             decision = Decision(kind, *self._spend(self.max_failures, self.failures))
+            if config_error:
+                return dataclasses.replace(decision, restart=False, config_error=True)
         reason = self.guard.check(progress, failure) if self.guard is not None else None
         if decision.restart and reason is not None:
             return Decision(kind, False, decision.restarts_left, no_progress=reason)

@@ -81,7 +81,8 @@ def _runs(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[str, RunStorag
                 state = storage.read_run_state()
                 state = state and _as_it_stands(storage, state)
         except StorageError as exc:
-            print(f"elastic-train: skipping {storage.display_path}: {exc}", file=sys.stderr)
+            print(render.printed([f"elastic-train: skipping {storage.display_path}: {exc}"]),
+                  file=sys.stderr)
             continue
         if state is not None:
             runs.append((entry["name"].rstrip("/").rsplit("/", 1)[-1], storage, state))
@@ -101,17 +102,28 @@ def _as_it_stands(storage: RunStorage, state: RunState) -> RunState:
     return state
 
 
+def _summary(storage: RunStorage, state: RunState) -> RunSummary:
+    """The run's summary for ``ls``; one whose files cannot be read is listed as damaged
+    (why: on stderr), so that one odd run hides none of the others."""
+    try:
+        with reading(storage.fs, storage.run_path):
+            return RunSummary.read(storage, state)
+    except (ConfigError, StorageError) as exc:
+        print(render.printed([f"elastic-train: {storage.display_path} is damaged: {exc}"]),
+              file=sys.stderr)
+        return RunSummary.unreadable(str(exc))
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     fs, root = fsutil.resolve(args.storage_path,
                               options=fsutil.options_from_flags(args.storage_option))
-    runs = [(name, state, RunSummary.read(storage, state))
-            for name, storage, state in _runs(fs, root)]
+    runs = [(name, state, _summary(storage, state)) for name, storage, state in _runs(fs, root)]
     if args.json:
         print(render.runs_json(runs))
     elif not runs:
-        print(f"No runs under {fsutil.display_path(fs, root)}")
+        print(render.printed([f"No runs under {fsutil.display_path(fs, root)}"]))
     else:
-        print("\n".join(render.runs_table(runs, time.time())))
+        print(render.printed(render.runs_table(runs, time.time())))
     return 0
 
 
@@ -119,6 +131,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     fs, path = fsutil.resolve(args.run_path,
                               options=fsutil.options_from_flags(args.storage_option))
     storage = RunStorage(fs, path)
+    plot_format = run_plot.check_output(args.plot) if args.plot else None
     check_directory(fs, path, "a run directory")
     with reading(fs, path):
         state = storage.read_run_state()
@@ -127,11 +140,12 @@ def cmd_show(args: argparse.Namespace) -> int:
                                "pass a run's directory, as `elastic-train ls` lists them")
         state = _as_it_stands(storage, state)
         summary = RunSummary.read(storage, state)
-        if args.plot:
-            run_plot.plot(args.plot, storage, state, summary)
+        drawn = run_plot.draw(storage, state, summary) if plot_format else None
+    if plot_format:  # outside `reading`: an error of the output path is not the run's
+        run_plot.save(drawn, args.plot, plot_format)
     if args.json:
         print(render.run_json(state, summary))
     else:
         log_dir = fsutil.display_path(fs, storage.log_dir())
-        print("\n".join(render.run_text(storage.display_path, state, summary, log_dir)))
+        print(render.printed(render.run_text(storage.display_path, state, summary, log_dir)))
     return 0

@@ -17,6 +17,8 @@ from elastic_train._internal.redaction import redact_argv
 from elastic_train.cli.browse import check_directory
 from elastic_train.cli.launch_command import main_launch
 from elastic_train.cli.relaunch import RunAt, plan_relaunch
+from elastic_train.cli.render import printed
+from elastic_train.driver.resume_rules import why_not_restorable
 from elastic_train.errors import ConfigError, TrainingFailedError, exit_code
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
@@ -36,11 +38,14 @@ def cmd_restore(args: argparse.Namespace) -> int:
         parent, _, name = path.rstrip("/").rpartition("/")
         return _relaunch(command, state.spec.get("cwd", "?"), args,
                          RunAt(fsutil.display_path(fs, parent), name, options))
-    if finished or state is None or not storage.has_trainable():
-        why = ("its run has already finished: pass --start-over to move it aside and train "
-               "it again from scratch" if finished else "it is not a run directory")
-        raise ConfigError(f"{args.run_path} cannot be restored: {why} (see "
-                          "`elastic-train show`).")
+    if finished:
+        raise ConfigError(f"{args.run_path} cannot be restored: its run has already "
+                          "finished: pass --start-over to move it aside and train it again "
+                          "from scratch (see `elastic-train show`).")
+    why = why_not_restorable(state, state is not None and storage.has_trainable(),
+                             args.run_path)
+    if why is not None:
+        raise ConfigError(why)
     return _refit(args.run_path, options, args.start_over)
 
 
@@ -54,8 +59,8 @@ def _relaunch(command: list[str], stored_cwd: str, args: argparse.Namespace,
     except ConfigError as exc:
         raise ConfigError(f"{args.run_path} cannot be restored: {exc}") from None
     shown = shlex.join(redact_argv(["elastic-train", "launch", *argv]))
-    print(f"elastic-train: restoring {args.run_path}: running {shown} in {os.getcwd()}",
-          file=sys.stderr)
+    print(printed([f"elastic-train: restoring {args.run_path}: running {shown} in "
+                   f"{os.getcwd()}"]), file=sys.stderr)
     return main_launch(argv)
 
 
@@ -68,7 +73,7 @@ def _refit(run_path: str, options: dict[str, str] | None, start_over: bool) -> i
         trainer.run_config = dataclasses.replace(trainer.run_config, start_over=start_over)
         result = trainer.fit()
     except TrainingFailedError as exc:
-        print(f"elastic-train: {exc}", file=sys.stderr)
+        print(printed(f"elastic-train: {exc}".split("\n")), file=sys.stderr)
         return exit_code(exc)
     except KeyboardInterrupt:
         return 130

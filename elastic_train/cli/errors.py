@@ -11,6 +11,7 @@ import sys
 import traceback
 from collections.abc import Callable
 
+from elastic_train.cli.render import terminal_safe
 from elastic_train.driver.launch_rules import in_flag_terms
 from elastic_train.errors import ConfigError, StorageError
 
@@ -18,7 +19,8 @@ USAGE_ERROR = 2
 
 
 def one_line(message: str) -> str:
-    return " ".join(message.split())
+    """``message`` on one line, its control characters escaped (it may quote storage)."""
+    return terminal_safe(" ".join(message.split()))
 
 
 def guarded(command: Callable[[], int], debug: bool, flags: bool = False) -> int:

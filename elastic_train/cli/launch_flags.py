@@ -113,8 +113,8 @@ def add_our_flags(parser: argparse.ArgumentParser) -> None:
 def _failure_flags(ours: argparse._ArgumentGroup) -> None:
     """Restarts and their budgets: spares, hangs, in-process restarts, the no-progress
     guard, preemption."""
-    flag(ours, "max-failures", type=int, dest="max_restarts",
-         help="Ray-style alias of --max-restarts")
+    flag(ours, "max-failures", type=int, default=None,
+         help="Ray-style alias of --max-restarts (give one of them)")
     flag(ours, "spares", type=int, default=0, metavar="N",
          help="hot spares: N more nodes than --nnodes' MAX are started with the same "
               "command; they wait parked and take a lost node's place, so the world size is "
@@ -178,7 +178,8 @@ def _metrics_flags(ours: argparse._ArgumentGroup) -> None:
          help="serve Prometheus metrics at http://<node>:PORT/metrics from each node "
               "(default: off; needs elastic-train[metrics])")
     flag(ours, "metrics-address", default=metrics.address,
-         help=f"the address --metrics-port listens on (default {metrics.address})")
+         help="the host name or IP address --metrics-port listens on, without a port "
+              f"(default {metrics.address})")
     flag(ours, "otlp-endpoint", default=None, metavar="URL",
          help="push the same metrics over OTLP/HTTP to this OpenTelemetry collector, e.g. "
               "http://collector:4318 (default: off; needs elastic-train[otel])")

@@ -73,9 +73,9 @@ def _add_browse(sub: argparse._SubParsersAction) -> None:
     show.add_argument("run_path", help=RUN_PATH_HELP)
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.add_argument("--plot", metavar="FILE.png", default=None,
-                      help="also draw the run into FILE.png: metrics, world size, each "
-                           "fault's recovery, checkpoints, time by cause (needs "
-                           "elastic-train[plot])")
+                      help="also draw the run into FILE.png (or .svg, .pdf, ...: the suffix "
+                           "names the format): metrics, world size, each fault's recovery, "
+                           "checkpoints, time by cause (needs elastic-train[plot])")
     _common(show)
     show.set_defaults(func=browse.cmd_show)
 

@@ -1,4 +1,12 @@
-"""How ``elastic-train ls`` and ``show`` print a run: plain text for people, JSON for tools."""
+"""How ``elastic-train ls`` and ``show`` print a run: plain text for people, JSON for tools.
+
+Everything shown comes from storage, which anyone who may write the storage path may
+craft (a run.json, a directory's name, a metric): a string that holds terminal control
+sequences would be obeyed, not shown -- a shown error overwritten (``\\r``), the window
+title set or the clipboard written (OSC ``ESC ]``). So the text leaves through
+:func:`printed` (each line escaped by :func:`terminal_safe`; the newlines between lines
+are the renderer's own); JSON escapes every one itself (``ensure_ascii``).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +23,20 @@ from elastic_train.goodput.interval import advise
 from elastic_train.storage.run_state import FailureRecord, RunState
 
 SHOWN_DELETED = 3  # more checkpoints deleted by retention than this are counted, not named
+# C0 (newline, carriage return and tab included), DEL and C1: shown as Python writes them.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))} | {
+    ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control character escaped (``ESC`` as ``\\x1b``, ``CR`` as
+    ``\\r``): what storage holds is shown to the terminal, never obeyed by it."""
+    return text.translate(_CONTROLS)
+
+
+def printed(lines: list[str]) -> str:
+    """The text to print for ``lines``: one printed line each, escaped."""
+    return "\n".join(terminal_safe(line) for line in lines)
 
 
 def when(timestamp: float | None) -> str:
@@ -38,7 +60,8 @@ def runs_table(runs: list[tuple[str, RunState, RunSummary]], now: float) -> list
     """``ls``: one line per run."""
     lines = [f"{'NAME':32} {'STATUS':11} {'ITER':>6} {'FAILURES':>8}  {'AGE':>5}  BEST"]
     for name, state, summary in runs:
-        lines.append(f"{name:32} {state.status.value:11} {summary.iterations:>6} "
+        status = "damaged" if summary.damaged else state.status.value
+        lines.append(f"{name:32} {status:11} {summary.iterations:>6} "
                      f"{len(state.failures):>8}  {age(state.updated, now):>5}  "
                      f"{summary.best_label()}")
     return lines
@@ -46,7 +69,8 @@ def runs_table(runs: list[tuple[str, RunState, RunSummary]], now: float) -> list
 
 def runs_json(runs: list[tuple[str, RunState, RunSummary]]) -> str:
     return json.dumps([{"name": name, **state.to_json(), "iterations": summary.iterations,
-                        "best_checkpoint": summary.best and summary.best.name}
+                        "best_checkpoint": summary.best and summary.best.name,
+                        **({"damaged": summary.damaged} if summary.damaged else {})}
                        for name, state, summary in runs], indent=2)
 
 
@@ -79,7 +103,7 @@ def run_text(display_path: str, state: RunState, summary: RunSummary, log_dir: s
     if state.no_progress:
         lines.append(f"stopped:  {state.no_progress} (exit code {NO_PROGRESS_EXIT_CODE})")
     if state.error:  # why a failed run stopped, as the user was told then
-        first, *rest = state.error.splitlines() or [""]
+        first, *rest = state.error.rstrip("\n").split("\n")  # a "\r" in it is escaped
         lines += [f"error:    {first}", *(f"          {line}" for line in rest)]
     if spec.get("command"):
         lines.append(f"command:  {shlex.join(spec['command'])}")
@@ -94,7 +118,7 @@ def run_text(display_path: str, state: RunState, summary: RunSummary, log_dir: s
               f"{launch.status.value}" for launch in state.launches]
     lines.append(f"failures: {len(state.failures)}")
     for failure, recovery in zip(state.failures, summary.recoveries, strict=True):
-        lines += [failure_line(failure), f"      {recovery_line(recovery)}"]
+        lines += [*failure_lines(failure), f"      {recovery_line(recovery)}"]
     if summary.ledger is not None:
         lines += ledger_lines(summary.ledger)
     elif summary.goodput is not None:
@@ -138,16 +162,17 @@ def step_lines(state: RunState, summary: RunSummary) -> list[str]:
     return lines
 
 
-def failure_line(failure: FailureRecord) -> str:
+def failure_lines(failure: FailureRecord) -> list[str]:
+    """A failure, and the restart it had."""
     root = failure.root
     how = f"signal {root.signal_name}" if root.signal_name else f"exit code {root.exitcode}"
     said = "without a Python exception" if root.without_exception else root.message[:100]
-    line = f"  {when(failure.time)}  [{failure.kind.value}] rank {root.rank} {how}: {said}"
+    lines = [f"  {when(failure.time)}  [{failure.kind.value}] rank {root.rank} {how}: {said}"]
     if failure.restart:
         replaced = "".join(f"; rank {rank} in a new process ({why})"
                            for rank, why in sorted(failure.replaced.items()))
-        line += f"\n      restart:  {failure.restart}{replaced}"
-    return line
+        lines.append(f"      restart:  {failure.restart}{replaced}")
+    return lines
 
 
 def recovery_line(recovery: Recovery) -> str:

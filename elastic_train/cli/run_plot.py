@@ -1,5 +1,8 @@
 """``elastic-train show RUN --plot FILE.png``: a picture of the run, from its directory.
 
+In the format the file's suffix names (``.png``, ``.svg``, ``.pdf``, ...: matplotlib's
+formats; another suffix is refused before the run is read, naming them).
+
 Drawn with matplotlib (the ``plot`` extra: ``pip install 'elastic-train[plot]'``; a
 clear ConfigError names it when it is missing), on its own figure and Agg canvas (no
 global backend, no display). Time runs along x in seconds since the run was created:
@@ -25,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,8 +120,40 @@ def _matplotlib() -> Any:
     return Figure, FigureCanvasAgg
 
 
-def plot(path: str, storage: RunStorage, state: RunState, summary: RunSummary) -> None:
-    """Draws the run into the PNG file ``path``."""
+def check_output(path: str) -> str:
+    """The format ``path``'s suffix names (``svg`` for ``run.svg``), checked before the
+    run is read: a ConfigError naming ``path`` and the fix when matplotlib draws no such
+    format, ``path`` is a directory, or its directory does not exist. The output path is
+    the user's own, so its errors never read as errors of the run."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        fix = (f"it is a directory: name a file in it, e.g. --plot "
+               f"{os.path.join(path, 'run.png')}")
+    elif not os.path.isdir(folder):
+        fix = f"its directory {folder} does not exist: create it, or name a file elsewhere"
+    else:
+        formats = sorted(_matplotlib()[1].get_supported_filetypes())
+        suffix = os.path.splitext(path)[1][1:].lower()
+        if suffix in formats:
+            return suffix
+        fix = (f"its suffix names no format matplotlib draws: use one of "
+               f"{', '.join('.' + f for f in formats)}, e.g. --plot run.png")
+    raise ConfigError(f"show --plot {path!r} cannot be written: {fix}.")
+
+
+def save(canvas: Any, path: str, file_format: str) -> None:
+    """Writes the drawn run to ``path`` in ``file_format`` (:func:`check_output`'s); a
+    failure to write is a ConfigError naming ``path``."""
+    try:
+        canvas.print_figure(path, format=file_format)
+    except OSError as exc:
+        raise ConfigError(f"show --plot {path!r} cannot be written ({type(exc).__name__}: "
+                          f"{exc.strerror or exc}): name a file in a directory you may write."
+                          ) from exc
+
+
+def draw(storage: RunStorage, state: RunState, summary: RunSummary) -> Any:
+    """The run drawn (see the module) on a canvas of its own, for :func:`save`."""
     figure_class, canvas_class = _matplotlib()
     origin = state.created or min((launch.started for launch in state.launches), default=0.0)
     rows = storage.read_metrics()
@@ -152,7 +188,7 @@ def plot(path: str, storage: RunStorage, state: RunState, summary: RunSummary) -
     _badput(axes[-1], *time_by_cause(storage, summary))
     figure.suptitle(f"{state.name or storage.display_path}: {state.status.value}, "
                     f"{len(state.failures)} fault(s), {len(summary.checkpoints)} checkpoint(s)")
-    canvas_class(figure).print_png(path)
+    return canvas_class(figure)
 
 
 def world_sizes(ledger: list[dict[str, Any]], checkpoints: list[CommitManifest], origin: float

@@ -45,6 +45,7 @@ class RunSummary:
     redone_s: float = 0.0
     step_times: dict[str, Any] = field(default_factory=dict)  # the latest row's STEP_FIELDS
     ledger: Goodput | None = None  # the run's wall time by cause (None: no ledger, older runs)
+    damaged: str | None = None  # why the run's files could not be read (see unreadable)
 
     @property
     def goodput(self) -> float | None:
@@ -80,6 +81,12 @@ class RunSummary:
                    wall_s=wall, redone_s=sum(r.recomputed_s for r in restores),
                    step_times={k: rows[-1][k] for k in STEP_FIELDS if rows and k in rows[-1]},
                    ledger=ledger if (ledger := breakdown(storage.read_ledger())).wall_s else None)
+
+    @classmethod
+    def unreadable(cls, why: str) -> RunSummary:
+        """The summary of a run whose files (beside its run.json) cannot be read: ``ls``
+        lists it as damaged, saying ``why``, and shows the other runs."""
+        return cls([], None, None, 0, [], damaged=why)
 
     def best_label(self) -> str:
         if self.best is None:

@@ -218,6 +218,44 @@ def unsupported(settings: LaunchSettings) -> list[str]:
     return notes
 
 
+def standalone_notes(settings: LaunchSettings) -> list[str]:
+    """--standalone runs this node alone on a local c10d store, as torchrun's: the
+    node count and rendezvous given beside it are ignored, said in one note (its
+    --rdzv-conf is kept, as torchrun keeps it)."""
+    s = settings
+    ignored = [f"{s.named(name)}={getattr(s, name)}" for name in
+               ("nnodes", "rdzv_backend", "rdzv_endpoint", "rdzv_id")
+               if s.source(name) != "default"]
+    if not s.standalone or not ignored:
+        return []
+    return [f"{s.named('standalone')} runs this node alone on a local c10d store, as "
+            f"torchrun: {', '.join(ignored)} ignored (drop --standalone for a job across "
+            "nodes)."]
+
+
+def restart_budget(settings: LaunchSettings) -> tuple[int, str]:
+    """The restarts after failures and where they came from: --max-restarts or its
+    Ray-style alias --max-failures. Both given with different values are refused
+    (argparse would keep the later one silently)."""
+    s = settings
+    if s.max_failures is None:
+        return s.max_restarts, s.source("max_restarts")
+    if s.source("max_restarts") != "default" and s.max_restarts != s.max_failures:
+        raise ConfigError(f"{s.named('max_restarts')} {s.max_restarts} and "
+                          f"{s.named('max_failures')} {s.max_failures} disagree: --max-failures "
+                          "is an alias of --max-restarts; give one of them.")
+    return s.max_failures, s.source("max_failures")
+
+
+def verbosity(settings: LaunchSettings) -> int:
+    """``RunConfig.verbose``: 0 with --quiet, 2 with --verbose, else 1; both: refused."""
+    s = settings
+    if s.quiet and s.verbose:
+        raise ConfigError("--quiet (no live status line) and --verbose (the agent's logs "
+                          "too) contradict each other: give one of them.")
+    return 0 if s.quiet else (2 if s.verbose else 1)
+
+
 # Config field -> the launch setting (its flag: --name-with-dashes) that feeds it.
 FIELD_SETTINGS = {
     "ScalingConfig.num_workers_per_node": "nproc_per_node",

@@ -32,6 +32,7 @@ from elastic_train.config import (
     MetricsConfig,
     RunConfig,
     ScalingConfig,
+    check_together,
 )
 from elastic_train.driver import launch_rules as rules
 from elastic_train.driver.console import ConsoleView
@@ -48,10 +49,11 @@ DEFAULT_GRACE_S = _FAILURE.preemption_grace_s
 
 # The setting each config field gets its value from: an error about the field names it.
 # Not recorded in run.json's "launch": the checkpoint settings are recorded as
-# "checkpoint_config"; --start-over applies to one launch only; the sources are
-# where the values came from on this node, and storage options may hold credentials.
-_NOT_RECORDED = ("num_to_keep", "checkpoint_score_attribute", "checkpoint_score_order",
-                 "peer_replicas",
+# "checkpoint_config"; --max-failures as the --max-restarts it resolves to; --start-over
+# applies to one launch only; the sources are where the values came from on this node,
+# and storage options may hold credentials.
+_NOT_RECORDED = ("max_failures", "num_to_keep", "checkpoint_score_attribute",
+                 "checkpoint_score_order", "peer_replicas",
                  "start_over", "sources", "storage_option")
 
 
@@ -79,6 +81,7 @@ class LaunchSettings:
     rdzv_conf: str = ""
     standalone: bool = False
     max_restarts: int = 0
+    max_failures: int | None = None
     monitor_interval: float = 0.1
     start_method: str = "spawn"
     event_log_handler: str = "null"
@@ -143,7 +146,8 @@ class LaunchSettings:
     name_source: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.notes = rules.unsupported(self)
+        self.notes = rules.unsupported(self) + rules.standalone_notes(self)
+        self.max_restarts, self.sources["max_restarts"] = rules.restart_budget(self)
         rules.check_program(self)
         self.min_nodes, self.max_nodes = (1, 1) if self.standalone \
             else rules.parse_nnodes(self.nnodes, self.named("nnodes"))
@@ -202,13 +206,15 @@ class LaunchSettings:
 
     def _rendezvous(self) -> RendezvousConfig:
         """torchrun's rendezvous rules as a :class:`RendezvousConfig`."""
+        conf_source = self.named("rdzv_conf")
+        conf = parse_rdzv_conf(self.rdzv_conf, conf_source)
         if self.standalone:
-            return RendezvousConfig.single_node("standalone")
+            return RendezvousConfig.single_node("standalone", conf, conf_source)
         backend = lookup(self.rdzv_backend, self.named("rdzv_backend"))
-        conf = parse_rdzv_conf(self.rdzv_conf, self.named("rdzv_conf"))
         if not backend.elastic and self.max_nodes == 1 and not self.rdzv_endpoint \
-                and self.master_port is None:
-            return RendezvousConfig.single_node("launch")  # torchrun: a local c10d store
+                and self.master_port is None:  # torchrun: a local c10d store
+            return RendezvousConfig.single_node("launch", conf, conf_source)
+        conf = backend.check_conf(conf, conf_source)
         if backend.elastic:
             # The platform's endpoint is a node's store; etcd needs one given.
             given = "" if self._from_platform("rdzv_endpoint") \
@@ -289,7 +295,7 @@ class LaunchSettings:
             name=name, storage_path=self.storage_path,
             storage_options=options_from_flags(self.storage_option),
             checkpoint_config=self.checkpoint, start_over=self.start_over,
-            verbose=0 if self.quiet else (2 if self.verbose else 1),
+            verbose=rules.verbosity(self),
             metrics_config=MetricsConfig(port=self.metrics_port, address=self.metrics_address,
                                          otlp_endpoint=self.otlp_endpoint,
                                          otlp_interval_s=self.otlp_interval),
@@ -305,6 +311,7 @@ class LaunchSettings:
                 restart_in_process=not self.no_restart_in_process,
                 unwind_timeout_s=self.unwind_timeout,
                 max_restarts_without_progress=self.max_restarts_without_progress))
+        check_together(self.run_config, self.scaling)  # as the launch will: --dry-run too
 
     @property
     def mode(self) -> str:

@@ -123,6 +123,7 @@ class NodePlan:
 
     def __post_init__(self) -> None:
         check_together(self.run_config, self.scaling)  # both front-ends, before any process
+        env_vars.Switches.from_environ()  # a bad ELASTIC_TRAIN_* switch: named now
 
 
 class NodeRun:
@@ -272,14 +273,17 @@ class NodeRun:
 
     def worker_plan(self) -> WorkerPlan:
         """What this node tells its workers of the run and the node."""
-        run_config = self.plan.run_config
+        run_config, scaling = self.plan.run_config, self.plan.scaling
+        min_nodes, max_nodes = scaling.nodes
         return WorkerPlan(
             run_name=run_config.name, checkpoint_config=run_config.checkpoint_config,
             staging_dir=self.staging_dir,
             tier_root=self.tier_root, replica=self.replica,
             keep_uploads=env_vars.Switches.from_environ().local_tier,
             storage_retry_s=run_config.storage_retry_timeout_s,
-            lease_token=self.lease.token if self.lease else None, user_roots=self.user_roots)
+            lease_token=self.lease.token if self.lease else None, user_roots=self.user_roots,
+            world_sizes=tuple(nodes * scaling.workers_per_node
+                              for nodes in range(min_nodes, max_nodes + 1)))
 
     def _retry_helps(self, root: WorkerFailure) -> bool:
         """Whether retrying could get past ``root``: not when it is an exception raised

@@ -49,7 +49,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_train.storage.run_state import RunState
+from elastic_train.storage.run_state import RUN_FILE, TRAINABLE_FILE, RunState
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,26 @@ def spec_changes(stored: dict[str, Any], new: dict[str, Any],
 def is_launch(spec: dict[str, Any]) -> bool:
     """Whether the spec is of an ``elastic-train launch`` run (else of ``fit()``)."""
     return "command" in spec
+
+
+def why_not_restorable(state: RunState | None, has_trainable: bool, path: str) -> str | None:
+    """Why the run stored at ``path`` cannot be continued through its stored train function
+    (``TorchTrainer.restore``, ``elastic-train restore`` of a ``fit()`` run); None if it
+    can. ``state``: its run.json (None: there is none); ``has_trainable``: whether its
+    trainable.pkl is there."""
+    if state is None:
+        return (f"Cannot restore {path!r}: it is not a run directory (no {RUN_FILE}). Pass "
+                "the directory of one run, <storage_path>/<name>, as `elastic-train ls` "
+                "lists them.")
+    if has_trainable:
+        return None
+    if is_launch(state.spec):
+        return (f"Cannot restore {path!r} with restore(): it is a run of `elastic-train "
+                "launch`; continue it with `elastic-train restore PATH`.")
+    return (f"Cannot restore {path!r}: its stored train function ({TRAINABLE_FILE}) is "
+            f"missing, though {RUN_FILE} is there. Run the script that called fit() again "
+            "with the same RunConfig(name=..., storage_path=...): it continues from the "
+            f"latest checkpoint and stores {TRAINABLE_FILE} again.")
 
 
 def start_over_hint(spec: dict[str, Any], display_path: str) -> str:

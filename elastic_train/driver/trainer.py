@@ -29,7 +29,7 @@ from elastic_train.callbacks import UserCallback
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.config import RunConfig, ScalingConfig
 from elastic_train.driver.node_run import FailureHints, NodePlan, NodeRun
-from elastic_train.driver.resume_rules import TRAIN_FUNCTION_CHANGES, is_launch
+from elastic_train.driver.resume_rules import TRAIN_FUNCTION_CHANGES, why_not_restorable
 from elastic_train.errors import (
     ConfigError,
     StorageError,
@@ -180,15 +180,10 @@ class DataParallelTrainer:
         """
         storage = _storage_at(path, storage_filesystem, storage_options)
         state = storage.read_run_state()
-        if state is None:
-            raise ConfigError(f"Cannot restore {os.fspath(path)!r}: it is not a run directory "
-                              "(no run.json). Pass the directory of one run, "
-                              "<storage_path>/<name>.")
-        if not storage.has_trainable():
-            raise ConfigError(f"Cannot restore {os.fspath(path)!r} with restore(): " + (
-                "it is a run of `elastic-train launch`; continue it with `elastic-train "
-                "restore PATH`." if is_launch(state.spec) else
-                "it has no stored train function (trainable.pkl)."))
+        why = why_not_restorable(state, state is not None and storage.has_trainable(),
+                                 os.fspath(path))
+        if why is not None:
+            raise ConfigError(why)
         spec: RunSpec = _read_trainable(storage, state.spec, os.fspath(path))
         fs, run_path = storage.fs, storage.run_path
         if spec.resume_from_checkpoint is not None:  # stored without credentials

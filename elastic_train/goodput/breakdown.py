@@ -10,7 +10,9 @@ writer (:mod:`elastic_train.storage.ledger_file`), each line an event stamped ``
   ``rendezvous`` (the group formed again), ``end`` (the launch's outcome);
 - rank 0 of each attempt: ``attempt`` (``started``: the session began, ``t``: the
   ranks agreed where to resume, ``restored_iteration``: from which iteration, None on
-  a fresh start; ``world_size``: the attempt's, for the run's picture) and ``work``
+  a fresh start; ``world_size``: the attempt's, for the run's picture), ``live`` (the
+  attempt went on from a survivor's memory instead, :class:`elastic_train.torch.LiveState`:
+  from report ``iteration``, at ``step``, a copy taken at ``taken_at``) and ``work``
   (what rank 0 measured since its previous ``work``, by cause, between iterations
   ``from_iteration`` and ``iteration``; written at checkpoint reports, every
   :data:`FLUSH_S` at a report, and at the attempt's end).
@@ -22,8 +24,9 @@ the cause the earlier one starts: a launch or a rendezvous starts start-up, a fa
 detection, its detection or a join a rendezvous, an attempt's start a restore (or
 start-up on a fresh start). Between rank 0's ``work`` lines the seconds are the causes
 rank 0 measured (the rest of the gap: other); from its last line to a fault or a
-join, work that is lost (recompute), and so is every productive second of an earlier
-attempt past the iteration the next attempt restored; whatever comes before a launch's
+join, work that is lost (recompute) -- but for a live recovery's, whose work up to the
+copy it went on from was kept (productive) --, and so is every productive second of an
+earlier attempt past the iteration the next attempt restored; whatever comes before a launch's
 end is its shutdown. So the causes add up to the wall time of the launches by
 construction, and ``other`` says how much no writer accounted for.
 
@@ -84,6 +87,8 @@ class Goodput:
         attempts: The same per attempt, in order.
         failures: The faults the ledger recorded.
         checkpoints: The checkpoints rank 0 reported.
+        live_recoveries: The attempts that went on from a survivor's memory
+            (:class:`elastic_train.torch.LiveState`), not from a checkpoint.
 
     Example::
 
@@ -97,6 +102,7 @@ class Goodput:
     attempts: tuple[AttemptTime, ...] = ()
     failures: int = 0
     checkpoints: int = 0
+    live_recoveries: int = 0
 
     @property
     def ettr(self) -> float | None:
@@ -112,12 +118,14 @@ class Goodput:
         badput = sorted(((s, c) for c, s in self.seconds.items()
                          if c is not Cause.PRODUCTIVE and s >= 0.05), reverse=True)
         causes = ", ".join(f"{c.value} {s:.1f} s" for s, c in badput)
+        live = (f"; {self.live_recoveries} of {self.failures} recoveries live (from memory)"
+                if self.live_recoveries else "")
         return (f"ETTR {self.ettr or 0.0:.1%}: {self.seconds[Cause.PRODUCTIVE]:.1f} s "
-                f"productive of {self.wall_s:.1f} s" + (f"; {causes}" if causes else ""))
+                f"productive of {self.wall_s:.1f} s" + (f"; {causes}" if causes else "") + live)
 
     def to_json(self) -> dict[str, Any]:
         return {"ettr": self.ettr, "wall_s": self.wall_s, "failures": self.failures,
-                "checkpoints": self.checkpoints,
+                "checkpoints": self.checkpoints, "live_recoveries": self.live_recoveries,
                 "seconds": {c.value: s for c, s in self.seconds.items()},
                 "shares": {c.value: self.share(c) for c in Cause},
                 "attempts": [{c.value: s for c, s in a.seconds.items()}
@@ -196,7 +204,7 @@ class _Tally:
 # The cause of the seconds after a point, until the next; None: rank 0 measured them.
 _AFTER = {"launch": Cause.STARTUP, "failed": Cause.DETECTION, "fault": Cause.RENDEZVOUS,
           "join": Cause.RENDEZVOUS, "rendezvous": Cause.STARTUP, "started": Cause.STARTUP,
-          "resumed": Cause.RESTORE, "attempt": None, "work": None}
+          "resumed": Cause.RESTORE, "attempt": None, "work": None, "held": None}
 
 
 _ATTEMPT_ENDS = ("failed", "join")  # points that end an attempt before the launch's end
@@ -209,18 +217,55 @@ def _failed_at(entry: dict[str, Any], rank0_times: list[float]) -> float:
     worker killed by a signal to the whole second, which can fall before lines rank 0
     wrote in that second."""
     t = float(entry.get("t", 0.0))
-    before = bisect.bisect_right(rank0_times, t)
-    written = rank0_times[before - 1] if before else 0.0
+    written = _latest(rank0_times, t)
+    written = 0.0 if written is None else written
     return min(max(float(entry.get("failed_at", t)), written), t)
+
+
+def _latest(times: list[float], t: float, strictly: bool = False) -> float | None:
+    """The latest of the sorted ``times`` at ``t`` or before (before it: ``strictly``);
+    None: none is. A bisection: no reader scans every line for every fault."""
+    found = (bisect.bisect_left if strictly else bisect.bisect_right)(times, t)
+    return times[found - 1] if found else None
+
+
+def _live_resumes(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[float]]:
+    """``entries`` with each attempt that went on from a live state resumed at the live
+    state's iteration (rank 0 writes ``live`` after its ``attempt``), and for each such
+    attempt the time up to which the failed attempt's unwritten work was kept: from rank
+    0's last line before the fault to the copy (or the fault, if the copy's clock, on
+    another node, says later)."""
+    ordered = sorted(entries, key=lambda e: float(e.get("t", 0.0)))
+    rank0 = [float(e.get("t", 0.0)) for e in ordered if e.get("event") in ("attempt", "work")]
+    faults = sorted(float(e.get("failed_at", e.get("t", 0.0))) for e in ordered
+                    if e.get("event") == "fault")
+    attempt: dict[str, Any] | None = None
+    out, kept_until = [], []
+    for entry in ordered:
+        event = entry.get("event")
+        if event == "attempt":
+            attempt = dict(entry)
+            out.append(attempt)
+            continue
+        out.append(entry)
+        if event != "live" or attempt is None:
+            continue
+        attempt["restored_iteration"] = int(entry.get("iteration", 0))
+        began = float(attempt.get("t", 0.0))
+        last, fault = _latest(rank0, began, strictly=True), _latest(faults, began)
+        taken = float(entry.get("taken_at", 0.0))
+        if last is not None and fault is not None and last < min(taken, fault):
+            kept_until.append(min(taken, fault))
+    return out, kept_until
 
 
 def _points(entries: Iterable[dict[str, Any]]) -> list[tuple[float, str, dict[str, Any]]]:
     """Every event as (time, kind, entry) in time order; a fault is two points (its
     failure and its detection), an attempt two (its start and its agreement)."""
-    entries = list(entries)
+    entries, copies = _live_resumes(list(entries))
     rank0_times = sorted(float(e.get("t", 0.0)) for e in entries
                          if e.get("event") in ("attempt", "work"))
-    points = []
+    points = [(t, "held", {}) for t in copies]
     for entry in entries:
         event, t = entry.get("event"), float(entry.get("t", 0.0))
         if event == "fault":
@@ -237,6 +282,7 @@ def _points(entries: Iterable[dict[str, Any]]) -> list[tuple[float, str, dict[st
 
 def breakdown(entries: Iterable[dict[str, Any]]) -> Goodput:
     """The run's wall time by cause, from its ledger lines (any order, any writer)."""
+    entries = list(entries)
     tally = _Tally()
     previous: tuple[float, str, dict[str, Any]] | None = None
     preempted = False
@@ -254,8 +300,10 @@ def breakdown(entries: Iterable[dict[str, Any]]) -> Goodput:
                 tally.add(Cause.SHUTDOWN, gap)
             elif kind == "work" and after is None:
                 tally.work(entry, gap)
-            elif after is None:  # rank 0's unwritten work: lost at a fault or join, else other
-                tally.add(Cause.RECOMPUTE if kind in _ATTEMPT_ENDS else Cause.OTHER, gap)
+            elif after is None:  # rank 0's unwritten work: lost at a fault or join, kept up
+                # to a live copy, else other
+                tally.add(Cause.RECOMPUTE if kind in _ATTEMPT_ENDS
+                          else Cause.PRODUCTIVE if kind == "held" else Cause.OTHER, gap)
             else:
                 tally.add(Cause.PREEMPTION if preempted and after in (
                     Cause.DETECTION, Cause.RENDEZVOUS) else after, gap)
@@ -271,4 +319,5 @@ def breakdown(entries: Iterable[dict[str, Any]]) -> Goodput:
         for cause, value in attempt.items():
             seconds[cause] += value
     return Goodput(tally.wall_s, seconds, tuple(AttemptTime(a) for a in tally.attempts),
-                   tally.failures, tally.checkpoints)
+                   tally.failures, tally.checkpoints,
+                   sum(e.get("event") == "live" for e in entries))

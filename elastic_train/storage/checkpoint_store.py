@@ -201,7 +201,7 @@ class CheckpointStore:
         every checkpoint's)."""
         path = fsutil.join(self.run_path, name)
         raw = self._retry("reading a commit marker", lambda: fsutil.read_unless_missing(
-            self.fs, fsutil.join(path, MARKER), self.fs.cat_file))
+            self.fs, fsutil.join(path, MARKER), lambda p: fsutil.read_bytes(self.fs, p)))
         return None if raw is None else parse_marker(raw, path)
 
     def _read_manifest(self, index: int, path: str) -> CommitManifest | None:
@@ -209,7 +209,7 @@ class CheckpointStore:
         of the directory confirms there is none. A marker that is no manifest of checkpoint
         ``index`` raises :class:`CorruptManifestError`."""
         raw = self._retry("reading a commit marker", lambda: fsutil.read_unless_missing(
-            self.fs, fsutil.join(path, MARKER), self.fs.cat_file))
+            self.fs, fsutil.join(path, MARKER), lambda p: fsutil.read_bytes(self.fs, p)))
         if raw is None:
             return None
         manifest = parse_marker(raw, path)

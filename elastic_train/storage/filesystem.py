@@ -22,6 +22,7 @@ from elastic_train.storage.manifest import FileDigest
 from elastic_train.storage.stores import adapter_for, open_url
 
 CHUNK = 1 << 20
+READ_LIMIT = 1 << 30  # the most a whole-file read of a record (run.json, metrics) loads
 
 T = TypeVar("T")
 
@@ -107,12 +108,23 @@ def write_local_json(path: str, obj: Any) -> None:
     write_json_atomic(LocalFileSystem(), path, obj)
 
 
-def read_json(fs: fsspec.AbstractFileSystem, path: str) -> Any:
-    """The JSON file at ``path`` as the store holds it now: one whole read (``cat_file``),
-    not a file object, which s3fs opens with the ETag its listing cache holds and fails
+def read_bytes(fs: fsspec.AbstractFileSystem, path: str) -> bytes:
+    """The file at ``path`` whole, as the store holds it now: one read (``cat_file``), not
+    a file object, which s3fs opens with the ETag its listing cache holds and fails
     (``FileExpired``) when another process rewrote the file since -- a heartbeat's claim,
-    ``run.json``."""
-    return json.loads(fs.cat_file(path))
+    ``run.json``. Bounded: a regular file of at most :data:`READ_LIMIT` bytes, else a
+    StorageError naming it (a FIFO or a device in a run directory would be read for ever;
+    see the store's ``read_bytes``)."""
+    data = adapter_for(fs).read_bytes(path, READ_LIMIT)
+    if len(data) > READ_LIMIT:
+        raise StorageError(f"{path} is larger than {READ_LIMIT} bytes, more than any record "
+                           "elastic-train writes: it is damaged; move it aside")
+    return data
+
+
+def read_json(fs: fsspec.AbstractFileSystem, path: str) -> Any:
+    """The JSON file at ``path`` as the store holds it now (:func:`read_bytes`)."""
+    return json.loads(read_bytes(fs, path))
 
 
 def names_in(fs: fsspec.AbstractFileSystem, directory: str) -> set[str]:

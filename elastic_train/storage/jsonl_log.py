@@ -30,9 +30,11 @@ import itertools
 import re
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import fsspec
 
+from elastic_train.errors import StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.stores import adapter_for
 
@@ -146,9 +148,23 @@ def _segments_stored(fs: fsspec.AbstractFileSystem, path: str) -> dict[int, Hash
         entries = fs.ls(directory, detail=True)
     except FileNotFoundError:
         return {}
-    adapter = adapter_for(fs)
-    return {int(m.group(1)): adapter.version(entry) for entry in entries
-            if (m := _SEGMENT.fullmatch(entry["name"].rstrip("/").rsplit("/", 1)[-1]))}
+    adapter, stored = adapter_for(fs), {}
+    for entry in entries:
+        if m := _SEGMENT.fullmatch(entry["name"].rstrip("/").rsplit("/", 1)[-1]):
+            _check_segment(entry)
+            stored[int(m.group(1))] = adapter.version(entry)
+    return stored
+
+
+def _check_segment(entry: dict[str, Any]) -> None:
+    """Refuses, before it is read, a segment that is no regular file (a FIFO is read for
+    ever) or larger than any file elastic-train writes."""
+    if entry.get("type") != "file":
+        raise StorageError(f"{entry['name']} is not a regular file: no file elastic-train "
+                           "writes is; move it aside")
+    if (entry.get("size") or 0) > fsutil.READ_LIMIT:
+        raise StorageError(f"{entry['name']} is larger than {fsutil.READ_LIMIT} bytes, more "
+                           "than any record elastic-train writes: it is damaged; move it aside")
 
 
 def _segment_numbers(fs: fsspec.AbstractFileSystem, path: str) -> list[int]:

@@ -163,6 +163,6 @@ def read_ledger(fs: fsspec.AbstractFileSystem, directory: str,
 def _read_file(fs: fsspec.AbstractFileSystem, path: str) -> bytes | None:
     """``path``'s bytes, None when it is gone (a listing can outlive the file)."""
     try:
-        return fs.cat_file(path)
+        return fsutil.read_bytes(fs, path)
     except FileNotFoundError:
         return None

@@ -22,14 +22,8 @@ run's group in it (:func:`~.local_tier.run_group`):
   tier's own spelling (403 for any other), and no more bytes than the disk has
   free (507).
 
-Connections (:class:`Limits`): each read waits at most ``idle_timeout_s``; a
-connection must send a signed request within ``auth_timeout_s`` of its accept (TLS
-handshake included) or it is closed; at most ``connections`` are open at once (fewer
-when the process may open fewer files), and at the cap a new one closes the oldest
-connection that has not signed a request yet, of the address that holds the most such
-connections -- a flood from one host evicts its own -- or is refused at once when
-every open one has signed. Each connection has a thread of its own, so a slow client
-delays no other.
+Connections: the limits of :mod:`elastic_train._internal.bounded_http` (:class:`Limits`),
+a connection admitted once it sends a signed request.
 
 Who may use the port (see also docs/SECURITY.md): the node's key is made by the
 node run as it starts (:func:`new_key`), handed to its server on a pipe and to its
@@ -70,14 +64,12 @@ import socket
 import ssl
 import subprocess
 import sys
-import threading
-import time
 import urllib.parse
 import uuid
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
+from elastic_train._internal.bounded_http import BoundedHTTPServer, Limits
 from elastic_train.errors import ConfigError, CorruptManifestError
 from elastic_train.storage.checkpoint_names import dir_name
 from elastic_train.storage.local_tier import TierEntry
@@ -85,7 +77,6 @@ from elastic_train.storage.manifest import check_relpath, is_sha256
 
 CHUNK = 1 << 20
 START_TIMEOUT_S = 30.0
-_SPARE_FILES = 32  # descriptors kept from connections: files served and received, pipes
 _PATH_RE = re.compile(r"^/([0-9a-f]{16})/(checkpoint_(\d{6,}))/(.+)$")
 
 
@@ -186,15 +177,6 @@ class NodeReplica:
 
 
 @dataclass(frozen=True)
-class Limits:
-    """How long and how many connections the server holds (see the module docstring)."""
-
-    connections: int = 256
-    auth_timeout_s: float = 5.0
-    idle_timeout_s: float = 15.0
-
-
-@dataclass(frozen=True)
 class ServerSettings:
     """What a node's server serves, where, and how.
 
@@ -282,91 +264,18 @@ def receive(target: str, body: IO[bytes], size: int, sha256: str) -> int:
             os.remove(partial)
 
 
-@dataclass
-class _Connection:
-    sock: socket.socket
-    address: str
-    accepted: float = field(default_factory=time.monotonic)
-    signed: bool = False  # has sent a signed request
-
-    def cut(self) -> None:
-        """Ends the connection under its thread's feet (its next read sees the end).
-        The plain socket's shutdown, also for a TLS one: no TLS close to wait for."""
-        with contextlib.suppress(OSError):
-            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False  # no list of every connection's thread
-    request_queue_size = 128  # a burst of connections waits in the backlog, not dropped
+class _Server(BoundedHTTPServer):
+    """The tier's server: :class:`BoundedHTTPServer`, each connection in TLS when the
+    job has certificates."""
 
     def __init__(self, settings: ServerSettings, key: str):
         self.settings, self.key = settings, key
         self._tls = settings.tls.server_context() if settings.tls else None
-        self._lock = threading.Lock()
-        self._open: dict[socket.socket, _Connection] = {}
-        self._here = threading.local()
-        super().__init__((settings.host, 0), _Handler)
-        threading.Thread(target=self._sweep, name="replica-sweep", daemon=True).start()
+        super().__init__((settings.host, 0), _Handler, settings.limits)
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._lock:
-            if len(self._open) >= self._cap() and not self._evict():
-                self.shutdown_request(request)  # every open one is a signed peer's
-                return
-            self._open[request] = _Connection(request, client_address[0])
-        super().process_request(request, client_address)
-
-    def _cap(self) -> int:
-        """``connections``, or fewer when the process may not open that many files (it
-        keeps some for the files it serves and receives)."""
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        return max(1, min(self.settings.limits.connections, soft - _SPARE_FILES))
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        conn = self._open.get(request) or _Connection(request, client_address[0])
-        self._here.conn = conn
-        try:
-            request.settimeout(self.settings.limits.idle_timeout_s)
-            if self._tls is not None:
-                conn.sock = self._tls.wrap_socket(request, server_side=True)
-            self.finish_request(conn.sock, client_address)
-        except Exception:  # noqa: BLE001 -- a client gone, cut, or sending garbage: its end
-            pass
-        finally:
-            with self._lock:
-                self._open.pop(request, None)
-            self.shutdown_request(conn.sock)
-
-    def signed(self) -> None:
-        """Notes that this thread's connection sent a signed request."""
-        self._here.conn.signed = True
-
-    def _evict(self) -> bool:
-        """Closes the oldest connection that has not signed a request, of the address
-        holding the most of them (lock held); whether there was one."""
-        unsigned = [c for c in self._open.items() if not c[1].signed]
-        if not unsigned:
-            return False
-        crowd = Counter(conn.address for _, conn in unsigned).most_common(1)[0][0]
-        request, conn = min((c for c in unsigned if c[1].address == crowd),
-                            key=lambda item: item[1].accepted)
-        del self._open[request]
-        conn.cut()
-        return True
-
-    def _sweep(self) -> None:
-        """Closes connections that sent no signed request within ``auth_timeout_s``."""
-        limits = self.settings.limits
-        while True:
-            time.sleep(min(0.5, limits.auth_timeout_s / 4))
-            late = time.monotonic() - limits.auth_timeout_s
-            with self._lock:
-                for request, conn in list(self._open.items()):
-                    if not conn.signed and conn.accepted < late:
-                        del self._open[request]
-                        conn.cut()
+    def wrap(self, request: socket.socket) -> socket.socket:
+        return request if self._tls is None else self._tls.wrap_socket(request,
+                                                                        server_side=True)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -415,7 +324,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         connection: a body is never read) when it is not."""
         if is_signed(self.server.key, self.headers.get(AUTH_HEADER, ""), self.command,
                      self.path, size, sha256):
-            self.server.signed()
+            self.server.admit()
             return True
         self.close_connection = True
         self._empty(401)

@@ -245,10 +245,8 @@ class RunStorage:
         """Every row of ``metrics.jsonl``, oldest first: the one reader of the rows, in
         either layout (see :mod:`.jsonl_log`)."""
         def read(path: str) -> bytes | None:
-            def whole(p: str) -> bytes:
-                with self.fs.open(p, "rb") as f:
-                    return f.read()
-            return fsutil.read_unless_missing(self.fs, path, whole)
+            return fsutil.read_unless_missing(self.fs, path,
+                                              lambda p: fsutil.read_bytes(self.fs, p))
 
         data = self._retry("reading metrics.jsonl", lambda: read_log(
             self.fs, self._path(METRICS_FILE), read, self._read_cache)) or b""
@@ -344,12 +342,9 @@ class RunStorage:
             self.fs, self._path(TRAINABLE_FILE), data))
 
     def read_trainable(self) -> Any:
-        def read() -> bytes:
-            with self.fs.open(self._path(TRAINABLE_FILE), "rb") as f:
-                return f.read()
-
         # a run saved before a module moved names its old path
-        return moved_modules.loads(self._retry("reading trainable.pkl", read))
+        return moved_modules.loads(self._retry("reading trainable.pkl", lambda: fsutil.read_bytes(
+            self.fs, self._path(TRAINABLE_FILE))))
 
     def has_trainable(self) -> bool:
         return self._retry("looking for trainable.pkl",

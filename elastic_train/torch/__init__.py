@@ -5,6 +5,7 @@ written by a separate process while training goes on."""
 from typing import TYPE_CHECKING, Any
 
 from elastic_train.torch.config import TorchConfig
+from elastic_train.torch.live_state import LiveState
 from elastic_train.torch.removed import accelerate, backward, prepare_optimizer
 from elastic_train.torch.torch_trainer import TorchTrainer
 from elastic_train.torch.train_loop_utils import (
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CheckpointReader",
+    "LiveState",
     "TorchConfig",
     "TorchTrainer",
     "accelerate",

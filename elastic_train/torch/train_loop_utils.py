@@ -4,7 +4,9 @@ devices and reproducibility (mirrors ``ray.train.torch``)."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
+import numbers
 import os
 import random
 from collections.abc import Iterator, Mapping
@@ -29,12 +31,14 @@ from elastic_train.worker.data_position import (
     EpochPosition,
     Resumed,
     accumulation_for,
+    check_global_batch,
     epoch_order,
     plan,
     steps_of,
 )
 from elastic_train.worker.dataset import _to
 from elastic_train.worker.session import get_session
+from elastic_train.worker.worker_plan import WorkerPlan
 
 logger = logging.getLogger(__name__)
 
@@ -161,14 +165,16 @@ class ElasticSampler(DistributedSampler):
 
 
 class _PassBatches:
-    """The loader's batch sampler: the batches its prepared loader set for this pass."""
+    """The loader's batch sampler: the batches its prepared loader set for this pass. Of a
+    ``DataLoader(batch_size=None)`` (``unbatched``), its sampler: each batch's one index."""
 
-    def __init__(self, sampler: ElasticSampler):
+    def __init__(self, sampler: ElasticSampler, unbatched: bool = False):
         self.sampler = sampler
+        self.unbatched = unbatched
         self.batches: Iterator[list[int]] = iter(())
 
-    def __iter__(self) -> Iterator[list[int]]:
-        return self.batches
+    def __iter__(self) -> Iterator[Any]:
+        return (index for [index] in self.batches) if self.unbatched else self.batches
 
     def __len__(self) -> int:
         return self.sampler.steps()
@@ -183,7 +189,7 @@ class _PreparedDataLoader:
     ``add_dist_sampler=False``): such a loader resumes at the same world size by
     skipping the batches it already gave, and at another starts its epoch over, with a
     warning. ``loss_scale`` and ``sync_gradients`` describe the batch last handed out
-    (see :func:`prepare_data_loader`).
+    (see :func:`prepare_data_loader`); ``options``: the arguments it was prepared with.
     """
 
     def __init__(self, loader: DataLoader, device: torch.device | None,
@@ -194,8 +200,12 @@ class _PreparedDataLoader:
         self.device = device
         self.position = position
         self.untracked = untracked
+        self.options: dict[str, Any] = {}  # prepare_data_loader's arguments
+        # the batches of a pass go here (the batch sampler; batch_size=None: the sampler)
+        self._passes = None if untracked else (
+            loader.sampler if loader.batch_sampler is None else loader.batch_sampler)
         # what users find as loader.sampler (set_epoch); a DataLoader's own is fixed
-        self.sampler = loader.sampler if untracked else loader.batch_sampler.sampler
+        self.sampler = loader.sampler if untracked else self._passes.sampler
         self.loss_scale = 1.0
         self.sync_gradients = True
 
@@ -253,7 +263,7 @@ class _PreparedDataLoader:
         if self.untracked:
             yield from self._replayed()
         else:
-            planned, self.loader.batch_sampler.batches = self.sampler.pass_batches()
+            planned, self._passes.batches = self.sampler.pass_batches()
             for batch_plan, batch in zip(planned, self.loader, strict=True):
                 self.position.took(batch_plan)
                 self.loss_scale = batch_plan.loss_scale(self.position.world)
@@ -267,10 +277,12 @@ class _PreparedDataLoader:
         resumed position says it gave (read and dropped: nothing else knows them)."""
         skip = self.position.batch
         self.position.batch = 0
+        length = None if isinstance(self.loader.dataset, IterableDataset) else len(self.loader)
         for number, batch in enumerate(self.loader):
             if number < skip:
                 continue
             self.position.batch = number + 1
+            self.position.finished = self.position.batch == length
             heartbeat.beat()
             yield self._moved(batch)
 
@@ -282,7 +294,7 @@ def _untracked_reason(loader: DataLoader, add_dist_sampler: bool) -> str | None:
     """Why ``loader``'s position cannot be tracked by sample, or None."""
     if isinstance(loader.dataset, IterableDataset):
         return f"its dataset ({type(loader.dataset).__name__}) is an IterableDataset"
-    if loader.batch_size is None:
+    if loader.batch_sampler is not None and loader.batch_size is None:
         return f"it has a batch sampler of its own ({type(loader.batch_sampler).__name__})"
     if not add_dist_sampler:
         return "prepare_data_loader(add_dist_sampler=False) keeps its own sampler"
@@ -314,8 +326,9 @@ def prepare_data_loader(data_loader: DataLoader, add_dist_sampler: bool = True,
     ``set_epoch``. Its position in the epoch goes with every checkpoint: a resume
     continues at the next batch, and at another world size the samples of the epoch not
     trained on yet are split over the new ranks, so each is trained on once per epoch
-    (see docs/elastic-data.md). ``auto_transfer`` (Ray's CUDA-stream prefetch) is
-    accepted; batches are copied with ``non_blocking=True`` either way.
+    (see docs/elastic-data.md). The loader's other arguments are kept; one of
+    ``batch_size=None`` is split item by item. ``auto_transfer`` (Ray's CUDA-stream
+    prefetch) is accepted; batches are copied with ``non_blocking=True`` either way.
 
     Args:
         even_batches: Where the samples left do not divide by the world size, give every
@@ -342,18 +355,64 @@ def prepare_data_loader(data_loader: DataLoader, add_dist_sampler: bool = True,
                     optimizer.step()
                     optimizer.zero_grad()
     """
+    options = {"add_dist_sampler": add_dist_sampler, "move_to_device": move_to_device,
+               "even_batches": even_batches, "global_batch_size": global_batch_size}
+    if isinstance(data_loader, _PreparedDataLoader):
+        return _prepared_again(data_loader, options)
     if not isinstance(data_loader, DataLoader):
         raise ConfigError(f"prepare_data_loader({type(data_loader).__name__}): pass a "
                           "torch.utils.data.DataLoader, e.g. prepare_data_loader("
                           "DataLoader(dataset, batch_size=32)).")
-    session = get_session()
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
+    global_batch_size = _checked_global_batch(global_batch_size, world_size)
+    session = get_session()
     prepared = prepared_loader(data_loader, EpochPosition(rank, world_size), session.seed,
                                get_device() if move_to_device else None, add_dist_sampler,
                                even_batches, global_batch_size)
+    prepared.options = options
     session.register_resumable(session.next_loader_key(), prepared)
     return prepared
+
+
+def _job_world_sizes() -> tuple[int, ...]:
+    """Every world size the job may run at, as its node run tells its workers (none
+    outside a node run)."""
+    plan = WorkerPlan.load()
+    return plan.world_sizes if plan is not None else ()
+
+
+def _prepared_again(prepared: _PreparedDataLoader, options: Mapping[str, Any]
+                    ) -> _PreparedDataLoader:
+    """``prepare_data_loader`` of a loader it already prepared: the same loader, if asked
+    for with the same arguments (a second split would split its rank's share again)."""
+    differ = [f"{name}={value!r} (prepared with {prepared.options[name]!r})"
+              for name, value in options.items() if prepared.options.get(name) != value]
+    if differ:
+        raise ConfigError(f"prepare_data_loader(loader, {', '.join(differ)}): this loader "
+                          "was already prepared with other arguments; pass "
+                          "prepare_data_loader the DataLoader itself, once, with the "
+                          "arguments you want.")
+    logger.debug("prepare_data_loader of an already prepared loader: the same loader")
+    return prepared
+
+
+def _checked_global_batch(value: Any, world_size: int) -> int | None:
+    """``global_batch_size`` as an int (None: not given), or a ConfigError naming it: a
+    positive int that divides by this world size and every other the job may run at."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"prepare_data_loader(global_batch_size={value!r}): a "
+                          f"{type(value).__name__}; pass an int number of samples per "
+                          "optimizer step, e.g. global_batch_size=64.")
+    if value < 1:
+        raise ConfigError(f"prepare_data_loader(global_batch_size={value!r}): pass a "
+                          "positive number of samples per optimizer step, e.g. "
+                          "global_batch_size=64, or leave it out to let the global batch "
+                          "follow the world size.")
+    check_global_batch(int(value), [world_size, *_job_world_sizes()])
+    return int(value)
 
 
 def prepared_loader(data_loader: DataLoader, position: EpochPosition, seed: int,
@@ -363,22 +422,57 @@ def prepared_loader(data_loader: DataLoader, position: EpochPosition, seed: int,
     """:func:`prepare_data_loader`'s loader for the rank and world of ``position``,
     shuffled from ``seed`` unless a ``DistributedSampler`` of the user's names one."""
     untracked = _untracked_reason(data_loader, add_dist_sampler)
-    if global_batch_size is not None and untracked:
+    if global_batch_size is not None and (untracked or data_loader.batch_size is None):
+        why = untracked or ("it has batch_size=None: it hands out each item of its "
+                            "dataset as it is, so how many samples a step holds is not "
+                            "known; give it a batch_size")
         raise ConfigError(f"prepare_data_loader(global_batch_size={global_batch_size}) "
-                          f"needs a loader whose data it splits, but {untracked}.")
-    loader = data_loader
-    if untracked is None:
-        shuffle, seed, dist_drop_last = _shuffle_and_seed(loader.sampler, seed)
-        accumulation, batch_size = (1, loader.batch_size) if global_batch_size is None \
-            else accumulation_for(global_batch_size, position.world, loader.batch_size)
-        sampler = ElasticSampler(loader.dataset, position, shuffle, seed, batch_size,
-                                 loader.drop_last or dist_drop_last, even_batches,
-                                 accumulation)
-        loader = DataLoader(
-            loader.dataset, batch_sampler=_PassBatches(sampler),
-            num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-            pin_memory=loader.pin_memory, timeout=loader.timeout,
-            worker_init_fn=loader.worker_init_fn,
-            persistent_workers=loader.persistent_workers,
-        )
-    return _PreparedDataLoader(loader, device, position, untracked, global_batch_size)
+                          f"needs a loader whose data it splits in batches, but {why}.")
+    if untracked is not None:
+        return _PreparedDataLoader(data_loader, device, position, untracked)
+    sampler = _elastic_sampler(data_loader, position, seed, even_batches, global_batch_size)
+    _refuse_empty_epochs(sampler, global_batch_size)
+    unbatched = data_loader.batch_size is None
+    passes = _PassBatches(sampler, unbatched)
+    split = {"batch_size": None, "sampler": passes} if unbatched else {"batch_sampler": passes}
+    loader = DataLoader(data_loader.dataset, **split, **_carried_options(data_loader))
+    return _PreparedDataLoader(loader, device, position, None, global_batch_size)
+
+
+def _elastic_sampler(loader: DataLoader, position: EpochPosition, seed: int, even: bool,
+                     global_batch_size: int | None) -> ElasticSampler:
+    """The split of ``loader``'s dataset for ``position``'s rank and world (one sample
+    per batch where the loader has ``batch_size=None``)."""
+    shuffle, seed, dist_drop_last = _shuffle_and_seed(loader.sampler, seed)
+    batch_size = loader.batch_size or 1
+    accumulation, batch_size = (1, batch_size) if global_batch_size is None \
+        else accumulation_for(global_batch_size, position.world, batch_size)
+    return ElasticSampler(loader.dataset, position, shuffle, seed, batch_size,
+                          loader.drop_last or dist_drop_last, even, accumulation)
+
+
+def _refuse_empty_epochs(sampler: ElasticSampler, global_batch_size: int | None) -> None:
+    """A ConfigError for a loader whose ``drop_last`` drops every sample of every epoch:
+    its dataset is smaller than one optimizer step."""
+    if sampler.drop_last and sampler.steps() == 0:
+        step = sampler.num_replicas * sampler.accumulation * sampler.batch_size
+        how = f"global_batch_size={global_batch_size}" if global_batch_size else \
+            f"batch_size={sampler.batch_size} on {sampler.num_replicas} rank(s)"
+        raise ConfigError(
+            f"prepare_data_loader: its {len(sampler.dataset)} samples are fewer than one "
+            f"step of {step} ({how}), and drop_last=True drops them all: every epoch "
+            "would be empty. Use a smaller batch, or drop_last=False.")
+
+
+# what prepare_data_loader sets itself; every other DataLoader argument is carried over
+_SET_BY_PREPARE = frozenset({"self", "dataset", "batch_size", "shuffle", "sampler",
+                             "batch_sampler", "drop_last"})
+
+
+def _carried_options(loader: DataLoader) -> dict[str, Any]:
+    """Every other argument of torch's ``DataLoader`` as ``loader`` holds it (its workers'
+    start method, prefetch, generator, pinning, ...), read from the signature so that an
+    argument a newer torch adds is carried too."""
+    return {name: getattr(loader, name)
+            for name in inspect.signature(DataLoader.__init__).parameters
+            if name not in _SET_BY_PREPARE}

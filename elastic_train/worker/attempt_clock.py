@@ -111,6 +111,14 @@ class AttemptClock:
         self._write({"event": "attempt", "started": started,
                      "restored_iteration": restored_iteration, "world_size": world_size})
 
+    def live_restored(self, iteration: int, step: int, source: int, taken_at: float) -> None:
+        """The ranks went on from a live state instead (see
+        :class:`elastic_train.torch.LiveState`): its ``step`` and report ``iteration``, the
+        rank it came from, and when it was taken (work before that was kept)."""
+        self._iteration = iteration
+        self._write({"event": "live", "iteration": iteration, "step": step,
+                     "source_rank": source, "taken_at": taken_at})
+
     def should_checkpoint(self, prior_mtbf_s: float) -> bool:
         """Young/Daly's answer from shared values
         (see :func:`elastic_train.goodput.interval.is_due`)."""

@@ -62,10 +62,10 @@ class ControlGroup:
         if self.world_size > 1:
             dist.barrier(group=self.group)
 
-    def broadcast(self, obj: T) -> T:
-        """Rank 0's ``obj`` on every rank."""
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        """Rank ``src``'s ``obj`` on every rank."""
         if self.world_size == 1:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0, group=self.group)
+        dist.broadcast_object_list(box, src=src, group=self.group)
         return box[0]

@@ -39,7 +39,7 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -130,16 +130,24 @@ def plan(done: Done, n: int, world: int, rank: int, batch_size: int,
     return batches
 
 
+def check_global_batch(global_batch_size: int, worlds: Sequence[int]) -> None:
+    """A ConfigError unless ``global_batch_size`` divides by each of ``worlds`` (every
+    world size the job may run at: checked at the first, not when a node joins)."""
+    bad = [world for world in worlds if global_batch_size % world]
+    if bad:
+        sizes = ", ".join(map(str, sorted(set(worlds))))
+        raise ConfigError(
+            f"prepare_data_loader(global_batch_size={global_batch_size}) cannot be split over "
+            f"{bad[0]} workers (this job may run at {sizes}): use a multiple of every world "
+            f"size the job may run at (e.g. {math.lcm(global_batch_size, *worlds)}), or "
+            "leave it out to let the global batch follow the world size.")
+
+
 def accumulation_for(global_batch_size: int, world: int, batch_size: int) -> tuple[int, int]:
     """(micro-batches per optimizer step, micro-batch size) that keep a step at
     ``global_batch_size`` samples on ``world`` ranks, with micro-batches of at most
     ``batch_size`` (fewer, smaller ones where it does not divide)."""
-    if global_batch_size % world:
-        raise ConfigError(
-            f"prepare_data_loader(global_batch_size={global_batch_size}) cannot be split over "
-            f"{world} workers: use a multiple of every world size the job may run at (e.g. "
-            f"{math.lcm(global_batch_size, world)}), or leave it out to let the global batch "
-            "follow the world size.")
+    check_global_batch(global_batch_size, [world])
     per_rank = global_batch_size // world
     steps = math.ceil(per_rank / batch_size)
     while per_rank % steps:
@@ -190,7 +198,10 @@ class EpochPosition:
 
     ``epoch`` counts completed or abandoned passes; ``batch`` the batches handed out in
     the current pass; ``taken`` this rank's samples among them (padding not counted);
-    ``done`` and ``world`` describe the split the pass runs on.
+    ``done`` and ``world`` describe the split the pass runs on. ``finished``: every batch
+    of the pass was handed out, whether or not its iterator was then asked for its end
+    (``zip(a, b)`` stops at the shorter one): the pass is done, and a resume from it
+    goes on with the next epoch.
     """
 
     def __init__(self, rank: int, world: int):
@@ -201,13 +212,17 @@ class EpochPosition:
         self.taken = 0
         self.done = Done()
         self.size: int | None = None  # the dataset's length, once a pass has begun
+        self.finished = False
+        self._pass_length: int | None = None  # batches of the pass's whole plan
+        self._plan: list[Any] | None = None  # the pass's plan() arguments past the rank's
         self._resume_pending = False
         self._in_pass = False
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "batch": self.batch, "taken": self.taken,
                 "prefix": self.done.prefix, "beyond": list(self.done.beyond),
-                "world": self.world, "size": self.size}
+                "world": self.world, "size": self.size, "plan": self._plan,
+                "finished": self.finished}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Goes on from this rank's own saved state (the same world size)."""
@@ -215,6 +230,7 @@ class EpochPosition:
         self.taken = int(state.get("taken", 0))
         self.done = Done(int(state.get("prefix", 0)), tuple(state.get("beyond", ())))
         self.size = state.get("size")
+        self.finished = bool(state.get("finished", False))
         self._resume_pending = self.batch > 0 or self.done.count() > 0
 
     def restore(self, states: Mapping[int, Mapping[str, Any]]) -> Resumed | None:
@@ -238,42 +254,64 @@ class EpochPosition:
                  if int(s["epoch"]) == epoch and int(s["prefix"]) == base.prefix}
         done = merge(base, size, int(first["world"]), split)
         self.epoch, self.batch, self.taken, self.done, self.size = epoch, 0, 0, done, size
+        self.finished = bool(first.get("finished", False))
         self._resume_pending = done.count() > 0
         return Resumed(epoch, old_world, self.world, done.count(), size)
 
     def set_epoch(self, epoch: int) -> None:
         """The training loop's epoch (``sampler.set_epoch``): another than this one's
-        starts that epoch from its beginning; the same keeps a resumed position."""
+        starts that epoch from its beginning; the same keeps a resumed position, also a
+        finished one (the loop says it is still in that epoch: its rest is empty)."""
         if epoch != self.epoch:
             self.epoch, self.batch, self.taken, self.done = epoch, 0, 0, Done()
             self._resume_pending = self._in_pass = False
+        self.finished = False
 
     def begin_pass(self) -> None:
-        """Starts a pass: a new epoch unless a resumed one is pending; one abandoned
-        mid-way counts as done."""
-        if self._in_pass and not self._resume_pending:
-            self.epoch += 1  # the previous pass was abandoned: this is a new epoch
+        """Starts a pass: a new epoch unless a resumed one is pending; one finished or
+        abandoned mid-way counts as done."""
+        if self.finished or (self._in_pass and not self._resume_pending):
+            self.epoch += 1  # the previous pass was finished or abandoned: a new epoch
+            self._resume_pending = False
         if not self._resume_pending:
             self.batch, self.taken, self.done = 0, 0, Done()
-        self._resume_pending = False
+        self._resume_pending = self.finished = False
         self._in_pass = True
 
     def batches(self, n: int, batch_size: int, drop_last: bool = False, even: bool = False,
                 accumulation: int = 1) -> list[Batch]:
         """This rank's batches (see :func:`plan`) still to run in this pass."""
         self.size = n
-        return plan(self.done, n, self.world, self.rank, batch_size, drop_last, even,
-                    accumulation)[self.batch :]
+        self._plan = [batch_size, drop_last, even, accumulation]
+        whole = plan(self.done, n, self.world, self.rank, batch_size, drop_last, even,
+                     accumulation)
+        self._pass_length = len(whole)
+        return whole[self.batch :]
 
     def took(self, batch: Batch) -> None:
-        """Notes a batch handed to the training loop (its padding is not the rank's)."""
+        """Notes a batch handed to the training loop (its padding is not the rank's); the
+        pass's last one finishes the pass."""
         self.batch += 1
         self.taken += batch.real
+        self.finished = self.batch == self._pass_length
 
     def end_pass(self) -> None:
         self.epoch += 1
         self.batch, self.taken, self.done = 0, 0, Done()
-        self._in_pass = False
+        self._in_pass = self.finished = False
+
+
+def every_rank(state: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+    """Every rank's state of a position, from one rank's ``state`` taken where every rank
+    had handed out as many batches (after an optimizer step): the ranks of a split run
+    the same plan in step, so they differ only in the samples each took."""
+    world, args = int(state.get("world", 1)), state.get("plan")
+    if args is None or state.get("size") is None:  # no pass planned yet: nothing taken
+        return {rank: dict(state) for rank in range(world)}
+    done = Done(int(state["prefix"]), tuple(state["beyond"]))
+    return {rank: {**state, "taken": sum(b.real for b in plan(
+                done, int(state["size"]), world, rank, *args)[: int(state["batch"])])}
+            for rank in range(world)}
 
 
 class Resumable(Protocol):

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from elastic_train.errors import ConfigError
 from elastic_train.worker import heartbeat
 from elastic_train.worker.data_position import (
     Done,
@@ -29,6 +30,12 @@ from elastic_train.worker.data_position import (
     epoch_order,
     share,
 )
+
+# Ray Data's names for what a shard does under another name: the way to it
+_RAY_DATA_NAMES = {
+    "iter_batches": "iter_torch_batches(batch_size=...), whose batches are torch tensors "
+                    "(Ray Data's batches of NumPy arrays are not made here).",
+}
 
 
 class DatasetShard:
@@ -42,6 +49,12 @@ class DatasetShard:
         self.position = EpochPosition(rank, world_size)
         self._device = device
         self._default_seed = default_seed
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _RAY_DATA_NAMES:
+            raise AttributeError(f"DatasetShard has no {name}() (Ray Data's name): use "
+                                 f"{_RAY_DATA_NAMES[name]}")
+        raise AttributeError(f"'DatasetShard' object has no attribute {name!r}")
 
     @property
     def epoch(self) -> int:
@@ -102,14 +115,14 @@ class DatasetShard:
 
         Resuming from a checkpoint reported inside the loop continues the
         epoch at the next batch (at another world size: the rows of the epoch
-        not trained on yet, split over the new ranks); one reported after the epoch's last batch
-        (a just-in-time checkpoint, or every k batches) resumes into the empty
-        rest of that epoch: the first pass yields nothing and the next one is
-        the next epoch, in step with a loop that resumes in the checkpoint's
-        epoch. Code after the inner loop must then not need a batch of this
-        attempt (e.g. a ``loss`` set only in the loop: save it with the
-        checkpoint).
+        not trained on yet, split over the new ranks). Once the epoch's last
+        batch was handed out the pass is finished, whether or not the iterator
+        was asked for its end (``zip`` does not ask): a checkpoint reported then
+        (a just-in-time one, or every k batches) resumes at the next epoch, as
+        one reported after the loop; save ``epoch + 1`` with it then
+        (``state_dict()["finished"]`` says so). See docs/elastic-data.md.
         """
+        _check_batch_size(batch_size)
         if prefetch_batches < 0 or (local_shuffle_buffer_size or 0) < 0:
             raise ValueError(
                 f"iter_torch_batches(prefetch_batches={prefetch_batches!r}, "
@@ -135,6 +148,13 @@ class DatasetShard:
             heartbeat.beat()
             yield batch
         position.end_pass()
+
+
+def _check_batch_size(batch_size: Any) -> None:
+    """A ConfigError naming ``batch_size`` unless it is a positive int."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"iter_torch_batches(batch_size={batch_size!r}): pass a "
+                          "positive int number of rows per batch, e.g. batch_size=64.")
 
 
 def _to(batch: Any, device: torch.device, dtypes: Any, key: str | None = None) -> Any:

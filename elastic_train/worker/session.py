@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 import torch.distributed as dist
 
+from elastic_train._internal.setting_values import seconds
 from elastic_train.checkpoint import Checkpoint, committed_checkpoint
 from elastic_train.context import StorageInfo, TrainContext, WorkerEnv
 from elastic_train.errors import ConfigError, StorageError
@@ -52,7 +53,7 @@ from elastic_train.worker import upload_fn as by_upload_fn
 from elastic_train.worker.after_report import AFTER_REPORT, AfterReport
 from elastic_train.worker.attempt_clock import SHARED
 from elastic_train.worker.backend import WorkerResources
-from elastic_train.worker.data_position import Resumable, ranks_states
+from elastic_train.worker.data_position import Resumable, Resumed, every_rank, ranks_states
 from elastic_train.worker.dataset import DatasetShard
 from elastic_train.worker.even_reports import uneven_reports
 from elastic_train.worker.joined_session import JoinedSession
@@ -161,6 +162,7 @@ class TrainSession:
         )
         self._shards: dict[str, DatasetShard] = {}
         self._resumables: dict[str, Resumable] = {}
+        self._live_positions: dict[str, Any] | None = None  # a live recovery's (LiveState)
         self._loader_count = 0
         self._created_at = time.time()
         self._staging_dir = staging_dir
@@ -201,22 +203,49 @@ class TrainSession:
 
     # resumable iterables (dataset shards, prepared data loaders)
     def register_resumable(self, key: str, iterable: Resumable) -> None:
-        """Tracks ``iterable``'s position in checkpoints and restores it now if saved; a
-        resume at another world size is said on rank 0's console and in the run's record
-        of the restart (``restores.json``)."""
+        """Tracks ``iterable``'s position in checkpoints and restores it now if saved (by
+        a live recovery, else in the checkpoint resumed from); a resume at another world
+        size is said on rank 0's console and in the run's record of the restart
+        (``restores.json``)."""
         self._resumables[key] = iterable
-        latest = self._latest()
-        if not latest:
+        if self._live_positions is not None:
+            if key in self._live_positions:
+                self._say_resumed(key, iterable.restore(every_rank(self._live_positions[key])))
             return
-        resumed = iterable.restore(ranks_states(latest.worker_states, key))
-        if resumed is not None and self.env.rank == 0:
-            said = resumed.describe(key)
-            logger.warning("Elastic data: %s.", said)
-            try:
-                self.storage.note_restore_data(said)
-            except StorageError:  # bookkeeping only: never fail a restart for it
-                logger.warning("Could not record the data's resume in restores.json",
-                               exc_info=True)
+        latest = self._latest()
+        if latest:
+            self._say_resumed(key, iterable.restore(ranks_states(latest.worker_states, key)))
+
+    def _say_resumed(self, key: str, resumed: Resumed | None) -> None:
+        if resumed is None or self.env.rank != 0:
+            return
+        said = resumed.describe(key)
+        logger.warning("Elastic data: %s.", said)
+        try:
+            self.storage.note_restore_data(said)
+        except StorageError:  # bookkeeping only: never fail a restart for it
+            logger.warning("Could not record the data's resume in restores.json",
+                           exc_info=True)
+
+    # live recovery (elastic_train.torch.LiveState)
+    def live_positions(self) -> tuple[dict[str, Any], int]:
+        """This rank's data positions by key, and the reports so far: what a live copy of
+        a step keeps beside the user's state."""
+        return ({key: it.state_dict() for key, it in self._resumables.items()},
+                self.join().rows.iteration)
+
+    def resume_live(self, positions: dict[str, Any], iteration: int, step: int,
+                    source: int, taken_at: float) -> None:
+        """The group goes on from a live state (``positions`` and ``iteration`` as
+        :meth:`live_positions` gave them on the rank ``source``, at ``step``, taken at
+        ``taken_at``) instead of the checkpoint it joined at: data positions, the report
+        count and, on rank 0, the goodput ledger follow."""
+        self._live_positions = positions
+        joined = self.join()
+        joined.rows.resume_at(iteration)
+        joined.clock.live_restored(iteration, step, source, taken_at)
+        for key, iterable in self._resumables.items():
+            self.register_resumable(key, iterable)
 
     def next_loader_key(self) -> str:
         self._loader_count += 1
@@ -620,7 +649,8 @@ def should_checkpoint(prior_mtbf_s: float = PRIOR_MTBF_S) -> bool:
     is this job's own measured save cost (the slowest rank's time from this function's
     True to the end of the report that carried the checkpoint: your save and the
     upload ``report()`` waited for), ``MTBF`` the run's wall time over the failures it
-    saw, or ``prior_mtbf_s`` (one hour by default) until it saw one. True until a save
+    saw, or ``prior_mtbf_s`` (seconds > 0, one hour by default; a text such as "4h" is a
+    ConfigError) until it saw one. True until a save
     was measured (the first checkpoint measures it), False before this attempt's first
     report once one was.
 
@@ -640,7 +670,8 @@ def should_checkpoint(prior_mtbf_s: float = PRIOR_MTBF_S) -> bool:
                 checkpoint = save(model, optimizer)  # your Checkpoint.from_directory(...)
             elastic_train.report({"loss": loss}, checkpoint=checkpoint)
     """
-    return get_session().should_checkpoint(prior_mtbf_s)
+    mtbf = seconds(prior_mtbf_s, "should_checkpoint's prior_mtbf_s", example="14400")
+    return get_session().should_checkpoint(mtbf)
 
 
 def get_checkpoint() -> Checkpoint | None:

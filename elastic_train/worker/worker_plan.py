@@ -53,6 +53,9 @@ class WorkerPlan:
         replica: The node's replica server, its key and certificate
             (:mod:`elastic_train.storage.replica_server`; None: no copies on peers). The
             key is why this file is private (mode 0600).
+        world_sizes: Every world size the job may run at (its numbers of nodes, from
+            ``--nnodes MIN:MAX`` or ``ScalingConfig(num_workers=(min, max))``, times the
+            workers per node), for what must hold at each (a global batch that divides).
     """
 
     run_name: str
@@ -64,6 +67,7 @@ class WorkerPlan:
     lease_token: int | None
     user_roots: tuple[str, ...]
     replica: NodeReplica | None = None
+    world_sizes: tuple[int, ...] = ()
 
     def write(self, directory: str) -> dict[str, str]:
         """Writes the plan into ``directory`` (private to the node's driver); returns
@@ -93,6 +97,7 @@ def _read(path: str) -> WorkerPlan:
         fields = json.load(f)
     fields["checkpoint_config"] = CheckpointConfig(**fields["checkpoint_config"])
     fields["user_roots"] = tuple(fields["user_roots"])
+    fields["world_sizes"] = tuple(fields.get("world_sizes", ()))
     fields["replica"] = NodeReplica.from_dict(fields["replica"]) if fields.get("replica") \
         else None
     return WorkerPlan(**fields)

@@ -199,3 +199,41 @@ def test_fit_with_num_workers_min_max_loses_a_node_and_its_shards_rows_are_train
     *_, record = [r for r in _restores(storage_path, name) if r.get("data")]
     assert record["data"] == ["dataset:train: world 2 -> 1 at epoch 1, sample 160/480: the "
                               "remaining 320 samples split over 1 rank(s)"]
+
+
+@pytest.mark.timeout(120)
+def test_a_loader_whose_iterator_is_never_exhausted_resumes_at_the_next_epoch(
+        request, tmp_path, storage_path):
+    """``zip(range(len(loader)), loader)`` takes every batch of a pass but never asks the
+    loader for the end. A restart from the checkpoint after the loop (``epoch + 1``)
+    goes on with the next epoch, whose every sample is trained on once (not an empty
+    pass that skips it)."""
+    _job(request, tmp_path, storage_path, "c10d", "zip-resume",
+         ["--zip", "--fail-after-epoch", 0, "--checkpoint-every", 1000, "--sleep", 0],
+         nodes=1, nnodes="1", nproc=2)
+    assert [s for s, _ in starts(tmp_path / "out")] == [0, 1], starts(tmp_path / "out")
+
+
+@pytest.mark.timeout(120)
+def test_a_global_batch_a_later_world_cannot_divide_is_refused_at_once_and_not_retried(
+        tmp_path, storage_path):
+    """``--nnodes 1:2`` (one worker each) with a global batch of 3: it divides at world 1,
+    not at 2, the world a second node makes. Refused at the first attempt, at world 1,
+    as a ConfigError that is not retried (``--max-restarts 3`` left as it was)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with open(tmp_path / "node0.log", "w") as log:
+        node = _node(["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                      f"127.0.0.1:{free_port()}", "--rdzv-id", "odd", "--name", "odd",
+                      "--max-restarts", 3, "--storage-path", storage_path, SCRIPT, out,
+                      EPOCHS, "--global-batch", 3], log, 0)
+        try:
+            code = node.wait(90)
+        finally:
+            stop_process(node)
+    said = (tmp_path / "node0.log").read_text()
+    assert code != 0, said[-3000:]
+    state = run_state(storage_path, "odd")
+    assert len(state["failures"]) == 1 and state["status"] == "failed", said[-3000:]
+    assert "cannot be split over 2 workers (this job may run at 1, 2)" in said
+    assert "it was not retried" in said, said[-3000:]

@@ -1,7 +1,8 @@
 """The GPU path: nccl, use_gpu, fractional GPUs, in-process restarts on a GPU (a raise and a
 SIGKILL: bit-identical weights, a restarted rank whose CUDA works, a survivor that freed
-the failed attempt's memory), ``launch --nproc-per-node gpu`` on nccl, and the FSDP
-example on nccl. Skipped where no CUDA device is visible: devices are counted in a
+the failed attempt's memory), live recovery on nccl (a raise: every step kept, no
+checkpoint), ``launch --nproc-per-node gpu`` on nccl, and the FSDP example on nccl.
+Skipped where no CUDA device is visible: devices are counted in a
 forked child (:func:`elastic_train._internal.devices.count`), never by ``torch.cuda`` in pytest's
 process, whose forks would be poisoned."""
 
@@ -20,12 +21,13 @@ import elastic_train as et
 from elastic_train._internal import devices
 from elastic_train.torch import TorchTrainer, get_device, prepare_model
 from tests.conftest import EPOCHS
-from tests.support import gpu_jobs, jobs
+from tests.support import gpu_jobs, jobs, live_jobs
 from tests.support.examples import FSDP_QUICK, run_fsdp_example
 from tests.support.launched import run_state
 from tests.support.paths import REPO
 
 cloudpickle.register_pickle_by_value(gpu_jobs)
+cloudpickle.register_pickle_by_value(live_jobs)
 
 GPUS = devices.count("cuda")
 WORKERS = min(GPUS, 2)  # one GPU each
@@ -152,3 +154,31 @@ def test_fsdp_example_on_nccl(tmp_path):
                           "--steps", "20", "--checkpoint-every", "10", "--more-steps", "10")
         assert re.search(r"rank 0: resumed at step 20", out), out
     assert re.search(r"run 2: .* on 1 worker\(s\), resharded from " + str(WORKERS), out), out
+
+
+def _fit_live_on_gpu(storage_path, name, tmp_path, faults=()):
+    return TorchTrainer(
+        live_jobs.train_live,
+        train_loop_config={"epochs": 2, "faults": list(faults),
+                           "starts_file": str(tmp_path / f"starts-{name}")},
+        scaling_config=et.ScalingConfig(num_workers=WORKERS, use_gpu=True),
+        run_config=et.RunConfig(storage_path=storage_path, name=name,
+                                failure_config=et.FailureConfig(max_failures=1)),
+    ).fit()
+
+
+def test_live_recovery_on_nccl_keeps_every_step(storage_path, tmp_path):
+    """The live state on the GPU: the survivors' state moves to host memory when the
+    attempt fails and comes back on the device; bit-identical to the uninterrupted run,
+    each sample once, no checkpoint written."""
+    reference = _fit_live_on_gpu(storage_path, "live-reference", tmp_path).return_value
+    rank = WORKERS - 1
+    fault = {"rank": rank, "epoch": 1, "batch": 2, "how": "raise",
+             "marker": str(tmp_path / "live-marker")}
+    result = _fit_live_on_gpu(storage_path, "live-raise", tmp_path, [fault])
+    assert result.metrics is not None and result.return_value["digest"] == reference["digest"]
+    assert result.return_value["visits"] == reference["visits"]
+    steps_per_epoch = live_jobs.ROWS // (8 * WORKERS)
+    assert (tmp_path / "starts-live-raise").read_text().split() == \
+        ["0", str(steps_per_epoch + 2)]
+    assert result.goodput.live_recoveries == 1

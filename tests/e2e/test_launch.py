@@ -156,6 +156,36 @@ def test_bad_flags_fail_before_anything_starts(args, message, tmp_path):
     assert not (tmp_path / "starts").exists()
 
 
+@pytest.mark.parametrize("args, env, message", [
+    (["--rdzv-conf", "join_timout=5"], {}, "no key 'join_timout'; did you mean join_timeout?"),
+    (["--rdzv-backend", "etcd", "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-conf",
+      "outage_timeout=30s"], {}, "outage_timeout='30s' is invalid: use a number of seconds"),
+    ([], {"ELASTIC_TRAIN_LEASE_TTL_S": "20s"}, "ELASTIC_TRAIN_LEASE_TTL_S='20s' is invalid"),
+    ([], {"ELASTIC_TRAIN_ZYGOTE": "nah"}, "ELASTIC_TRAIN_ZYGOTE='nah' is invalid"),
+], ids=["rdzv-key", "rdzv-value", "lease-ttl", "zygote"])
+def test_a_bad_setting_exits_2_in_one_line_and_leaves_no_run_directory(storage_path, tmp_path,
+                                                                      args, env, message):
+    began = time.monotonic()
+    proc = launch(*args, "--storage-path", storage_path, "--name", "bad", SCRIPT, tmp_path, 1,
+                  env=env)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and message in out and out.count("\n") == 1, out
+    assert time.monotonic() - began < 30
+    assert not os.path.exists(os.path.join(storage_path, "bad"))
+    assert not (tmp_path / "starts").exists()
+
+
+def test_standalone_keeps_the_rdzv_conf_and_its_node_policy(storage_path, tmp_path):
+    """torchrun keeps --rdzv-conf under --standalone: the node policy it names runs (its
+    health check fails, so the node is not admitted and nothing starts)."""
+    proc = launch("--standalone", "--nproc-per-node", 1, "--rdzv-conf",
+                  "node_policy=tests.support.node_policies:SickFromTheStart",
+                  "--storage-path", storage_path, "--name", "policy", SCRIPT, tmp_path, 5)
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode == 1 and "not admitted: health check" in out, out
+    assert not (tmp_path / "starts").exists()
+
+
 def test_missing_script_is_named(tmp_path):
     proc = launch("--standalone", tmp_path / "nope.py")
     out, _ = proc.communicate(timeout=60)

@@ -1,7 +1,8 @@
 """Credentials are never written: an etcd ``password=`` in ``--rdzv-conf`` or
 ``PET_RDZV_CONF`` appears in no file of the run directory and in no output, not in the
 failure text, the resume hint or the "stopped by" line -- and the redacted run can still
-be restored, with the password given again."""
+be restored, with the password given again. (One node on the etcd backend, which takes a
+``password``; without a ``username`` it is not sent to etcd.)"""
 
 from __future__ import annotations
 
@@ -34,11 +35,16 @@ def _files_holding(root: str, secret: str) -> list[str]:
     return found
 
 
-def test_rdzv_password_is_redacted_in_run_json_hints_and_failure_text(storage_path, tmp_path):
+def _on_etcd(endpoint: str) -> list[str]:
+    return ["--rdzv-backend", "etcd", "--rdzv-endpoint", endpoint]
+
+
+def test_rdzv_password_is_redacted_in_run_json_hints_and_failure_text(storage_path, tmp_path,
+                                                                      etcd_endpoint):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     proc = subprocess.run(
-        [*CLI, "launch", "--nproc-per-node", "1", "--rdzv-conf",
+        [*CLI, "launch", "--nproc-per-node", "1", *_on_etcd(etcd_endpoint), "--rdzv-conf",
          "join_timeout=60,password=hunter2", "--storage-path", storage_path, "--name", "flag",
          SCRIPT, str(out_dir), "3", "--crash-at", "1"],
         cwd=REPO, capture_output=True, text=True, timeout=180)
@@ -61,12 +67,14 @@ def test_rdzv_password_is_redacted_in_run_json_hints_and_failure_text(storage_pa
     assert _files_holding(storage_path, "hunter2") == []
 
 
-def test_pet_rdzv_conf_password_is_redacted_when_interrupted(storage_path, tmp_path):
+def test_pet_rdzv_conf_password_is_redacted_when_interrupted(storage_path, tmp_path,
+                                                            etcd_endpoint):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     env = {**os.environ, "PET_RDZV_CONF": "password=hunter3"}
     proc = subprocess.Popen(
-        [*CLI, "launch", "--nproc-per-node", "1", "--storage-path", storage_path,
+        [*CLI, "launch", "--nproc-per-node", "1", *_on_etcd(etcd_endpoint),
+         "--storage-path", storage_path,
          "--name", "env", SCRIPT, str(out_dir), "40", "--sleep", "0.2"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

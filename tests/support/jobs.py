@@ -151,10 +151,10 @@ def train_mlp(config: dict) -> dict:
     model = prepare_model(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     start_epoch = 0
-    # The loss each report carries: the last one computed. A checkpoint saved after an
-    # epoch's last batch (e.g. a just-in-time one) resumes into the empty rest of that
-    # epoch, whose end-of-epoch report then carries the loss saved with the checkpoint,
-    # as an uninterrupted run's would.
+    # The loss each report carries: the last one computed (a resume's first report may
+    # come before any batch: the loss saved with the checkpoint). A checkpoint inside the
+    # epoch saves whether the shard's pass is finished (its last batch ran: a resume goes
+    # on with the next epoch).
     loss = None
     checkpoint = et.get_checkpoint()
     if checkpoint:
@@ -192,10 +192,12 @@ def train_mlp(config: dict) -> dict:
                 et.step()
             every = config.get("checkpoint_every_batches")
             if every and (batch + 1) % every == 0:
-                _report(config, model, optimizer, epoch, loss, epoch_done=False)
+                _report(config, model, optimizer, epoch, loss,
+                        epoch_done=shard.state_dict()["finished"])
             if config.get("watch_preemption") and not saved_on_notice \
                     and et.get_preemption_info() is not None:  # a just-in-time checkpoint
-                _report(config, model, optimizer, epoch, loss, epoch_done=False, jit=1)
+                _report(config, model, optimizer, epoch, loss,
+                        epoch_done=shard.state_dict()["finished"], jit=1)
                 saved_on_notice = True
                 if ctx.get_world_rank() == 0 and config.get("jit_file"):
                     with open(config["jit_file"], "w") as f:

@@ -19,21 +19,26 @@ def _work(t: float, iteration: int, checkpoint: bool) -> dict[str, Any]:
             "stragglers": 1.0, "checkpoints": int(checkpoint)}
 
 
-def _restart(failed_at: float, restored: int) -> list[dict[str, Any]]:
-    """A fault at ``failed_at`` and the attempt after it, which restores ``restored``."""
+def _restart(failed_at: float, restored: int, live: bool) -> list[dict[str, Any]]:
+    """A fault at ``failed_at`` and the attempt after it, which restores ``restored``
+    (``live``: goes on from a survivor's copy of it, taken a second before the fault)."""
     detected = failed_at + DETECTION_S
     formed = detected + RENDEZVOUS_S
-    return [{"event": "fault", "t": detected, "failed_at": failed_at, "kind": "failure"},
-            {"event": "rendezvous", "t": formed},
-            {"event": "attempt", "t": formed + STARTUP_S + RESTORE_S,
-             "started": formed + STARTUP_S, "restored_iteration": restored}]
+    ready = formed + STARTUP_S + RESTORE_S
+    lines = [{"event": "fault", "t": detected, "failed_at": failed_at, "kind": "failure"},
+             {"event": "rendezvous", "t": formed},
+             {"event": "attempt", "t": ready, "started": formed + STARTUP_S,
+              "restored_iteration": None if live else restored}]
+    return lines + ([{"event": "live", "t": ready, "iteration": restored, "step": restored,
+                      "taken_at": failed_at - 1.0}] if live else [])
 
 
 def long_ledger(seconds: float, faults: int, every_s: float = 10.0,
-                per_checkpoint: int = 6) -> list[dict[str, Any]]:
+                per_checkpoint: int = 6, live: bool = False) -> list[dict[str, Any]]:
     """The ledger of a run of ``seconds`` (see the module). Each fault comes half a gap
     after a work line: that line's work, and every line's since the last checkpoint,
-    is lost."""
+    is lost (``live``: each attempt goes on from a survivor's copy of the last line's
+    iteration instead)."""
     lines = int(seconds // every_s)
     fault_after = {round((k + 1) * lines / (faults + 1)) for k in range(faults)}
     entries = [{"event": "launch", "t": 0.0},
@@ -45,6 +50,7 @@ def long_ledger(seconds: float, faults: int, every_s: float = 10.0,
             checkpointed = iteration
         entries.append(_work(t, iteration, line % per_checkpoint == 0))
         if line in fault_after:
-            entries += _restart(t + every_s / 2, checkpointed)
-            t, iteration = entries[-1]["t"], checkpointed
+            restored = iteration if live else checkpointed
+            entries += _restart(t + every_s / 2, restored, live)
+            t, iteration = entries[-1]["t"], restored
     return [*entries, {"event": "end", "t": t + 1.0, "status": "finished"}]

@@ -96,8 +96,9 @@ def train_with_faults(config: dict) -> dict:
             batches += 1
             if fault and rank == 1 and batches == config.get("fail_after", 1):
                 _fail(fault)
-            if batches % config.get("checkpoint_every", 4) == 0:
-                _report(model, optimizer, epoch, loss.item())
+            if batches % config.get("checkpoint_every", 4) == 0:  # after the last batch:
+                finished = loader.state_dict()["finished"]  # the epoch is done
+                _report(model, optimizer, epoch + finished, loss.item())
         _report(model, optimizer, epoch + 1, loss.item())
     unwrapped = getattr(model, "module", model)
     return {"weights": {k: v.clone() for k, v in unwrapped.state_dict().items()}}

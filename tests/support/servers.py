@@ -29,6 +29,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def idle_connections(host: str, port: int, count: int) -> list[socket.socket]:
+    """``count`` connections to ``host:port`` that send nothing (a hostile client's)."""
+    return [socket.create_connection((host, port), timeout=10) for _ in range(count)]
+
+
+def held_connections(port: int) -> int:
+    """How many TCP connections the server listening on ``port`` of this machine holds
+    open now (established, its side: the kernel's table, whoever the server is)."""
+    held = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as f:
+            for line in f.read().splitlines()[1:]:
+                fields = line.split()
+                held += fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port
+    return held
+
+
 def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
     """SIGTERM, then SIGKILL after ``timeout``; waits for the pid."""
     if proc.poll() is None:

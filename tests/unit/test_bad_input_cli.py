@@ -53,6 +53,9 @@ CASES = [
     ("verify-used-workdir", ["verify-resume", "--workdir", "{root}", SCRIPT],
      ["already holds a run 'straight'", "empty directory"]),
     ("newer-run-json", ["restore", "{root}/newer"], ["format_version 99", "upgrade"]),
+    ("restore-no-trainable", ["restore", "{root}/no_trainable"],
+     ["trainable.pkl) is missing, though run.json is there", "Run the script"]),
+    ("restore-not-a-run", ["restore", "{root}"], ["not a run directory (no run.json)"]),
     ("show-not-a-run", ["show", "{root}"], ["not a run directory", "elastic-train ls"]),
     ("show-missing", ["show", "{root}/nothing"], ["nothing does not exist", "check the path"]),
     ("show-corrupt", ["show", "{root}/corrupt"], ["run.json is not valid JSON", "move the run"]),
@@ -67,11 +70,14 @@ CASES = [
 
 @pytest.fixture
 def stored_runs(tmp_path):
-    """A storage path holding finished runs and one written by a newer version."""
+    """A storage path holding finished runs, one written by a newer version and one whose
+    trainable.pkl is gone."""
     root = tmp_path / "results"
     for name, state in (("finished", {"status": "finished", "format_version": 1}),
                         ("newer", {"status": "running", "format_version": 99}),
-                        ("straight", {"status": "finished", "format_version": 1})):
+                        ("straight", {"status": "finished", "format_version": 1}),
+                        ("no_trainable", {"status": "interrupted", "format_version": 1,
+                                          "spec": {"train_function": "train:loop"}})):
         (root / name / "checkpoint_000000").mkdir(parents=True)
         (root / name / "run.json").write_text(json.dumps(state))
         (root / name / "checkpoint_000000" / "state.pt").write_bytes(b"weights")

@@ -11,6 +11,7 @@ from elastic_train.worker.data_position import (
     Done,
     EpochPosition,
     accumulation_for,
+    check_global_batch,
     merge,
     plan,
 )
@@ -21,11 +22,16 @@ def run_epoch(n: int, batch_size: int, phases: list[tuple[int, int]], even: bool
               ) -> tuple[list[list[list[int]]], list[int]]:
     """One epoch of ``n`` samples over ``phases`` of (world size, batches run before the
     world changes), every rank checkpointing and resuming at each change. Returns each
-    phase's batches per rank, and each place's count of non-padding visits."""
+    phase's batches per rank, and each place's count of non-padding visits. A phase after
+    one that took the epoch's last batch runs nothing: the epoch is finished (a resume
+    goes on with the next one)."""
     visits = [0] * n
     states: dict[int, dict] = {}
     batches_by_phase = []
     for world, steps in phases:
+        if states and states[0]["finished"]:
+            batches_by_phase.append([[] for _ in range(world)])
+            continue
         positions = [EpochPosition(rank, world) for rank in range(world)]
         for p in positions:
             p.restore(states)
@@ -128,8 +134,19 @@ def test_accumulation_keeps_the_global_batch(global_batch, world, batch_size, ex
 
 def test_a_global_batch_that_does_not_divide_by_the_world_size_is_refused():
     with pytest.raises(ConfigError, match=r"global_batch_size=32\) cannot be split over 3 "
-                                          r"workers: use a multiple .* \(e.g. 96\)"):
+                                          r"workers \(this job may run at 3\): use a "
+                                          r"multiple .* \(e.g. 96\)"):
         accumulation_for(32, 3, 8)
+
+
+def test_a_global_batch_is_checked_against_every_world_size_the_job_may_run_at():
+    """``--nnodes 1:2`` of 3 workers each: a global batch of 3 divides at world 3, not at
+    6, the world a joining node would make: refused at the first."""
+    check_global_batch(6, [3, 6])
+    with pytest.raises(ConfigError, match=r"global_batch_size=3\) cannot be split over 6 "
+                                          r"workers \(this job may run at 3, 6\): .* "
+                                          r"\(e.g. 6\)"):
+        check_global_batch(3, [3, 6])
 
 
 def test_merge_turns_uneven_shares_into_a_prefix_and_the_places_beyond():
@@ -148,3 +165,39 @@ def test_a_resume_at_90_percent_of_a_large_epoch_reads_nothing_before_it():
     batches = position.batches(n, 32)
     assert position.done == Done(900_000)
     assert sum(len(b.places) for b in batches) == torch.arange(900_000, n)[0::3].numel()
+
+
+def _after_the_last_batch(world: int = 1) -> dict[int, dict]:
+    """Each rank's state once it took its pass's last batch, its iterator never asked
+    for the end (``zip(range(len(c)), c)``)."""
+    positions = [EpochPosition(rank, world) for rank in range(world)]
+    for p in positions:
+        p.begin_pass()
+        for batch in p.batches(10, 2):
+            p.took(batch)
+    return {p.rank: p.state_dict() for p in positions}
+
+
+@pytest.mark.parametrize("saved_world, world", [(1, 1), (2, 1), (1, 2)])
+def test_a_pass_whose_every_batch_was_taken_is_finished_and_a_resume_starts_the_next_epoch(
+        saved_world, world):
+    states = _after_the_last_batch(saved_world)
+    assert all(s["finished"] and s["epoch"] == 0 for s in states.values())
+    resumed = EpochPosition(0, world)
+    resumed.restore(states)
+    resumed.begin_pass()
+    assert resumed.epoch == 1
+    assert [b.places.tolist() for b in resumed.batches(10, 2)] == \
+        [b.places.tolist() for b in plan(Done(), 10, world, 0, 2)]
+
+
+def test_set_epoch_of_the_finished_epoch_gives_its_empty_rest():
+    """A loop that resumes in the epoch it saved inside the batch loop, and says so with
+    ``set_epoch``, gets that epoch's (empty) rest, then the next epoch."""
+    resumed = EpochPosition(0, 1)
+    resumed.restore(_after_the_last_batch())
+    resumed.set_epoch(0)
+    resumed.begin_pass()
+    assert (resumed.epoch, resumed.batches(10, 2)) == (0, [])
+    resumed.end_pass()
+    assert resumed.epoch == 1

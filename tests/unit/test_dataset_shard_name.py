@@ -17,6 +17,7 @@ def session_with(datasets: dict) -> TrainSession:
     session.env = SimpleNamespace(rank=1, world_size=2)
     session.resources = SimpleNamespace(devices=[torch.device("cpu")])
     session.seed, session._synced, session._shards, session._resumables = 0, None, {}, {}
+    session._live_positions = None  # no live recovery
     session._joined = SimpleNamespace(restored=None)  # as if the ranks agreed on a fresh start
     return session
 

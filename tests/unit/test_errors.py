@@ -114,6 +114,22 @@ def test_a_worker_that_ended_by_itself_ranks_before_one_that_raised():
         [Cause.OWN, Cause.RAISED]
 
 
+def test_a_worker_that_raised_a_config_error_is_told_apart_by_its_class_and_said_so():
+    """A ConfigError (or a subclass) is read from the classes the worker recorded, not from
+    its words; the error says it was not retried."""
+    config = process_failure(0, traceback=TRACEBACK, error_message="RunInUseError: x",
+                             failed_at=1.0, types=["elastic_train.errors.RunInUseError",
+                                                   "elastic_train.errors.ConfigError",
+                                                   "builtins.ValueError"])
+    worded = process_failure(1, traceback=TRACEBACK, error_message="ConfigError: x",
+                             failed_at=2.0)
+    failures = failures_of(SimpleNamespace(failures={0: config, 1: worded}))
+    assert [f.config_error for f in failures] == [True, False]
+    assert WorkerFailure.from_json(failures[0].to_json()) == failures[0]
+    said = str(TrainingFailedError.from_failures(failures, "/r", 3))
+    assert "it was not retried" in said and "budget (max_failures=3) is spent" not in said
+
+
 def test_nccl_watchdog_abort_is_a_broken_collective():
     aborted = process_failure(0, exitcode=-6, timestamp=1, message="Signal 6 (SIGABRT)")
     [observed] = observe(SimpleNamespace(failures={0: aborted}))

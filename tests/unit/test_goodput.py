@@ -206,10 +206,12 @@ def _lines_run(entries: list[dict]) -> int:
     return count
 
 
-def test_reading_the_ledger_takes_lines_linear_in_its_length_whatever_its_faults():
+@pytest.mark.parametrize("live", [False, True], ids=["checkpoint", "live"])
+def test_reading_the_ledger_takes_lines_linear_in_its_length_whatever_its_faults(live):
     """Twice the lines and twice the faults: twice the work, not four times (every fault
-    once scanned every rank-0 line, every resume every kept work line)."""
-    small, large = (_lines_run(long_ledger(days * 86400.0 / 8, faults=days * 40))
+    once scanned every rank-0 line, every resume every kept work line, every live
+    recovery every rank-0 line and fault)."""
+    small, large = (_lines_run(long_ledger(days * 86400.0 / 8, faults=days * 40, live=live))
                     for days in (1, 2))
     assert large / small < 2.1, (small, large)
 
@@ -260,3 +262,42 @@ def test_a_ledger_far_behind_its_store_drops_its_oldest_lines_with_one_warning(c
     ledger.released.set()
     assert queued.flush(5.0)
     assert [e["n"] for e in ledger.lines] == [0, 3, 4, 5]
+
+
+def test_a_live_recovery_keeps_the_work_up_to_the_copy_it_went_on_from():
+    """As RUN, but attempt 2 goes on from a survivor's copy of the step taken at 109.2, at
+    report 2: the work from rank 0's last line (108) to the copy is kept, only the 0.3 s
+    from the copy to the failure are lost, and iteration 2 of attempt 1 is kept too."""
+    live = [*RUN[:6], {**RUN[6], "restored_iteration": None},
+            {"event": "live", "t": 113.1, "iteration": 2, "step": 40, "source_rank": 1,
+             "taken_at": 109.2}, *RUN[7:]]
+    goodput = breakdown(live)
+    assert goodput.seconds[Cause.RECOMPUTE] == pytest.approx(0.3)
+    assert goodput.seconds[Cause.PRODUCTIVE] == pytest.approx(1.5 + 1.8 + 1.2 + 1.7)
+    assert goodput.seconds[Cause.RESTORE] == pytest.approx(1.0)  # a live recovery restores
+    assert sum(goodput.seconds.values()) == pytest.approx(goodput.wall_s) == 16.0
+    assert breakdown(list(reversed(live))) == goodput
+    assert goodput.live_recoveries == 1 and goodput.describe().endswith(
+        "; 1 of 1 recoveries live (from memory)")
+
+
+def test_a_live_copy_older_than_rank_0s_last_line_adds_nothing():
+    """A copy taken before rank 0's last line (a report after the step): that line already
+    accounts for the time; only what came after it is lost."""
+    live = [*RUN[:6], {**RUN[6], "restored_iteration": None},
+            {"event": "live", "t": 113.1, "iteration": 2, "step": 40, "source_rank": 0,
+             "taken_at": 107.0}, *RUN[7:]]
+    goodput = breakdown(live)
+    assert goodput.seconds[Cause.RECOMPUTE] == pytest.approx(1.5)
+    assert sum(goodput.seconds.values()) == pytest.approx(goodput.wall_s)
+
+
+def test_a_live_copy_stamped_after_the_failure_keeps_the_work_up_to_the_failure():
+    """The survivor's copy is stamped by its own clock, which can read a moment after the
+    failed rank's: the work is kept up to the failure, none of it is lost."""
+    live = [*RUN[:6], {**RUN[6], "restored_iteration": None},
+            {"event": "live", "t": 113.1, "iteration": 2, "step": 40, "source_rank": 0,
+             "taken_at": 109.6}, *RUN[7:]]
+    goodput = breakdown(live)
+    assert goodput.seconds[Cause.RECOMPUTE] == pytest.approx(0.0)
+    assert sum(goodput.seconds.values()) == pytest.approx(goodput.wall_s)

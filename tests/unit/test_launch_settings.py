@@ -193,7 +193,9 @@ def test_in_process_and_no_progress_flags_set_the_failure_config(monkeypatch, ar
     (["--straggler-threshold", "2", "--straggler-window", "3", "--straggler-min-excess", "0",
       SCRIPT], {}, et.StragglerConfig(score_threshold=2.0, window=3, min_excess_s=0.0)),
     ([SCRIPT], {"PET_STRAGGLER_WINDOW": "7"}, et.StragglerConfig(window=7)),
-    (["--replace-stragglers", "--straggler-cool-off", "60", SCRIPT], {},
+    (["--replace-stragglers", "--straggler-cool-off", "60", "--spares", "1",
+      "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-id", "j",
+      SCRIPT], {},
      et.StragglerConfig(replace=True, cool_off_s=60.0)),
     ([SCRIPT], {"PET_STRAGGLER_COOL_OFF": "5"}, et.StragglerConfig(cool_off_s=5.0)),
 ])

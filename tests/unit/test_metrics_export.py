@@ -11,19 +11,20 @@ import socket
 import sys
 import time
 import types
+import urllib.request
 
 import pytest
 
 import elastic_train as et
 from elastic_train.cli.launch_command import main_launch
-from elastic_train.driver import exporters, metrics_feed
+from elastic_train.driver import exporters, metrics_feed, prometheus_endpoint
 from elastic_train.driver.node_metrics import METRICS, NodeMetrics
 from elastic_train.driver.otlp_push import OtlpSink
 from elastic_train.driver.prometheus_endpoint import PrometheusSink, check_port
 from elastic_train.storage.manifest import CommitManifest
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.paths import REPO
-from tests.support.servers import free_port
+from tests.support.servers import free_port, held_connections, idle_connections
 
 SCRIPT = "tests/e2e/scripts/plain_torchrun_script.py"
 
@@ -34,6 +35,9 @@ SCRIPT = "tests/e2e/scripts/plain_torchrun_script.py"
     ({"port": True}, ["MetricsConfig.port=True"]),
     ({"otlp_endpoint": "collector:4318"}, ["otlp_endpoint='collector:4318'", "http://"]),
     ({"otlp_interval_s": 0}, ["otlp_interval_s=0", "> 0"]),
+    ({"port": 9464, "address": "127.0.0.1:9464"},
+     ["address='127.0.0.1:9464'", "without a port", "address='127.0.0.1', port=9464"]),
+    ({"address": "[::1]:9464"}, ["address='[::1]:9464'", "address='::1', port=9464"]),
 ])
 def test_bad_settings_name_the_value_and_the_fix(settings, words):
     with pytest.raises(et.ConfigError) as raised:
@@ -93,6 +97,11 @@ def test_launch_flags_set_the_metrics_config(monkeypatch, capsys):
     assert main_launch(["--metrics-port", "80", SCRIPT], {}) == 2
     err = capsys.readouterr().err
     assert "--metrics-port=80" in err and "privileged" in err, err
+    assert main_launch(["--metrics-port", "9464", "--metrics-address", "127.0.0.1:9464",
+                        SCRIPT], {}) == 2
+    err = capsys.readouterr().err  # the address is blamed, and the fix works as said
+    assert "--metrics-address='127.0.0.1:9464'" in err and "without a port" in err, err
+    assert "--metrics-address 127.0.0.1 --metrics-port 9464" in err, err
 
 
 def _sample(sink: PrometheusSink, name: str, **labels: str) -> float | None:
@@ -250,3 +259,28 @@ def test_a_missing_client_is_named_with_its_extra_before_anything_starts(
     monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(et.ConfigError, match=re.escape(extra)):
         exporters.check(et.MetricsConfig(**settings))
+
+
+@pytest.mark.timeout(60)
+def test_idle_connections_neither_hold_the_endpoint_nor_delay_a_scrape():
+    """300 connections that send nothing (one a request cut short) against the endpoint
+    at its defaults: a scrape still answers at once, the endpoint holds no more than its
+    cap, and it closes the idle ones within its admit timeout."""
+    sink, port = PrometheusSink(), free_port()
+    sink.serve("127.0.0.1", port)
+    flood = idle_connections("127.0.0.1", port, 300)
+    flood[-1].sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+    try:
+        started = time.monotonic()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as got:
+            assert got.status == 200 and b"elastic_train_" in got.read()
+        assert time.monotonic() - started < 3.0
+        time.sleep(0.5)  # the last of the flood accepted
+        limits = prometheus_endpoint.LIMITS
+        assert held_connections(port) <= limits.connections
+        flood[-1].settimeout(limits.admit_timeout_s + 5)
+        assert flood[-1].recv(1) == b""  # closed by the endpoint
+    finally:
+        for sock in flood:
+            sock.close()
+        sink.close()

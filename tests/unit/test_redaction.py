@@ -38,17 +38,21 @@ def test_conf_strings_argv_and_urls():
     assert redact_url("etcd:2379") == "etcd:2379"
 
 
-def test_rendezvous_config_without_secrets_drops_every_secret_looking_entry():
+def test_rendezvous_config_without_secrets_drops_every_secret_looking_entry(tmp_path):
+    key = tmp_path / "client.key"
+    key.write_text("")
     config = RendezvousConfig(backend="etcd", endpoint="h:2379", run_id="j",
-                              conf={"username": "u", "password": "p", "client_key": "/k"})
-    assert {"password", "client_key"}.isdisjoint(config.without_secrets().conf)
+                              conf={"username": "u", "password": "p", "key": str(key)})
+    assert {"password", "key"}.isdisjoint(config.without_secrets().conf)
     assert config.without_secrets().conf["username"] == "u"
 
 
 def test_launch_records_and_hints_are_redacted(tmp_path):
-    argv = ["--rdzv-conf", "password=hunter2", "--storage-option", "key=AK",
+    argv = ["--rdzv-backend", "etcd", "--rdzv-endpoint", "h:2379", "--rdzv-conf",
+            "password=hunter2", "--storage-option", "key=AK",
             f"{REPO}/tests/e2e/scripts/launch_script.py", "out", "3", "--db", "https://u:pw@h"]
-    settings = LaunchSettings(target=argv[4], target_args=argv[5:],
+    settings = LaunchSettings(target=argv[8], target_args=argv[9:], rdzv_backend="etcd",
+                              rdzv_endpoint="h:2379",
                               rdzv_conf="password=hunter2", storage_option=["key=AK"],
                               storage_path=str(tmp_path), name="n")
     command = continuing_command(settings, argv)
@@ -56,4 +60,4 @@ def test_launch_records_and_hints_are_redacted(tmp_path):
     assert "hunter2" not in text and "AK" not in text
     assert "password=***" in text and "key=***" in text
     # the program's own arguments are the user's, kept as given (resume compares them)
-    assert command[-5:] == argv[4:] and settings.flags()["target_args"] == argv[5:]
+    assert command[-5:] == argv[8:] and settings.flags()["target_args"] == argv[9:]

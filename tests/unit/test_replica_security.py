@@ -28,6 +28,7 @@ from tests.support import replicas
 from tests.support.etcd_server import TLSFiles
 from tests.support.peer_faults import forge_crc, put
 from tests.support.replicas import SHARE, Peer, committed, request, signed, staged, write_files
+from tests.support.servers import idle_connections
 
 pytestmark = pytest.mark.timeout(60)
 store, tier, peer = replicas.store, replicas.tier, replicas.peer  # the fixtures
@@ -221,12 +222,6 @@ def test_a_peer_that_sends_too_much_fills_no_disk(store, tier, tmp_path, length)
         hostile.close()
 
 
-def _idle(url: str, count: int) -> list[socket.socket]:
-    parts = urllib.parse.urlsplit(url)
-    return [socket.create_connection((parts.hostname, parts.port), timeout=10)
-            for _ in range(count)]
-
-
 def test_idle_connections_neither_exhaust_the_server_nor_delay_a_peer(store, peer, tmp_path):
     """Item 3: 300 idle connections (a half-sent request on one) against a server that
     may hold 128 descriptors; a signed GET still answers at once, and the idle ones are
@@ -235,7 +230,8 @@ def test_idle_connections_neither_exhaust_the_server_nor_delay_a_peer(store, pee
     peer.tier.keep(store.fs, store.path(0), staged(tmp_path, "p"), list(SHARE), 0)
     pid = _server_pid(peer)
     resource.prlimit(pid, resource.RLIMIT_NOFILE, (128, 128))
-    flood = _idle(peer.url, 300)
+    parts = urllib.parse.urlsplit(peer.url)
+    flood = idle_connections(parts.hostname, parts.port, 300)
     flood[-1].sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # and never the rest
     try:
         path = _path(store, MODEL)
@@ -244,7 +240,7 @@ def test_idle_connections_neither_exhaust_the_server_nor_delay_a_peer(store, pee
             == (200, SHARE[MODEL])
         assert time.monotonic() - started < 3.0
         last = flood[-1]
-        last.settimeout(replica_server.Limits().auth_timeout_s + 5)
+        last.settimeout(replica_server.Limits().admit_timeout_s + 5)
         assert last.recv(1) == b""  # closed by the server
     finally:
         for sock in flood:

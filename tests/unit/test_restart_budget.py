@@ -45,6 +45,15 @@ def test_preemptions_spend_their_own_budget_not_max_failures():
     assert not RestartBudget(max_failures=0).charge(FAILURE).preemption_budget_spent
 
 
+@pytest.mark.parametrize("max_failures", [3, UNLIMITED])
+def test_a_config_error_is_never_restarted_whatever_is_left_of_the_budget(max_failures):
+    budget = RestartBudget(max_failures=max_failures)
+    decision = budget.charge(FAILURE, config_error=True)
+    assert not decision.restart and decision.config_error
+    assert decision.restarts_left == (2 if max_failures == 3 else UNLIMITED)
+    assert not budget.charge(FAILURE).config_error and budget.charge(PEER).restart
+
+
 @pytest.mark.parametrize("max_failures", [0, 2, UNLIMITED])
 def test_torchs_restart_counter_is_derived_from_the_budget(max_failures):
     """One restart counter: the budget decides, and torch's counter is derived from it

@@ -1,15 +1,18 @@
-"""``show --plot``'s parts without a run: when each report was made, and the error that
-names the extra when matplotlib is missing (the picture of a real faulted run:
+"""``show --plot``'s parts without a run: when each report was made, the error that
+names the extra when matplotlib is missing, the output path's errors and formats on a
+run directory of one record (the picture of a real faulted run:
 tests/e2e/test_metrics_export.py)."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
 
 import elastic_train as et
 from elastic_train.cli import run_plot
+from elastic_train.cli.main import main
 
 
 def test_report_times_are_exact_within_an_attempt_from_whole_second_stamps():
@@ -28,4 +31,47 @@ def test_report_times_are_exact_within_an_attempt_from_whole_second_stamps():
 def test_a_missing_matplotlib_is_named_with_its_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(et.ConfigError, match=r"elastic-train\[plot\]"):
-        run_plot.plot("x.png", None, None, None)
+        run_plot.check_output("x.png")
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    run = tmp_path / "results" / "run1"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"status": "finished", "format_version": 1,
+                                              "created": 1.0}))
+    return run
+
+
+@pytest.mark.parametrize("given, words", [
+    ("plots/run.png", ["'plots/run.png' cannot be written", "plots does not exist",
+                       "create it"]),
+    ("{run}", ["cannot be written: it is a directory", "run1/run.png"]),
+], ids=["no-folder", "a-directory"])
+def test_an_output_path_that_cannot_be_written_is_named_not_the_run(
+        run_dir, tmp_path, monkeypatch, capsys, given, words):
+    monkeypatch.chdir(tmp_path)
+    assert main(["show", str(run_dir), "--plot", given.format(run=run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "show --plot" in err, err
+    for word in words:
+        assert word in err, err
+    assert "does not exist; check the path" not in err and "cannot read" not in err, err
+
+
+@pytest.mark.parametrize("suffix, magic", [("svg", b"<?xml"), ("pdf", b"%PDF"),
+                                           ("png", b"\x89PNG")])
+def test_the_suffix_names_the_format_written(run_dir, tmp_path, suffix, magic):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / f"run.{suffix}"
+    assert main(["show", str(run_dir), "--plot", str(out)]) == 0
+    assert out.read_bytes().startswith(magic)
+
+
+def test_an_unknown_suffix_is_refused_naming_the_formats(run_dir, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "run.graph"
+    assert main(["show", str(run_dir), "--plot", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "run.graph' cannot be written" in err and ".png, " in err and ".svg" in err, err
+    assert not out.exists()

@@ -295,6 +295,17 @@ def test_metrics_of_a_run_directory_written_before_segments_still_read(run):
     assert (METRICS_FILE in names) != (METRICS_FILE + SEGMENTS_SUFFIX in names), names
 
 
+def test_a_metrics_segment_that_is_no_regular_file_is_refused_before_it_is_read(tmp_path):
+    """A FIFO where a segment should be (a run directory copied or crafted) would be read
+    for ever: a StorageError naming it instead."""
+    run = RunStorage.open(str(tmp_path), "run")
+    segments = tmp_path / "run" / (METRICS_FILE + SEGMENTS_SUFFIX)
+    segments.mkdir(parents=True)
+    os.mkfifo(segments / "000000.jsonl")
+    with pytest.raises(StorageError, match="000000.jsonl is not a regular file"):
+        run.read_metrics()
+
+
 def test_metrics_segments_read_up_to_the_first_missing_one(run):
     """A segment missing (lost, removed by hand) ends the rows: none past it is read."""
     if run.adapter.appends:

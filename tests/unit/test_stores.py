@@ -1,10 +1,13 @@
 """One adapter per store: the table that picks it, and each store's own behaviour
 (S3's on moto's server, through s3fs)."""
 
+import os
+
 import fsspec
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 
+from elastic_train.errors import StorageError
 from elastic_train.storage import RunStorage
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.retry import is_transient
@@ -71,7 +74,7 @@ def test_s3_urls_open_with_our_retry_settings_and_plain_paths_as_local(tmp_path)
 def test_the_base_adapter_assumes_only_what_fsspec_promises():
     store = adapter_for(fsspec.filesystem("memory"))
     assert not store.is_local
-    assert store.append("/m/a", b"x") is False
+    assert not store.appends  # its append-only logs go to segments (storage/jsonl_log.py)
     assert store.rename_tree("/m/a", "/m/b") is False
     assert store.link_files(["/a"], ["/m/a"]) is False
     assert store.put_options() == {} and store.missing_bucket("/m") is None
@@ -85,7 +88,8 @@ def test_local_store_appends_renames_and_writes_by_rename(tmp_path):
     store = adapter_for(LocalFileSystem())
     target = str(tmp_path / "d" / "f")
     store.write_bytes_atomic(target, b"a\n")
-    assert store.append(target, b"b\n") and open(target, "rb").read() == b"a\nb\n"
+    store.append(target, b"b\n")
+    assert store.appends and open(target, "rb").read() == b"a\nb\n"
     assert store.rename_tree(str(tmp_path / "d"), str(tmp_path / "e"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e"]
 
@@ -147,3 +151,40 @@ def test_s3_aborts_the_multipart_uploads_a_killed_writer_left(s3):
     assert [u["Key"] for u in left] == [f"{root}/ckpt/b.pt"]
     assert store.abort_unfinished_uploads(path) == 1
     assert fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", []) == []
+
+
+@pytest.mark.timeout(20)
+def test_a_fifo_is_refused_before_a_byte_is_read(tmp_path):
+    """A read of a FIFO no one writes never ends (its open waits for a writer): the local
+    store names it instead, at once."""
+    fifo = tmp_path / "metrics.jsonl"
+    os.mkfifo(fifo)
+    fs = LocalFileSystem()
+    with pytest.raises(StorageError, match="metrics.jsonl is not a regular file but a FIFO"):
+        fsutil.read_bytes(fs, str(fifo))
+    with pytest.raises(IsADirectoryError):
+        fsutil.read_bytes(fs, str(tmp_path))
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("entry, read", [
+    ("run.json", RunStorage.read_run_state), ("metrics.jsonl", RunStorage.read_metrics),
+    ("restores.json", RunStorage.read_restores), ("trainable.pkl", RunStorage.read_trainable),
+    ("goodput/rank0.jsonl", RunStorage.read_ledger)], ids=lambda v: getattr(v, "__name__", v))
+def test_every_reader_of_a_run_refuses_a_fifo(tmp_path, entry, read):
+    (tmp_path / entry).parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(tmp_path / entry)
+    with pytest.raises(StorageError, match=f"{entry} is not a regular file but a FIFO"):
+        read(RunStorage(LocalFileSystem(), str(tmp_path)))
+
+
+@pytest.mark.parametrize("fs", [LocalFileSystem(), fsspec.filesystem("memory")],
+                         ids=["local", "memory"])
+def test_whole_file_reads_are_bounded(tmp_path, monkeypatch, fs):
+    path = str(tmp_path / "run.json")
+    fs.pipe_file(path, b"x" * 100)
+    monkeypatch.setattr(fsutil, "READ_LIMIT", 100)
+    assert fsutil.read_bytes(fs, path) == b"x" * 100
+    monkeypatch.setattr(fsutil, "READ_LIMIT", 99)
+    with pytest.raises(StorageError, match="run.json is larger than 99 bytes"):
+        fsutil.read_bytes(fs, path)

@@ -416,4 +416,5 @@ def _raised(worker: Worker, record: WorkerRecord) -> tuple[WorkerFailure, bool]:
         exitcode=note.exitcode if note else 1,
         message=message, traceback=note.traceback if note else None,
         hostname=socket.gethostname(), timestamp=note.timestamp if note else time.time(),
+        config_error=note.config_error if note else False,
     ), (note.primary if note else True)

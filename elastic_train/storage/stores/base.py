@@ -80,6 +80,13 @@ class StoreAdapter:
         reader keeps what it read under it (here the size and modification time)."""
         return info.get("size"), self.modified(info)
 
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        """The file ``path`` whole, in one read as the store holds it now (``cat_file``:
+        no file object, which s3fs opens with the ETag its listing cache holds); at most
+        ``limit`` bytes and one more, which tells the caller the file is larger. An
+        object store holds only regular files, so no other kind is looked for."""
+        return self.fs.cat_file(path, start=0, end=limit + 1)
+
     def write_bytes_atomic(self, path: str, data: bytes) -> None:
         """Writes ``path`` so that readers see the old content or the new, never a part:
         one PUT is atomic on an object store."""

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import uuid
 
+from elastic_train.errors import StorageError
 from elastic_train.storage.stores.base import StoreAdapter
 
 # A file system that cannot fsync a directory (some FUSE and network ones) says so thus.
@@ -30,6 +32,13 @@ def fsync_path(path: str) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words."""
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), f"of mode {mode:o}")
 
 
 def _parents(path: str, up_to: str) -> list[str]:
@@ -59,6 +68,28 @@ class LocalStore(StoreAdapter):
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_path(os.path.dirname(path))  # the rename itself
+
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        """As the base's, of regular files only: a FIFO, a device or a socket in a run
+        directory is refused (StorageError) before a byte is read -- a read of a FIFO
+        that no one writes never ends. Opened without blocking (the open of a FIFO
+        waits for a writer), then the opened file itself is asked what it is."""
+        path = self.fs._strip_protocol(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+            if not stat.S_ISREG(mode):
+                raise StorageError(f"{path} is not a regular file but {_kind(mode)}: no "
+                                   "file elastic-train writes is; move it aside")
+            chunks, left = [], limit + 1
+            while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+                chunks.append(chunk)
+                left -= len(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
 
     def append(self, path: str, data: bytes) -> None:
         with open(path, "ab") as f:

@@ -71,6 +71,7 @@ class FailureNote:
     ``primary``: the error did not come out of a torch.distributed call -- the
     worker failed by itself, not because a peer vanished from a collective.
     ``exitcode``: the code the process would have exited with (``sys.exit(3)``: 3).
+    ``config_error``: the error is a ``ConfigError`` (never retried).
     """
 
     message: str
@@ -78,6 +79,7 @@ class FailureNote:
     primary: bool
     timestamp: float
     exitcode: int = 1
+    config_error: bool = False
 
 
 @dataclass(frozen=True)

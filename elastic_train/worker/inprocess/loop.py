@@ -48,9 +48,11 @@ from dataclasses import replace
 from typing import TypeVar
 
 from elastic_train._internal import env_vars
+from elastic_train.errors import ConfigError
 from elastic_train.worker.inprocess import channel, group_sockets
 from elastic_train.worker.inprocess.channel import FailureNote, Stage, WorkerRecord
 from elastic_train.worker.lifecycle import collective_line, from_communication
+from elastic_train.worker.live import held
 from elastic_train.worker.session import uploads_in_flight
 
 logger = logging.getLogger(__name__)
@@ -66,6 +68,8 @@ class RestartAttempt(BaseException):
 
 
 _in_attempt = False
+_deferring = False  # between hold_aborts() and release_aborts(): an abort waits
+_deferred = False  # an abort came meanwhile
 
 
 def enabled() -> bool:
@@ -74,7 +78,29 @@ def enabled() -> bool:
 
 
 def _on_abort(signum: int, frame: object) -> None:
-    if _in_attempt:
+    global _deferred
+    if _in_attempt and _deferring:
+        _deferred = True
+    elif _in_attempt:
+        raise RestartAttempt("another rank failed: the attempt restarts")
+
+
+def hold_aborts() -> None:
+    """Holds an abort (another rank failed) back until :func:`release_aborts`: from an
+    optimizer's step to ``LiveState.step_done()`` the kept objects are being changed, and
+    live recovery needs them at a completed step when the attempt ends (see
+    :mod:`elastic_train.worker.live.held`). A step that never ends is killed as any
+    attempt that does not unwind (``unwind_timeout_s``)."""
+    global _deferring
+    _deferring = True
+
+
+def release_aborts() -> None:
+    """Ends :func:`hold_aborts`; raises the abort that came meanwhile."""
+    global _deferring, _deferred
+    _deferring = False
+    if _deferred:
+        _deferred = False
         raise RestartAttempt("another rank failed: the attempt restarts")
 
 
@@ -85,7 +111,7 @@ def describe(exc: BaseException) -> FailureNote:
     return FailureNote(message=f"{type(exc).__name__}: {exc}",
                        traceback="".join(traceback.format_exception(exc)),
                        primary=not from_communication(exc), timestamp=time.time(),
-                       exitcode=code)
+                       exitcode=code, config_error=isinstance(exc, ConfigError))
 
 
 def abort_process_groups() -> None:
@@ -132,13 +158,13 @@ def _release_objects() -> None:
 
 def _run_one(attempt: Callable[[], T]) -> tuple[bool, T | None, FailureNote | None]:
     """Runs one attempt: (succeeded, its value, this worker's own error if it failed)."""
-    global _in_attempt
+    global _in_attempt, _deferring, _deferred
     try:
         _in_attempt = True
         try:
             return True, attempt(), None
         finally:
-            _in_attempt = False
+            _in_attempt = _deferring = _deferred = False
     except (KeyboardInterrupt, SystemExit) as exc:
         if isinstance(exc, SystemExit) and exc.code not in (None, 0):
             return False, None, describe(exc)
@@ -186,6 +212,7 @@ def run_attempts(attempt: Callable[[], T], release: Callable[[float], None]) -> 
             return value  # type: ignore[return-value]
         group_sockets.cut()  # peers blocked in a collective with this worker: released now
         abort_process_groups()
+        held.freeze_all()  # a LiveState's last step, kept for the next attempt
         record = WorkerRecord(number, Stage.FAILED, os.getpid(), failure)
         if failure is not None:
             channel.write_record(directory, rank, record)

@@ -2,7 +2,7 @@
 
     elastic_data_script.py OUT_DIR EPOCHS [--samples N] [--batch-size B] [--sleep S]
                            [--checkpoint-every K] [--lose-node NODE:EPOCH:STEP ...]
-                           [--global-batch G]
+                           [--global-batch G] [--zip] [--fail-after-epoch E]
 
 A ``prepare_data_loader`` loader over ``TensorDataset(arange(N))`` (shuffled); each step
 all-reduces a per-sample visit counter, which every checkpoint saves (a checkpoint every
@@ -18,6 +18,11 @@ features drawn for each sample, in optimizer steps of G samples at any world siz
 (``prepare_data_loader(global_batch_size=G)``: micro-batches, ``loader.accumulate``,
 ``loader.loss_scale``); steps count optimizer steps, and rank 0 writes the final weights
 to OUT/weights.pt.
+
+With ``--zip`` the loop reads ``zip(range(len(loader)), loader)``: the loader hands out
+its last batch but its iterator never runs to its end. ``--fail-after-epoch E`` makes
+rank 0 raise once (OUT/failed marks it) right after epoch E's after-loop checkpoint, so
+the job restarts from it.
 """
 
 import argparse
@@ -44,6 +49,8 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--lose-node", action="append", default=[])
     parser.add_argument("--global-batch", type=int, default=None)
+    parser.add_argument("--zip", action="store_true")
+    parser.add_argument("--fail-after-epoch", type=int, default=None)
     return parser.parse_args()
 
 
@@ -57,6 +64,13 @@ def _lose_node_here(args: argparse.Namespace, epoch: int, step: int) -> None:
             open(marker, "w").close()
             os.killpg(_agent_pid(), signal.SIGKILL)  # the test starts it as a group leader
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fail_here(args: argparse.Namespace, epoch: int) -> None:
+    marker = os.path.join(args.out, "failed")
+    if epoch == args.fail_after_epoch and dist.get_rank() == 0 and not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError(f"injected failure after epoch {epoch}'s checkpoint")
 
 
 def _agent_pid() -> int:
@@ -134,7 +148,10 @@ def main() -> None:
             f.write(f"{start} {world}\n")
     for epoch in range(start, args.epochs):
         step = 0
-        for (x,) in loader:
+        # strict=False: zip stops at the range's end and never asks the loader for its end
+        batches = zip(range(len(loader)), loader, strict=False) if args.zip \
+            else enumerate(loader)
+        for _, (x,) in batches:
             seen = torch.zeros(args.samples)
             if loader.loss_scale:  # not a batch of padding
                 seen.index_add_(0, x, torch.ones(len(x)))
@@ -145,12 +162,14 @@ def main() -> None:
             if not loader.sync_gradients:
                 continue
             time.sleep(args.sleep)
-            if (step + 1) % args.checkpoint_every == 0:  # inside the epoch: resume in it
+            if (step + 1) % args.checkpoint_every == 0:  # inside the epoch: resume in it,
+                finished = loader.state_dict()["finished"]  # or after it, its last batch
                 _save({"visits": visits, **(regression.state() if regression else {})},
-                      epoch, step)
+                      epoch + finished, step)
             _lose_node_here(args, epoch, step)
             step += 1
         _save({"visits": visits, **(regression.state() if regression else {})}, epoch + 1, -1)
+        _fail_here(args, epoch)
     if rank == 0:
         torch.save(visits, os.path.join(args.out, "visits.pt"))
         if regression:
