@@ -39,6 +39,8 @@ from elastic_train.storage.jsonl_log import SEGMENTS_SUFFIX, JsonLinesLog, ReadC
 
 logger = logging.getLogger(__name__)
 
+IDLE_S = 30.0  # a ledger's writer thread ends this long after its last line
+
 
 class LedgerFile:
     """One writer's file of the ledger in ``directory``; ``fenced(what)`` checks the
@@ -78,8 +80,10 @@ class QueuedLedger:
     """A :class:`LedgerFile` written from a thread of its own: :meth:`append` only queues,
     so a slow or unreachable store never holds the caller (rank 0's training thread).
 
-    The thread runs while lines wait and ends when none do (nothing is left running
-    after an attempt, however it ended). At most ``max_queued`` lines wait: beyond,
+    The thread runs while lines come and ends :data:`IDLE_S` after the last (nothing is
+    left running long after an attempt, however it ended; a new line starts it again:
+    started per line, a thread would cost more than a line on local disk). At most
+    ``max_queued`` lines wait: beyond,
     the oldest are dropped, with one warning (a store down for that long loses
     figures, never training time). :meth:`flush` waits, up to a bound, until every
     queued line was handed to the file (the attempt's end).
@@ -90,7 +94,8 @@ class QueuedLedger:
         self._max = max_queued
         self._queue: collections.deque[dict[str, Any]] = collections.deque()
         self._cond = threading.Condition()
-        self._running = False
+        self._running = False  # the thread is started
+        self._writing = False  # it writes a batch now
         self._warned = False
 
     def append(self, *entries: dict[str, Any]) -> None:
@@ -109,6 +114,7 @@ class QueuedLedger:
                 self._running = True
                 threading.Thread(target=self._drain, name="elastic-train-ledger",
                                  daemon=True).start()
+            self._cond.notify_all()
 
     def _drain(self) -> None:
         """The thread: writes what is queued until nothing is (see :meth:`_take`)."""
@@ -119,25 +125,28 @@ class QueuedLedger:
                 batch = self._take()
         except BaseException:
             with self._cond:
-                self._running = False
+                self._running = self._writing = False
                 self._cond.notify_all()
             raise
 
     def _take(self) -> list[dict[str, Any]]:
-        """The queued lines, emptying the queue; none: the thread ends (said under the
-        lock, so the next :meth:`append` starts another)."""
+        """The lines queued, or that come within :data:`IDLE_S`, emptying the queue; none:
+        the thread ends (said under the lock, so the next :meth:`append` starts another)."""
         with self._cond:
+            self._writing = False
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._queue, IDLE_S)
             batch = list(self._queue)
             self._queue.clear()
-            if not batch:
-                self._running = False
-                self._cond.notify_all()
+            self._writing = bool(batch)
+            self._running = bool(batch)
             return batch
 
     def flush(self, timeout_s: float) -> bool:
         """Waits up to ``timeout_s`` for the queued lines to be written; False: still not."""
         with self._cond:
-            return self._cond.wait_for(lambda: not self._running, timeout_s)
+            return self._cond.wait_for(lambda: not self._queue and not self._writing,
+                                       timeout_s)
 
 
 def read_ledger(fs: fsspec.AbstractFileSystem, directory: str,
