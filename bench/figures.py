@@ -19,6 +19,7 @@ from bench.data_position_figure import GOAL_RESUME_MS, data_position
 from bench.digest_cost import digest_cost
 from bench.gpu_figure import gpu
 from bench.interval_figure import interval
+from bench.ledger_read_figure import YEAR_TARGET, ledger_read
 from bench.live_cost import live_cost
 from bench.main_figures import (
     AGENT_MEMORY_TARGET,
@@ -31,6 +32,7 @@ from bench.main_figures import (
     scaling,
     steps,
 )
+from bench.metrics_row_figure import FLAT_TARGET, metrics_row
 from bench.node_loss_figure import node_loss
 from bench.nodes_figure import nodes
 from bench.overhead_figure import GOAL_PERCENT as OVERHEAD_PERCENT
@@ -130,4 +132,10 @@ FIGURES: dict[str, Figure] = {
         "and its ranks get the same answers", interval),
     "live_cost": Figure("17b", "what LiveState.step_done() costs a step",
                         "≤ 0.5 % of a 22 ms step on the CPU clock", live_cost),
+    "ledger_read": Figure(
+        "18", "reading the goodput ledger", f"a year-long ledger read in "
+        f"{YEAR_TARGET.describe()} s", ledger_read),
+    "metrics_row": Figure(
+        "19", "a report's metrics row and ledger line on S3, against the reports before it",
+        f"the row's cost at 600 reports {FLAT_TARGET.describe()} × at 10 (flat)", metrics_row),
 }

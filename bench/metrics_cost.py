@@ -97,7 +97,9 @@ def ledger_cost(reports: int, per_checkpoint: int) -> tuple[float, float]:
             clock.waited()
             clock.report_ends([[n] for n in numbers], any_checkpoint=i % per_checkpoint == 0,
                               iteration=i)
-        return (time.thread_time() - cpu) / reports, (time.perf_counter() - wall) / reports
+        took = (time.thread_time() - cpu) / reports, (time.perf_counter() - wall) / reports
+        clock.finish(0.0, reports)  # the ledger's thread done before the directory goes
+        return took
 
 
 def main() -> None:

@@ -66,6 +66,9 @@ class Profile:
     gpu_faults: tuple[str, ...] = ("exception", "sigkill", "exit")
     interval: IntervalWorkload = IntervalWorkload()  # figure 17's job
     live_steps: int = 400  # figure 17b's steps (of figure 12's model)
+    # figure 18: goodput ledgers read, (days, faults)
+    ledger_reads: tuple[tuple[float, int], ...] = ((54, 4), (54, 400), (365, 4), (365, 2700))
+    metrics_reports: tuple[int, ...] = (10, 100, 600)  # figure 19: report counts timed
 
 
 _FULL_MODEL = WorkloadConfig(input_dim=512, hidden=1024, layers=2, batch=128)
@@ -96,7 +99,7 @@ SMOKE = Profile(
     # gpu: one line without CUDA (its device count is all it costs here)
     figures=("cold_start", "steps", "checkpoint", "memory", "storage", "rendezvous",
              "rendezvous_scale", "overhead", "straggler_cost", "data_position", "gpu",
-             "digest_cost", "interval", "live_cost"),
+             "digest_cost", "interval", "live_cost", "ledger_read", "metrics_row"),
     rendezvous_agents=(2,), rendezvous_launchers=("c10d",), rendezvous_recovery=False,
     fault=FaultPlan(how="sigkill", epoch=1, step=2, rank=1, recover_within_s=30.0),
     faults=("exit",),
@@ -108,6 +111,7 @@ SMOKE = Profile(
                               fault_every_s=0.5, min_gap_s=3.0, timeout_s=120.0,
                               policies=("should_checkpoint", "live")),
     live_steps=60,
+    ledger_reads=((1, 4), (1, 100)), metrics_reports=(10, 40),
 )
 
 PROFILES = {p.name: p for p in (FULL, SMOKE)}

@@ -38,7 +38,10 @@ Example::
 
 from __future__ import annotations
 
+import bisect
 import enum
+import heapq
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,6 +132,10 @@ class Goodput:
                              for a in self.attempts]}
 
 
+# The causes a work line measures, with their keys (read once per line: enums are slow).
+_MEASURED = tuple((c, c.value) for c in (Cause.PRODUCTIVE, Cause.CHECKPOINT, Cause.STRAGGLERS))
+
+
 def _zero() -> dict[Cause, float]:
     return dict.fromkeys(Cause, 0.0)
 
@@ -145,10 +152,14 @@ class _Work:
 
 @dataclass
 class _Tally:
-    """The running sums of :func:`breakdown`."""
+    """The running sums of :func:`breakdown`. ``live`` holds the work lines whose
+    productive seconds a later restore could still find lost, as a heap on their last
+    iteration (highest first): a restore visits only the lines past its iteration, so
+    reading a ledger takes time linear in its lines, however many faults it holds."""
 
     attempts: list[dict[Cause, float]] = field(default_factory=list)
-    live: list[_Work] = field(default_factory=list)
+    live: list[tuple[int, int, _Work]] = field(default_factory=list)
+    _order: itertools.count = field(default_factory=itertools.count)
     wall_s: float = 0.0
     failures: int = 0
     checkpoints: int = 0
@@ -157,20 +168,27 @@ class _Tally:
         self.attempts[-1][cause] += seconds
 
     def work(self, entry: dict[str, Any], gap: float) -> None:
-        spent = {c: float(entry.get(c.value, 0.0))
-                 for c in (Cause.PRODUCTIVE, Cause.CHECKPOINT, Cause.STRAGGLERS)}
-        for cause, seconds in spent.items():
-            self.add(cause, seconds)
-        self.add(Cause.OTHER, gap - sum(spent.values()))
+        """A ``work`` line: rank 0's measured causes, the rest of its ``gap`` other."""
+        attempt, measured = self.attempts[-1], 0.0
+        for cause, key in _MEASURED:
+            seconds = float(entry.get(key, 0.0))
+            attempt[cause] += seconds
+            measured += seconds
+        attempt[Cause.OTHER] += gap - measured
         self.checkpoints += int(entry.get("checkpoints", 0))
-        self.live.append(_Work(self.attempts[-1], int(entry.get("from_iteration", 0)),
-                               int(entry.get("iteration", 0)), spent[Cause.PRODUCTIVE]))
+        self._keep(_Work(attempt, int(entry.get("from_iteration", 0)),
+                         int(entry.get("iteration", 0)), float(entry.get("productive", 0.0))))
+
+    def _keep(self, work: _Work) -> None:
+        """Adds ``work`` to :attr:`live` (a line with no productive seconds has none to lose)."""
+        if work.productive > 0:
+            heapq.heappush(self.live, (-work.iteration, next(self._order), work))
 
     def restored(self, iteration: int) -> None:
         """Productive seconds past ``iteration`` were lost: recompute, in their attempt."""
-        for work in self.live:
-            if work.iteration <= iteration:
-                continue
+        trimmed = []
+        while self.live and -self.live[0][0] > iteration:
+            work = heapq.heappop(self.live)[2]
             span = work.iteration - work.from_iteration
             lost = work.productive * (
                 (work.iteration - max(iteration, work.from_iteration)) / span if span > 0 else 1)
@@ -178,7 +196,9 @@ class _Tally:
             work.attempt[Cause.RECOMPUTE] += lost
             work.productive -= lost
             work.iteration = max(iteration, work.from_iteration)
-        self.live = [w for w in self.live if w.productive > 0]
+            trimmed.append(work)
+        for work in trimmed:
+            self._keep(work)
 
 
 # The cause of the seconds after a point, until the next; None: rank 0 measured them.
@@ -192,12 +212,21 @@ _ATTEMPT_ENDS = ("failed", "join")  # points that end an attempt before the laun
 
 def _failed_at(entry: dict[str, Any], rank0_times: list[float]) -> float:
     """When a fault's worker failed: its ``failed_at``, but never before rank 0's last
-    line ahead of the detection. A report is collective, so rank 0 cannot have finished
-    one after a peer died; and torch stamps a worker killed by a signal to the whole
-    second, which can fall before lines rank 0 wrote in that second."""
+    line ahead of the detection (``rank0_times``: its lines' times, sorted). A report is
+    collective, so rank 0 cannot have finished one after a peer died; and torch stamps a
+    worker killed by a signal to the whole second, which can fall before lines rank 0
+    wrote in that second."""
     t = float(entry.get("t", 0.0))
-    written = max((r for r in rank0_times if r <= t), default=0.0)
+    written = _latest(rank0_times, t)
+    written = 0.0 if written is None else written
     return min(max(float(entry.get("failed_at", t)), written), t)
+
+
+def _latest(times: list[float], t: float, strictly: bool = False) -> float | None:
+    """The latest of the sorted ``times`` at ``t`` or before (before it: ``strictly``);
+    None: none is. A bisection: no reader scans every line for every fault."""
+    found = (bisect.bisect_left if strictly else bisect.bisect_right)(times, t)
+    return times[found - 1] if found else None
 
 
 def _live_resumes(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[float]]:
@@ -208,8 +237,8 @@ def _live_resumes(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
     another node, says later)."""
     ordered = sorted(entries, key=lambda e: float(e.get("t", 0.0)))
     rank0 = [float(e.get("t", 0.0)) for e in ordered if e.get("event") in ("attempt", "work")]
-    faults = [float(e.get("failed_at", e.get("t", 0.0))) for e in ordered
-              if e.get("event") == "fault"]
+    faults = sorted(float(e.get("failed_at", e.get("t", 0.0))) for e in ordered
+                    if e.get("event") == "fault")
     attempt: dict[str, Any] | None = None
     out, kept_until = [], []
     for entry in ordered:
@@ -223,8 +252,7 @@ def _live_resumes(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
             continue
         attempt["restored_iteration"] = int(entry.get("iteration", 0))
         began = float(attempt.get("t", 0.0))
-        last = max((r for r in rank0 if r < began), default=None)
-        fault = max((f for f in faults if f <= began), default=None)
+        last, fault = _latest(rank0, began, strictly=True), _latest(faults, began)
         taken = float(entry.get("taken_at", 0.0))
         if last is not None and fault is not None and last < min(taken, fault):
             kept_until.append(min(taken, fault))
@@ -235,7 +263,8 @@ def _points(entries: Iterable[dict[str, Any]]) -> list[tuple[float, str, dict[st
     """Every event as (time, kind, entry) in time order; a fault is two points (its
     failure and its detection), an attempt two (its start and its agreement)."""
     entries, copies = _live_resumes(list(entries))
-    rank0_times = [float(e.get("t", 0.0)) for e in entries if e.get("event") in ("attempt", "work")]
+    rank0_times = sorted(float(e.get("t", 0.0)) for e in entries
+                         if e.get("event") in ("attempt", "work"))
     points = [(t, "held", {}) for t in copies]
     for entry in entries:
         event, t = entry.get("event"), float(entry.get("t", 0.0))

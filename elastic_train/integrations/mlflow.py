@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -170,10 +171,13 @@ class MLflowLoggerCallback(UserCallback):
     def _save_artifacts(self, run_context: RunContext, run_id: str) -> None:
         storage = run_context.storage
         with tempfile.TemporaryDirectory(prefix="elastic_train_mlflow_") as directory:
-            for name in ("run.json", "metrics.jsonl"):
-                source = f"{storage.run_path}/{name}"
-                if storage.fs.exists(source):
-                    storage.fs.get_file(source, os.path.join(directory, name))
+            source = f"{storage.run_path}/run.json"
+            if storage.fs.exists(source):
+                storage.fs.get_file(source, os.path.join(directory, "run.json"))
+            rows = storage.read_metrics()  # one file, whatever the store's layout
+            if rows:
+                with open(os.path.join(directory, "metrics.jsonl"), "w") as f:
+                    f.writelines(json.dumps(row) + "\n" for row in rows)
             self._client.log_artifacts(run_id, directory)
         committed = storage.checkpoints.committed()
         if committed:

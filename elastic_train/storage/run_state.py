@@ -11,7 +11,8 @@ The run directory, ``<storage_path>/<name>/``::
 
     run.json           spec, status, attempts and failures (written by the driver only)
     trainable.pkl      the train function and settings, pickled (for restore)
-    metrics.jsonl      one line per report() of rank 0
+    metrics.jsonl      one line per report() of rank 0 (on a store without append, S3:
+    metrics.jsonl.d/   numbered segments instead, see :mod:`.jsonl_log`)
     restores.json      one entry per start that resumed
     checkpoint_NNNNNN/ committed checkpoints, or the name a report chose
                        (see :mod:`.checkpoint_store`, :mod:`.checkpoint_names`)
@@ -49,6 +50,7 @@ from elastic_train.stragglers import Straggler
 RUN_FILE = "run.json"
 TRAINABLE_FILE = "trainable.pkl"
 METRICS_FILE = "metrics.jsonl"
+METRICS_SEGMENTS_DIR = METRICS_FILE + ".d"  # (the layout: :mod:`.jsonl_log`)
 RESTORES_FILE = "restores.json"
 LOGS_DIR = "logs"
 DEPARTURES_DIR = "departures"
@@ -56,8 +58,9 @@ PROGRESS_FILE = "progress.csv"
 TENSORBOARD_DIR = "tensorboard"
 GOODPUT_DIR = "goodput"  # (its files: :mod:`.ledger_file`)
 
-RUN_ENTRIES = frozenset({RUN_FILE, TRAINABLE_FILE, METRICS_FILE, RESTORES_FILE, LOGS_DIR,
-                         DEPARTURES_DIR, PROGRESS_FILE, TENSORBOARD_DIR, GOODPUT_DIR})
+RUN_ENTRIES = frozenset({RUN_FILE, TRAINABLE_FILE, METRICS_FILE, METRICS_SEGMENTS_DIR,
+                         RESTORES_FILE, LOGS_DIR, DEPARTURES_DIR, PROGRESS_FILE,
+                         TENSORBOARD_DIR, GOODPUT_DIR})
 
 
 class RunStatus(str, enum.Enum):

@@ -27,6 +27,7 @@ from elastic_train._internal.departures import Departure
 from elastic_train.errors import ConfigError, StorageError
 from elastic_train.storage import filesystem as fsutil
 from elastic_train.storage.checkpoint_store import CheckpointStore
+from elastic_train.storage.jsonl_log import JsonLinesLog, ReadCache, read_log
 from elastic_train.storage.lease import LeaseDir, LeaseFence, lease_path
 from elastic_train.storage.ledger_file import LedgerFile, read_ledger
 from elastic_train.storage.retry import RetryPolicy
@@ -72,6 +73,8 @@ class RunStorage:
         self.retry = (retry or RetryPolicy()).for_store(self.adapter)
         self.checkpoints = CheckpointStore(fs, self.run_path, self.retry)
         self.fence: LeaseFence | None = None
+        self._metrics_log = JsonLinesLog(fs, self._path(METRICS_FILE))
+        self._read_cache: ReadCache = {}  # the segments read so far (a poller's next read)
 
     @classmethod
     def open(cls, storage_path: str, name: str,
@@ -237,12 +240,18 @@ class RunStorage:
         self._retry("writing run.json",
                     lambda: fsutil.write_json_atomic(self.fs, self._path(RUN_FILE), data))
 
-    # metrics.jsonl: rank 0's reports
+    # metrics.jsonl: rank 0's reports (segments where the store cannot append: .jsonl_log)
     def read_metrics(self) -> list[dict[str, Any]]:
-        text = self._read_unless_missing(METRICS_FILE, "reading metrics.jsonl",
-                                         lambda p: fsutil.read_bytes(self.fs, p).decode()) or ""
+        """Every row of ``metrics.jsonl``, oldest first: the one reader of the rows, in
+        either layout (see :mod:`.jsonl_log`)."""
+        def read(path: str) -> bytes | None:
+            return fsutil.read_unless_missing(self.fs, path,
+                                              lambda p: fsutil.read_bytes(self.fs, p))
+
+        data = self._retry("reading metrics.jsonl", lambda: read_log(
+            self.fs, self._path(METRICS_FILE), read, self._read_cache)) or b""
         rows = []
-        for line in text.splitlines():
+        for line in data.decode().splitlines():
             if line.strip():
                 try:
                     rows.append(json.loads(line))
@@ -251,20 +260,17 @@ class RunStorage:
         return rows
 
     def write_metrics(self, rows: list[dict[str, Any]]) -> None:
+        """Replaces the rows with ``rows`` (a resume's kept rows, a validation's metrics)."""
         self._fenced("writing metrics.jsonl")
-        data = "".join(json.dumps(r) + "\n" for r in rows).encode()
-        self._retry("writing metrics.jsonl", lambda: fsutil.write_bytes_atomic(
-            self.fs, self._path(METRICS_FILE), data))
+        self._retry("writing metrics.jsonl", lambda: self._metrics_log.rewrite(_lines(rows)))
 
     def append_metrics(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
-        """Adds ``row``; ``history`` (every row, ``row`` last) serves stores without append.
-
-        Object stores cannot append, so there the whole history is written again
-        in one atomic PUT.
-        """
+        """Adds ``row``; ``history`` (every row, ``row`` last) serves a store without append
+        the first time this process writes there (see :meth:`.JsonLinesLog.append`): a
+        row costs the same however many came before it."""
         self._fenced("appending to metrics.jsonl", _ROW_FENCE_AGE_S)
-        if not self.adapter.append(self._path(METRICS_FILE), (json.dumps(row) + "\n").encode()):
-            self.write_metrics(history)
+        self._retry("appending to metrics.jsonl", lambda: self._metrics_log.append(
+            _lines([row]), lambda: _lines(history[:-1])))
 
     # restores.json: rank 0's account of each restart (for goodput)
     def read_restores(self) -> list[RestoreRecord]:
@@ -298,7 +304,8 @@ class RunStorage:
     def read_ledger(self) -> list[dict[str, Any]]:
         """Every line of the run's goodput ledger, of every writer."""
         return self._retry("reading the goodput ledger",
-                           lambda: read_ledger(self.fs, self._path(GOODPUT_DIR)))
+                           lambda: read_ledger(self.fs, self._path(GOODPUT_DIR),
+                                               self._read_cache))
 
     # departures/: who left the job and until when it is kept out (see departures.py)
     def write_departure(self, departure: Departure) -> None:
@@ -350,3 +357,8 @@ class RunStorage:
 
     def log_dir(self) -> str:
         return self._path(LOGS_DIR)
+
+
+def _lines(rows: list[dict[str, Any]]) -> list[bytes]:
+    """``rows`` as JSON lines."""
+    return [(json.dumps(r) + "\n").encode() for r in rows]

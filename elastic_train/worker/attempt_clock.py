@@ -9,7 +9,9 @@ own small cost). When ``should_checkpoint()`` said yes before a checkpoint repor
 the time from that answer to the report is the user's own save: checkpoint time too.
 Rank 0 writes what it measured at checkpoint reports (the boundaries a restore goes
 back to), every :data:`~elastic_train.goodput.FLUSH_S` at a report and at the
-attempt's end: a few lines a minute at most, never one per step.
+attempt's end: a few lines a minute at most, never one per step. The lines are
+written from a thread of their own (:class:`~elastic_train.storage.ledger_file.QueuedLedger`),
+which the attempt's end waits for, up to :data:`FLUSH_WAIT_S`.
 
 ``should_checkpoint()`` must answer alike on every rank without a collective of its
 own, so it reads only values every rank holds alike: the run's history, broadcast by
@@ -38,11 +40,12 @@ from elastic_train.errors import StorageError
 from elastic_train.goodput import interval as checkpoint_interval
 from elastic_train.goodput.breakdown import FLUSH_S, Cause, Goodput, breakdown
 from elastic_train.storage import RunStorage
-from elastic_train.storage.ledger_file import LedgerFile
+from elastic_train.storage.ledger_file import LedgerFile, QueuedLedger
 
 logger = logging.getLogger(__name__)
 
 SHARED = 3  # the numbers shared_numbers() adds to a report's first collective
+FLUSH_WAIT_S = 5.0  # what an attempt's end waits at most for its ledger lines
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,8 @@ class AttemptClock:
     def __init__(self, history: RunHistory, iteration: int, ledger: LedgerFile | None = None,
                  monotonic: Callable[[], float] = time.monotonic):
         self.history = history
-        self._ledger = ledger
+        # written off the caller's thread: a slow store never holds training
+        self._ledger = QueuedLedger(ledger) if ledger is not None else None
         self._now = monotonic  # (a test's own clock)
         self._iteration = iteration  # at the last ledger line
         self._sums = _Sums()
@@ -174,6 +178,10 @@ class AttemptClock:
         self._sums.seconds[Cause.PRODUCTIVE] += self._now() - waited_s - self._last_end
         self._sums.seconds[Cause.CHECKPOINT] += waited_s
         self._flush(iteration)
+        if self._ledger is not None and not self._ledger.flush(FLUSH_WAIT_S):
+            logger.warning("The goodput ledger's last lines were not written within %.0f s "
+                           "of the attempt's end: `elastic-train show` may miss them.",
+                           FLUSH_WAIT_S)
 
     def _flush(self, iteration: int) -> None:
         sums = self._sums

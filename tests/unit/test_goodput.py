@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import json
 import logging
-import os
+import sys
+import threading
+import time
+import uuid
 
 import fsspec
 import pytest
 
+from elastic_train.goodput import breakdown as breakdown_module
 from elastic_train.goodput.breakdown import Cause, breakdown
 from elastic_train.storage import RunStorage
-from elastic_train.storage.ledger_file import LedgerFile, read_ledger
+from elastic_train.storage import filesystem as fsutil
+from elastic_train.storage.jsonl_log import SEGMENT_BYTES
+from elastic_train.storage.ledger_file import LedgerFile, QueuedLedger, read_ledger
+from elastic_train.worker.attempt_clock import AttemptClock, RunHistory
+from tests.support.long_ledger import long_ledger
 
 
 def work(t, iteration, productive, checkpoint=0.0, stragglers=0.0, checkpoints=1, since=None):
@@ -94,16 +102,41 @@ def test_an_empty_ledger_has_no_ettr():
     assert goodput.wall_s == 0 and goodput.ettr is None and goodput.share(Cause.OTHER) == 0
 
 
-def test_a_ledger_file_appends_and_a_store_without_append_gets_the_whole_file(tmp_path):
-    local = RunStorage.open(str(tmp_path), "run")
-    memory = RunStorage(fsspec.filesystem("memory"), f"/ledger-{os.getpid()}/run")
-    for storage in (local, memory):
+def test_a_ledger_file_appends_and_a_store_without_append_gets_segments(storage):
+    """Local disk appends to one file per writer; S3 gets segments: both read back."""
+    run = storage.run("run")
+    run.ensure_writable()
+    memory = RunStorage(fsspec.filesystem("memory"), f"/ledger-{uuid.uuid4().hex}/run")
+    for storage in (run, memory):
         ledger = storage.ledger_file("rank0")
         ledger.append(RUN[0])
         ledger.append(*RUN[1:3])
         other = storage.ledger_file("driver")
         other.append(RUN[3])
         assert sorted(storage.read_ledger(), key=lambda e: e["t"]) == RUN[:4]
+
+
+def test_a_ledger_line_costs_the_same_however_many_came_before(storage, monkeypatch):
+    """On a store without append, a line rewrites one bounded segment, never the file."""
+    storage = storage.run("long")
+    storage.ensure_writable()
+    ledger = storage.ledger_file("rank0")
+    puts = []
+    write = fsutil.write_bytes_atomic
+    monkeypatch.setattr(fsutil, "write_bytes_atomic",
+                        lambda fs, path, data: (puts.append(len(data)), write(fs, path, data)))
+    lines = [work(float(t), t, productive=1.0) for t in range(1, 501)]
+    for line in lines:
+        ledger.append(line)
+    assert max(puts, default=0) <= SEGMENT_BYTES and storage.read_ledger() == lines
+
+
+def test_a_ledger_written_before_segments_still_reads():
+    """One file per writer on a store without append, as before segments: read as it is."""
+    fs, directory = fsspec.filesystem("memory"), f"/ledger-{uuid.uuid4().hex}/old/goodput"
+    fs.pipe_file(f"{directory}/rank0-1-1.jsonl", "".join(json.dumps(e) + "\n"
+                                                         for e in RUN[:3]).encode())
+    assert read_ledger(fs, directory) == RUN[:3]
 
 
 def test_a_line_cut_short_by_a_crash_is_skipped(tmp_path):
@@ -147,6 +180,96 @@ def live_run(taken_at: float) -> list[dict]:
     return [*RUN[:6], {**RUN[6], "restored_iteration": None},
             {"event": "live", "t": 113.1, "iteration": 2, "step": 40, "source_rank": 1,
              "taken_at": taken_at}, *RUN[7:]]
+
+
+def test_a_long_ledger_with_many_faults_reads_as_counted_by_hand():
+    """600 s of work lines every 10 s (8 s productive, 1 s checkpoint, 1 s stragglers),
+    a checkpoint every 6th line, faults 5 s after lines 20 and 40: 2 and 4 lines since
+    the last checkpoint are lost, and so are the 5 s each to the fault."""
+    goodput = breakdown(long_ledger(600.0, faults=2))
+    assert goodput.failures == 2 and goodput.checkpoints == 10 and len(goodput.attempts) == 3
+    assert goodput.wall_s == pytest.approx(2.0 + 600.0 + 2 * 10.0 + 1.0)
+    assert {c.value: round(s, 6) for c, s in goodput.seconds.items() if s} == {
+        "productive": 60 * 8.0 - (2 + 4) * 8.0, "recompute": (2 + 4) * 8.0 + 2 * 5.0,
+        "checkpoint": 60.0, "stragglers": 60.0, "startup": 2.0 + 2 * 1.0,
+        "detection": 2 * 1.0, "rendezvous": 2 * 2.0, "restore": 2 * 1.0, "shutdown": 1.0}
+
+
+def _lines_run(entries: list[dict]) -> int:
+    """How many lines of :mod:`elastic_train.goodput.breakdown` reading ``entries`` runs."""
+    count = 0
+
+    def trace(frame, event, arg):
+        nonlocal count
+        if frame.f_code.co_filename != breakdown_module.__file__:
+            return None
+        count += event == "line"
+        return trace
+
+    sys.settrace(trace)
+    try:
+        breakdown(entries)
+    finally:
+        sys.settrace(None)
+    return count
+
+
+@pytest.mark.parametrize("live", [False, True], ids=["checkpoint", "live"])
+def test_reading_the_ledger_takes_lines_linear_in_its_length_whatever_its_faults(live):
+    """Twice the lines and twice the faults: twice the work, not four times (every fault
+    once scanned every rank-0 line, every resume every kept work line, every live
+    recovery every rank-0 line and fault)."""
+    small, large = (_lines_run(long_ledger(days * 86400.0 / 8, faults=days * 40, live=live))
+                    for days in (1, 2))
+    assert large / small < 2.1, (small, large)
+
+
+class SlowLedger:
+    """A ledger file whose every write takes ``delay_s`` (a store in an outage), or until
+    ``released`` is set."""
+
+    fs, path = fsspec.filesystem("memory"), "/slow/goodput/rank0.jsonl"
+
+    def __init__(self, delay_s: float = 0.0):
+        self.delay_s = delay_s
+        self.released = threading.Event()
+        self.lines: list[dict] = []
+
+    def append(self, *entries):
+        self.released.wait(self.delay_s or None)
+        self.lines += entries
+
+
+def test_rank_0s_ledger_lines_never_hold_its_training_thread():
+    """Three checkpoint reports on a store taking 0.5 s a write: the reports do not wait
+    for it; the attempt's end does, and every line is written, in order."""
+    ledger = SlowLedger(delay_s=0.5)
+    clock = AttemptClock(RunHistory(), 0, ledger=ledger)
+    started = time.monotonic()
+    clock.ready(time.time(), restored_iteration=None)
+    for iteration in range(1, 4):
+        numbers = clock.shared_numbers()
+        clock.waited()
+        clock.report_ends([[n] for n in numbers], any_checkpoint=True, iteration=iteration)
+    assert time.monotonic() - started < 0.25
+    clock.finish(0.0, 3)
+    assert [(e["event"], e.get("iteration")) for e in ledger.lines] == [
+        ("attempt", None), ("work", 1), ("work", 2), ("work", 3), ("work", 3)]
+
+
+def test_a_ledger_far_behind_its_store_drops_its_oldest_lines_with_one_warning(caplog):
+    ledger = SlowLedger()  # blocked until released
+    queued = QueuedLedger(ledger, max_queued=3)
+    queued.append({"n": 0})  # taken by the thread, which then waits on the store
+    assert not queued.flush(0.1)
+    with caplog.at_level(logging.WARNING):
+        for n in range(1, 6):
+            queued.append({"n": n})
+    [warning] = [r.message for r in caplog.records]
+    assert "3 lines behind" in warning
+    ledger.released.set()
+    assert queued.flush(5.0)
+    assert [e["n"] for e in ledger.lines] == [0, 3, 4, 5]
 
 
 def test_a_live_recovery_keeps_the_work_up_to_the_copy_it_went_on_from():

@@ -26,6 +26,7 @@ from elastic_train.storage.checkpoint_store import (
     mismatched_files,
     scan_directory,
 )
+from elastic_train.storage.jsonl_log import SEGMENT_BYTES, SEGMENTS_SUFFIX, segment_path
 from elastic_train.storage.run_state import (
     IN_PROCESS,
     FailureKind,
@@ -230,6 +231,112 @@ def test_append_metrics(run):
     assert run.read_metrics() == history
     run.write_metrics(history[:1])
     assert run.read_metrics() == history[:1]
+
+
+def _row(i):
+    return {"training_iteration": i, "loss": 1.0 / i, "pad": "x" * 2000}
+
+
+@pytest.fixture
+def bytes_written(monkeypatch):
+    """The bytes of each write of the run directory (a whole file, or an append) in turn."""
+    from elastic_train.storage.stores import LocalStore
+
+    writes = []
+    put, append = fsutil.write_bytes_atomic, LocalStore.append
+    monkeypatch.setattr(fsutil, "write_bytes_atomic",
+                        lambda fs, path, data: (writes.append(len(data)), put(fs, path, data)))
+    monkeypatch.setattr(LocalStore, "append", lambda self, path, data: (
+        writes.append(len(data)), append(self, path, data)))
+    return writes
+
+
+def test_a_metrics_row_costs_the_same_however_many_came_before(run, bytes_written):
+    """No store uploads the whole history at each report: what one append writes is
+    bounded (one segment where the store cannot append), whatever the row's number."""
+    run.ensure_writable()
+    history = []
+    for i in range(1, 201):
+        history.append(_row(i))
+        bytes_written.clear()
+        run.append_metrics(history[-1], history)
+        assert sum(bytes_written) <= SEGMENT_BYTES + 2100, (i, bytes_written)
+    assert run.read_metrics() == history
+
+
+def test_a_rewrite_of_the_metrics_keeps_one_layout_that_reads_back(run):
+    """A resume's shorter history, then appends: the rows read are exactly those, on
+    every store (segments past the new end are gone)."""
+    run.ensure_writable()
+    rows = [_row(i) for i in range(1, 101)]
+    run.write_metrics(rows)
+    run.write_metrics(rows[:7])
+    assert run.read_metrics() == rows[:7]
+    again = RunStorage(run.fs, run.run_path)  # a new process: its first append knows nothing
+    again.append_metrics(rows[7], rows[:8])
+    again.append_metrics(rows[8], rows[:9])
+    assert run.read_metrics() == rows[:9]
+    again.write_metrics([])
+    assert run.read_metrics() == []
+
+
+def test_metrics_of_a_run_directory_written_before_segments_still_read(run):
+    """An old run directory has one metrics.jsonl on every store: read as it is; the
+    first rewrite (a resume) takes it into the store's own layout and leaves one."""
+    rows = [_row(i) for i in range(1, 40)]
+    run.fs.makedirs(run.run_path, exist_ok=True)
+    run.fs.pipe_file(f"{run.run_path}/{METRICS_FILE}",
+                     "".join(json.dumps(r) + "\n" for r in rows).encode())
+    assert run.read_metrics() == rows
+    run.write_metrics(rows[:30])
+    run.append_metrics(rows[30], rows[:31])
+    assert RunStorage(run.fs, run.run_path).read_metrics() == rows[:31]
+    names = fsutil.names_in(run.fs, run.run_path)
+    assert (METRICS_FILE in names) != (METRICS_FILE + SEGMENTS_SUFFIX in names), names
+
+
+def test_a_metrics_segment_that_is_no_regular_file_is_refused_before_it_is_read(tmp_path):
+    """A FIFO where a segment should be (a run directory copied or crafted) would be read
+    for ever: a StorageError naming it instead."""
+    run = RunStorage.open(str(tmp_path), "run")
+    segments = tmp_path / "run" / (METRICS_FILE + SEGMENTS_SUFFIX)
+    segments.mkdir(parents=True)
+    os.mkfifo(segments / "000000.jsonl")
+    with pytest.raises(StorageError, match="000000.jsonl is not a regular file"):
+        run.read_metrics()
+
+
+def test_metrics_segments_read_up_to_the_first_missing_one(run):
+    """A segment missing (lost, removed by hand) ends the rows: none past it is read."""
+    if run.adapter.appends:
+        pytest.skip("a store that appends keeps one file")
+    rows = [_row(i) for i in range(1, 200)]
+    run.ensure_writable()
+    run.write_metrics(rows)
+    run.fs.rm(segment_path(run._path(METRICS_FILE), 1))
+    kept = run.read_metrics()
+    assert kept == rows[:len(kept)] and 0 < len(kept) < 40
+
+
+def test_a_reader_that_polls_fetches_only_the_segments_that_changed(run, monkeypatch):
+    """The driver reads the rows at every poll: a new row costs it the last segment, not
+    the whole history; a rewrite (a validation's metrics) reads back whole."""
+    if run.adapter.appends:
+        pytest.skip("a store that appends keeps one file")
+    run.ensure_writable()
+    rows = [_row(i) for i in range(1, 101)]
+    run.write_metrics(rows)
+    reader = RunStorage(run.fs, run.run_path)
+    assert reader.read_metrics() == rows
+    fetched, cat = [], run.fs.cat
+    monkeypatch.setattr(run.fs, "cat", lambda paths, **kw: (fetched.append(len(paths)),
+                                                           cat(paths, **kw))[1])
+    rows.append(_row(101))
+    run.append_metrics(rows[-1], rows)
+    assert reader.read_metrics() == rows and fetched == [1]
+    rows[0]["loss"] = 0.5
+    run.write_metrics(rows)
+    assert reader.read_metrics() == rows
 
 
 def skip_on_s3(fs, why):

@@ -13,7 +13,7 @@ in one place, :mod:`elastic_train.storage.stores`.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Hashable
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -33,6 +33,11 @@ class StoreAdapter:
     #: True when paths are this machine's files (local disk, NFS mounts): readers use
     #: them in place, and the run's logs are written straight into the run directory.
     is_local: ClassVar[bool] = False
+
+    #: True when :meth:`append` adds to a file in place; False where a file is written
+    #: whole (an object store), where an append-only log goes to segments instead
+    #: (:mod:`elastic_train.storage.jsonl_log`).
+    appends: ClassVar[bool] = False
 
     #: What to check when the store cannot be read at all (said with the error).
     access_hint: ClassVar[str] = "check the path and that you may read it"
@@ -70,6 +75,11 @@ class StoreAdapter:
                 return float(value)
         return None
 
+    def version(self, info: dict[str, Any]) -> Hashable:
+        """What changes whenever a file's bytes do, from its ``ls(detail=True)`` entry: a
+        reader keeps what it read under it (here the size and modification time)."""
+        return info.get("size"), self.modified(info)
+
     def read_bytes(self, path: str, limit: int) -> bytes:
         """The file ``path`` whole, in one read as the store holds it now (``cat_file``:
         no file object, which s3fs opens with the ETag its listing cache holds); at most
@@ -82,10 +92,9 @@ class StoreAdapter:
         one PUT is atomic on an object store."""
         self.fs.pipe_file(path, data)
 
-    def append(self, path: str, data: bytes) -> bool:
-        """Appends ``data`` to ``path`` where the store can; False where it cannot (the
-        caller writes the whole file again)."""
-        return False
+    def append(self, path: str, data: bytes) -> None:
+        """Appends ``data`` to ``path``; asked only of a store that :attr:`appends`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot append")
 
     def link_files(self, sources: list[str], targets: list[str]) -> bool:
         """Places local files ``sources`` at ``targets`` without copying where the store

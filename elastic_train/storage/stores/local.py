@@ -55,6 +55,7 @@ class LocalStore(StoreAdapter):
     """This machine's file system (fsspec's ``file://``)."""
 
     is_local = True
+    appends = True
 
     def write_bytes_atomic(self, path: str, data: bytes) -> None:
         """Writes a temporary sibling, then renames it over ``path`` (a PUT-like write
@@ -90,10 +91,9 @@ class LocalStore(StoreAdapter):
         finally:
             os.close(fd)
 
-    def append(self, path: str, data: bytes) -> bool:
+    def append(self, path: str, data: bytes) -> None:
         with open(path, "ab") as f:
             f.write(data)
-        return True
 
     def link_files(self, sources: list[str], targets: list[str]) -> bool:
         """Hard links; False (no link left behind) where the file system cannot, e.g.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ssl
 import sys
-from collections.abc import Collection
+from collections.abc import Collection, Hashable
 from typing import Any
 
 from elastic_train.storage.stores.base import StoreAdapter
@@ -80,6 +80,10 @@ class S3Store(StoreAdapter):
         status = meta.get("HTTPStatusCode") if isinstance(meta, dict) else None
         return code in TRANSIENT_CODES or (isinstance(status, int)
                                            and (status >= 500 or status == 429))
+
+    def version(self, info: dict[str, Any]) -> Hashable:
+        """The object's ETag (its bytes' MD5 for a single PUT), beside its size."""
+        return info.get("size"), info.get("ETag")
 
     def put_options(self) -> dict[str, Any]:
         """Bounds the memory one file's upload holds (see PART_SIZE)."""
