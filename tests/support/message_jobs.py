@@ -1,6 +1,7 @@
 """Train functions that end the way users' mistakes do, for the tests of what users are told.
 
-``config["how"]``: ``raise`` (a ValueError), ``exit3`` (``sys.exit(3)``) or ``os_exit``
+``config["how"]``: ``raise`` (a ValueError), ``exit3`` (``sys.exit(3)``), ``sleep`` (a
+hang in ``time.sleep``) or ``os_exit``
 (``os._exit(1)``), by rank 1; ``config["after_report"]``: after the first report()
 rather than before it. Rank 0 waits in a barrier meanwhile, as a survivor does.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import torch.distributed as dist
 
@@ -24,6 +26,8 @@ def fail(config: dict) -> None:
             raise ValueError("a mistake in the train function")
         if how == "exit3":
             sys.exit(3)
+        if how == "sleep":
+            time.sleep(600)
         os._exit(1)
     dist.barrier()
     et.report({"step": 2})
