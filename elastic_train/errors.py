@@ -29,6 +29,11 @@ class StorageError(RuntimeError):
     """The run's storage could not be read or written."""
 
 
+class StorageFullError(StorageError):
+    """The run's storage has no space left (ENOSPC) or its quota is spent (EDQUOT): no
+    retry helps until someone frees space. Its message names the file and the way out."""
+
+
 class CorruptManifestError(ValueError):
     """A checkpoint's commit marker is not one elastic-train wrote: malformed, or naming a
     file outside the checkpoint. Readers treat the checkpoint as damaged (an older one is

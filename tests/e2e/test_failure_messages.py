@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -18,6 +19,7 @@ from elastic_train.errors import TrainingFailedError
 from elastic_train.torch import TorchTrainer
 from tests.conftest import start_driver, stop_driver_after_commit, wait_until
 from tests.support import message_jobs
+from tests.support.full_disk import FullDiskFS
 from tests.support.paths import REPO
 from tests.support.servers import free_port, stop_process
 
@@ -91,6 +93,26 @@ def test_a_hung_rank_is_said_to_have_hung_where_it_was_stuck(storage_path):
     stack = message.split("Traceback of rank 1:", 1)[1]
     first = next(text for text in stack.splitlines() if 'File "' in text)
     assert f'message_jobs.py", line {line} in fail' in first, message
+
+
+def test_a_store_that_fills_up_fails_fast_saying_so(tmp_path, caplog):
+    """The disk fills mid-run: fit() raises the workers' TrainingFailedError at once, which
+    says the storage is full and where, not a raw OSError from the clean-up's lease
+    release; what the driver could not write is said in one line each, no tracebacks."""
+    fs = FullDiskFS(str(tmp_path / "full"))
+    trainer = TorchTrainer(
+        message_jobs.fill_the_disk, train_loop_config={"fs": fs},
+        scaling_config=et.ScalingConfig(num_workers=2),
+        run_config=et.RunConfig(name="full", storage_path=str(tmp_path / "results"),
+                                storage_filesystem=fs))
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING), pytest.raises(TrainingFailedError) as info:
+        trainer.fit()
+    assert time.monotonic() - started < 30
+    message = str(info.value)
+    assert "failed: the storage is full (No space left on device, writing " \
+        f"{tmp_path / 'results' / 'full'}" in message, message
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
 
 
 def test_one_line_per_failure_with_one_budget_count(storage_path, caplog):

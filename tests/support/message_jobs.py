@@ -33,6 +33,22 @@ def fail(config: dict) -> None:
     et.report({"step": 2})
 
 
+def fill_the_disk(config: dict) -> None:
+    """Reports a checkpoint a step; rank 0 fills ``config["fs"]`` (a
+    :class:`tests.support.full_disk.FullDiskFS`) after the second."""
+    import tempfile
+
+    from tests.support.full_disk import fill
+
+    for step in range(20):
+        if step == 2 and et.get_context().get_world_rank() == 0:
+            fill(config["fs"])
+        with tempfile.TemporaryDirectory() as directory:
+            with open(os.path.join(directory, "weights.txt"), "w") as f:
+                f.write(str(step))
+            et.report({"step": step}, checkpoint=et.Checkpoint.from_directory(directory))
+
+
 def report_own_iteration(config: dict) -> None:
     """Reports a metric named as a field report() fills in itself, twice."""
     for step in (100, 200):
