@@ -93,6 +93,11 @@ def test_a_hung_rank_is_said_to_have_hung_where_it_was_stuck(storage_path):
     stack = message.split("Traceback of rank 1:", 1)[1]
     first = next(text for text in stack.splitlines() if 'File "' in text)
     assert f'message_jobs.py", line {line} in fail' in first, message
+    shown = subprocess.run([sys.executable, "-m", "elastic_train.cli", "show",
+                            os.path.join(storage_path, "hung")], cwd=REPO, text=True,
+                           capture_output=True, timeout=60)
+    failure = next(line for line in shown.stdout.splitlines() if "[failure]" in line)
+    assert "rank 1 hung: HangError: rank 1 made no progress" in failure, shown.stdout
 
 
 def test_a_store_that_fills_up_fails_fast_saying_so(tmp_path, caplog):
