@@ -29,6 +29,11 @@ class StorageError(RuntimeError):
     """The run's storage could not be read or written."""
 
 
+class StorageFullError(StorageError):
+    """The run's storage has no space left (ENOSPC) or its quota is spent (EDQUOT): no
+    retry helps until someone frees space. Its message names the file and the way out."""
+
+
 class CorruptManifestError(ValueError):
     """A checkpoint's commit marker is not one elastic-train wrote: malformed, or naming a
     file outside the checkpoint. Readers treat the checkpoint as damaged (an older one is
@@ -58,7 +63,8 @@ class WorkerFailure:
     ``exitcode`` is negative when the process was killed by a signal
     (``-9`` for SIGKILL), as in ``subprocess``. ``config_error``: it raised a
     :class:`ConfigError` (a mistake in the run's settings, which a restart would meet
-    again: never retried).
+    again: never retried). ``hung``: the hang watch stopped it (SIGKILL) for making no
+    progress; ``message`` is its verdict (the ``HangError``: for how long, stuck where).
     """
 
     rank: int
@@ -70,6 +76,7 @@ class WorkerFailure:
     hostname: str = ""
     timestamp: float = 0.0  # when it failed (torch's record: the error file's, or detection)
     config_error: bool = False
+    hung: bool = False
 
     @property
     def signal_name(self) -> str | None:
@@ -91,15 +98,21 @@ class WorkerFailure:
 
     def describe(self) -> str:
         """One line: which rank ended how."""
-        how = (
-            f"was killed by {self.signal_name}"
-            if self.signal_name
-            else f"exited with code {self.exitcode}"
-        )
+        if self.hung:
+            how = "hung and was stopped by the hang watch"
+        elif self.signal_name:
+            how = f"was killed by {self.signal_name}"
+        else:
+            how = f"exited with code {self.exitcode}"
         if self.without_exception:
             how += " without a Python exception"
         where = f" on {self.hostname}" if self.hostname else ""
         return f"rank {self.rank} (local rank {self.local_rank}, pid {self.pid}{where}) {how}"
+
+    def verdict(self) -> list[str]:
+        """The lines that say why the agent stopped it, before its traceback: a hang's
+        ``HangError`` (its traceback is the stack it was stuck in)."""
+        return ["", self.message] if self.hung and self.message else []
 
     @classmethod
     def from_json(cls, data: dict) -> WorkerFailure:
@@ -109,7 +122,8 @@ class WorkerFailure:
                    message=str(data.get("message", "")), traceback=data.get("traceback"),
                    hostname=str(data.get("hostname", "")),
                    timestamp=float(data.get("timestamp", 0.0)),
-                   config_error=bool(data.get("config_error", False)))
+                   config_error=bool(data.get("config_error", False)),
+                   hung=bool(data.get("hung", False)))
 
     def to_json(self) -> dict:
         return {
@@ -123,6 +137,7 @@ class WorkerFailure:
             "hostname": self.hostname,
             "timestamp": self.timestamp,
             "config_error": self.config_error,
+            "hung": self.hung,
         }
 
 
@@ -153,7 +168,7 @@ class TrainingFailedError(RuntimeError):
         (the first step of the first attempt): a retry would raise it again, so the
         message says to fix it rather than how to retry."""
         root = failures[0]
-        lines = [f"Training failed: {root.describe()}."]
+        lines = [f"Training failed: {root.describe()}."] + root.verdict()
         if root.traceback:
             lines += ["", f"Traceback of rank {root.rank}:", root.traceback.rstrip()]
         elif root.message:
@@ -221,7 +236,8 @@ class NoProgressError(TrainingFailedError):
         """The message: the reason first (one line), then the last failure's traceback;
         ``guard_hint`` says how to turn the guard off, in the front-end's terms."""
         root = failures[0]
-        lines = [f"Training stopped: {reason}.", "", f"The last failure: {root.describe()}."]
+        lines = [f"Training stopped: {reason}.", "",
+                 f"The last failure: {root.describe()}.", *root.verdict()]
         if root.traceback:
             lines += [f"Traceback of rank {root.rank}:", root.traceback.rstrip()]
         elif root.message:

@@ -17,7 +17,8 @@ from elastic_train._internal.redaction import public_options
 from elastic_train._internal.rendezvous_backends import DEFAULT, lookup
 from elastic_train.errors import ConfigError
 
-LOCAL_ENDPOINT = "127.0.0.1:0"  # a store of one node's own, on a free port
+LOOPBACK = "127.0.0.1"  # where a one-node job's store and workers meet
+LOCAL_ENDPOINT = f"{LOOPBACK}:0"  # a store of one node's own, on a free port
 
 
 def parse_rdzv_conf(value: str, source: str = "--rdzv-conf") -> dict[str, object]:

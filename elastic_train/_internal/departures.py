@@ -29,6 +29,9 @@ import datetime
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
+from urllib.parse import quote
+
+DIRECTORY = "departures"  # in the run directory: a file per node that left
 
 
 def clock(timestamp: float) -> str:
@@ -56,10 +59,17 @@ class Departure:
         """Seconds of cooling off left (0 once the period is over)."""
         return max(0.0, self.until - (time.time() if now is None else now))
 
+    @property
+    def file_name(self) -> str:
+        """Its file in the run directory's :data:`DIRECTORY` (the node's name, quoted)."""
+        return quote(self.node, safe="") + ".json"
+
     def refusal(self, now: float | None = None) -> str:
-        """Why the node is not admitted now (one line)."""
+        """Why the node is not admitted now, and how to admit it sooner (one line)."""
         return (f"{self.node} left the job at {clock(self.left_at)} ({self.reason}) and cools "
-                f"off for another {self.remaining_s(now):.0f} s, until {clock(self.until)}")
+                f"off for another {self.remaining_s(now):.0f} s, until {clock(self.until)}; "
+                f"to admit it sooner, delete {DIRECTORY}/{self.file_name} in the run "
+                "directory")
 
     def describe(self) -> str:
         """Which node, why, and for how long (as the console and ``show`` say it)."""

@@ -51,7 +51,7 @@ from elastic_train.agent.zygote import server as zygote
 from elastic_train.agent.zygote.preload import ImportWatch
 from elastic_train.config import FailureConfig
 from elastic_train.errors import NodeLeftError, RendezvousLostError, WorkerFailure
-from elastic_train.rendezvous_config import RendezvousConfig
+from elastic_train.rendezvous_config import LOOPBACK, RendezvousConfig
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +126,14 @@ class AgentSpec:
     private_dir: str | None = None
     process: ProcessOptions = field(default_factory=ProcessOptions)
     departures: Callable[[], list[Departure]] | None = None
+
+    @property
+    def node_addr(self) -> str | None:
+        """The address this node's rendezvous store and its workers' ``MASTER_ADDR`` are
+        reached at: ``local_addr``; else loopback in a one-node job, as torchrun's
+        ``--standalone`` (the host's own name may not resolve: c10d would then wait on
+        getaddrinfo until killed); else None, torch's choice (the host's FQDN)."""
+        return self.local_addr or (LOOPBACK if self.max_nodes == 1 else None)
 
 
 class Interrupted(Exception):
@@ -288,7 +296,7 @@ def _train_agent(spec: AgentSpec, events: AgentEvents) -> TrainAgent:
     worker_spec = WorkerSpec(
         role=process.role, local_world_size=spec.nproc_per_node, entrypoint=entrypoint,
         args=args, rdzv_handler=rdzv_handler, max_restarts=spec.failure.max_restarts,
-        monitor_interval=spec.monitor_interval, local_addr=spec.local_addr,
+        monitor_interval=spec.monitor_interval, local_addr=spec.node_addr,
         event_log_handler=process.event_log_handler,
         **torch_compat.worker_spec_options(process.numa_binding, process.virtual_local_rank),
     )
@@ -313,7 +321,7 @@ def _rendezvous_handler(spec: AgentSpec, node: NodeStanding) -> Any:
     rdzv = spec.rendezvous
     params = RendezvousParameters(
         backend=rdzv.backend, endpoint=rdzv.endpoint, run_id=rdzv.run_id,
-        min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, local_addr=spec.local_addr,
+        min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, local_addr=spec.node_addr,
         **{**(rdzv.conf or {}), POLICY_SETTING: node.policy},
     )
     register(lookup(rdzv.backend, "RendezvousConfig.backend"))

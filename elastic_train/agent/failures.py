@@ -33,7 +33,7 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from elastic_train.agent.hang_watch import WAITED_FOR_PEER
+from elastic_train.agent.hang_watch import HUNG, WAITED_FOR_PEER
 from elastic_train.errors import ConfigError, WorkerFailure
 from elastic_train.worker.lifecycle import EXCEPTION_TYPES, FAILED_AT, FAILED_SEQ
 
@@ -97,6 +97,7 @@ def observe(result: RunResult) -> list[Observed]:
             traceback=extra.get("py_callstack"), hostname=socket.gethostname(),
             timestamp=float(extra.get(FAILED_AT, failure.timestamp)),
             config_error=_CONFIG_ERROR in extra.get(EXCEPTION_TYPES, ()),
+            hung=bool(extra.get(HUNG)),
         ), cause, seq))
     order = list(Cause)
     return sorted(out, key=lambda o: (order.index(o.cause), o.failure.traceback is None,

@@ -31,6 +31,8 @@ STARTUP_ALLOWANCE_S = 120.0
 # In a hung worker's error file: it was waiting in a collective for another rank (so it is
 # no cause of the hang: :mod:`.failures` ranks it after the rank that stopped).
 WAITED_FOR_PEER = "waited_for_peer"
+# In every hung worker's error file: the watch stopped it (its SIGKILL is no crash of its own).
+HUNG = "hung"
 _FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x", re.MULTILINE)
 _COLLECTIVES = f"{os.sep}torch{os.sep}distributed{os.sep}"  # torch's collectives and stores
@@ -51,19 +53,37 @@ class Stuck:
 
     @classmethod
     def of(cls, stack: str) -> Stuck:
-        """From a ``faulthandler`` dump of every thread: the main thread's frames (the
-        thread not started by ``threading``: the others are the project's upload and
-        heartbeat threads, idle by design)."""
-        threads = [_FRAME.findall(part) for part in _THREAD.split(stack)]
-        threads = [frames for frames in threads if frames]
+        """From a ``faulthandler`` dump of every thread: the main thread's frames."""
+        threads = [frames for _, frames in _threads(stack)]
         if not threads:
             return cls("", False)
-        main = next((frames for frames in threads
-                     if os.path.basename(frames[-1][0]) != "threading.py"), threads[0])
+        main = threads[0]
         inner = _frame(main[0])
         user = next((f for f in main if not f[0].startswith(_LIBRARIES + ("<",))), None)
         where = inner if user is None or user == main[0] else f"{inner}, called from {_frame(user)}"
         return cls(where, any(_COLLECTIVES in f[0] for f in main))
+
+
+def _threads(stack: str) -> list[tuple[str, list[tuple[str, str, str]]]]:
+    """A ``faulthandler`` dump of every thread, as (text, frames) per thread, the main
+    thread first: the one not started by ``threading`` -- the train function's; the
+    others are the project's upload and heartbeat threads, idle by design."""
+    starts = [m.start() for m in _THREAD.finditer(stack)] or [0]
+    parts = [stack[a:b] for a, b in zip(starts, [*starts[1:], len(stack)], strict=True)]
+    threads = [(part, _FRAME.findall(part)) for part in parts]
+    threads = [(part, frames) for part, frames in threads if frames]
+    main = next((i for i, (_, frames) in enumerate(threads)
+                 if os.path.basename(frames[-1][0]) != "threading.py"), 0)
+    return threads[main:main + 1] + threads[:main] + threads[main + 1:]
+
+
+def main_thread_first(stack: str) -> str:
+    """The dump with the train function's thread first (faulthandler lists the newest
+    thread first: the project's own upload thread), for a reader to see the hang first."""
+    threads = _threads(stack)
+    if not threads:
+        return stack
+    return "\n\n".join(part.strip("\n") for part, _ in threads) + "\n"
 
 
 def _frame(frame: tuple[str, str, str]) -> str:
@@ -122,9 +142,10 @@ class HangWatch:
             pid, error_file = workers[rank]
             message = self._message(rank, stale[rank], stuck[rank], stopped, waiters)
             logger.warning("%s; stopping it.", message)
+            stack = main_thread_first(stacks[rank]) or "(no Python stack could be taken)\n"
             data = {"message": {"message": message, "extraInfo": {
-                "py_callstack": (stacks[rank] or "(no Python stack could be taken)\n")
-                + message, WAITED_FOR_PEER: stuck[rank].waiting,
+                "py_callstack": stack + message, HUNG: True,
+                WAITED_FOR_PEER: stuck[rank].waiting,
                 "timestamp": str(int(now))}}}
             fsutil.write_local_atomic(error_file, json.dumps(data).encode())
             self._signal(pid, signal.SIGKILL)

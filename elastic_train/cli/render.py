@@ -165,7 +165,8 @@ def step_lines(state: RunState, summary: RunSummary) -> list[str]:
 def failure_lines(failure: FailureRecord) -> list[str]:
     """A failure, and the restart it had."""
     root = failure.root
-    how = f"signal {root.signal_name}" if root.signal_name else f"exit code {root.exitcode}"
+    how = ("hung" if root.hung else f"signal {root.signal_name}" if root.signal_name
+           else f"exit code {root.exitcode}")
     said = "without a Python exception" if root.without_exception else root.message[:100]
     lines = [f"  {when(failure.time)}  [{failure.kind.value}] rank {root.rank} {how}: {said}"]
     if failure.restart:

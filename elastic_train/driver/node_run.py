@@ -99,7 +99,8 @@ class NodePlan:
         log_dir: Where worker logs go (default: the run's ``logs/<host>`` on local
             storage, uploaded there at the end from scratch on remote storage).
         monitor_interval: Seconds between the agent's looks at its workers.
-        local_addr: This node's address for the rendezvous (None: its hostname).
+        local_addr: This node's address for the rendezvous (None: loopback in a one-node
+            job, else its host name).
         user_code: Directories of the user's own code beyond the working directory
             and the driver's script's (the train function's package, the launched
             script's directory): see :mod:`elastic_train.worker.user_code`.

@@ -241,6 +241,10 @@ class RunLease:
                    and is_live(c, me, now) for c in claims)
 
     def _heartbeat(self) -> None:
+        """Renews the claim every ``ttl/4`` s. A store that fails (down for a while, or
+        full) is said once, in one line, and again when a renewal works: not a
+        traceback every beat."""
+        failing = False
         while not self._stop.wait(self.claim.ttl_s / 4):
             try:
                 self._renew()
@@ -248,9 +252,16 @@ class RunLease:
                 self.lost = str(exc)
                 logger.error("%s", exc)
                 return
-            except Exception:  # the store may be down for a while: try again
-                logger.warning("Could not renew the lease of %s.", self.storage.display_path,
-                               exc_info=True)
+            except Exception as exc:  # the store may be down for a while: try again
+                log = logger.debug if failing else logger.warning
+                log("Could not renew the lease of %s (%s); trying again every %.3g s "
+                    "(said again only once it works).", self.storage.display_path, exc,
+                    self.claim.ttl_s / 4, exc_info=failing)
+                failing = True
+                continue
+            if failing:
+                logger.warning("Renewed the lease of %s again.", self.storage.display_path)
+                failing = False
 
     def _renew(self) -> None:
         newest = max(self.lease_dir.tokens(), default=0)
@@ -303,6 +314,7 @@ class RunLease:
                 self.lease_dir.remove(self.claim)
             else:
                 self.lease_dir.write(replace(self.claim, state=RELEASED, beat_at=time.time()))
-        except Exception:  # it goes stale on its own
-            logger.warning("Could not release the lease of %s.", self.storage.display_path,
-                           exc_info=True)
+        except Exception as exc:  # it goes stale on its own; the run's own error stands
+            logger.warning("Could not release the lease of %s (%s); it goes stale on its "
+                           "own %.0f s after its last heartbeat.", self.storage.display_path,
+                           exc, self.claim.ttl_s)

@@ -243,8 +243,8 @@ class RunRecord:
     def _write(self, required: bool) -> None:
         try:
             self.storage.write_run_state(self.state)
-        except StorageError:
+        except StorageError as exc:  # it names the operation, the file and the cause
             if required:
                 raise
-            logger.warning("Could not update %s/run.json (status %r).",
-                           self.storage.display_path, self.state.status.value, exc_info=True)
+            logger.warning("Could not update %s/run.json (status %r): %s",
+                           self.storage.display_path, self.state.status.value, exc)

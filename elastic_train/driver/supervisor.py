@@ -270,6 +270,8 @@ class RunSupervisor:
         if log_dir and not self.storage.is_local:
             try:
                 self.storage.upload_logs(log_dir)
+            except StorageError as exc:  # it names the operation, the file and the cause
+                logger.warning("Could not upload the logs in %s: %s", log_dir, exc)
             except Exception:
                 logger.warning("Could not upload the logs in %s to %s.", log_dir,
                                self.storage.display_path, exc_info=True)

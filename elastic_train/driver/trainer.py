@@ -99,6 +99,15 @@ def _storage_at(path: str | os.PathLike, filesystem: Any,
     return storage
 
 
+def _say_if_nothing_was_reported(result: Result) -> None:
+    """A run whose train function never called report() has no metrics and no checkpoint:
+    said once, since Ray users expect ``result.metrics`` to be filled."""
+    if result.metrics is None and result.checkpoint is None:
+        logger.warning("The run %s made no report(): Result.metrics and Result.checkpoint "
+                       "are None. Call elastic_train.report(metrics, checkpoint=...) from the "
+                       "train function, on every rank, to record them.", result.path)
+
+
 def _refuse_inside_a_worker() -> None:
     """fit() in a worker of launch or torchrun would start a job per worker."""
     if "TORCHELASTIC_RUN_ID" in os.environ:
@@ -296,7 +305,9 @@ class DataParallelTrainer:
             user_code=_function_root(self.train_loop_per_worker))
         with NodeRun(plan) as node:
             return_value = self._run_node(node, pickled)
-        return Result.from_storage(plan.storage, return_value=return_value)
+        result = Result.from_storage(plan.storage, return_value=return_value)
+        _say_if_nothing_was_reported(result)
+        return result
 
     def _run_node(self, node: NodeRun, pickled_spec: bytes) -> Any:
         """This node's workers, each running ``python -m elastic_train.worker.fit_worker

@@ -2,7 +2,8 @@
 
 Only transient errors are retried -- refused or reset connections, timeouts,
 HTTP 5xx and throttling; a missing file, a permission error, a full or read-only
-disk fail at once. An error is judged by what it carries -- its type, errno, HTTP
+disk fail at once (a full one as a :class:`~elastic_train.errors.StorageFullError` that
+says so and names the file). An error is judged by what it carries -- its type, errno, HTTP
 status, a store's error code -- never by its message, which holds paths and run
 names (``checkpoint_000500``, a run called ``bs500``).
 The signs every store shares are here (:func:`is_transient`); a store's own
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from elastic_train.errors import StorageError
+from elastic_train.errors import StorageError, StorageFullError
 from elastic_train.storage import node_settings
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ Retrying = Callable[[str, Callable[[], Any]], Any]
 
 _TRANSIENT_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE,
                      errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EAGAIN}
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 # HTTP statuses that pass: a timeout, throttling, the server's errors.
 _TRANSIENT_STATUSES = {408, 429}
 
@@ -66,6 +68,18 @@ def is_transient(exc: BaseException,
             return True
         exc = exc.__cause__ or exc.__context__
     return False
+
+
+def full_store(what: str, where: str, exc: BaseException) -> StorageFullError | None:
+    """The error for ``exc`` when it says the store is full (ENOSPC, EDQUOT): the file it
+    failed on and the way out; None for any other error."""
+    if not (isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS):
+        return None
+    return StorageFullError(
+        f"{what} at {where} failed: the storage is full ({exc.strerror}, writing "
+        f"{exc.filename or 'a file'}). Free space there (fewer checkpoints kept: "
+        "CheckpointConfig(num_to_keep=N)) or use another storage_path; then run the job "
+        "again to continue from its latest checkpoint.")
 
 
 def http_status(exc: BaseException) -> int | None:
@@ -129,6 +143,9 @@ class RetryPolicy:
                 return fn()
             except Exception as exc:
                 if not is_transient(exc, self.store_sign):
+                    full = full_store(what, where, exc)
+                    if full is not None:
+                        raise full from exc
                     raise
                 deadline = deadline or time.monotonic() + self.budget_s
                 attempt += 1

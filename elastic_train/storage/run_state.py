@@ -42,6 +42,7 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from elastic_train._internal.departures import DIRECTORY as DEPARTURES_DIR
 from elastic_train._internal.departures import Departure
 from elastic_train._internal.failure_kinds import FailureKind
 from elastic_train.errors import WorkerFailure
@@ -53,7 +54,6 @@ METRICS_FILE = "metrics.jsonl"
 METRICS_SEGMENTS_DIR = METRICS_FILE + ".d"  # (the layout: :mod:`.jsonl_log`)
 RESTORES_FILE = "restores.json"
 LOGS_DIR = "logs"
-DEPARTURES_DIR = "departures"
 PROGRESS_FILE = "progress.csv"
 TENSORBOARD_DIR = "tensorboard"
 GOODPUT_DIR = "goodput"  # (its files: :mod:`.ledger_file`)

@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import quote
 
 import fsspec
 
@@ -311,7 +310,7 @@ class RunStorage:
     def write_departure(self, departure: Departure) -> None:
         """Records that a node left; replaces its earlier departure, if any."""
         self._fenced("writing a departure")
-        path = fsutil.join(self._path(DEPARTURES_DIR), quote(departure.node, safe="") + ".json")
+        path = fsutil.join(self._path(DEPARTURES_DIR), departure.file_name)
         self._retry("writing a departure", lambda: fsutil.write_json_atomic(
             self.fs, path, departure.to_json()))
 

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -18,6 +19,7 @@ from elastic_train.errors import TrainingFailedError
 from elastic_train.torch import TorchTrainer
 from tests.conftest import start_driver, stop_driver_after_commit, wait_until
 from tests.support import message_jobs
+from tests.support.full_disk import FullDiskFS
 from tests.support.paths import REPO
 from tests.support.servers import free_port, stop_process
 
@@ -27,13 +29,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120),
 RETRY = "To retry automatically"
 
 
-def _fail(storage_path: str, name: str, max_failures: int = 0, **config) -> str:
+def _fail(storage_path: str, name: str, max_failures: int = 0,
+          hang_timeout_s: float | None = None, **config) -> str:
     """fit() of :func:`message_jobs.fail`; the TrainingFailedError's message."""
+    failure = et.FailureConfig(max_failures=max_failures, hang_timeout_s=hang_timeout_s)
     trainer = TorchTrainer(
         message_jobs.fail, train_loop_config=config,
         scaling_config=et.ScalingConfig(num_workers=2),
         run_config=et.RunConfig(name=name, storage_path=storage_path,
-                                failure_config=et.FailureConfig(max_failures=max_failures)))
+                                failure_config=failure))
     with pytest.raises(TrainingFailedError) as info:
         trainer.fit()
     return str(info.value)
@@ -71,6 +75,49 @@ def test_exit_codes_and_a_process_without_an_exception(storage_path):
     failure = next(line for line in shown.stdout.splitlines() if "[failure]" in line)
     assert failure.endswith("rank 1 exit code 1: without a Python exception"), shown.stdout
     assert "To enable traceback" not in shown.stdout, shown.stdout
+
+
+def test_a_hung_rank_is_said_to_have_hung_where_it_was_stuck(storage_path):
+    """A rank asleep past FailureConfig(hang_timeout_s): the raised error says what the
+    console's HangError says -- the hang, for how long, where it was stuck -- not "killed by
+    SIGKILL", and its stack leads with the train function's thread, not the project's own."""
+    message = _fail(storage_path, "hung", hang_timeout_s=5, how="sleep", after_report=True)
+    lines = message.splitlines()
+    assert "rank 1 (local rank 1" in lines[0] and "hung and was stopped by the hang watch" \
+        in lines[0] and "SIGKILL" not in lines[0], message
+    with open(message_jobs.__file__) as f:
+        line = next(n for n, text in enumerate(f, 1) if text.strip().startswith("time.sleep"))
+    assert lines[2].startswith("HangError: rank 1 made no progress (no report() or batch)"), \
+        message
+    assert f"stuck at message_jobs.py:{line} fail" in lines[2], message
+    stack = message.split("Traceback of rank 1:", 1)[1]
+    first = next(text for text in stack.splitlines() if 'File "' in text)
+    assert f'message_jobs.py", line {line} in fail' in first, message
+    shown = subprocess.run([sys.executable, "-m", "elastic_train.cli", "show",
+                            os.path.join(storage_path, "hung")], cwd=REPO, text=True,
+                           capture_output=True, timeout=60)
+    failure = next(line for line in shown.stdout.splitlines() if "[failure]" in line)
+    assert "rank 1 hung: HangError: rank 1 made no progress" in failure, shown.stdout
+
+
+def test_a_store_that_fills_up_fails_fast_saying_so(tmp_path, caplog):
+    """The disk fills mid-run: fit() raises the workers' TrainingFailedError at once, which
+    says the storage is full and where, not a raw OSError from the clean-up's lease
+    release; what the driver could not write is said in one line each, no tracebacks."""
+    fs = FullDiskFS(str(tmp_path / "full"))
+    trainer = TorchTrainer(
+        message_jobs.fill_the_disk, train_loop_config={"fs": fs},
+        scaling_config=et.ScalingConfig(num_workers=2),
+        run_config=et.RunConfig(name="full", storage_path=str(tmp_path / "results"),
+                                storage_filesystem=fs))
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING), pytest.raises(TrainingFailedError) as info:
+        trainer.fit()
+    assert time.monotonic() - started < 30
+    message = str(info.value)
+    assert "failed: the storage is full (No space left on device, writing " \
+        f"{tmp_path / 'results' / 'full'}" in message, message
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
 
 
 def test_one_line_per_failure_with_one_budget_count(storage_path, caplog):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
+import socket
 import threading
 
 import pytest
@@ -20,7 +22,7 @@ from tests.conftest import (
     stop_driver_after_commit,
     wait_until,
 )
-from tests.support import jobs
+from tests.support import jobs, mistake_jobs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180),
               pytest.mark.usefixtures("no_leaked_processes")]
@@ -291,3 +293,18 @@ def test_worker_deadlocked_in_all_reduce_is_restarted(storage_path, tmp_path, ba
     hung = {w["rank"]: w for w in workers}
     assert "HangError: rank 1 made no progress" in hung[1]["message"]
     assert "jobs.py" in hung[1]["traceback"]  # its Python stack, taken before the kill
+
+
+@pytest.mark.timeout(60)
+def test_a_one_node_job_trains_on_a_host_whose_own_name_does_not_resolve(storage_path,
+                                                                          monkeypatch):
+    """One node's rendezvous store and its workers' MASTER_ADDR are on loopback (as
+    torchrun's --standalone), not the host's name: a host whose name does not resolve
+    trains instead of sitting at "starting" with c10d's getaddrinfo warnings."""
+    monkeypatch.setattr(socket, "getfqdn", lambda name="": "no-such-host.invalid")
+    monkeypatch.setattr(socket, "gethostname", lambda: "no-such-host.invalid")
+    result = TorchTrainer(
+        mistake_jobs.report_nan_loss, scaling_config=et.ScalingConfig(num_workers=2),
+        run_config=et.RunConfig(storage_path=storage_path, name="unresolvable",
+                                storage_retry_timeout_s=5)).fit()
+    assert result.error is None and result.metrics["loss"] == -math.inf

@@ -3,6 +3,7 @@ clear answer naming the rank and the fix (issue 42, its "Bad" list)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 
@@ -48,6 +49,16 @@ def test_a_rank_that_returns_without_reporting_is_named(storage_path):
     assert any("report() must be called by every rank the same number of times; rank 1 "
                "returned after 0 calls while rank 0 made call 1" in line for line in headline)
     assert "Connection closed" not in str(info.value)
+
+
+def test_a_run_without_report_says_why_its_metrics_are_none(storage_path, caplog):
+    """A train function that never calls report(): fit() succeeds, and says once that
+    metrics and checkpoint are None for want of report()."""
+    with caplog.at_level(logging.WARNING):
+        result = fit(mistake_jobs.never_reports, storage_path, "silent", workers=1)
+    assert result.return_value == 42 and result.metrics is None and result.checkpoint is None
+    said = [r.getMessage() for r in caplog.records if "made no report()" in r.getMessage()]
+    assert len(said) == 1 and "Result.metrics and Result.checkpoint are None" in said[0], said
 
 
 def test_a_hang_names_the_rank_that_stopped_and_its_place(storage_path):

@@ -1,6 +1,7 @@
 """Train functions that end the way users' mistakes do, for the tests of what users are told.
 
-``config["how"]``: ``raise`` (a ValueError), ``exit3`` (``sys.exit(3)``) or ``os_exit``
+``config["how"]``: ``raise`` (a ValueError), ``exit3`` (``sys.exit(3)``), ``sleep`` (a
+hang in ``time.sleep``) or ``os_exit``
 (``os._exit(1)``), by rank 1; ``config["after_report"]``: after the first report()
 rather than before it. Rank 0 waits in a barrier meanwhile, as a survivor does.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import torch.distributed as dist
 
@@ -24,9 +26,27 @@ def fail(config: dict) -> None:
             raise ValueError("a mistake in the train function")
         if how == "exit3":
             sys.exit(3)
+        if how == "sleep":
+            time.sleep(600)
         os._exit(1)
     dist.barrier()
     et.report({"step": 2})
+
+
+def fill_the_disk(config: dict) -> None:
+    """Reports a checkpoint a step; rank 0 fills ``config["fs"]`` (a
+    :class:`tests.support.full_disk.FullDiskFS`) after the second."""
+    import tempfile
+
+    from tests.support.full_disk import fill
+
+    for step in range(20):
+        if step == 2 and et.get_context().get_world_rank() == 0:
+            fill(config["fs"])
+        with tempfile.TemporaryDirectory() as directory:
+            with open(os.path.join(directory, "weights.txt"), "w") as f:
+                f.write(str(step))
+            et.report({"step": step}, checkpoint=et.Checkpoint.from_directory(directory))
 
 
 def report_own_iteration(config: dict) -> None:

@@ -19,6 +19,11 @@ def report_nan_loss(config: dict) -> None:
             et.report({"loss": loss}, checkpoint=et.Checkpoint.from_directory(tmp))
 
 
+def never_reports(config: dict) -> int:
+    """Trains without a report(): returns its value only."""
+    return 42
+
+
 def only_rank_0_reports(config: dict) -> None:
     """Rank 1 returns at once; rank 0 reports."""
     if et.get_context().get_world_rank() == 1:

@@ -28,7 +28,9 @@ def test_a_departure_says_who_why_and_how_long_is_left():
     assert LEFT.remaining_s(1060.0) == 540.0 and LEFT.remaining_s(2000.0) == 0.0
     assert LEFT.refusal(1060.0) == (
         f"node7 left the job at {clock(1000.0)} (2 failures in a row charged to it) and "
-        f"cools off for another 540 s, until {clock(1600.0)}")
+        f"cools off for another 540 s, until {clock(1600.0)}; to admit it sooner, delete "
+        "departures/node7.json in the run directory")
+    assert Departure("10.0.0.2/x", "", 0.0, 1.0).file_name == "10.0.0.2%2Fx.json"
     assert LEFT.describe() == ("Node node7 left the job: 2 failures in a row charged to it; "
                                f"not admitted again for 600 s, until {clock(1600.0)}")
     assert Departure.from_json(json.loads(json.dumps(LEFT.to_json()))) == LEFT

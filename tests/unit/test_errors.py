@@ -29,6 +29,16 @@ def test_describe_sigkill_and_host():
     assert failure.to_json()["signal"] == "SIGKILL"
 
 
+def test_a_hung_worker_is_said_to_have_hung_with_the_watchs_verdict():
+    verdict = "HangError: rank 1 made no progress for 6s; stuck at train.py:24 train"
+    failure = worker(exitcode=-9, hung=True, message=verdict)
+    assert failure.describe() == ("rank 1 (local rank 1, pid 4242) hung and was stopped by "
+                                  "the hang watch")
+    assert WorkerFailure.from_json(failure.to_json()) == failure
+    lines = str(TrainingFailedError.from_failures([failure], "/r", 0)).splitlines()
+    assert lines[2] == verdict and lines[4] == "Traceback of rank 1:", lines
+
+
 def test_unknown_signal_number():
     assert worker(exitcode=-200).signal_name == "signal 200"
 

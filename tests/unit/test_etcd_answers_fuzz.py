@@ -19,13 +19,21 @@ from types import SimpleNamespace
 import etcd3gw
 import pytest
 import requests
+import urllib3
 from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import handler_registry
 
 from elastic_train._internal.rendezvous_backends import lookup
-from elastic_train.agent.rendezvous.etcd_kv import EtcdKV, Event, KeyValue, TxnResult, Watch
+from elastic_train.agent.rendezvous.etcd_kv import (
+    EtcdKV,
+    Event,
+    KeyValue,
+    TxnResult,
+    Watch,
+    connection_errors,
+)
 from elastic_train.agent.rendezvous.etcd_v3 import EtcdV3Keyspace, EtcdValue
 from elastic_train.agent.rendezvous.registry import register
 
@@ -216,3 +224,33 @@ def test_an_endpoint_answering_deep_json_is_a_connection_error(deep_json_endpoin
     with pytest.raises(RendezvousConnectionError, match="nested too deeply.*etcd v3"):
         handler = handler_registry.create_handler(params)
         handler.next_rendezvous()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", ["etcd", "etcd-v3"])
+def test_tls_asked_of_a_plain_http_endpoint_says_so(deep_json_endpoint, backend):
+    """protocol=https against a server of plain HTTP: the error hints at the TLS mismatch,
+    not only the handshake's own words."""
+    register(lookup(backend, "test"))
+    params = RendezvousParameters(backend, deep_json_endpoint, "tls", 1, 1,
+                                  local_addr="127.0.0.1", timeout=2, outage_timeout=0,
+                                  protocol="https")
+    with pytest.raises(RendezvousConnectionError, match="asked over TLS.*drop protocol=https"):
+        handler = handler_registry.create_handler(params)
+        handler.next_rendezvous()
+
+
+def test_a_connection_reset_over_tls_gets_the_hint_and_over_http_not():
+    """What a plain etcd does to a TLS handshake, as users saw it: "Connection reset by
+    peer"; the hint is given for https only."""
+    def reset(url: str) -> requests.ConnectionError:
+        aborted = urllib3.exceptions.ProtocolError(
+            "Connection aborted.", ConnectionResetError(104, "Connection reset by peer"))
+        return requests.ConnectionError(aborted, request=requests.Request("POST", url).prepare())
+
+    for url, hinted in (("https://10.0.0.1:2379/v3/kv/range", True),
+                        ("http://10.0.0.1:2379/v3/kv/range", False)):
+        with pytest.raises(RendezvousConnectionError) as info, connection_errors():
+            raise reset(url)
+        assert "Connection reset by peer" in str(info.value)
+        assert ("drop protocol=https" in str(info.value)) is hinted, info.value

@@ -11,7 +11,7 @@ import time
 
 import elastic_train
 from elastic_train._internal import env_vars
-from elastic_train.agent.hang_watch import HangWatch, Stuck
+from elastic_train.agent.hang_watch import HangWatch, Stuck, main_thread_first
 from elastic_train.worker.heartbeat import progress_file
 from tests.conftest import pid_alive, wait_until
 
@@ -121,3 +121,11 @@ def test_the_main_threads_frame_is_reported_not_the_first_threads():
     assert Stuck.of(dump(in_collective=False)) == Stuck(
         "session.py:262 report, called from train.py:10 train", waiting=False)
     assert Stuck.of("") == Stuck("", False)
+
+
+def test_the_main_threads_stack_is_put_first():
+    """The recorded stack leads with the train function's thread, every thread kept."""
+    ordered = main_thread_first(dump(in_collective=False))
+    assert ordered.startswith("Current thread 0x00007f4c0cbfab80"), ordered
+    assert ordered.count("Thread 0x00007f4b2ffff6c0") == 1 and ordered.endswith("_bootstrap\n")
+    assert main_thread_first("") == ""

@@ -4,12 +4,13 @@ A fake clock stands in for ``time`` in the retry module: no test sleeps.
 """
 
 import errno
+import os
 import random
 
 import fsspec
 import pytest
 
-from elastic_train.errors import StorageError
+from elastic_train.errors import StorageError, StorageFullError
 from elastic_train.storage import retry
 from elastic_train.storage.retry import RetryPolicy, is_transient
 from elastic_train.storage.stores import StoreAdapter
@@ -182,11 +183,16 @@ def test_a_message_that_looks_transient_is_not_retried(exc):
     assert is_transient(exc) is False
 
 
-def test_a_disk_full_on_a_path_with_500_in_it_fails_at_once(clock):
-    fn = Flaky(OSError(errno.ENOSPC, "No space left on device", "/runs/bs500/checkpoint_000500"))
-    with pytest.raises(OSError):
-        RetryPolicy(budget_s=300).call("w", "x", fn)
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_a_disk_full_on_a_path_with_500_in_it_fails_at_once_saying_so(clock, code):
+    """Not retried, and said: the storage is full, which file, the way out."""
+    fn = Flaky(OSError(code, os.strerror(code), "/runs/bs500/checkpoint_000500"))
+    with pytest.raises(StorageFullError) as info:
+        RetryPolicy(budget_s=300).call("uploading checkpoint_000500", "s3://b/runs", fn)
     assert fn.calls == 1 and clock.sleeps == []
+    assert str(info.value).startswith("uploading checkpoint_000500 at s3://b/runs failed: the "
+                                      "storage is full"), info.value
+    assert "/runs/bs500/checkpoint_000500" in str(info.value) and "Free space" in str(info.value)
 
 
 class ClientError(Exception):

@@ -3,6 +3,7 @@ holder, contention, fencing of every write that could harm a newer job."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -16,6 +17,7 @@ from elastic_train.rendezvous_config import RendezvousConfig
 from elastic_train.storage import CommitManifest, RunStorage
 from elastic_train.storage.lease import HELD, PENDING, RELEASED, Claim, LeaseDir
 from elastic_train.storage.run_state import RunState
+from tests.support.full_disk import FullDiskFS, fill
 
 
 @pytest.fixture
@@ -306,3 +308,27 @@ def test_a_job_that_finds_another_holding_its_token_withdraws(storage, monkeypat
         assert held == [("A", 1)]
     finally:
         first.release()
+
+
+def test_a_full_store_is_said_once_by_the_heartbeat_and_does_not_fail_the_release(
+        tmp_path, caplog):
+    """A disk that fills: the heartbeat says so in one line (not a traceback every beat)
+    and again once a renewal works; the release at the end logs it and raises nothing, so
+    the run's own error is the one the user sees."""
+    fs = FullDiskFS(str(tmp_path / "full"))
+    storage = RunStorage.open(str(tmp_path / "results"), "run", fs)
+    storage.ensure_writable()
+    lease = RunLease.acquire(storage, rendezvous("a"), "fit()", ttl_s=0.2)  # a beat per 0.05 s
+    with caplog.at_level(logging.WARNING, logger=run_lease.__name__):
+        fill(fs)
+        time.sleep(0.5)
+        said = [r for r in caplog.records if "Could not renew" in r.getMessage()]
+        assert len(said) == 1 and not said[0].exc_info, caplog.text
+        assert "the storage is full" in said[0].getMessage(), caplog.text
+        os.remove(fs.full_flag)
+        time.sleep(0.3)
+        assert "Renewed the lease" in caplog.text and len(said) == 1
+        fill(fs)
+        lease.release()
+    released = [r for r in caplog.records if "Could not release" in r.getMessage()]
+    assert len(released) == 1 and not released[0].exc_info, caplog.text

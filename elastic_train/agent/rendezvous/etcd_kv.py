@@ -15,6 +15,7 @@ import json
 import logging
 import queue
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +38,35 @@ _TOO_DEEP = ("etcd answered with JSON nested too deeply to read, which etcd v3's
              "never sends; is the rendezvous endpoint an etcd v3 server?")
 
 
+_TLS_HINT = ("; it was asked over TLS (--rdzv-conf protocol=https), and the handshake "
+             "failed or was cut: an etcd that serves plain HTTP answers TLS so. If it does, "
+             "drop protocol=https; if it serves TLS, check ca_cert=, cert= and key=")
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what it wraps: its cause or context, and the exceptions in its args
+    (urllib3's ProtocolError carries the reset connection's error there)."""
+    seen, todo = set(), [exc]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo += [e for e in (current.__cause__, current.__context__, *current.args)
+                 if isinstance(e, BaseException)]
+
+
+def _tls_hint(exc: BaseException) -> str:
+    """For a request over https that met a TLS error or a reset connection: the hint that
+    the etcd there may serve plain HTTP (a reset is all a user sees of that mistake)."""
+    causes = list(_causes(exc))  # etcd3gw wraps requests' error (which has the URL)
+    urls = [str(getattr(getattr(e, "request", None), "url", "") or "") for e in causes]
+    tls = (ssl.SSLError, requests.exceptions.SSLError, ConnectionResetError)
+    return _TLS_HINT if any(url.startswith("https://") for url in urls) \
+        and any(isinstance(e, tls) for e in causes) else ""
+
+
 @contextmanager
 def connection_errors() -> Iterator[None]:
     """Turns etcd and HTTP failures into torch's RendezvousConnectionError, and an answer
@@ -46,7 +76,8 @@ def connection_errors() -> Iterator[None]:
         yield
     except (Etcd3Exception, requests.RequestException, urllib3.exceptions.HTTPError) as exc:
         detail = getattr(exc, "detail_text", None) or exc
-        raise RendezvousConnectionError(f"The etcd request failed: {detail}") from exc
+        raise RendezvousConnectionError(
+            f"The etcd request failed: {detail}{_tls_hint(exc)}") from exc
     except RecursionError:
         raise RendezvousConnectionError(_TOO_DEEP) from None
 
