@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import types
 
 import pytest
 
@@ -48,7 +49,8 @@ def test_a_password_in_the_storage_url_is_in_no_file_and_reaches_the_workers(
         url, tmp_path, monkeypatch):
     monkeypatch.setattr(trainer_module, "NodeRun", StandInNode)
     monkeypatch.setattr(trainer_module.RunStorage, "for_run", lambda *a: None)
-    monkeypatch.setattr(trainer_module.Result, "from_storage", lambda *a, **k: None)
+    reported = types.SimpleNamespace(metrics={"loss": 0.0}, checkpoint=None, path="run")
+    monkeypatch.setattr(trainer_module.Result, "from_storage", lambda *a, **k: reported)
     StandInNode.seen.clear()
     StandInNode.scratch = str(tmp_path)
     TorchTrainer(train, scaling_config=et.ScalingConfig(num_workers=1),
