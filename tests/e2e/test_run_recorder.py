@@ -37,8 +37,8 @@ def test_a_node_that_rejoins_first_after_its_failure_does_not_record_too(
             procs.append(start_node(["--nnodes", 2, "--nproc-per-node", 1, "--rdzv-backend",
                                      "etcd", "--rdzv-endpoint", etcd_endpoint, "--rdzv-id",
                                      name, "--max-restarts", 2, "--storage-path", storage_path,
-                                     SCRIPT, out_dir, 5, "--sleep", 0.2, "--crash-at", 2,
-                                     "--slow-node", "0:1.5"], log, node=i))
+                                     SCRIPT, out_dir, 4, "--sleep", 0.2, "--crash-at", 1,
+                                     "--slow-node", "0:3"], log, node=i))
             if i == 0:  # node 0 seals the first round: group rank 0, it records the run
                 assert wait_until(lambda: any(k.endswith(b"/c/sealer")
                                               for k in run_keys(etcd_endpoint, name)), 60)
