@@ -107,6 +107,13 @@ def charged(mine: NodeReport, others: Sequence[NodeReport], nodes: int,
     return min([mine, *others], key=lambda o: (o.first, o.announced, o.group_rank))
 
 
+def at_fault_of(reports: Sequence[NodeReport]) -> NodeReport:
+    """Of reports that other nodes told (at least one), the node at fault as the rules
+    above order them: one whose worker ended by itself, else the earliest raise, ties to
+    the node that told first, then to the lowest group rank."""
+    return min(reports, key=lambda o: (not o.own, o.first, o.announced, o.group_rank))
+
+
 class FailureExchange:
     """The reports of one generation of the group, through the rendezvous ``store``."""
 
@@ -158,3 +165,18 @@ class FailureExchange:
         except Exception as exc:  # noqa: BLE001 -- the rendezvous will tell what is wrong
             logger.debug("Failure reports unavailable (%r); deciding alone.", exc)
         return list(others.values())
+
+    def told(self, nodes: int, group_rank: int) -> list[NodeReport]:
+        """The reports the other nodes of ``nodes`` told so far, without waiting: asked by
+        a node whose workers are healthy as its group restarts for a node waiting to
+        join, which may be one that failed and went on to the rendezvous before this
+        node's workers saw it. An unreachable store: none."""
+        try:
+            if not int(self.store.add(f"{self.prefix}announced", 0)):
+                return []
+            keys = {rank: f"{self.prefix}{rank}" for rank in range(nodes) if rank != group_rank}
+            return [NodeReport.from_json(self.store.get(key)) for key in keys.values()
+                    if self.store.check([key])]
+        except Exception as exc:  # noqa: BLE001 -- the rendezvous will tell what is wrong
+            logger.debug("Failure reports unavailable (%r).", exc)
+            return []

@@ -91,7 +91,7 @@ from elastic_train._internal import env_vars
 from elastic_train._internal.failure_kinds import FailureKind
 from elastic_train._internal.rendezvous_backends import lookup
 from elastic_train.agent import forked_workers, torch_compat
-from elastic_train.agent.attribution import FailureExchange, NodeReport, charged
+from elastic_train.agent.attribution import FailureExchange, NodeReport, at_fault_of, charged
 from elastic_train.agent.failures import failures_of, observe
 from elastic_train.agent.inprocess.controller import AgentHooks, InProcessController
 from elastic_train.agent.inprocess.restarts import Recovery
@@ -258,9 +258,10 @@ class TrainAgent(LocalElasticAgent):
         """torch's restart of the group (stop, rendezvous, start); with the workers parked
         for a new world -- after a failure, or now for a node that joins a running job
         -- the rendezvous alone (membership changes in process, in this module's docstring).
-        torch restarts a healthy group only for a node waiting to join: ``on_join``."""
-        if worker_group.state == WorkerState.HEALTHY and self.events.on_join is not None:
-            self.events.on_join()
+        torch restarts a healthy group only for a node waiting to join (see
+        :meth:`_heard_before_restart`)."""
+        if worker_group.state == WorkerState.HEALTHY:
+            self._heard_before_restart(worker_group)
         if self._in_process is None or not (self._in_process.parked
                                             or self._in_process.park(worker_group)):
             return super()._restart_workers(worker_group)
@@ -272,6 +273,20 @@ class TrainAgent(LocalElasticAgent):
                                 self._restart_count(worker_group.spec))
         worker_group.state = WorkerState.HEALTHY
         return None
+
+    def _heard_before_restart(self, worker_group: WorkerGroup) -> None:
+        """A healthy group restarts for a node waiting to join: the caller hears of the
+        join (``on_join``) -- or, when another node told a failed attempt of this
+        generation (its workers failed and it went on to the rendezvous before this
+        node's workers saw it), of that failure (``on_failure``: none of this node's
+        workers, a peer's decision that charges nothing, the root cause there)."""
+        told = FailureExchange(worker_group.store, self._generation).told(
+            worker_group.group_world_size or 1, worker_group.group_rank or 0)
+        if told and self.events.on_failure is not None:
+            decision = Decision(FailureKind.PEER, True, self.budget.restarts_left)
+            self.events.on_failure([], decision, at_fault_of(told).root)
+        elif not told and self.events.on_join is not None:
+            self.events.on_join()
 
     def _command(self) -> tuple[str, tuple[str, ...]]:
         """The worker command now: asked for again at every start and replacement (e.g. a

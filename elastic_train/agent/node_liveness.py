@@ -86,11 +86,30 @@ class Beacon:
 
 def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
     """Whether the agent whose beacon published ``address`` is gone (see the module doc)."""
+    try:
+        return _answer(address, timeout_s) != address.rsplit(":", 1)[1]
+    except TimeoutError:  # connected, but its agent has not answered yet: slow, alive
+        return False
+
+
+def answers(address: str, timeout_s: float) -> bool:
+    """Whether the beacon that published ``address`` answers with its token within
+    ``timeout_s``: stricter than :func:`probe`, for a question where a port that
+    another program took since, and holds silently, must not pass for the beacon."""
+    try:
+        return _answer(address, timeout_s) == address.rsplit(":", 1)[1]
+    except TimeoutError:
+        return False
+
+
+def _answer(address: str, timeout_s: float) -> str | None:
+    """What the beacon at ``address`` answers (at most its token's length), None if it
+    cannot be reached or resets; TimeoutError when it connects but does not answer."""
     host, port, token = address.rsplit(":", 2)
     try:
         conn = socket.create_connection((host, int(port)), timeout=timeout_s)
     except OSError:  # refused, unreachable, no answer within timeout_s (a TimeoutError)
-        return True
+        return None
     got = b""
     with conn:
         conn.settimeout(timeout_s)
@@ -100,11 +119,11 @@ def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
                 if not chunk:
                     break
                 got += chunk
-        except TimeoutError:  # connected, but its agent has not answered yet: slow, alive
-            return False
+        except TimeoutError:  # connected, not answered yet: the caller decides what it means
+            raise
         except OSError:  # reset
-            return True
-    return got.decode(errors="replace") != token
+            return None
+    return got.decode(errors="replace")
 
 
 class NodeLiveness:

@@ -76,6 +76,11 @@ class RestartBudget:
             return True, UNLIMITED
         return used <= limit, max(limit - used, 0)
 
+    @property
+    def restarts_left(self) -> int:
+        """Restarts of the failure budget that remain now (-1: unlimited)."""
+        return self._spend(self.max_failures, self.failures)[1]
+
     def charge(self, kind: FailureKind, progress: Progress | None = None,
                failure: str = "", config_error: bool = False) -> Decision:
         """Spends one attempt of ``kind``'s budget; the decision for the group.

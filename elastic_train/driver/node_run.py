@@ -37,6 +37,7 @@ from typing import Any
 from elastic_train._internal import env_vars, scratch
 from elastic_train.agent.api import AgentOutcome, AgentSpec, ProcessOptions
 from elastic_train.agent.no_progress_guard import Progress
+from elastic_train.agent.node_liveness import Beacon
 from elastic_train.agent.zygote import server as zygote
 from elastic_train.config import RunConfig, ScalingConfig, check_together
 from elastic_train.driver import exporters
@@ -144,6 +145,7 @@ class NodeRun:
         self.replicas: subprocess.Popen | None = None
         self.replica: NodeReplica | None = None
         self.started = 0.0  # when this node's launch began (wall clock)
+        self.recorder: Beacon | None = None  # answers while this driver records the run
 
     def __enter__(self) -> NodeRun:
         self.started = time.time()
@@ -171,6 +173,8 @@ class NodeRun:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if self.recorder is not None:  # after the record's last write: see RunSupervisor
+            self.recorder.close()
         if self.replicas is not None:
             replica_server.stop(self.replicas)
         shutil.rmtree(self.scratch, ignore_errors=True)
@@ -238,6 +242,8 @@ class NodeRun:
                                    metrics=metrics)
         try:
             outcome = supervisor.run(self._agent_spec(entrypoint, args, worker_env))
+            if outcome.left is None:
+                supervisor.take_over_if_orphaned()
         finally:
             if metrics is not None:
                 metrics.close()
@@ -248,10 +254,16 @@ class NodeRun:
             supervisor.say_goodput()
 
     def _begin_record(self, takeover: bool) -> RunRecord:
+        """This driver records the run from here on; in a job that may have several nodes,
+        with a beacon of its own that the launch record names, so that the others know it
+        is there whatever their group ranks (see :class:`RunSupervisor`)."""
         plan = self.plan
+        if plan.scaling.nodes[1] > 1 and self.recorder is None:
+            self.recorder = Beacon(plan.local_addr or socket.getfqdn())
         record = RunRecord.begin(plan.storage, plan.run_config.name, plan.spec,
                                  start_over=plan.run_config.start_over, accepted=plan.accepted,
-                                 launched_at=self.started, takeover=takeover)
+                                 launched_at=self.started, takeover=takeover,
+                                 recorder=self.recorder.address if self.recorder else None)
         if plan.trainable is not None:
             plan.storage.write_trainable(plan.trainable)
         return record

@@ -76,13 +76,15 @@ class RunRecord:
     @classmethod
     def begin(cls, storage: RunStorage, name: str, spec: dict[str, Any], *,
               start_over: bool = False, accepted: frozenset[str] = frozenset(),
-              launched_at: float | None = None, takeover: bool = False) -> RunRecord:
+              launched_at: float | None = None, takeover: bool = False,
+              recorder: str | None = None) -> RunRecord:
         """Starts a launch of the run: continues the stored run, or starts a fresh one.
         ``launched_at``: when this launch's driver began (the goodput ledger's start-up
         counts from then; default now). ``takeover``: this node goes on recording a
         launch whose recording node was lost; the goodput ledger's launch line is that
         node's (a second one would start the launch again), while ``run.json`` gets a
-        launch record of its own (the driver that records changed).
+        launch record of its own (the driver that records changed). ``recorder``: this
+        driver's beacon, which the launch record names (``LaunchRecord.recorder``).
 
         A stored run that cannot be continued (see :func:`check_resumable`) is
         refused, or with ``start_over`` moved aside first (never deleted).
@@ -101,7 +103,8 @@ class RunRecord:
         state = state or RunState(name=name, created=now)
         state.status, state.updated, state.versions, state.spec = (
             RunStatus.RUNNING, now, versions(), spec)
-        state.launches.append(LaunchRecord(started=now, pid=os.getpid(), host=platform.node()))
+        state.launches.append(LaunchRecord(started=now, pid=os.getpid(), host=platform.node(),
+                                           recorder=recorder))
         record = cls(storage, state)
         record._write(required=True)
         if not takeover:

@@ -29,6 +29,7 @@ from elastic_train.agent.api import (
 )
 from elastic_train.agent.inprocess.restarts import Recovery
 from elastic_train.agent.no_progress_guard import Progress
+from elastic_train.agent.node_liveness import answers
 from elastic_train.agent.node_policy import NodeVerdict
 from elastic_train.agent.restart_budget import Decision
 from elastic_train.agent.zygote import server as zygote
@@ -42,10 +43,12 @@ from elastic_train.errors import NodeLeftError, RendezvousLostError, StorageErro
 from elastic_train.goodput.breakdown import breakdown
 from elastic_train.rendezvous_config import LOCAL_ENDPOINT, RendezvousConfig
 from elastic_train.storage import RunStorage
-from elastic_train.storage.run_state import RunStatus
+from elastic_train.storage.run_state import LaunchRecord, RunStatus
 from elastic_train.stragglers import Straggler, StragglerConfig
 
 logger = logging.getLogger(__name__)
+
+RECORDER_ANSWER_S = 2.0  # a recording driver's beacon that does not answer within this is gone
 
 
 @dataclass(frozen=True)
@@ -63,11 +66,17 @@ class _Heard:
 class RunSupervisor:
     """One node's run of the agent, recorded and shown.
 
-    ``begin_record`` creates the run's :class:`RunRecord` at the first
-    rendezvous that makes this node group rank 0 (on a single node: the first);
-    ``record`` is None on the other nodes. A node that becomes group rank 0 later
-    takes the record over from the node that was lost (:meth:`_take_over`;
-    ``begin_record``'s argument says which of the two it is).
+    One driver records a launch, whatever the group ranks of later rounds (with etcd, group
+    rank 0 goes to the first node of a round: after a failure, often not the recording
+    one). ``begin_record`` creates the run's :class:`RunRecord` at the first rendezvous
+    that makes this node group rank 0 (on a single node: the first) while no other
+    driver records the launch: the launch record in ``run.json`` names the recording
+    driver's beacon (``LaunchRecord.recorder``), and a driver still there answers it.
+    ``record`` is None on the other nodes. A node that becomes group rank 0 later takes
+    the record over only once that driver is gone (:meth:`_take_over`;
+    ``begin_record``'s argument says which of the two it is), and as the job's group
+    rank 0 at its end, when the recorder left without ending the launch
+    (:meth:`take_over_if_orphaned`).
     ``check_lease`` runs at every rendezvous, before a group starts: it raises when
     the run was taken over.
     """
@@ -93,6 +102,7 @@ class RunSupervisor:
         self.departures_kept = False  # whether the job sends nodes away (set by run)
         self._monitor: RunMonitor | None = None
         self._formed = False  # a group with this node formed before (see _take_over)
+        self._group_rank: int | None = None  # this node's in the latest round
         self._heard: _Heard | None = None  # the group's latest change, while another records
 
     def run(self, spec: AgentSpec) -> AgentOutcome:
@@ -137,10 +147,11 @@ class RunSupervisor:
             if self.metrics is not None:
                 self.metrics.note_rendezvous(nodes * spec.nproc_per_node)
             if group_rank == 0 and self.record is None:
-                self.record = self._take_over() if self._formed else self.begin_record(False)
+                self._claim_record()
             elif self.record is not None:
                 self.record.note_rendezvous()
             self._formed, self._heard = True, None  # what was heard: this round's only
+            self._group_rank = group_rank
             self._note_zygote_errors()
             self._note_departures()
 
@@ -175,6 +186,45 @@ class RunSupervisor:
             on_join=on_join,
             progress=lambda: read_progress(self.storage),
             leave_request=self._leave_request if self._replaces_stragglers else None)
+
+    def _claim_record(self) -> None:
+        """As group rank 0, not recording: records the run (begins the launch, or takes
+        its record over) unless the driver that records the latest launch is still there."""
+        launch = self._running_launch()
+        if launch is not None and answers(launch.recorder, RECORDER_ANSWER_S):
+            logger.info("Group rank 0 here; the run is recorded by the driver on %s (pid %d).",
+                        launch.host, launch.pid)
+            return
+        self.record = self._take_over() if self._formed else self.begin_record(False)
+
+    def take_over_if_orphaned(self) -> None:
+        """At this node's end, as the last round's group rank 0 and not recording: takes
+        the record over when the launch is still running and its recording driver is gone
+        -- it left the job while this node's last rendezvous still heard its beacon --
+        so that someone ends the launch."""
+        if self.record is not None or self._group_rank != 0:
+            return
+        try:
+            launch = self._running_launch()
+            if launch is None or answers(launch.recorder, RECORDER_ANSWER_S):
+                return
+            # A driver that ended its launch wrote so before its beacon closed: read again.
+            again = self._running_launch()
+        except StorageError as exc:
+            logger.warning("Could not read whether the run's recording driver ended it: %s",
+                           exc)
+            return
+        if again is not None and again.recorder == launch.recorder:
+            self.record = self._take_over()
+
+    def _running_launch(self) -> LaunchRecord | None:
+        """The run's latest launch, when it is still running and names its recording
+        driver's beacon (a job of one node has none: nobody else could record it)."""
+        state = self.storage.read_run_state()
+        launch = state.launches[-1] if state is not None and state.launches else None
+        if launch is None or launch.status is not RunStatus.RUNNING or not launch.recorder:
+            return None
+        return launch
 
     def _take_over(self) -> RunRecord:
         """This node became group rank 0 after the node that recorded the run was lost:

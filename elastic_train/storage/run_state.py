@@ -75,25 +75,34 @@ class RunStatus(str, enum.Enum):
 
 @dataclass
 class LaunchRecord:
-    """One start of the run's driver (a ``fit()``, ``launch`` or restore)."""
+    """One start of the run's driver (a ``fit()``, ``launch`` or restore), or the driver
+    of another node taking the record of a launch over.
+
+    ``recorder``: in a job that may have several nodes, the address of the recording
+    driver's beacon (:class:`elastic_train.agent.node_liveness.Beacon`), which answers
+    while that driver is there: another node records the launch only once it is not
+    (see :class:`elastic_train.driver.supervisor.RunSupervisor`).
+    """
 
     started: float
     pid: int
     host: str
     status: RunStatus = RunStatus.RUNNING
     ended: float | None = None
+    recorder: str | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LaunchRecord:
         return cls(started=float(data.get("started", 0.0)), pid=int(data.get("pid", 0)),
                    host=str(data.get("host", "?")),
                    status=RunStatus(data.get("status", RunStatus.UNKNOWN.value)),
-                   ended=data.get("ended"))
+                   ended=data.get("ended"), recorder=data.get("recorder"))
 
     def to_json(self) -> dict[str, Any]:
         data = {**asdict(self), "status": self.status.value}
-        if self.ended is None:
-            del data["ended"]
+        for unset in ("ended", "recorder"):
+            if data[unset] is None:
+                del data[unset]
         return data
 
 

@@ -18,7 +18,7 @@ from torch.distributed import HashStore
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from elastic_train import WorkerFailure
-from elastic_train.agent.attribution import FailureExchange, NodeReport, charged
+from elastic_train.agent.attribution import FailureExchange, NodeReport, at_fault_of, charged
 from elastic_train.agent.failures import observe
 from elastic_train.worker import lifecycle
 
@@ -92,6 +92,22 @@ def test_a_node_at_fault_by_itself_does_not_wait():
     # ... and the others learn of it without waiting for the rest.
     [other] = FailureExchange(store, "g", wait_s=30).share(report(1, first=1.0), nodes=4)
     assert other.own and other.group_rank == 0
+
+
+def test_a_healthy_node_reads_what_the_others_told_without_waiting():
+    """Its workers still run as its group restarts for a waiting node: a node that told a
+    failed attempt of this generation is why (its root cause is the failure to record)."""
+    store = HashStore()
+    healthy = FailureExchange(store, "g", wait_s=30)
+    assert healthy.told(nodes=3, group_rank=0) == []  # nobody told: a node joins
+    for rank, first in ((1, 4.0), (2, 2.0)):
+        exchange = FailureExchange(store, "g", wait_s=0.05)
+        exchange.share(exchange.announce(report(rank, first=first)), nodes=3)
+    started = time.monotonic()
+    told = healthy.told(nodes=3, group_rank=0)
+    assert time.monotonic() - started < 1.0
+    assert sorted(r.group_rank for r in told) == [1, 2] and at_fault_of(told).group_rank == 2
+    assert FailureExchange(store, "other generation").told(nodes=3, group_rank=0) == []
 
 
 def test_a_silent_node_is_waited_for_only_so_long():

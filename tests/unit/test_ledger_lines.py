@@ -7,13 +7,14 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+from elastic_train.agent.node_liveness import Beacon
 from elastic_train.agent.restart_budget import Decision
 from elastic_train.driver.run_record import RunRecord
 from elastic_train.driver.supervisor import RunSupervisor
 from elastic_train.errors import WorkerFailure
 from elastic_train.goodput.breakdown import Cause, breakdown
 from elastic_train.storage import RunStorage
-from elastic_train.storage.run_state import FailureKind
+from elastic_train.storage.run_state import FailureKind, RunStatus
 
 SPEC = {"command": ["train.py"]}
 
@@ -115,6 +116,45 @@ def test_what_was_heard_is_forgotten_at_the_next_rendezvous_and_recovery(tmp_pat
     events.on_recovered(SimpleNamespace(replaced={}))  # the recorder saw it, in process
     events.on_rendezvous(0, 2)  # later, the recorder is lost without a failure heard
     assert _events(storage) == ["launch"]
+
+
+def test_a_recorder_still_there_keeps_the_record_at_any_group_rank(tmp_path):
+    """Node A records with a beacon; B fails and rejoins first (group rank 0): A answers,
+    so B records nothing. Once A's beacon is gone, B's next round as rank 0 takes over."""
+    storage = RunStorage.open(str(tmp_path), "run")
+    beacon = Beacon("127.0.0.1")
+    try:
+        RunRecord.begin(storage, "run", SPEC, recorder=beacon.address)  # node A's launch
+        survivor, events = _survivor(storage)
+        events.on_failure([_failure(time.time())], Decision(FailureKind.FAILURE, True, 1), None)
+        events.on_rendezvous(0, 2)
+        assert survivor.record is None and _events(storage) == ["launch"]
+    finally:
+        beacon.close()
+    events.on_failure([_failure(time.time())], Decision(FailureKind.PEER, True, 1), None)
+    events.on_rendezvous(0, 1)
+    assert survivor.record is not None
+    assert _events(storage) == ["launch", "fault", "rendezvous"]
+
+
+def test_at_the_end_group_rank_0_ends_a_launch_only_its_gone_recorder_left_running(tmp_path):
+    """B is group rank 0 at its end and does not record: it takes the record over only
+    when A's launch is still running and A's beacon is gone (A left after B's last
+    rendezvous); not when A ended the launch before its beacon closed."""
+    for name, ends in (("ended", True), ("left", False)):
+        storage = RunStorage.open(str(tmp_path), name)
+        beacon = Beacon("127.0.0.1")
+        recorder = RunRecord.begin(storage, name, SPEC, recorder=beacon.address)
+        survivor, events = _survivor(storage)
+        events.on_rendezvous(0, 2)
+        survivor.take_over_if_orphaned()  # A is there
+        assert survivor.record is None
+        if ends:
+            recorder.set_status(RunStatus.FINISHED)
+        beacon.close()
+        survivor.take_over_if_orphaned()
+        assert (survivor.record is None) is ends, name
+        assert _events(storage) == ["launch", "end"] if ends else ["launch"]
 
 
 def test_a_join_sorts_after_rank_0s_line_at_the_same_time():

@@ -14,7 +14,7 @@ from torch.distributed import HashStore
 
 from elastic_train.agent.attribution import FailureExchange, NodeReport, charged
 from elastic_train.agent.inprocess import attempt_store
-from elastic_train.agent.node_liveness import Beacon, NodeLiveness, probe
+from elastic_train.agent.node_liveness import Beacon, NodeLiveness, answers, probe
 from elastic_train.errors import WorkerFailure
 
 
@@ -76,6 +76,16 @@ def test_a_silent_listener_is_slow_not_gone():
         sock.listen(1)
         address = f"127.0.0.1:{sock.getsockname()[1]}:{'a' * 32}"
         assert probe(address, timeout_s=0.2) is False
+        assert answers(address, timeout_s=0.2) is False  # the strict question: no token
+
+
+def test_only_the_beacon_itself_answers(beacons):
+    """:func:`answers` (is the recording driver there?): its token, nothing else."""
+    host, port, _ = beacons[0].address.rsplit(":", 2)
+    assert answers(beacons[0].address, timeout_s=1) is True
+    assert answers(f"{host}:{port}:{'0' * 32}", timeout_s=1) is False
+    beacons[0].close()
+    assert answers(beacons[0].address, timeout_s=1) is False
 
 
 def test_a_node_that_has_not_published_is_not_known_gone(beacons):
