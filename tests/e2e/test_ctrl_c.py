@@ -52,12 +52,14 @@ def _interrupted_driver(storage: str, moment: str, log) -> tuple[int, float, dic
     return driver.returncode, took, seen
 
 
-@pytest.mark.parametrize("moment", ["worker", "zygote", "fork-trial"])
+@pytest.mark.parametrize("moment", ["worker", "start", "zygote", "fork-trial"])
 def test_one_ctrl_c_while_processes_are_forked_ends_the_job_at_once(tmp_path, moment):
     """``worker``: a worker the zygote just forked, still with the zygote's dispositions,
     is passed the agent's SIGINT (the zygote ignores it: it was dropped, and the driver
     waited out the grace); ``zygote`` and ``fork-trial``: a child of the driver, still in
-    the terminal's group, gets the Ctrl-C too (a KeyboardInterrupt in its set-up)."""
+    the terminal's group, gets the Ctrl-C too (a KeyboardInterrupt in its set-up);
+    ``start``: the driver's agent before its workers run (a bare KeyboardInterrupt, which
+    skipped the agent's shutdown and recorded the run as failed)."""
     storage = str(tmp_path / "results")
     with open(tmp_path / "driver.log", "w") as log:
         code, took, seen = _interrupted_driver(storage, moment, log)

@@ -8,7 +8,8 @@ session's process group once, as the terminal does at a Ctrl-C:
 
 - ``fork-trial``: in the throw-away child that tries whether the driver may be forked;
 - ``zygote``: in the zygote just forked from the driver, before it left the session;
-- ``worker``: in a worker just forked by the zygote, before it has its own session.
+- ``worker``: in a worker just forked by the zygote, before it has its own session;
+- ``start``: in the driver itself, after the rendezvous, as its agent starts the workers.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 import time
 
 import elastic_train as et
+from elastic_train.agent import local_agent
 from elastic_train.agent.zygote import fork, server
 from elastic_train.torch import TorchTrainer
 from tests.support import message_jobs
@@ -28,8 +30,8 @@ GROUP = os.getpgrp()  # the terminal's foreground group: this driver's session
 
 
 def ctrl_c_first(function):
-    """``function``, with one Ctrl-C to :data:`GROUP` before it, the first time any
-    process forked from here calls it (a file created exclusively says which did)."""
+    """``function``, with one Ctrl-C to :data:`GROUP` before it, the first time this
+    process or one forked from here calls it (a file created exclusively says which)."""
     marker = os.path.join(sys.argv[1], "ctrl-c-sent")
 
     def wrapped(*args, **kwargs):
@@ -43,7 +45,8 @@ def ctrl_c_first(function):
     return wrapped
 
 
-MOMENTS = {"fork-trial": (fork, "poisoned_fork"), "zygote": (fork, "_shed_the_driver"),
+MOMENTS = {"start": (local_agent.TrainAgent, "_start_workers"),
+           "fork-trial": (fork, "poisoned_fork"), "zygote": (fork, "_shed_the_driver"),
            "worker": (server._Server, "close_in_child")}
 
 if __name__ == "__main__":
