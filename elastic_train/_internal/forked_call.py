@@ -7,6 +7,12 @@ answers through a pipe and exits, and the parent is as it was. A fork is used,
 not a new interpreter, because a fork costs milliseconds where ``import torch``
 costs seconds, and the child already holds the parent's imports.
 
+A Ctrl-C (SIGINT to the terminal's whole process group) or a scheduler's SIGTERM that
+comes while a child of the driver is being forked belongs to the driver, never to the
+child: :func:`hold_stops` blocks both across the fork, the child gives them its own
+disposition (ignored here: the parent ends the child) before :func:`release_stops`, and
+the parent gets a stop that came meanwhile as soon as it releases them.
+
 Example::
 
     from elastic_train._internal.forked_call import call_in_child
@@ -28,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+STOPS = (signal.SIGINT, signal.SIGTERM)
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -45,10 +53,12 @@ def call_in_child(fn: Callable[[], Any], timeout_s: float) -> Answer:
     read_end, write_end = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
+    mask = hold_stops()
     pid = os.fork()
     if pid == 0:  # pragma: no cover -- the child
         code = 1
         try:
+            release_stops(mask, signal.SIG_IGN)
             os.close(read_end)
             try:
                 _one_thread()
@@ -65,6 +75,7 @@ def call_in_child(fn: Callable[[], Any], timeout_s: float) -> Answer:
             os._exit(code)
     os.close(write_end)
     try:
+        release_stops(mask)  # a Ctrl-C that came meanwhile is raised here
         data, complete = _read_until_closed(read_end, time.monotonic() + timeout_s)
     finally:
         os.close(read_end)
@@ -77,6 +88,29 @@ def call_in_child(fn: Callable[[], Any], timeout_s: float) -> Answer:
         return pickle.loads(data)
     except Exception:  # noqa: BLE001 -- nothing, or half an answer: it died writing
         return Answer(False, error=f"the child died ({_status(status)})")
+
+
+def hold_stops() -> set[signal.Signals]:
+    """Blocks SIGINT and SIGTERM, before a fork; returns the mask that was (see
+    :func:`release_stops`)."""
+    return signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+
+
+def release_stops(mask: set[signal.Signals] | None = None,
+                  disposition: Any = None) -> None:
+    """Ends :func:`hold_stops`: ``mask`` is set again (None: SIGINT and SIGTERM are
+    unblocked). In a forked child, ``disposition`` (``signal.SIG_IGN``, ``SIG_DFL`` or a
+    handler) is given to both first, so that a stop that came since the fork meets the
+    child's disposition, not the parent's handler (a KeyboardInterrupt in the child's
+    set-up) nor the zygote's ``SIG_IGN`` (a stop dropped). A stop that came meanwhile
+    is delivered on return: in the parent, its handler raises here."""
+    if disposition is not None:
+        for sig in STOPS:
+            signal.signal(sig, disposition)
+    if mask is None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+    else:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _one_thread() -> None:

@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -166,12 +167,18 @@ def _quiet_torch_agent_logs() -> Iterator[None]:
 @contextlib.contextmanager
 def _handling_signals(names: str) -> Iterator[None]:
     """torch's process context installs handlers that raise for the signals named in
-    ``TORCHELASTIC_SIGNALS_TO_HANDLE`` (torchrun sets it from --signals-to-handle); the
-    caller's handlers and the variable are put back afterwards."""
+    ``TORCHELASTIC_SIGNALS_TO_HANDLE`` (torchrun sets it from --signals-to-handle) when it
+    starts the workers; the same handler is installed here from the start, so that a
+    Ctrl-C before the workers start (in the rendezvous, as they are started) is the same
+    interruption, not a bare KeyboardInterrupt that skips the agent's shutdown and is
+    recorded as a failure. The caller's handlers and the variable are put back afterwards."""
     signals = [getattr(signal, name) for name in names.split(",")]
     saved = {s: signal.getsignal(s) for s in signals}
     variable = os.environ.get(_SIGNALS_VARIABLE)
     os.environ[_SIGNALS_VARIABLE] = names
+    if threading.current_thread() is threading.main_thread():  # as torch's context does
+        for sig in signals:
+            signal.signal(sig, _raise_signal_exception)
     try:
         yield
     finally:
@@ -239,6 +246,13 @@ def run_agent(spec: AgentSpec, events: AgentEvents | None = None) -> AgentOutcom
         return AgentOutcome(failures, left=NodeLeftError(
             agent.options.node.node, agent.leaving.reason, agent.leaving.cool_off_s, failures))
     return AgentOutcome(failures, agent.preemption_budget_spent, agent.no_progress)
+
+
+def _raise_signal_exception(signum: int, _frame: object) -> None:
+    """The handler torch's process context installs: the signal as a ``SignalException``,
+    which torch's agent answers by stopping the workers with it (see :func:`run_agent`)."""
+    sig = signal.Signals(signum)
+    raise SignalException(f"Process {os.getpid()} got signal: {sig.name}", sigval=sig)
 
 
 @contextlib.contextmanager

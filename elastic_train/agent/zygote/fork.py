@@ -17,7 +17,9 @@ workers it forks look like fresh processes: a new session, every inherited
 descriptor but the standard streams pointed at ``/dev/null`` (not closed: a
 stale Python object closing its old descriptor number must not close a new
 file of the worker's), the standard streams on descriptors 0-2, default signal
-handlers, the interpreter's own error hooks, no ``atexit`` handlers, no logging
+handlers (SIGINT and SIGTERM ignored from the fork on: a Ctrl-C to the terminal's
+group is the driver's, see :func:`~elastic_train._internal.forked_call.hold_stops`),
+the interpreter's own error hooks, no ``atexit`` handlers, no logging
 handlers, and none of the user's own modules (each worker imports them again, in its
 own environment; each worker reseeds torch's generator as a new process does).
 """
@@ -37,6 +39,7 @@ import time
 import traceback
 from collections.abc import Callable
 
+from elastic_train._internal.forked_call import hold_stops, release_stops
 from elastic_train.worker import user_code
 
 
@@ -104,25 +107,37 @@ def exit_code_in_fork(body: Callable[[], int], timeout_s: float) -> int | None:
     """Runs ``body`` in a forked child and returns its result as the child's exit code
     (1 if it raised); None if the child did not end within ``timeout_s`` (it is killed),
     or a SIGCHLD handler of this process reaped it first (its code is lost)."""
+    mask = hold_stops()
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
+            release_stops(mask, signal.SIG_IGN)  # the driver's Ctrl-C ends it (below)
             code = body()
         finally:
             os._exit(code)
     deadline = time.monotonic() + timeout_s
     try:
+        release_stops(mask)  # a Ctrl-C that came meanwhile is raised here
         while time.monotonic() < deadline:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 return os.waitstatus_to_exitcode(status)
             time.sleep(0.005)
+    except ChildProcessError:  # reaped by someone else's handler
+        return None
+    except BaseException:  # a Ctrl-C: a trial child that hangs must not outlive it
+        _end(pid)
+        raise
+    _end(pid)  # out of time
+    return None
+
+
+def _end(pid: int) -> None:
+    """SIGKILLs and reaps this process's child ``pid``, which nothing has reaped yet."""
+    with contextlib.suppress(ChildProcessError, ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    except (ChildProcessError, ProcessLookupError):  # reaped by someone else's handler
-        pass
-    return None
 
 
 class ForkedZygote:
@@ -177,11 +192,13 @@ def fork(main: Callable[[str], None], path: str,
     :meth:`ForkedZygote.wait_ready`."""
     read_end, write_end = os.pipe()
     ready_r, ready_w = os.pipe()
+    mask = hold_stops()
     pid = os.fork()
     if pid == 0:  # the zygote, and later each worker it forks, ends here
         code = 1
         try:
             try:
+                release_stops(mask, signal.SIG_IGN)  # as the zygote has them (see _main)
                 os.dup2(read_end, 0)
                 _shed_the_driver(keep={0, 1, 2, ready_w}, user_roots=user_roots)
             except BaseException:
@@ -196,7 +213,15 @@ def fork(main: Callable[[str], None], path: str,
             os._exit(code)
     os.close(read_end)
     os.close(ready_w)
-    return ForkedZygote(pid, write_end, ready_r)
+    zygote = ForkedZygote(pid, write_end, ready_r)
+    try:
+        release_stops(mask)  # a Ctrl-C that came meanwhile is raised here
+    except BaseException:
+        zygote.stdin.close()  # no one will use it: it exits
+        os.close(ready_r)
+        _end(pid)
+        raise
+    return zygote
 
 
 def _shed_the_driver(keep: set[int], user_roots: tuple[str, ...] = ()) -> None:

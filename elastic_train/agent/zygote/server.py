@@ -18,8 +18,9 @@ standard streams, relays signals to the forked worker and exits as it did.
 
 Lifetimes: the zygote exits when its parent closes its stdin (or dies), and
 SIGKILLs its workers then; it ignores SIGTERM and SIGINT, which are for the
-workers; a worker dies with the zygote (``PR_SET_PDEATHSIG``); a worker whose
-client is killed is SIGKILLed by the zygote.
+workers (a worker holds those its client passes on from its fork until it is the
+worker, see :func:`_fork_held`); a worker dies with the zygote
+(``PR_SET_PDEATHSIG``); a worker whose client is killed is SIGKILLed by the zygote.
 
 Only this package's own worker modules use it (the ``fit()`` worker and the
 ``launch`` script runner, each with a ``main(argv)``); set
@@ -47,6 +48,7 @@ import traceback
 from dataclasses import dataclass
 
 from elastic_train._internal import env_vars, scratch
+from elastic_train._internal.forked_call import hold_stops, release_stops
 from elastic_train.agent.zygote import fork as zygote_fork
 from elastic_train.agent.zygote import standby as standbys
 from elastic_train.agent.zygote.preload import FIRST_STEP, ask_to_preload, preload_here
@@ -178,9 +180,7 @@ class _Server:
         request is handed over, that request; None here (and in a standby retired unasked,
         which exits)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
+        pid = _fork_held()
         if pid == 0:
             from elastic_train.worker.lifecycle import die_with_parent
 
@@ -247,9 +247,7 @@ class _Server:
                 self._set_standby(None)
         pid = self._take_standby(request, message)
         if pid is None:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
+            pid = _fork_held()
             if pid == 0:
                 self.close_in_child()
                 return request
@@ -273,6 +271,20 @@ class _Server:
             self.standby = None
         os.close(self.wake_r)
         os.close(self.wake_w)
+
+
+def _fork_held() -> int:
+    """``os.fork()`` for a worker or a standby, with SIGINT and SIGTERM held in the child
+    until it is the worker (:func:`_become_worker`): the client passes the agent's stop
+    on as soon as it has the pid, and the zygote's ``SIG_IGN`` would drop it (the agent
+    then waits out the whole grace before its SIGKILL)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mask = hold_stops()
+    pid = os.fork()
+    if pid:
+        release_stops(mask)
+    return pid
 
 
 def serve(path: str) -> Request | None:
@@ -319,6 +331,9 @@ def _become_worker(request: Request) -> None:
             sys.path.insert(1, entry)
     sys.argv = [request.module, *request.argv]
     _fresh_process_state()
+    # A stop passed on since the fork ends the worker now, as it ends a new interpreter.
+    release_stops(disposition=signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     importlib.import_module(request.module).main(request.argv)
 
 
@@ -357,8 +372,6 @@ def _main(path: str) -> None:
             note_error(path)
         raise
     if request is not None:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _become_worker(request)
 
 
