@@ -13,6 +13,8 @@ import os
 import stat
 import uuid
 
+import fsspec.implementations.local
+
 from elastic_train.errors import StorageError
 from elastic_train.storage.stores.base import StoreAdapter
 
@@ -72,17 +74,17 @@ class LocalStore(StoreAdapter):
     def read_bytes(self, path: str, limit: int) -> bytes:
         """As the base's, of regular files only: a FIFO, a device or a socket in a run
         directory is refused (StorageError) before a byte is read -- a read of a FIFO
-        that no one writes never ends. Opened without blocking (the open of a FIFO
-        waits for a writer), then the opened file itself is asked what it is."""
-        path = self.fs._strip_protocol(path)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        that no one writes never ends. fsspec's own local filesystem: opened without
+        blocking (the open of a FIFO waits for a writer), then the opened file itself is
+        asked what it is. A subclass of it (the user's ``storage_filesystem``, an NFS
+        model in the tests) is asked what the path is, then read through its own open."""
+        local = self.fs._strip_protocol(path)
+        if type(self.fs) is not fsspec.implementations.local.LocalFileSystem:
+            _check_regular(os.stat(local).st_mode, local)
+            return super().read_bytes(path, limit)
+        fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            mode = os.fstat(fd).st_mode
-            if stat.S_ISDIR(mode):
-                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-            if not stat.S_ISREG(mode):
-                raise StorageError(f"{path} is not a regular file but {_kind(mode)}: no "
-                                   "file elastic-train writes is; move it aside")
+            _check_regular(os.fstat(fd).st_mode, local)
             chunks, left = [], limit + 1
             while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
                 chunks.append(chunk)
@@ -127,3 +129,12 @@ class LocalStore(StoreAdapter):
         for directory in dict.fromkeys((os.path.dirname(target), os.path.dirname(source))):
             fsync_path(directory)
         return True
+
+
+def _check_regular(mode: int, path: str) -> None:
+    """Raises unless ``mode`` is a regular file's (see :meth:`LocalStore.read_bytes`)."""
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if not stat.S_ISREG(mode):
+        raise StorageError(f"{path} is not a regular file but {_kind(mode)}: no file "
+                           "elastic-train writes is; move it aside")
