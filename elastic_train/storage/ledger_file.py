@@ -80,13 +80,13 @@ class QueuedLedger:
     """A :class:`LedgerFile` written from a thread of its own: :meth:`append` only queues,
     so a slow or unreachable store never holds the caller (rank 0's training thread).
 
-    The thread runs while lines come and ends :data:`IDLE_S` after the last (nothing is
-    left running long after an attempt, however it ended; a new line starts it again:
-    started per line, a thread would cost more than a line on local disk). At most
-    ``max_queued`` lines wait: beyond,
-    the oldest are dropped, with one warning (a store down for that long loses
-    figures, never training time). :meth:`flush` waits, up to a bound, until every
-    queued line was handed to the file (the attempt's end).
+    The thread runs while lines come and ends :data:`IDLE_S` after the last, or as soon
+    as the queue is empty once :meth:`close` was called (an attempt's end, however it
+    ended: an in-process restart leaves no thread of the failed attempt behind; a new
+    line starts it again: started per line, a thread would cost more than a line on
+    local disk). At most ``max_queued`` lines wait: beyond, the oldest are dropped, with
+    one warning (a store down for that long loses figures, never training time).
+    :meth:`flush` waits, up to a bound, until every queued line was handed to the file.
     """
 
     def __init__(self, ledger: LedgerFile, max_queued: int = 1000):
@@ -96,6 +96,7 @@ class QueuedLedger:
         self._cond = threading.Condition()
         self._running = False  # the thread is started
         self._writing = False  # it writes a batch now
+        self._closing = False  # close() was called: the thread ends once nothing waits
         self._warned = False
 
     def append(self, *entries: dict[str, Any]) -> None:
@@ -135,7 +136,7 @@ class QueuedLedger:
         with self._cond:
             self._writing = False
             self._cond.notify_all()
-            self._cond.wait_for(lambda: self._queue, IDLE_S)
+            self._cond.wait_for(lambda: self._queue or self._closing, IDLE_S)
             batch = list(self._queue)
             self._queue.clear()
             self._writing = bool(batch)
@@ -146,6 +147,15 @@ class QueuedLedger:
         """Waits up to ``timeout_s`` for the queued lines to be written; False: still not."""
         with self._cond:
             return self._cond.wait_for(lambda: not self._queue and not self._writing,
+                                       timeout_s)
+
+    def close(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for the queued lines to be written and the thread to
+        end; False: still not (it ends once its store takes the lines)."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            return self._cond.wait_for(lambda: not self._queue and not self._running,
                                        timeout_s)
 
 

@@ -178,7 +178,12 @@ class AttemptClock:
         self._sums.seconds[Cause.PRODUCTIVE] += self._now() - waited_s - self._last_end
         self._sums.seconds[Cause.CHECKPOINT] += waited_s
         self._flush(iteration)
-        if self._ledger is not None and not self._ledger.flush(FLUSH_WAIT_S):
+        self.close()
+
+    def close(self) -> None:
+        """The attempt ended (finished or failed): its ledger lines are written, within a
+        bound, and the ledger's thread ends."""
+        if self._ledger is not None and not self._ledger.close(FLUSH_WAIT_S):
             logger.warning("The goodput ledger's last lines were not written within %.0f s "
                            "of the attempt's end: `elastic-train show` may miss them.",
                            FLUSH_WAIT_S)

@@ -509,6 +509,7 @@ class TrainSession:
         joined = self._joined
         if joined is None:
             return
+        joined.clock.close()
         if joined.committer is not None and joined.committer.validations is not None:
             # Killed, left pending: the next attempt (or a restore) validates them again.
             joined.committer.validations.abandon()
