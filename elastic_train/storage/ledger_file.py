@@ -141,6 +141,7 @@ class QueuedLedger:
             self._queue.clear()
             self._writing = bool(batch)
             self._running = bool(batch)
+            self._cond.notify_all()  # a close() waits for the thread's end
             return batch
 
     def flush(self, timeout_s: float) -> bool:
