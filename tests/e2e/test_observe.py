@@ -135,7 +135,7 @@ def test_ls_and_show_on_finished_failed_and_interrupted_runs(storage, tmp_path):
 
 def test_launch_local_ranks_filter(tmp_path):
     proc = subprocess.run([*CLI, "launch", "--standalone", "--nproc-per-node", "2",
-                           "--local-ranks-filter", "1",
+                           "--local-ranks-filter", "1", "--storage-path", str(tmp_path),
                            "tests/e2e/scripts/plain_torchrun_script.py"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
