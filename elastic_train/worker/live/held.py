@@ -66,15 +66,20 @@ def copy_tree(tree: Any, into: Any = None) -> Any:
     return tree
 
 
+def map_leaves(tree: Any, fn: Any, leaf: type | tuple[type, ...] = torch.Tensor) -> Any:
+    """``tree`` (dicts, lists, tuples) with ``fn`` applied to each ``leaf``-typed value."""
+    if isinstance(tree, leaf):
+        return fn(tree)
+    if isinstance(tree, Mapping):
+        return {key: map_leaves(value, fn, leaf) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(map_leaves(value, fn, leaf) for value in tree)
+    return tree
+
+
 def on_host(tree: Any) -> Any:
     """``tree`` with every tensor on the CPU (a GPU tensor copied; a CPU one as it is)."""
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().cpu()
-    if isinstance(tree, Mapping):
-        return {key: on_host(value) for key, value in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(on_host(value) for value in tree)
-    return tree
+    return map_leaves(tree, lambda t: t.detach().cpu())
 
 
 def tensors(tree: Any) -> Iterator[torch.Tensor]:

@@ -25,7 +25,6 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -33,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from elastic_train.worker.control_group import ControlGroup
-from elastic_train.worker.live.held import Held, tensors
+from elastic_train.worker.live.held import Held, map_leaves, tensors
 
 
 class Source(NamedTuple):
@@ -62,24 +61,12 @@ def agree(group: ControlGroup, mine: Held | None) -> Source | None:
 
 def _layout(tree: Any) -> Any:
     """``tree`` with each tensor replaced by the :class:`_Slot` a receiver fills."""
-    if isinstance(tree, torch.Tensor):
-        return _Slot(tuple(tree.shape), tree.dtype)
-    if isinstance(tree, Mapping):
-        return {key: _layout(value) for key, value in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_layout(value) for value in tree)
-    return tree
+    return map_leaves(tree, lambda t: _Slot(tuple(t.shape), t.dtype))
 
 
 def _filled(layout: Any) -> Any:
     """A tree of ``layout``'s shape with an empty host tensor in each slot."""
-    if isinstance(layout, _Slot):
-        return torch.empty(layout.shape, dtype=layout.dtype)
-    if isinstance(layout, Mapping):
-        return {key: _filled(value) for key, value in layout.items()}
-    if isinstance(layout, (list, tuple)):
-        return type(layout)(_filled(value) for value in layout)
-    return layout
+    return map_leaves(layout, lambda slot: torch.empty(slot.shape, dtype=slot.dtype), _Slot)
 
 
 def receive(group: ControlGroup, source: Source, mine: Held | None) -> Held:
